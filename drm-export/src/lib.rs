@@ -1,0 +1,1 @@
+//! GPU and host dma-buf exporters.

@@ -1,0 +1,1 @@
+//! Safe RDMA verbs over dma-buf memory.

@@ -1,0 +1,138 @@
+//! Project automation. Run `cargo xtask help`.
+
+mod initramfs;
+mod klog;
+mod setup;
+mod sh;
+mod testrun;
+mod ui;
+mod vm;
+
+use sh::Result;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+const HELP: &str = "\
+cargo xtask <command>
+
+  setup                 install system packages (as root) and fetch the testbed kernel
+  vm [opts] -- CMD...   boot the testbed VM and run CMD inside; exits with CMD's status
+      --nodes 1|2         two VMs joined by a virtual wire (CMD runs on both, NODE=a|b)
+      --timeout SECS      stop and fail after SECS (default 1800)
+  test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
+                        `N passed, N failed, N skipped`
+  demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
+";
+
+/// Where things live.
+pub struct Paths {
+    /// The workspace root.
+    pub root: PathBuf,
+    /// Cargo's target folder.
+    pub target: PathBuf,
+    /// The testbed's cache (kernel, initramfs, runs).
+    pub testbed: PathBuf,
+}
+
+impl Paths {
+    fn find() -> Paths {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask lives inside the workspace")
+            .to_path_buf();
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .map(|t| if t.is_absolute() { t } else { root.join(t) })
+            .unwrap_or_else(|| root.join("target"));
+        let testbed = target.join("testbed");
+        Paths {
+            root,
+            target,
+            testbed,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<ExitCode> {
+    let paths = Paths::find();
+    let Some((cmd, rest)) = args.split_first() else {
+        eprint!("{HELP}");
+        return Ok(ExitCode::FAILURE);
+    };
+    match cmd.as_str() {
+        "setup" => {
+            setup::packages()?;
+            let k = setup::kernel(&paths)?;
+            initramfs::build(&paths, &k)?;
+            ui::info(format!("testbed ready: kernel {}", k.version));
+            Ok(ExitCode::SUCCESS)
+        }
+        "vm" => {
+            let (opts, argv) = parse_vm_args(rest)?;
+            setup::packages()?;
+            let results = vm::run(&paths, &argv, &opts)?;
+            Ok(exit_code(&results))
+        }
+        "test" => testrun::main(&paths, rest),
+        "demo" => testrun::demo(&paths),
+        "help" | "-h" | "--help" => {
+            eprint!("{HELP}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => fail!("unknown command `{other}`\n{HELP}"),
+    }
+}
+
+/// The first failing node's status (or 1 for a kernel problem), else 0.
+fn exit_code(results: &[vm::NodeResult]) -> ExitCode {
+    for r in results {
+        match r.status {
+            Some(0) if r.problems.is_empty() => continue,
+            Some(s) if s != 0 => return ExitCode::from(u8::try_from(s).unwrap_or(1)),
+            _ => return ExitCode::FAILURE,
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn parse_vm_args(args: &[String]) -> Result<(vm::Opts, Vec<String>)> {
+    let mut opts = vm::Opts::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--" => return Ok((opts, it.cloned().collect())),
+            "--nodes" => {
+                opts.nodes = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("--nodes takes 1 or 2")?
+            }
+            "--timeout" => {
+                let secs: u64 = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("--timeout takes seconds")?;
+                opts.timeout = Duration::from_secs(secs);
+            }
+            _ => {
+                // No `--`: the rest is the command.
+                let mut argv = vec![a.clone()];
+                argv.extend(it.cloned());
+                return Ok((opts, argv));
+            }
+        }
+    }
+    fail!("no command given: cargo xtask vm -- <command> [args...]")
+}

@@ -1,0 +1,94 @@
+//! Running host commands with errors that say what failed.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// xtask's error: a message for a person.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+/// xtask's result.
+pub type Result<T = ()> = std::result::Result<T, Error>;
+
+/// Builds an [`Error`] from a formatted message.
+#[macro_export]
+macro_rules! fail {
+    ($($arg:tt)*) => { return Err(format!($($arg)*).into()) };
+}
+
+/// Renders a command for messages.
+pub fn render(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// Runs `cmd` with inherited output; fails unless it exits 0.
+pub fn run(cmd: &mut Command) -> Result {
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot start `{}`: {e}", render(cmd)))?;
+    if !status.success() {
+        fail!("`{}` failed: {status}", render(cmd));
+    }
+    Ok(())
+}
+
+/// Runs `cmd` and returns its stdout; fails unless it exits 0.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot start `{}`: {e}", render(cmd)))?;
+    if !out.status.success() {
+        fail!("`{}` failed: {}", render(cmd), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Quotes one word for a POSIX shell.
+pub fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// Whether an executable named `name` is on `PATH`.
+pub fn have(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false)
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // The effective uid without unsafe code: /proc/self/status's "Uid:" line.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Writes `text` to `path`, creating parent folders.
+pub fn write(path: &Path, text: &str) -> Result {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quote;
+
+    #[test]
+    fn quote_escapes_single_quotes() {
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+}

@@ -1,0 +1,342 @@
+//! `cargo xtask vm`: boots the testbed (one VM, or two joined by a virtual wire) and runs a
+//! command inside, chrooted into the host's root so host-built binaries run unchanged.
+
+use crate::sh::{self, Result};
+use crate::ui::{info, Step};
+use crate::{fail, initramfs, klog, setup, Paths};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How to boot the testbed.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// 1: one VM, an rxe device on a veth pair (loopback); 2: two VMs joined by a wire.
+    pub nodes: u8,
+    /// The whole run is stopped (and fails) after this long.
+    pub timeout: Duration,
+    /// Extra environment for the command.
+    pub env: Vec<(String, String)>,
+    /// Guest memory per VM, in MiB.
+    pub mem_mib: u32,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            nodes: 1,
+            timeout: Duration::from_secs(1800),
+            env: Vec::new(),
+            mem_mib: 2048,
+        }
+    }
+}
+
+/// What one node's run left behind.
+pub struct NodeResult {
+    /// `a` or `b`.
+    pub node: char,
+    /// The command's exit status (None: the VM never recorded one).
+    pub status: Option<i32>,
+    /// Kernel problems (warnings, oopses, taint).
+    pub problems: Vec<String>,
+    /// Everything the VM printed on its console.
+    pub console: String,
+    /// The run's folder (kept when the run failed).
+    pub dir: PathBuf,
+}
+
+impl NodeResult {
+    /// Whether the command exited 0 and the kernel stayed clean.
+    pub fn ok(&self) -> bool {
+        self.status == Some(0) && self.problems.is_empty()
+    }
+}
+
+/// Addresses on the testbed's wire (link-local: they never leave the VMs).
+pub fn node_addr(node: char, nodes: u8) -> &'static str {
+    match (nodes, node) {
+        (1, _) => "169.254.20.1",
+        (_, 'a') => "169.254.10.1",
+        _ => "169.254.10.2",
+    }
+}
+
+/// Boots the testbed and runs `argv` on every node. Output streams live to stderr.
+pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
+    if argv.is_empty() {
+        fail!("no command given: cargo xtask vm -- <command> [args...]");
+    }
+    if !(1..=2).contains(&opts.nodes) {
+        fail!("--nodes must be 1 or 2");
+    }
+    let kernel = setup::kernel(paths)?;
+    let initrd = initramfs::build(paths, &kernel)?;
+    let cwd = std::env::current_dir()?;
+    let run_root = fresh_run_dir(paths)?;
+    let nodes: Vec<char> = ['a', 'b'][..opts.nodes as usize].to_vec();
+    // Unix socket paths are limited to 108 bytes: keep them short, outside the tree.
+    let sock_dir = std::env::temp_dir().join(format!("testbed-{}", std::process::id()));
+    std::fs::create_dir_all(&sock_dir)?;
+
+    let step = Step::start(format!(
+        "booting {} testbed VM{} (kernel {})",
+        opts.nodes,
+        if opts.nodes > 1 { "s" } else { "" },
+        kernel.version
+    ));
+    let mut children = Vec::new();
+    for &node in &nodes {
+        let dir = run_root.join(node.to_string());
+        std::fs::create_dir_all(&dir)?;
+        sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
+        sh::write(&dir.join("inner.sh"), &inner_script(&dir, &cwd, node, opts))?;
+        let mut cmd = qemu(&kernel.vmlinuz(), &initrd, &dir, node, opts, &sock_dir);
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)"))?;
+        let console = Arc::new(Mutex::new(String::new()));
+        let prefix = if opts.nodes > 1 { format!("[{node}] ") } else { String::new() };
+        let readers = [
+            pump(child.stdout.take(), prefix.clone(), console.clone()),
+            pump(child.stderr.take(), format!("{prefix}qemu: "), console.clone()),
+        ];
+        children.push((node, dir, child, console, readers));
+    }
+
+    let deadline = Instant::now() + opts.timeout;
+    let mut timed_out = false;
+    for (_, _, child, _, _) in children.iter_mut() {
+        timed_out |= wait_until(child, deadline)?;
+    }
+    step.done();
+    let _ = std::fs::remove_dir_all(&sock_dir);
+
+    let mut results = Vec::new();
+    for (node, dir, _child, console, readers) in children {
+        for r in readers {
+            let _ = r.join();
+        }
+        let status = read_trimmed(&dir.join("status")).and_then(|s| s.parse().ok());
+        let dmesg = read_trimmed(&dir.join("dmesg.txt")).unwrap_or_default();
+        let taint = read_trimmed(&dir.join("tainted")).and_then(|s| s.parse().ok());
+        let mut problems = klog::problems(&dmesg, taint);
+        if timed_out {
+            problems.push(format!("the run was stopped after {:?}", opts.timeout));
+        }
+        let console = console.lock().map(|c| c.clone()).unwrap_or_default();
+        results.push(NodeResult {
+            node,
+            status,
+            problems,
+            console,
+            dir,
+        });
+    }
+    report(&results, opts.nodes);
+    if results.iter().all(NodeResult::ok) {
+        let _ = std::fs::remove_dir_all(&run_root);
+    }
+    Ok(results)
+}
+
+/// Prints each node's verdict; on a kernel problem, the kernel log too.
+fn report(results: &[NodeResult], nodes: u8) {
+    for r in results {
+        let name = if nodes > 1 { format!("node {}", r.node) } else { "VM".into() };
+        match r.status {
+            Some(s) => info(format!("{name}: command exited with status {s}")),
+            None => info(format!("{name}: the command's exit status was not recorded")),
+        }
+        if !r.problems.is_empty() {
+            info(format!("{name}: kernel problems:"));
+            for p in &r.problems {
+                info(format!("  {p}"));
+            }
+            if let Some(log) = read_trimmed(&r.dir.join("dmesg.txt")) {
+                eprintln!("----- {name} kernel log -----\n{log}\n----- end of kernel log -----");
+            }
+        }
+        if !r.ok() {
+            info(format!("{name}: run folder kept at {}", r.dir.display()));
+        }
+    }
+}
+
+fn fresh_run_dir(paths: &Paths) -> Result<PathBuf> {
+    let runs = paths.testbed.join("runs");
+    std::fs::create_dir_all(&runs)?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let dir = runs.join(format!("{}-{stamp}", std::process::id()));
+    let text = dir.to_string_lossy();
+    if text.contains(char::is_whitespace) || text.contains('\'') {
+        fail!("the testbed needs a build folder path without spaces or quotes: {text}");
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn cmd_script(argv: &[String]) -> String {
+    let words: Vec<String> = argv.iter().map(|a| sh::quote(a)).collect();
+    format!("exec {}\n", words.join(" "))
+}
+
+fn inner_script(dir: &Path, cwd: &Path, node: char, opts: &Opts) -> String {
+    let run = dir.to_string_lossy();
+    let local = node_addr(node, opts.nodes);
+    let peer = if opts.nodes > 1 {
+        node_addr(if node == 'a' { 'b' } else { 'a' }, opts.nodes)
+    } else {
+        local
+    };
+    let mut env = String::new();
+    for (k, v) in &opts.env {
+        env.push_str(&format!("export {k}={}\n", sh::quote(v)));
+    }
+    let netdev = if opts.nodes > 1 {
+        "NETDEV=eth0\n".to_string()
+    } else {
+        "NETDEV=veth0\nip link add veth0 type veth peer name veth1 && ip link set veth1 up\n".into()
+    };
+    let wait_peer = if opts.nodes > 1 {
+        "n=0\nuntil ping -c1 -W1 \"$PEER_ADDR\" >/dev/null 2>&1; do\n    n=$((n+1)); [ $n -gt 120 ] && fatal \"peer $PEER_ADDR unreachable\"\ndone\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"# Generated by cargo xtask vm: network, rxe device, then the command.
+set -u
+RUN={run}
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
+export TESTBED_VM=1 TESTBED_NODES={nodes} NODE={node} RDMA_DEVICE=rxe0
+export LOCAL_ADDR={local} PEER_ADDR={peer}
+{env}say() {{ echo "testbed[$NODE]: $*"; }}
+fatal() {{ say "$*"; echo 125 > "$RUN/status"; exit 125; }}
+ip link set lo up
+{netdev}ip addr add "$LOCAL_ADDR/24" dev "$NETDEV" || fatal "no $NETDEV"
+ip link set "$NETDEV" up
+rdma link add rxe0 type rxe netdev "$NETDEV" || fatal "rdma link add failed"
+P=/sys/class/infiniband/rxe0/ports/1
+gid_index() {{
+    for g in "$P"/gids/*; do
+        i=${{g##*/}}
+        case "$(cat "$g")" in
+        0000:0000:0000:0000:0000:ffff:*)
+            [ "$(cat "$P/gid_attrs/types/$i" 2>/dev/null)" = "RoCE v2" ] && {{ echo "$i"; return 0; }} ;;
+        esac
+    done
+    return 1
+}}
+n=0
+until grep -q ACTIVE "$P/state" 2>/dev/null && RDMA_GID_INDEX=$(gid_index); do
+    n=$((n+1)); [ $n -gt 200 ] && fatal "rxe0 did not become ACTIVE with a RoCE v2 IPv4 GID"
+    sleep 0.05
+done
+export RDMA_GID_INDEX NETDEV
+{wait_peer}cd {cwd} || fatal "no working folder"
+sh "$RUN/cmd.sh"
+echo $? > "$RUN/status"
+"#,
+        nodes = opts.nodes,
+        cwd = sh::quote(&cwd.to_string_lossy()),
+    )
+}
+
+fn qemu(
+    vmlinuz: &Path,
+    initrd: &Path,
+    dir: &Path,
+    node: char,
+    opts: &Opts,
+    sock_dir: &Path,
+) -> Command {
+    let mut c = Command::new("qemu-system-x86_64");
+    let smp = if opts.nodes > 1 { 1 } else { 2 };
+    c.args(["-machine", "q35", "-cpu", "max", "-accel", "tcg"])
+        .args(["-smp", &smp.to_string(), "-m", &opts.mem_mib.to_string()])
+        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
+        .args(["-no-reboot", "-kernel"])
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 loglevel=1 panic=-1 testbed.node={node} testbed.run={}",
+            dir.display()
+        ))
+        .arg("-virtfs")
+        .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=out,security_model=none,multidevs=remap",
+            dir.display()
+        ));
+    if opts.nodes > 1 {
+        let (me, peer) = if node == 'a' { ("a", "b") } else { ("b", "a") };
+        let sock = |n: &str| sock_dir.join(format!("{n}.sock")).display().to_string();
+        c.arg("-netdev")
+            .arg(format!(
+                "dgram,id=wire,local.type=unix,local.path={},remote.type=unix,remote.path={}",
+                sock(me),
+                sock(peer)
+            ))
+            .arg("-device")
+            .arg(format!(
+                "virtio-net-pci,netdev=wire,mac=52:54:00:00:00:0{}",
+                if node == 'a' { 1 } else { 2 }
+            ));
+    } else {
+        c.args(["-nic", "none"]);
+    }
+    c
+}
+
+/// Copies a child's output to stderr (with `prefix`) and into `sink`.
+fn pump(
+    stream: Option<impl std::io::Read + Send + 'static>,
+    prefix: String,
+    sink: Arc<Mutex<String>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let Some(stream) = stream else { return };
+        let mut reader = BufReader::new(stream);
+        let mut buf = Vec::new();
+        while reader.read_until(b'\n', &mut buf).unwrap_or(0) > 0 {
+            let line = String::from_utf8_lossy(&buf);
+            let line = line.trim_end_matches(['\n', '\r']);
+            let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
+            if let Ok(mut s) = sink.lock() {
+                s.push_str(line);
+                s.push('\n');
+            }
+            buf.clear();
+        }
+    })
+}
+
+/// Waits for `child` until `deadline`; kills it then. Returns whether it timed out.
+fn wait_until(child: &mut Child, deadline: Instant) -> Result<bool> {
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(false);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(true);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn read_trimmed(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
