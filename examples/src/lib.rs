@@ -1,1 +1,2 @@
-//! Helpers shared by the examples.
+//! Helpers shared by the examples (device discovery, argument parsing), so that no example
+//! copies another's code.

@@ -1,1 +1,9 @@
 //! Helpers shared by the integration tests.
+//!
+//! Tests that need the kernel are marked `#[ignore = "needs the testbed VM"]`: a host run
+//! counts them as skipped, and `cargo xtask test` runs them inside the testbed VM, where a
+//! missing device is a failure. Tests whose name contains `two_node` run in the two-node
+//! testbed, on both nodes at once.
+
+pub mod process;
+pub mod testbed;

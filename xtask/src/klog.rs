@@ -28,10 +28,13 @@ pub fn problems(dmesg: &str, taint: Option<u64>) -> Vec<String> {
         .map(|l| format!("kernel log: {}", l.trim()))
         .collect();
     match taint {
-        None => out.push("the kernel's taint value was not recorded (the VM did not finish)".into()),
-        Some(t) if t & !ALLOWED_TAINT != 0 => {
-            out.push(format!("kernel tainted: {t} ({})", taint_letters(t & !ALLOWED_TAINT)))
+        None => {
+            out.push("the kernel's taint value was not recorded (the VM did not finish)".into())
         }
+        Some(t) if t & !ALLOWED_TAINT != 0 => out.push(format!(
+            "kernel tainted: {t} ({})",
+            taint_letters(t & !ALLOWED_TAINT)
+        )),
         Some(_) => {}
     }
     out

@@ -21,9 +21,15 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("ibverbs-providers", "the rxe userspace provider"),
     ("libibverbs-dev", "libibverbs headers for rdma-sys"),
     ("librdmacm-dev", "librdmacm headers for rdma-sys"),
-    ("ibverbs-utils", "ibv_devinfo, ibv_rc_pingpong (testbed smoke checks)"),
+    (
+        "ibverbs-utils",
+        "ibv_devinfo, ibv_rc_pingpong (testbed smoke checks)",
+    ),
     ("rdmacm-utils", "rping (rdma_cm smoke checks)"),
-    ("perftest", "ib_write_bw/ib_write_lat, the peer our figures are compared with"),
+    (
+        "perftest",
+        "ib_write_bw/ib_write_lat, the peer our figures are compared with",
+    ),
     ("iproute2", "ip and rdma inside the testbed"),
     ("iputils-ping", "reachability of the peer node"),
     ("libclang-dev", "bindgen (rdma-sys builds its bindings)"),

@@ -52,13 +52,6 @@ pub fn quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
-/// Whether an executable named `name` is on `PATH`.
-pub fn have(name: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-        .unwrap_or(false)
-}
-
 /// Whether this process runs as root.
 pub fn is_root() -> bool {
     // The effective uid without unsafe code: /proc/self/status's "Uid:" line.

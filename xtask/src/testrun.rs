@@ -1,14 +1,417 @@
-//! `cargo xtask test` and `cargo xtask demo`.
-use crate::sh::Result;
-use crate::Paths;
-use std::process::ExitCode;
+//! `cargo xtask test`: formatting, clippy, host tests, then the VM tests.
+//!
+//! Tests that need the testbed are `#[ignore = "needs the testbed VM ..."]`: the host run
+//! counts them as ignored; the VM runs exactly those (`--ignored`). Tests whose name contains
+//! `two_node` run in the two-node testbed (on both nodes, one at a time); the rest in one VM.
 
-/// Placeholder until the runner lands.
-pub fn main(_paths: &Paths, _args: &[String]) -> Result<ExitCode> {
-    Ok(ExitCode::FAILURE)
+use crate::sh::{self, Result};
+use crate::ui::{info, Step};
+use crate::{fail, initramfs, setup, vm, Paths};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// Name fragment that sends a VM test to the two-node testbed.
+const TWO_NODE: &str = "two_node";
+
+/// A test's outcome as libtest prints it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// `... ok`
+    Passed,
+    /// `... FAILED`
+    Failed,
+    /// `... ignored`
+    Ignored,
 }
 
-/// Placeholder until the demo lands.
-pub fn demo(_paths: &Paths) -> Result<ExitCode> {
-    Ok(ExitCode::FAILURE)
+/// Outcomes keyed by (binary, test name).
+type Results = BTreeMap<(String, String), Outcome>;
+
+/// Counts of one phase.
+#[derive(Default, Debug, PartialEq, Eq)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    ignored: usize,
+}
+
+impl Tally {
+    fn of(results: &Results) -> Tally {
+        let mut t = Tally::default();
+        for o in results.values() {
+            match o {
+                Outcome::Passed => t.passed += 1,
+                Outcome::Failed => t.failed += 1,
+                Outcome::Ignored => t.ignored += 1,
+            }
+        }
+        t
+    }
+}
+
+/// Runs the whole suite.
+pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    let host_only = args.iter().any(|a| a == "--host-only");
+    if let Some(bad) = args.iter().find(|a| *a != "--host-only") {
+        fail!("unknown option `{bad}` (cargo xtask test [--host-only])");
+    }
+    let started = Instant::now();
+    setup::packages()?;
+    if !host_only {
+        let k = setup::kernel(paths)?;
+        initramfs::build(paths, &k)?;
+    }
+
+    let step = Step::start("cargo fmt --check");
+    sh::run(cargo(paths).args(["fmt", "--all", "--check"]))
+        .map_err(|e| format!("{e}\n    formatting differs: run `cargo fmt --all`"))?;
+    step.done();
+    let step = Step::start("cargo clippy (warnings denied)");
+    sh::run(cargo(paths).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--quiet",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    step.done();
+
+    let step = Step::start("host tests");
+    let host_out = stream(cargo(paths).args(["test", "--workspace"]))?;
+    let host = parse(&host_out.text);
+    let host_tally = Tally::of(&host);
+    step.done();
+    info(format!(
+        "host: {} passed, {} failed, {} ignored (tests that need the testbed VM)",
+        host_tally.passed, host_tally.failed, host_tally.ignored
+    ));
+    let mut failed = host_tally.failed;
+    let mut passed = host_tally.passed;
+    let mut harness_ok = host_out.success || host_tally.failed > 0;
+    if !host_out.success && host_tally.failed == 0 {
+        info("host: cargo test failed without a failing test (a build error?)");
+    }
+
+    let mut ran_in_vm = 0;
+    if !host_only {
+        if harness_self_check(paths)? {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+        let bins = test_binaries(paths)?;
+        let (one, two) = vm_tests(&bins)?;
+        for (nodes, set) in [(1u8, &one), (2u8, &two)] {
+            if set.is_empty() {
+                continue;
+            }
+            let count: usize = set.values().map(Vec::len).sum();
+            let step = Step::start(format!("{count} VM tests in the {nodes}-node testbed"));
+            let (results, vm_ok) = run_in_vm(paths, set, nodes)?;
+            step.done();
+            let t = Tally::of(&results);
+            let missing = count.saturating_sub(t.passed + t.failed);
+            info(format!(
+                "vm ({nodes} node{}): {} passed, {} failed{}",
+                if nodes > 1 { "s" } else { "" },
+                t.passed,
+                t.failed,
+                if missing > 0 {
+                    format!(", {missing} did not report")
+                } else {
+                    String::new()
+                }
+            ));
+            passed += t.passed;
+            failed += t.failed + missing;
+            ran_in_vm += t.passed + t.failed;
+            harness_ok &= vm_ok;
+        }
+    }
+    let skipped = host_tally.ignored.saturating_sub(ran_in_vm);
+    info(format!(
+        "whole run took {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
+    println!("{passed} passed, {failed} failed, {skipped} skipped");
+    if failed > 0 || !harness_ok || (!host_only && skipped > 0) {
+        if skipped > 0 && !host_only {
+            info("some ignored tests ran nowhere: every #[ignore] test must run in the VM");
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cargo(paths: &Paths) -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(&paths.root);
+    c
+}
+
+struct Streamed {
+    text: String,
+    success: bool,
+}
+
+/// Runs `cmd`, copying its stdout to ours and keeping it; stderr passes through.
+fn stream(cmd: &mut Command) -> Result<Streamed> {
+    let mut child = cmd.stdout(Stdio::piped()).spawn()?;
+    let mut text = String::new();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line?;
+            println!("{line}");
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    let success = child.wait()?.success();
+    Ok(Streamed { text, success })
+}
+
+/// Parses libtest output. `### BIN <name>` lines (our VM script's) set the binary.
+pub fn parse(text: &str) -> Results {
+    let mut out = Results::new();
+    let mut bin = String::new();
+    for raw in text.lines() {
+        let line = raw.trim_end_matches('\r');
+        if let Some(b) = line.strip_prefix("### BIN ") {
+            bin = b.trim().to_string();
+            continue;
+        }
+        if let Some(b) = line.trim_start().strip_prefix("Running ") {
+            bin = b.to_string();
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("test ") else {
+            continue;
+        };
+        let Some((name, verdict)) = rest.rsplit_once(" ... ") else {
+            continue;
+        };
+        let outcome = if verdict == "ok" {
+            Outcome::Passed
+        } else if verdict.starts_with("FAILED") {
+            Outcome::Failed
+        } else if verdict.starts_with("ignored") {
+            Outcome::Ignored
+        } else {
+            continue;
+        };
+        out.insert((bin.clone(), name.to_string()), outcome);
+    }
+    out
+}
+
+/// Builds the test binaries; returns (short name, path) of each.
+fn test_binaries(paths: &Paths) -> Result<Vec<(String, PathBuf)>> {
+    let json = sh::output(cargo(paths).args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json",
+        "--quiet",
+    ]))?;
+    let mut bins = Vec::new();
+    for line in json.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = v["executable"].as_str() else {
+            continue;
+        };
+        let name = format!(
+            "{}::{}",
+            v["target"]["name"].as_str().unwrap_or("?"),
+            v["target"]["kind"][0].as_str().unwrap_or("?")
+        );
+        bins.push((name, PathBuf::from(exe)));
+    }
+    Ok(bins)
+}
+
+/// Per binary: its VM tests for one node and for two nodes.
+type VmSet = BTreeMap<PathBuf, Vec<String>>;
+
+fn vm_tests(bins: &[(String, PathBuf)]) -> Result<(VmSet, VmSet)> {
+    let mut one = VmSet::new();
+    let mut two = VmSet::new();
+    for (_, exe) in bins {
+        let list =
+            sh::output(Command::new(exe).args(["--list", "--ignored", "--format", "terse"]))?;
+        for line in list.lines() {
+            let Some(name) = line.strip_suffix(": test") else {
+                continue;
+            };
+            let set = if name.contains(TWO_NODE) {
+                &mut two
+            } else {
+                &mut one
+            };
+            set.entry(exe.clone()).or_default().push(name.to_string());
+        }
+    }
+    Ok((one, two))
+}
+
+/// The script the VM runs: every binary's VM tests, one binary after another.
+fn vm_script(set: &VmSet, nodes: u8) -> String {
+    let mut s = String::from("status=0\nexport RUST_BACKTRACE=1\n");
+    for exe in set.keys() {
+        let shown = exe
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let mut cmd = format!(
+            "{} --ignored --color never",
+            sh::quote(&exe.to_string_lossy())
+        );
+        if nodes > 1 {
+            // Both nodes must step through the same tests in the same order.
+            cmd.push_str(&format!(" --test-threads=1 {TWO_NODE}"));
+        } else {
+            cmd.push_str(&format!(" --skip {TWO_NODE}"));
+        }
+        s.push_str(&format!("echo '### BIN {shown}'\n{cmd} || status=1\n"));
+    }
+    s.push_str("exit $status\n");
+    s
+}
+
+fn run_in_vm(paths: &Paths, set: &VmSet, nodes: u8) -> Result<(Results, bool)> {
+    let script = paths.testbed.join(format!("vm-tests-{nodes}.sh"));
+    sh::write(&script, &vm_script(set, nodes))?;
+    let opts = vm::Opts {
+        nodes,
+        timeout: Duration::from_secs(3600),
+        ..vm::Opts::default()
+    };
+    let argv = vec!["sh".to_string(), script.to_string_lossy().into_owned()];
+    let results = vm::run(paths, &argv, &opts)?;
+    let vm_ok = results.iter().all(|r| r.ok());
+    // A two-node test passed only if it passed on both nodes.
+    let mut merged = Results::new();
+    for r in &results {
+        for (key, outcome) in parse(&r.console) {
+            let slot = merged.entry(key).or_insert(outcome);
+            if outcome != Outcome::Passed {
+                *slot = outcome;
+            }
+        }
+    }
+    if nodes > 1 {
+        for key in merged.keys().cloned().collect::<Vec<_>>() {
+            let everywhere = results.iter().all(|r| parse(&r.console).contains_key(&key));
+            if !everywhere {
+                merged.insert(key, Outcome::Failed);
+            }
+        }
+    }
+    Ok((merged, vm_ok))
+}
+
+/// Proves on a real boot that the harness catches what it must: a command's non-zero exit
+/// status, a `WARNING:` line in the kernel log, and a taint flag.
+fn harness_self_check(paths: &Paths) -> Result<bool> {
+    let step = Step::start("harness self-check (a failing command and a kernel warning)");
+    let argv: Vec<String> = [
+        "sh",
+        "-c",
+        "echo 'WARNING: CPU: 0 PID: 1 at selftest (injected by cargo xtask test)' > /dev/kmsg; \
+         echo 512 > /proc/sys/kernel/tainted; exit 3",
+    ]
+    .map(String::from)
+    .to_vec();
+    let results = vm::run_quiet(paths, &argv, &vm::Opts::default())?;
+    step.done();
+    let r = &results[0];
+    let ok = r.status == Some(3)
+        && r.problems
+            .iter()
+            .any(|p| p.contains("WARNING: CPU: 0 PID: 1 at selftest"))
+        && r.problems.iter().any(|p| p.contains("tainted: 512 (W)"));
+    if ok {
+        info("harness self-check: exit status 3, the injected warning and the W taint were caught");
+    } else {
+        info(format!(
+            "harness self-check FAILED: status {:?}, problems {:?}",
+            r.status, r.problems
+        ));
+    }
+    Ok(ok)
+}
+
+/// `cargo xtask demo`: until the GPU example lands, the two-node testbed smoke check.
+pub fn demo(paths: &Paths) -> Result<ExitCode> {
+    setup::packages()?;
+    let opts = vm::Opts {
+        nodes: 2,
+        ..vm::Opts::default()
+    };
+    let script = demo_script(paths)?;
+    let argv = vec!["sh".to_string(), script.to_string_lossy().into_owned()];
+    let results = vm::run(paths, &argv, &opts)?;
+    Ok(if results.iter().all(|r| r.ok()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn demo_script(paths: &Paths) -> Result<PathBuf> {
+    let path = paths.testbed.join("demo.sh");
+    sh::write(&path, include_str!("demo.sh"))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUT: &str = "\
+     Running unittests src/lib.rs (target/debug/deps/a-1)
+running 3 tests
+test x::ok_one ... ok
+test x::bad ... FAILED
+test x::vm ... ignored, needs the testbed VM
+### BIN b-2\r
+test x::ok_one ... ok\r
+test result: ok. 1 passed; 0 failed
+";
+
+    #[test]
+    fn parses_libtest_lines_per_binary() {
+        let r = parse(OUT);
+        assert_eq!(r.len(), 4);
+        assert_eq!(
+            Tally::of(&r),
+            Tally {
+                passed: 2,
+                failed: 1,
+                ignored: 1
+            }
+        );
+        assert_eq!(
+            r[&("b-2".to_string(), "x::ok_one".to_string())],
+            Outcome::Passed
+        );
+    }
+
+    #[test]
+    fn two_node_script_runs_tests_in_order() {
+        let mut set = VmSet::new();
+        set.insert(PathBuf::from("/t/bin-1"), vec!["two_node_x".into()]);
+        let s = vm_script(&set, 2);
+        assert!(s.contains("'/t/bin-1' --ignored --color never --test-threads=1 two_node"));
+        assert!(vm_script(&set, 1).contains("--skip two_node"));
+    }
 }

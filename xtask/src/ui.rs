@@ -21,7 +21,11 @@ impl Step {
 
     /// Prints the step's duration.
     pub fn done(self) {
-        eprintln!("==> {} done in {:.1} s", self.name, self.start.elapsed().as_secs_f64());
+        eprintln!(
+            "==> {} done in {:.1} s",
+            self.name,
+            self.start.elapsed().as_secs_f64()
+        );
     }
 
     /// Prints the step's duration with a remark (e.g. "cached").

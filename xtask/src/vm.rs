@@ -66,6 +66,15 @@ pub fn node_addr(node: char, nodes: u8) -> &'static str {
 
 /// Boots the testbed and runs `argv` on every node. Output streams live to stderr.
 pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
+    boot(paths, argv, opts, true)
+}
+
+/// As [`run`], but neither streams the console nor reports: for runs expected to fail.
+pub fn run_quiet(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
+    boot(paths, argv, opts, false)
+}
+
+fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<NodeResult>> {
     if argv.is_empty() {
         fail!("no command given: cargo xtask vm -- <command> [args...]");
     }
@@ -99,12 +108,23 @@ pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)"))?;
+            .map_err(|e| {
+                format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)")
+            })?;
         let console = Arc::new(Mutex::new(String::new()));
-        let prefix = if opts.nodes > 1 { format!("[{node}] ") } else { String::new() };
+        let prefix = if opts.nodes > 1 {
+            format!("[{node}] ")
+        } else {
+            String::new()
+        };
         let readers = [
-            pump(child.stdout.take(), prefix.clone(), console.clone()),
-            pump(child.stderr.take(), format!("{prefix}qemu: "), console.clone()),
+            pump(child.stdout.take(), prefix.clone(), console.clone(), loud),
+            pump(
+                child.stderr.take(),
+                format!("{prefix}qemu: "),
+                console.clone(),
+                loud,
+            ),
         ];
         children.push((node, dir, child, console, readers));
     }
@@ -138,8 +158,10 @@ pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult
             dir,
         });
     }
-    report(&results, opts.nodes);
-    if results.iter().all(NodeResult::ok) {
+    if loud {
+        report(&results, opts.nodes);
+    }
+    if results.iter().all(NodeResult::ok) || !loud {
         let _ = std::fs::remove_dir_all(&run_root);
     }
     Ok(results)
@@ -148,10 +170,16 @@ pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult
 /// Prints each node's verdict; on a kernel problem, the kernel log too.
 fn report(results: &[NodeResult], nodes: u8) {
     for r in results {
-        let name = if nodes > 1 { format!("node {}", r.node) } else { "VM".into() };
+        let name = if nodes > 1 {
+            format!("node {}", r.node)
+        } else {
+            "VM".into()
+        };
         match r.status {
             Some(s) => info(format!("{name}: command exited with status {s}")),
-            None => info(format!("{name}: the command's exit status was not recorded")),
+            None => info(format!(
+                "{name}: the command's exit status was not recorded"
+            )),
         }
         if !r.problems.is_empty() {
             info(format!("{name}: kernel problems:"));
@@ -304,6 +332,7 @@ fn pump(
     stream: Option<impl std::io::Read + Send + 'static>,
     prefix: String,
     sink: Arc<Mutex<String>>,
+    loud: bool,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let Some(stream) = stream else { return };
@@ -312,7 +341,9 @@ fn pump(
         while reader.read_until(b'\n', &mut buf).unwrap_or(0) > 0 {
             let line = String::from_utf8_lossy(&buf);
             let line = line.trim_end_matches(['\n', '\r']);
-            let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
+            if loud {
+                let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
+            }
             if let Ok(mut s) = sink.lock() {
                 s.push_str(line);
                 s.push('\n');
@@ -338,5 +369,7 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Result<bool> {
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
 }

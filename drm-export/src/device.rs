@@ -1,0 +1,182 @@
+//! DRM devices: enumerating `/dev/dri`, opening card and render nodes, driver identity.
+
+use crate::error::{Error, Op, Result};
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+
+/// The DRM device folder.
+pub const DRI: &str = "/dev/dri";
+
+/// Which kind of node a DRM device file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// `/dev/dri/cardN`: modesetting and dumb buffers (needs DRM master or the `video` group).
+    Card,
+    /// `/dev/dri/renderD128+N`: rendering, GEM, PRIME; no dumb buffers.
+    Render,
+}
+
+/// The driver behind a DRM node (`DRM_IOCTL_VERSION`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverInfo {
+    /// Short name, e.g. `i915`, `amdgpu`, `xe`, `vgem`.
+    pub name: String,
+    /// `(major, minor, patch)`.
+    pub version: (i32, i32, i32),
+    /// Human description.
+    pub description: String,
+}
+
+/// An open DRM device node.
+#[derive(Debug)]
+pub struct DrmDevice {
+    file: File,
+    path: PathBuf,
+    kind: NodeKind,
+    driver: DriverInfo,
+}
+
+impl AsFd for DrmDevice {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+impl drm::Device for DrmDevice {}
+impl drm::control::Device for DrmDevice {}
+
+impl DrmDevice {
+    /// Opens a DRM node read-write and asks its driver's identity.
+    ///
+    /// # Errors
+    /// [`Error::Os`] with a hint for `EACCES` (group membership) and `ENOENT`.
+    pub fn open(path: impl AsRef<Path>) -> Result<DrmDevice> {
+        let path = path.as_ref();
+        let kind = node_kind(path).ok_or_else(|| {
+            Error::invalid(
+                Op::OpenDevice,
+                format!("{} is not a DRM card or render node", path.display()),
+            )
+        })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::os(Op::OpenDevice, path.display(), e))?;
+        let d = drm::Device::get_driver(&file_ref(&file))
+            .map_err(|e| Error::os(Op::QueryDriver, path.display(), e))?;
+        let driver = DriverInfo {
+            name: d.name().to_string_lossy().into_owned(),
+            version: d.version,
+            description: d.description().to_string_lossy().into_owned(),
+        };
+        Ok(DrmDevice {
+            file,
+            path: path.to_path_buf(),
+            kind,
+            driver,
+        })
+    }
+
+    /// Opens the first node of `kind` whose driver is `driver` (e.g. `vgem`, `i915`).
+    ///
+    /// # Errors
+    /// `ENOENT` with a hint when no such device exists.
+    pub fn open_driver(driver: &str, kind: NodeKind) -> Result<DrmDevice> {
+        for path in nodes(kind)? {
+            if let Ok(dev) = DrmDevice::open(&path) {
+                if dev.driver.name == driver {
+                    return Ok(dev);
+                }
+            }
+        }
+        Err(Error::os(
+            Op::OpenDevice,
+            format!("{DRI} ({driver} {kind:?} node)"),
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+        ))
+    }
+
+    /// The node's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Card or render node.
+    pub fn kind(&self) -> NodeKind {
+        self.kind
+    }
+
+    /// The driver's identity.
+    pub fn driver(&self) -> &DriverInfo {
+        &self.driver
+    }
+}
+
+/// The DRM nodes of `kind` in `/dev/dri`, sorted.
+///
+/// # Errors
+/// [`Error::Os`] if `/dev/dri` cannot be read (an empty list if it does not exist).
+pub fn nodes(kind: NodeKind) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(DRI) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::os(Op::ListDevices, DRI, e)),
+    };
+    let mut out: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| node_kind(p) == Some(kind))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn node_kind(path: &Path) -> Option<NodeKind> {
+    let name = path.file_name()?.to_str()?;
+    if name.strip_prefix("card").is_some_and(is_number) {
+        Some(NodeKind::Card)
+    } else if name.strip_prefix("renderD").is_some_and(is_number) {
+        Some(NodeKind::Render)
+    } else {
+        None
+    }
+}
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `drm::Device` needs a type that implements it; a borrowed file is enough for one query.
+struct FileRef<'a>(&'a File);
+impl AsFd for FileRef<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+impl drm::Device for FileRef<'_> {}
+fn file_ref(f: &File) -> FileRef<'_> {
+    FileRef(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_classified() {
+        assert_eq!(node_kind(Path::new("/dev/dri/card0")), Some(NodeKind::Card));
+        assert_eq!(
+            node_kind(Path::new("/dev/dri/renderD128")),
+            Some(NodeKind::Render)
+        );
+        assert_eq!(node_kind(Path::new("/dev/dri/by-path")), None);
+        assert_eq!(node_kind(Path::new("/dev/dri/card")), None);
+    }
+
+    #[test]
+    fn a_non_drm_path_is_an_invalid_argument() {
+        let err = DrmDevice::open("/dev/null").unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    }
+}

@@ -1,0 +1,175 @@
+//! The crate's error type: every failure names the operation, what it acted on, and the errno,
+//! with a hint where the cause is known.
+
+use std::fmt;
+use std::io;
+
+/// An operation of this crate, as named in error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// Opening a DRM device node.
+    OpenDevice,
+    /// Listing `/dev/dri`.
+    ListDevices,
+    /// `DRM_IOCTL_VERSION`.
+    QueryDriver,
+    /// `DRM_IOCTL_MODE_CREATE_DUMB`.
+    CreateDumb,
+    /// `DRM_IOCTL_MODE_DESTROY_DUMB`.
+    DestroyDumb,
+    /// `DRM_IOCTL_PRIME_HANDLE_TO_FD`.
+    PrimeExport,
+    /// `DRM_IOCTL_PRIME_FD_TO_HANDLE`.
+    PrimeImport,
+    /// `memfd_create`, `ftruncate`, `F_ADD_SEALS` for a udmabuf's backing memory.
+    PrepareMemfd,
+    /// `UDMABUF_CREATE` / `UDMABUF_CREATE_LIST`.
+    CreateUdmabuf,
+    /// Checking that an fd is a dma-buf (fdinfo, size).
+    InspectDmaBuf,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::OpenDevice => "open DRM device",
+            Op::ListDevices => "list DRM devices",
+            Op::QueryDriver => "DRM_IOCTL_VERSION",
+            Op::CreateDumb => "DRM_IOCTL_MODE_CREATE_DUMB",
+            Op::DestroyDumb => "DRM_IOCTL_MODE_DESTROY_DUMB",
+            Op::PrimeExport => "DRM_IOCTL_PRIME_HANDLE_TO_FD",
+            Op::PrimeImport => "DRM_IOCTL_PRIME_FD_TO_HANDLE",
+            Op::PrepareMemfd => "prepare memfd for udmabuf",
+            Op::CreateUdmabuf => "UDMABUF_CREATE",
+            Op::InspectDmaBuf => "inspect dma-buf",
+        })
+    }
+}
+
+/// Errors of `drm-export`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The kernel refused an operation.
+    #[error("{op} on {target}: {source}{}", hint_text(*.hint))]
+    Os {
+        /// What was attempted.
+        op: Op,
+        /// The device path or fd it acted on.
+        target: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
+        /// The likely cause, where known.
+        hint: Option<&'static str>,
+    },
+    /// An argument was rejected before reaching the kernel.
+    #[error("{op}: invalid argument: {what}")]
+    InvalidArgument {
+        /// What was attempted.
+        op: Op,
+        /// Which value and why.
+        what: String,
+    },
+    /// The fd is not a dma-buf.
+    #[error("fd {fd} is not a dma-buf ({what})")]
+    NotDmaBuf {
+        /// The raw fd number, for the message.
+        fd: i32,
+        /// What it is instead, where known.
+        what: String,
+    },
+}
+
+fn hint_text(hint: Option<&'static str>) -> String {
+    hint.map(|h| format!(" (hint: {h})")).unwrap_or_default()
+}
+
+impl Error {
+    /// The errno behind this error, if the kernel gave one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Os { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// Builds an [`Error::Os`] from an errno, adding the hint known for it.
+    pub(crate) fn os(op: Op, target: impl fmt::Display, source: io::Error) -> Error {
+        let hint = hint_for(op, source.raw_os_error());
+        Error::Os {
+            op,
+            target: target.to_string(),
+            source,
+            hint,
+        }
+    }
+
+    pub(crate) fn invalid(op: Op, what: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            op,
+            what: what.into(),
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = match &e {
+            Error::Os { source, .. } => source.kind(),
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+fn hint_for(op: Op, errno: Option<i32>) -> Option<&'static str> {
+    match (op, errno?) {
+        (Op::OpenDevice, libc::EACCES) => {
+            Some("no permission on the node: add the user to the `render` (or `video`) group")
+        }
+        (Op::OpenDevice, libc::ENOENT) => Some("no such DRM device: is the GPU driver loaded?"),
+        (Op::CreateDumb, libc::ENOSYS | libc::EOPNOTSUPP | libc::EACCES) => {
+            Some("dumb buffers need the card node (/dev/dri/cardN), not a render node")
+        }
+        (Op::CreateUdmabuf, libc::EINVAL) => Some(
+            "udmabuf needs a sealed memfd (F_SEAL_SHRINK, no F_SEAL_WRITE), page-aligned \
+             offset and size, and size within udmabuf.size_limit_mb",
+        ),
+        (Op::CreateUdmabuf, libc::ENOENT) => Some("/dev/udmabuf is missing: CONFIG_UDMABUF"),
+        (Op::PrimeImport, libc::EINVAL | libc::EBADF) => Some("the fd is not a dma-buf"),
+        _ => None,
+    }
+}
+
+/// This crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_carry_op_target_errno_and_hint() {
+        let e = Error::os(
+            Op::OpenDevice,
+            "/dev/dri/renderD128",
+            io::Error::from_raw_os_error(libc::EACCES),
+        );
+        let msg = e.to_string();
+        assert!(msg.starts_with("open DRM device on /dev/dri/renderD128: Permission denied"));
+        assert!(msg.contains("`render`"), "{msg}");
+        assert_eq!(e.errno(), Some(libc::EACCES));
+    }
+
+    #[test]
+    fn unknown_errno_has_no_hint() {
+        let e = Error::os(
+            Op::PrimeExport,
+            "handle 3",
+            io::Error::from_raw_os_error(libc::EIO),
+        );
+        assert!(!e.to_string().contains("hint"));
+    }
+}

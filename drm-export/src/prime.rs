@@ -1,0 +1,60 @@
+//! PRIME: GEM handle to dma-buf fd and back.
+
+use crate::device::DrmDevice;
+use crate::dmabuf::DmaBuf;
+use crate::error::{Error, Op, Result};
+use drm::control::Device as _;
+use std::os::fd::AsFd;
+
+/// `DRM_CLOEXEC | DRM_RDWR`: close on exec, and allow writable CPU mappings of the dma-buf.
+const EXPORT_FLAGS: u32 = (libc::O_CLOEXEC | libc::O_RDWR) as u32;
+
+/// `DRM_IOCTL_PRIME_HANDLE_TO_FD`: exports GEM `handle` of `device` as a dma-buf.
+///
+/// # Errors
+/// [`Error::Os`] if the driver refuses.
+pub fn export(device: &DrmDevice, handle: drm::buffer::Handle) -> Result<DmaBuf> {
+    let fd = device
+        .buffer_to_prime_fd(handle, EXPORT_FLAGS)
+        .map_err(|e| {
+            Error::os(
+                Op::PrimeExport,
+                format!("{} handle {handle:?}", device.path().display()),
+                e,
+            )
+        })?;
+    DmaBuf::try_from(fd)
+}
+
+/// A GEM handle imported from a dma-buf; closed on drop.
+#[derive(Debug)]
+pub struct Imported<'d> {
+    device: &'d DrmDevice,
+    handle: drm::buffer::Handle,
+}
+
+impl Imported<'_> {
+    /// The GEM handle on the importing device.
+    pub fn handle(&self) -> drm::buffer::Handle {
+        self.handle
+    }
+}
+
+impl Drop for Imported<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.close_buffer(self.handle) {
+            eprintln!("drm-export: closing imported GEM handle: {e}");
+        }
+    }
+}
+
+/// `DRM_IOCTL_PRIME_FD_TO_HANDLE`: imports `dmabuf` into `device` (any node type).
+///
+/// # Errors
+/// [`Error::Os`] (`EINVAL`/`EBADF` with a hint) if the fd is not a dma-buf the device accepts.
+pub fn import<'d>(device: &'d DrmDevice, dmabuf: &impl AsFd) -> Result<Imported<'d>> {
+    let handle = device
+        .prime_fd_to_buffer(dmabuf.as_fd())
+        .map_err(|e| Error::os(Op::PrimeImport, device.path().display(), e))?;
+    Ok(Imported { device, handle })
+}

@@ -1,0 +1,61 @@
+//! Running helper programs (perftest, rdma-core's utilities) with deadlines.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `cmd` to completion, killing it after `limit`.
+///
+/// # Panics
+/// If the program cannot be started or outlives `limit`: a hung helper is a failed test.
+pub fn run(cmd: &mut Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    wait(child, limit, &format!("{cmd:?}"))
+}
+
+/// Waits for `child`, killing it after `limit`.
+///
+/// # Panics
+/// If it outlives `limit`.
+pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "{what} still ran after {limit:?}; output:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("wait")
+}
+
+/// Runs a client that may start before its server listens: retries while it fails, until
+/// `limit`. Returns the first successful output, or the last failure.
+pub fn run_client(mut make: impl FnMut() -> Command, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        let out = run(&mut make(), limit);
+        if out.status.success() || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// stdout and stderr together, for assertions and messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
