@@ -1,6 +1,9 @@
 //! [`DmaBuf`]: an owned dma-buf file descriptor with its size and exporter.
 
 use crate::error::{Error, Op, Result};
+use crate::sync_file::{Access, SyncFile};
+use crate::sys;
+use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// An owned dma-buf.
@@ -48,6 +51,43 @@ impl DmaBuf {
         })
     }
 
+    /// Maps the whole buffer for CPU access (`mmap`, `MAP_SHARED`, read-write).
+    ///
+    /// The mapping gives no bytes by itself: [`Mapping::read`] and [`Mapping::write`] return
+    /// guards that bracket the access with `DMA_BUF_IOCTL_SYNC` start and end, so that caches
+    /// are coherent with the device; no slice outlives its guard.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if the exporter refuses CPU mappings (hint on `EINVAL`/`EACCES`).
+    pub fn map(&self) -> Result<Mapping<'_>> {
+        let len = usize::try_from(self.size)
+            .map_err(|_| Error::invalid(Op::Map, format!("size {} too large", self.size)))?;
+        let map = sys::Mmap::new(self.fd.as_fd(), len)
+            .map_err(|e| Error::os(Op::Map, self.describe(), e))?;
+        Ok(Mapping { buf: self, map })
+    }
+
+    /// `DMA_BUF_IOCTL_EXPORT_SYNC_FILE`: a sync_file that signals once the fences an access of
+    /// kind `access` would have to wait for have signalled (for [`Access::Read`]: the writers).
+    ///
+    /// # Errors
+    /// [`Error::Os`] (`ENOTTY` before kernel 6.0).
+    pub fn export_sync_file(&self, access: Access) -> Result<SyncFile> {
+        sys::export_sync_file(self.fd.as_fd(), access.flags())
+            .map(SyncFile::from_fd)
+            .map_err(|e| Error::os(Op::ExportSyncFile, self.describe(), e))
+    }
+
+    /// `DMA_BUF_IOCTL_IMPORT_SYNC_FILE`: adds `fence` to the buffer's implicit fences as an
+    /// access of kind `access`, so later users of the buffer wait for it.
+    ///
+    /// # Errors
+    /// [`Error::Os`] (`ENOTTY` before kernel 6.0).
+    pub fn import_sync_file(&self, access: Access, fence: &SyncFile) -> Result<()> {
+        sys::import_sync_file(self.fd.as_fd(), access.flags(), fence.as_fd())
+            .map_err(|e| Error::os(Op::ImportSyncFile, self.describe(), e))
+    }
+
     fn describe(&self) -> String {
         format!("dma-buf fd {} ({})", self.fd.as_raw_fd(), self.exporter)
     }
@@ -84,6 +124,99 @@ impl TryFrom<OwnedFd> for DmaBuf {
                 what: "its fdinfo has no size".into(),
             })?;
         Ok(DmaBuf { fd, size, exporter })
+    }
+}
+
+/// A CPU mapping of a [`DmaBuf`]; access goes through sync guards.
+#[derive(Debug)]
+pub struct Mapping<'b> {
+    buf: &'b DmaBuf,
+    map: sys::Mmap,
+}
+
+impl<'b> Mapping<'b> {
+    /// Begins a CPU read (`DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ`); the guard ends it on drop.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if the sync ioctl fails.
+    pub fn read(&self) -> Result<ReadGuard<'_>> {
+        self.sync(sys::DMA_BUF_SYNC_START | sys::DMA_BUF_SYNC_READ)?;
+        Ok(ReadGuard { mapping: self })
+    }
+
+    /// Begins a CPU read-write access (`DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW`); the guard ends
+    /// it on drop.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if the sync ioctl fails.
+    pub fn write(&mut self) -> Result<WriteGuard<'_, 'b>> {
+        self.sync(sys::DMA_BUF_SYNC_START | sys::DMA_BUF_SYNC_RW)?;
+        Ok(WriteGuard { mapping: self })
+    }
+
+    /// The mapped length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.bytes().len()
+    }
+
+    /// Whether the mapping is empty (never: dma-bufs have a size).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn sync(&self, flags: u32) -> Result<()> {
+        sys::dmabuf_sync(self.buf.fd.as_fd(), flags)
+            .map_err(|e| Error::os(Op::Sync, self.buf.describe(), e))
+    }
+
+    fn end(&self, flags: u32) {
+        if let Err(e) = self.sync(sys::DMA_BUF_SYNC_END | flags) {
+            eprintln!("drm-export: {e}");
+        }
+    }
+}
+
+/// A CPU read of a mapped dma-buf, between `DMA_BUF_IOCTL_SYNC` start and end.
+#[derive(Debug)]
+pub struct ReadGuard<'m> {
+    mapping: &'m Mapping<'m>,
+}
+
+impl Deref for ReadGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.mapping.map.bytes()
+    }
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.mapping.end(sys::DMA_BUF_SYNC_READ);
+    }
+}
+
+/// A CPU read-write access of a mapped dma-buf, between `DMA_BUF_IOCTL_SYNC` start and end.
+#[derive(Debug)]
+pub struct WriteGuard<'m, 'b> {
+    mapping: &'m mut Mapping<'b>,
+}
+
+impl Deref for WriteGuard<'_, '_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.mapping.map.bytes()
+    }
+}
+
+impl DerefMut for WriteGuard<'_, '_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.mapping.map.bytes_mut()
+    }
+}
+
+impl Drop for WriteGuard<'_, '_> {
+    fn drop(&mut self) {
+        self.mapping.end(sys::DMA_BUF_SYNC_RW);
     }
 }
 

@@ -28,6 +28,28 @@ pub enum Op {
     CreateUdmabuf,
     /// Checking that an fd is a dma-buf (fdinfo, size).
     InspectDmaBuf,
+    /// `mmap` of a dma-buf.
+    Map,
+    /// `DMA_BUF_IOCTL_SYNC`.
+    Sync,
+    /// `DMA_BUF_IOCTL_EXPORT_SYNC_FILE`.
+    ExportSyncFile,
+    /// `DMA_BUF_IOCTL_IMPORT_SYNC_FILE`.
+    ImportSyncFile,
+    /// Waiting on a sync_file (`poll`).
+    WaitSyncFile,
+    /// Opening `/dev/dma_heap/<name>`.
+    OpenHeap,
+    /// `DMA_HEAP_IOCTL_ALLOC`.
+    HeapAlloc,
+    /// A driver's GEM create ioctl (i915, amdgpu, xe).
+    GemCreate,
+    /// `DRM_IOCTL_GEM_CLOSE`.
+    GemClose,
+    /// vgem's fence ioctls.
+    VgemFence,
+    /// A CUDA driver API call.
+    Cuda,
 }
 
 impl fmt::Display for Op {
@@ -43,6 +65,17 @@ impl fmt::Display for Op {
             Op::PrepareMemfd => "prepare memfd for udmabuf",
             Op::CreateUdmabuf => "UDMABUF_CREATE",
             Op::InspectDmaBuf => "inspect dma-buf",
+            Op::Map => "mmap dma-buf",
+            Op::Sync => "DMA_BUF_IOCTL_SYNC",
+            Op::ExportSyncFile => "DMA_BUF_IOCTL_EXPORT_SYNC_FILE",
+            Op::ImportSyncFile => "DMA_BUF_IOCTL_IMPORT_SYNC_FILE",
+            Op::WaitSyncFile => "wait on sync_file",
+            Op::OpenHeap => "open dma-heap",
+            Op::HeapAlloc => "DMA_HEAP_IOCTL_ALLOC",
+            Op::GemCreate => "GEM create",
+            Op::GemClose => "DRM_IOCTL_GEM_CLOSE",
+            Op::VgemFence => "vgem fence ioctl",
+            Op::Cuda => "CUDA driver call",
         })
     }
 }
@@ -71,6 +104,24 @@ pub enum Error {
         op: Op,
         /// Which value and why.
         what: String,
+    },
+    /// The operation is not available on this device, driver or build.
+    #[error("{op} on {target}: not supported: {why}")]
+    Unsupported {
+        /// What was attempted.
+        op: Op,
+        /// The device or driver.
+        target: String,
+        /// Why, and what to do instead.
+        why: String,
+    },
+    /// A sync_file wait ran past its timeout.
+    #[error("wait on sync_file fd {fd}: fences not signalled after {timeout:?}")]
+    Timeout {
+        /// The sync_file's fd number.
+        fd: i32,
+        /// The timeout that passed.
+        timeout: std::time::Duration,
     },
     /// The fd is not a dma-buf.
     #[error("fd {fd} is not a dma-buf ({what})")]
@@ -130,6 +181,16 @@ fn hint_for(op: Op, errno: Option<i32>) -> Option<&'static str> {
             Some("no permission on the node: add the user to the `render` (or `video`) group")
         }
         (Op::OpenDevice, libc::ENOENT) => Some("no such DRM device: is the GPU driver loaded?"),
+        (Op::OpenHeap, libc::ENOENT) => {
+            Some("no such heap: see /dev/dma_heap/ (system needs CONFIG_DMABUF_HEAPS_SYSTEM)")
+        }
+        (Op::Map, libc::EINVAL) => Some("the exporter may not support CPU mmap of its dma-bufs"),
+        (Op::Map, libc::EACCES) => {
+            Some("the dma-buf was exported read-only (PRIME export needs DRM_RDWR)")
+        }
+        (Op::ExportSyncFile | Op::ImportSyncFile, libc::ENOTTY) => {
+            Some("kernel older than 6.0 lacks dma-buf sync_file import/export")
+        }
         (Op::CreateDumb, libc::ENOSYS | libc::EOPNOTSUPP | libc::EACCES) => {
             Some("dumb buffers need the card node (/dev/dri/cardN), not a render node")
         }

@@ -1,24 +1,50 @@
 //! GPU and host buffers exported as dma-buf file descriptors.
 //!
-//! * [`device`]: DRM card and render nodes, driver identity.
-//! * [`dumb`]: dumb buffers (any KMS driver; vgem in the testbed), exported with [`prime`].
-//! * [`udmabuf`]: host memory (a sealed memfd) as a dma-buf.
-//! * [`DmaBuf`]: an owned, validated dma-buf fd with its size and exporter.
+//! * [`device`]: DRM card and render nodes, driver identity and capabilities.
+//! * [`gem`]: i915 and amdgpu GEM buffers with placement, and [`GpuBuffer::allocate`], which
+//!   picks the allocator from the driver's name; [`dumb`]: dumb buffers (vgem in the testbed).
+//! * [`prime`]: GEM handle to dma-buf and back.
+//! * [`udmabuf`]: host memory (a sealed memfd) as a dma-buf; [`heap`]: dma-heap buffers.
+//! * [`DmaBuf`]: an owned, validated dma-buf fd; CPU access through a [`dmabuf::Mapping`]
+//!   whose guards issue `DMA_BUF_IOCTL_SYNC`; implicit fences as [`SyncFile`]s.
+//! * [`vgem`]: vgem's hand-signalled fences, for testing implicit synchronisation.
+//! * `cuda` (feature `cuda`): CUDA device memory exported with
+//!   `cuMemGetHandleForAddressRange`, libcuda loaded at run time.
+//!
+//! ```no_run
+//! use drm_export::{DmaBuf, Udmabuf};
+//! # fn main() -> drm_export::Result<()> {
+//! let buf = Udmabuf::new(1 << 20)?;
+//! let dmabuf: &DmaBuf = buf.dmabuf();
+//! let mut map = dmabuf.map()?;
+//! map.write()?.fill(0xab); // between DMA_BUF_SYNC_START and END
+//! assert!(map.read()?.iter().all(|&b| b == 0xab));
+//! # Ok(()) }
+//! ```
 //!
 //! Only the private `sys` module uses `unsafe`.
 
 #![deny(unsafe_code)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod dmabuf;
 pub mod dumb;
 pub mod error;
+pub mod gem;
+pub mod heap;
 pub mod prime;
+pub mod sync_file;
 mod sys;
 pub mod udmabuf;
+pub mod vgem;
 
 pub use device::{DrmDevice, NodeKind};
 pub use dmabuf::DmaBuf;
 pub use dumb::DumbBuffer;
 pub use error::{Error, Op, Result};
+pub use gem::{GemBuffer, GpuBuffer, Placement};
+pub use heap::DmaHeap;
+pub use sync_file::{Access, SyncFile};
 pub use udmabuf::Udmabuf;

@@ -58,13 +58,9 @@ impl Udmabuf {
                 format!("offset {offset} is not a multiple of the page size"),
             ));
         }
-        let dev = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(DEVICE)
-            .map_err(|e| Error::os(Op::CreateUdmabuf, DEVICE, e))?;
+        let dev = open_device()?;
         let memfd = memfd.as_fd();
-        let arg = sys::UdmabufCreate {
+        let arg = sys::udmabuf_create {
             memfd: memfd.as_raw_fd() as u32,
             flags: sys::UDMABUF_FLAGS_CLOEXEC,
             offset,
@@ -77,6 +73,44 @@ impl Udmabuf {
                 e,
             )
         })?;
+        DmaBuf::try_from(fd)
+    }
+
+    /// `UDMABUF_CREATE_LIST`: one dma-buf over several page-aligned ranges of one memfd, in
+    /// order.
+    ///
+    /// # Errors
+    /// As [`Udmabuf::export`]; an empty list is an invalid argument.
+    pub fn export_list(memfd: impl AsFd, ranges: &[(u64, u64)]) -> Result<DmaBuf> {
+        if ranges.is_empty() {
+            return Err(Error::invalid(Op::CreateUdmabuf, "empty range list"));
+        }
+        let memfd = memfd.as_fd();
+        let mut items = Vec::with_capacity(ranges.len());
+        for &(offset, size) in ranges {
+            check_size(size)?;
+            if !offset.is_multiple_of(page_size()) {
+                return Err(Error::invalid(
+                    Op::CreateUdmabuf,
+                    format!("offset {offset} is not a multiple of the page size"),
+                ));
+            }
+            items.push(sys::udmabuf_create_item {
+                memfd: memfd.as_raw_fd() as u32,
+                __pad: 0,
+                offset,
+                size,
+            });
+        }
+        let dev = open_device()?;
+        let fd = sys::udmabuf_create_list(dev.as_fd(), sys::UDMABUF_FLAGS_CLOEXEC, &items)
+            .map_err(|e| {
+                Error::os(
+                    Op::CreateUdmabuf,
+                    format!("memfd fd {} ({} ranges)", memfd.as_raw_fd(), ranges.len()),
+                    e,
+                )
+            })?;
         DmaBuf::try_from(fd)
     }
 
@@ -94,6 +128,14 @@ impl Udmabuf {
     pub fn into_parts(self) -> (OwnedFd, DmaBuf) {
         (self.memfd, self.dmabuf)
     }
+}
+
+fn open_device() -> Result<std::fs::File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(DEVICE)
+        .map_err(|e| Error::os(Op::CreateUdmabuf, DEVICE, e))
 }
 
 /// The udmabuf driver's per-buffer limit in bytes (`udmabuf.size_limit_mb`), if readable.

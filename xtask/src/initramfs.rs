@@ -38,18 +38,21 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 say() { echo "testbed: $*"; }
 RUN=
+EXPOSE=
 for x in $(cat /proc/cmdline); do
-    case "$x" in testbed.run=*) RUN="${x#testbed.run=}" ;; esac
+    case "$x" in
+    testbed.run=*) RUN="${x#testbed.run=}" ;;
+    testbed.expose=*) EXPOSE="${x#testbed.expose=}" ;;
+    esac
 done
 while read -r m; do
     insmod "/lib/modules/$m.ko" || say "insmod $m failed"
 done < /modules.order
-mkdir -p /host
+mkdir -p /host /hostraw
 opts=trans=virtio,version=9p2000.L,msize=512000
-if ! mount -t 9p -o "$opts,ro" host /host || ! mount -t 9p -o "$opts" out "/host$RUN"; then
-    say "cannot mount the host's shares"
-    poweroff -f
-fi
+mount -t 9p -o "$opts,ro" host /host || { say "cannot mount the host's root"; poweroff -f; }
+# A non-recursive bind keeps a view of the host's root without the tmpfs mounted below.
+mount --bind /host /hostraw
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
 mount -t devtmpfs devtmpfs /host/dev
@@ -58,6 +61,12 @@ mount -t devpts devpts /host/dev/pts
 mount -t tmpfs tmpfs /host/dev/shm
 mount -t tmpfs tmpfs /host/tmp
 mount -t tmpfs tmpfs /host/run
+# Host folders under /tmp or /run that the run needs (a checkout there) come back by bind.
+for p in $(echo "$EXPOSE" | tr , ' '); do
+    mkdir -p "/host$p" && mount --bind "/hostraw$p" "/host$p" || say "cannot expose $p"
+done
+mkdir -p "/host$RUN"
+mount -t 9p -o "$opts" out "/host$RUN" || { say "cannot mount the run folder"; poweroff -f; }
 mount -t debugfs debugfs /host/sys/kernel/debug
 mount -t configfs configfs /host/sys/kernel/config
 chroot /host /bin/sh "$RUN/inner.sh" </dev/null

@@ -96,13 +96,20 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         if opts.nodes > 1 { "s" } else { "" },
         kernel.version
     ));
+    let vmlinuz = kernel.vmlinuz();
+    let boot = Boot {
+        vmlinuz: &vmlinuz,
+        initrd: &initrd,
+        sock_dir: &sock_dir,
+        expose: hidden_paths(&[&paths.root, &paths.target, &cwd]).join(","),
+    };
     let mut children = Vec::new();
     for &node in &nodes {
         let dir = run_root.join(node.to_string());
         std::fs::create_dir_all(&dir)?;
         sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
         sh::write(&dir.join("inner.sh"), &inner_script(&dir, &cwd, node, opts))?;
-        let mut cmd = qemu(&kernel.vmlinuz(), &initrd, &dir, node, opts, &sock_dir);
+        let mut cmd = qemu(&boot, &dir, node, opts);
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -205,7 +212,7 @@ fn fresh_run_dir(paths: &Paths) -> Result<PathBuf> {
         .unwrap_or(0);
     let dir = runs.join(format!("{}-{stamp}", std::process::id()));
     let text = dir.to_string_lossy();
-    if text.contains(char::is_whitespace) || text.contains('\'') {
+    if text.contains(char::is_whitespace) || text.contains(['\'', ',']) {
         fail!("the testbed needs a build folder path without spaces or quotes: {text}");
     }
     std::fs::create_dir_all(&dir)?;
@@ -278,14 +285,34 @@ echo $? > "$RUN/status"
     )
 }
 
-fn qemu(
-    vmlinuz: &Path,
-    initrd: &Path,
-    dir: &Path,
-    node: char,
-    opts: &Opts,
-    sock_dir: &Path,
-) -> Command {
+/// Paths the VM's tmpfs on /tmp and /run would hide; the initramfs binds them back.
+fn hidden_paths(paths: &[&Path]) -> Vec<String> {
+    let mut out: Vec<String> = paths
+        .iter()
+        .filter(|p| p.starts_with("/tmp") || p.starts_with("/run"))
+        .map(|p| p.display().to_string())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What every node of one run boots with.
+struct Boot<'a> {
+    vmlinuz: &'a Path,
+    initrd: &'a Path,
+    sock_dir: &'a Path,
+    /// `testbed.expose=` value: host paths to bind back over the VM's tmpfs.
+    expose: String,
+}
+
+fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
+    let Boot {
+        vmlinuz,
+        initrd,
+        sock_dir,
+        ..
+    } = *boot;
     let mut c = Command::new("qemu-system-x86_64");
     let smp = if opts.nodes > 1 { 1 } else { 2 };
     c.args(["-machine", "q35", "-cpu", "max", "-accel", "tcg"])
@@ -297,8 +324,10 @@ fn qemu(
         .arg(initrd)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 loglevel=1 panic=-1 testbed.node={node} testbed.run={}",
-            dir.display()
+            "console=ttyS0 loglevel=1 panic=-1 testbed.node={node} testbed.run={} \
+             testbed.expose={}",
+            dir.display(),
+            boot.expose
         ))
         .arg("-virtfs")
         .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
