@@ -20,6 +20,7 @@ fn main() {
         .allowlist_type("drm_i915_gem_memory_class")
         .derive_default(true)
         .layout_tests(true)
+        .generate_comments(false)
         .wrap_unsafe_ops(true)
         .generate()
         .expect("bindgen over the kernel uapi headers (needs libclang-dev, linux-libc-dev, libdrm-dev: run `cargo xtask setup`)");

@@ -28,6 +28,19 @@ pub struct DriverInfo {
     pub description: String,
 }
 
+/// What a DRM device can do with buffers (`DRM_IOCTL_GET_CAP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `DRM_PRIME_CAP_IMPORT`: dma-bufs can be imported as GEM handles.
+    pub prime_import: bool,
+    /// `DRM_PRIME_CAP_EXPORT`: GEM handles can be exported as dma-bufs.
+    pub prime_export: bool,
+    /// `DRM_CAP_DUMB_BUFFER`: dumb buffers can be created (on the card node). `None` when the
+    /// driver is not a modesetting driver: the kernel then answers `EOPNOTSUPP` for this
+    /// capability, although such drivers (vgem) may still implement dumb buffers.
+    pub dumb_buffers: Option<bool>,
+}
+
 /// An open DRM device node.
 #[derive(Debug)]
 pub struct DrmDevice {
@@ -96,6 +109,31 @@ impl DrmDevice {
             format!("{DRI} ({driver} {kind:?} node)"),
             std::io::Error::from_raw_os_error(libc::ENOENT),
         ))
+    }
+
+    /// `DRM_IOCTL_GET_CAP` for PRIME and dumb buffers.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if the query fails.
+    pub fn capabilities(&self) -> Result<Capabilities> {
+        use drm::{Device as _, DriverCapability};
+        let cap = |c| {
+            self.get_driver_capability(c)
+                .map_err(|e| Error::os(Op::QueryDriver, self.path.display(), e))
+        };
+        /// `DRM_PRIME_CAP_IMPORT` and `DRM_PRIME_CAP_EXPORT` (drm.h).
+        const IMPORT: u64 = 1;
+        const EXPORT: u64 = 2;
+        let prime = cap(DriverCapability::Prime)?;
+        Ok(Capabilities {
+            prime_import: prime & IMPORT != 0,
+            prime_export: prime & EXPORT != 0,
+            dumb_buffers: match self.get_driver_capability(DriverCapability::DumbBuffer) {
+                Ok(v) => Some(v != 0),
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => None,
+                Err(e) => return Err(Error::os(Op::QueryDriver, self.path.display(), e)),
+            },
+        })
     }
 
     /// The node's path.

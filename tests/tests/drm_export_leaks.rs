@@ -1,0 +1,49 @@
+//! drm-export leak check, alone in its binary: descriptor and dma-buf counts are process-
+//! and kernel-wide, so no other test may run beside it. Runs in the testbed VM.
+
+use drm_export::{DmaHeap, DrmDevice, DumbBuffer, NodeKind, Udmabuf};
+use integration_tests::testbed::Testbed;
+use std::sync::Arc;
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn dmabuf_objects() -> usize {
+    let info = std::fs::read_to_string("/sys/kernel/debug/dma_buf/bufinfo").expect("debugfs");
+    // The summary line: "Total N objects, M bytes".
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix("Total ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("bufinfo total")
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn ten_thousand_buffers_leak_no_descriptor_and_no_buffer() {
+    Testbed::get();
+    let card = Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).expect("vgem card node"));
+    let heap = DmaHeap::system().unwrap();
+    // Warm up lazily opened descriptors, then take the baseline.
+    drop(DumbBuffer::new(&card, 4096).unwrap().export().unwrap());
+    let (fds, objects) = (open_fds(), dmabuf_objects());
+    for i in 0..10_000u64 {
+        let d = match i % 3 {
+            0 => DumbBuffer::new(&card, 4096).unwrap().export().unwrap(),
+            1 => Udmabuf::new(4096).unwrap().into_parts().1,
+            _ => heap.allocate(4096).unwrap(),
+        };
+        assert_eq!(d.size(), 4096);
+    }
+    assert_eq!(open_fds(), fds, "descriptors back to the baseline");
+    assert_eq!(
+        dmabuf_objects(),
+        objects,
+        "dma-buf objects back to the baseline"
+    );
+}
