@@ -74,6 +74,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         "clippy",
         "--workspace",
         "--all-targets",
+        "--all-features",
         "--quiet",
         "--",
         "-D",
