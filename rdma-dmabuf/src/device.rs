@@ -1,0 +1,349 @@
+//! RDMA devices and their contexts: listing, opening, ports and GIDs.
+
+use crate::error::{Error, Op, Result};
+use rdma_sys as ffi;
+use std::ffi::CStr;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// A device as `ibv_get_device_list` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Kernel name, e.g. `mlx5_0`, `rxe0`.
+    pub name: String,
+    /// Node GUID, host byte order.
+    pub guid: u64,
+}
+
+/// The RDMA devices of this host.
+///
+/// # Errors
+/// [`Error::Verbs`] if the list cannot be read (no `ib_uverbs` module, say).
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    with_device_list(|list| {
+        Ok(list
+            .iter()
+            .map(|&d| DeviceInfo {
+                name: device_name(d),
+                guid: {
+                    // SAFETY: `d` is a live entry of the device list (see with_device_list).
+                    u64::from_be(unsafe { ffi::ibv_get_device_guid(d) })
+                },
+            })
+            .collect())
+    })
+}
+
+/// Calls `f` with the device list, freeing it afterwards.
+fn with_device_list<T>(f: impl FnOnce(&[*mut ffi::ibv_device]) -> Result<T>) -> Result<T> {
+    let mut n = 0;
+    // SAFETY: `n` is a valid out-pointer; the returned array is freed below.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(Error::last_os(Op::ListDevices, "this host"));
+    }
+    // SAFETY: libibverbs returns `n` valid device pointers, alive until the list is freed.
+    let slice = unsafe { std::slice::from_raw_parts(list, n.max(0) as usize) };
+    let out = f(slice);
+    // SAFETY: `list` came from ibv_get_device_list and is freed once; contexts opened from
+    // its entries stay valid after the free (libibverbs documents this).
+    unsafe { ffi::ibv_free_device_list(list) };
+    out
+}
+
+fn device_name(d: *mut ffi::ibv_device) -> String {
+    // SAFETY: `d` is a live device.
+    let name = unsafe { ffi::ibv_get_device_name(d) };
+    // SAFETY: the name is a NUL-terminated string owned by the device, alive with it.
+    unsafe { CStr::from_ptr(name) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// An open device (`ibv_context`). Closed when the last [`Arc`] to it (held by every child
+/// object) goes.
+pub struct Context {
+    ctx: NonNull<ffi::ibv_context>,
+    name: String,
+}
+
+// SAFETY: libibverbs contexts are thread-safe: every verb on a context may be called from any
+// thread (the library serialises internally where the provider needs it).
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("name", &self.name).finish()
+    }
+}
+
+impl Context {
+    /// `ibv_open_device` on the device called `name`.
+    ///
+    /// # Errors
+    /// `ENODEV` with a hint if there is no such device.
+    pub fn open(name: &str) -> Result<Arc<Context>> {
+        with_device_list(|list| {
+            let dev = list
+                .iter()
+                .copied()
+                .find(|&d| device_name(d) == name)
+                .ok_or_else(|| {
+                    let known: Vec<String> = list.iter().map(|&d| device_name(d)).collect();
+                    Error::from_errno(
+                        Op::OpenDevice,
+                        format!(
+                            "{name} (devices: {})",
+                            if known.is_empty() {
+                                "none".into()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                        libc::ENODEV,
+                    )
+                })?;
+            // SAFETY: `dev` is a live entry of the list.
+            let ctx = unsafe { ffi::ibv_open_device(dev) };
+            let ctx = NonNull::new(ctx).ok_or_else(|| Error::last_os(Op::OpenDevice, name))?;
+            Ok(Arc::new(Context {
+                ctx,
+                name: name.to_string(),
+            }))
+        })
+    }
+
+    /// Opens the first device of the list.
+    ///
+    /// # Errors
+    /// `ENODEV` if there is none.
+    pub fn open_first() -> Result<Arc<Context>> {
+        let first = devices()?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::from_errno(Op::OpenDevice, "any device", libc::ENODEV))?;
+        Context::open(&first.name)
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    /// `ibv_query_port`.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] (`EINVAL` for a port the device lacks).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        // SAFETY: ibv_port_attr is a plain C struct for which all-zero is a valid value.
+        let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer of the right type.
+        let rc = unsafe { ffi::___ibv_query_port(self.as_ptr(), port, &mut attr) };
+        if rc != 0 {
+            return Err(Error::from_errno(
+                Op::QueryPort,
+                format!("{} port {port}", self.name),
+                rc,
+            ));
+        }
+        Ok(PortAttr {
+            state: PortState::from_raw(attr.state),
+            active_mtu: Mtu::from_raw(attr.active_mtu).unwrap_or(Mtu::Mtu1024),
+            lid: attr.lid,
+            gid_table_len: attr.gid_tbl_len as u32,
+            max_msg_size: attr.max_msg_sz,
+        })
+    }
+
+    /// `ibv_query_gid`.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] for an index outside the table.
+    pub fn gid(&self, port: u8, index: u32) -> Result<Gid> {
+        let target = || format!("{} port {port} index {index}", self.name);
+        let idx = i32::try_from(index)
+            .map_err(|_| Error::from_errno(Op::QueryGid, target(), libc::EINVAL))?;
+        // SAFETY: ibv_gid is a 16-byte union of plain integers; zero is valid.
+        let mut gid: ffi::ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: open context, valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_gid(self.as_ptr(), port, idx, &mut gid) };
+        if rc != 0 {
+            return Err(Error::last_os(Op::QueryGid, target()));
+        }
+        // SAFETY: every bit pattern of the union is a valid `raw` byte array.
+        Ok(Gid(unsafe { gid.raw }))
+    }
+
+    /// The index of the port's RoCEv2 GID with an IPv4-mapped address (`::ffff:a.b.c.d`), the
+    /// one RoCE peers on an IPv4 network use. Read from the kernel's GID table in sysfs
+    /// (`gid_attrs/types`), as `show_gids` does.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] with `ENOENT` if the port has none (no IPv4 address on its netdev yet).
+    pub fn roce_v2_ipv4_gid(&self, port: u8) -> Result<(u32, Gid)> {
+        let len = self.query_port(port)?.gid_table_len;
+        for index in 0..len {
+            let Ok(gid) = self.gid(port, index) else {
+                continue;
+            };
+            if gid.ipv4().is_none() {
+                continue;
+            }
+            let ty = std::fs::read_to_string(format!(
+                "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}",
+                self.name
+            ))
+            .unwrap_or_default();
+            if ty.trim() == "RoCE v2" {
+                return Ok((index, gid));
+            }
+        }
+        Err(Error::Verbs {
+            op: Op::QueryGid,
+            target: format!("{} port {port}", self.name),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            hint: Some(
+                "no RoCEv2 GID with an IPv4 address: give the port's netdev an IPv4 address",
+            ),
+        })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every child object holds an Arc to this context, so none is left; the
+        // context is closed once.
+        let rc = unsafe { ffi::ibv_close_device(self.as_ptr()) };
+        if rc != 0 {
+            eprintln!("rdma-dmabuf: ibv_close_device({}) failed: {rc}", self.name);
+        }
+    }
+}
+
+/// A port's attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// The logical state.
+    pub state: PortState,
+    /// The MTU in use.
+    pub active_mtu: Mtu,
+    /// The LID (0 on RoCE).
+    pub lid: u16,
+    /// Entries in the GID table.
+    pub gid_table_len: u32,
+    /// The largest message.
+    pub max_msg_size: u32,
+}
+
+/// A port's logical state (`ibv_port_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    /// `IBV_PORT_ACTIVE`: ready for traffic.
+    Active,
+    /// `IBV_PORT_DOWN`.
+    Down,
+    /// Any other state (INIT, ARMED, ...), with its code.
+    Other(u32),
+}
+
+impl PortState {
+    fn from_raw(s: ffi::ibv_port_state::Type) -> PortState {
+        match s {
+            ffi::ibv_port_state::IBV_PORT_ACTIVE => PortState::Active,
+            ffi::ibv_port_state::IBV_PORT_DOWN => PortState::Down,
+            other => PortState::Other(other),
+        }
+    }
+}
+
+/// Path MTU (`ibv_mtu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// From the `ibv_mtu` code.
+    pub fn from_raw(v: u32) -> Option<Mtu> {
+        Some(match v {
+            1 => Mtu::Mtu256,
+            2 => Mtu::Mtu512,
+            3 => Mtu::Mtu1024,
+            4 => Mtu::Mtu2048,
+            5 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+
+    /// Bytes.
+    pub fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+}
+
+/// A 16-byte GID.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
+    pub fn ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        std::net::Ipv6Addr::from(self.0).to_ipv4_mapped()
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", std::net::Ipv6Addr::from(self.0))
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_codes_and_sizes() {
+        assert_eq!(Mtu::from_raw(3), Some(Mtu::Mtu1024));
+        assert_eq!(Mtu::Mtu4096.bytes(), 4096);
+        assert_eq!(Mtu::Mtu256.bytes(), 256);
+        assert_eq!(Mtu::from_raw(9), None);
+    }
+
+    #[test]
+    fn ipv4_mapped_gids_are_recognised() {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[169, 254, 20, 1]);
+        assert_eq!(Gid(g).ipv4(), Some("169.254.20.1".parse().unwrap()));
+        assert_eq!(Gid(g).to_string(), "::ffff:169.254.20.1");
+        let mut ll = [0u8; 16];
+        ll[0] = 0xfe;
+        ll[1] = 0x80;
+        assert_eq!(Gid(ll).ipv4(), None);
+    }
+}

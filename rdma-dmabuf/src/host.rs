@@ -1,0 +1,130 @@
+//! [`HostBuffer`]: page-aligned, zero-filled host memory to register as a region.
+
+use crate::error::{Error, Op, Result};
+use std::fmt;
+use std::ptr::NonNull;
+
+/// Page-aligned host memory from an anonymous mapping, zero-filled; unmapped on drop.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain owned memory, like a `Box<[u8]>`.
+unsafe impl Send for HostBuffer {}
+// SAFETY: `&HostBuffer` gives only shared `&[u8]` access.
+unsafe impl Sync for HostBuffer {}
+
+impl fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl HostBuffer {
+    /// Maps `len` bytes (rounded up to the page size) of zeroed memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for length 0; [`Error::Verbs`] if `mmap` fails.
+    pub fn new(len: usize) -> Result<HostBuffer> {
+        if len == 0 {
+            return Err(Error::invalid(Op::AllocHost, "length 0"));
+        }
+        let page = page_size();
+        let len = len.div_ceil(page) * page;
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
+        // nothing; it is unmapped exactly once, in Drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os(Op::AllocHost, format!("{len} bytes")));
+        }
+        let ptr = NonNull::new(p.cast())
+            .ok_or_else(|| Error::from_errno(Op::AllocHost, "mmap", libc::ENOMEM))?;
+        Ok(HostBuffer { ptr, len })
+    }
+
+    /// A buffer holding a copy of `data` (rounded up to the page size, zero-padded).
+    ///
+    /// # Errors
+    /// As [`HostBuffer::new`].
+    pub fn from_slice(data: &[u8]) -> Result<HostBuffer> {
+        let mut b = HostBuffer::new(data.len())?;
+        b.as_mut_slice()[..data.len()].copy_from_slice(data);
+        Ok(b)
+    }
+
+    /// The length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes until drop; `&self` excludes `&mut` views.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_slice`, and `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub(crate) fn addr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in `new`, unmapped once; no slice outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The CPU page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_round_up_to_pages_and_start_zeroed() {
+        let b = HostBuffer::new(10).unwrap();
+        assert_eq!(b.len(), page_size());
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        assert!((b.addr() as usize).is_multiple_of(page_size()));
+        assert!(HostBuffer::new(0).is_err());
+    }
+
+    #[test]
+    fn from_slice_copies() {
+        let b = HostBuffer::from_slice(b"hello").unwrap();
+        assert_eq!(&b.as_slice()[..5], b"hello");
+    }
+}

@@ -1,0 +1,396 @@
+//! Memory regions typed by what backs them: [`MemoryRegion<HostBuffer>`] (`ibv_reg_mr`) and
+//! [`MemoryRegion<DmaBuf>`] (`ibv_reg_dmabuf_mr`). A region owns its backing and deregisters
+//! before releasing it.
+
+use crate::error::{Error, Op, Result, DMABUF_HINT};
+use crate::host::{page_size, HostBuffer};
+use crate::pd::ProtectionDomain;
+use crate::remote::RemoteRegion;
+use drm_export::DmaBuf;
+use rdma_sys as ffi;
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+bitflags::bitflags! {
+    /// What the NIC may do with a region (`ibv_access_flags`). Only the flags valid for both
+    /// `ibv_reg_mr` and `ibv_reg_dmabuf_mr` exist here, so an invalid combination (such as
+    /// `IBV_ACCESS_ZERO_BASED` on a dma-buf) cannot be expressed.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Access: u32 {
+        /// The local NIC may write (receives, RDMA read targets). Required by every remote
+        /// write or atomic access.
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA-write.
+        const REMOTE_WRITE = 2;
+        /// Peers may RDMA-read.
+        const REMOTE_READ = 4;
+        /// Peers may perform atomics.
+        const REMOTE_ATOMIC = 8;
+        /// The NIC may reorder writes to this region (PCIe relaxed ordering).
+        const RELAXED_ORDERING = 1 << 20;
+    }
+}
+
+impl Access {
+    /// Whether a peer may change the region's bytes.
+    pub fn remotely_writable(self) -> bool {
+        self.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+    }
+
+    fn check(self, op: Op) -> Result<()> {
+        if self.remotely_writable() && !self.contains(Access::LOCAL_WRITE) {
+            return Err(Error::invalid(
+                op,
+                format!("{self:?}: remote write or atomic access requires LOCAL_WRITE"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::HostBuffer {}
+    impl Sealed for drm_export::DmaBuf {}
+}
+
+/// What can back a [`MemoryRegion`]: [`HostBuffer`] or [`DmaBuf`].
+pub trait Backing: sealed::Sealed + fmt::Debug + Send + 'static {}
+impl Backing for HostBuffer {}
+impl Backing for DmaBuf {}
+
+/// A registered memory region owning its backing `B`.
+///
+/// Its address space for work requests is [`MemoryRegion::addr`]: the virtual address for a
+/// host buffer, the iova chosen at registration for a dma-buf (never the dma-buf offset).
+pub struct MemoryRegion<B: Backing> {
+    mr: NonNull<ffi::ibv_mr>,
+    pd: Arc<ProtectionDomain>,
+    backing: ManuallyDrop<B>,
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+// SAFETY: the MR handle is used only through thread-safe verbs (dereg) and plain reads of its
+// keys; the backing is Send.
+unsafe impl<B: Backing> Send for MemoryRegion<B> {}
+// SAFETY: `&MemoryRegion` exposes only the keys, and shared access to the backing where safe.
+unsafe impl<B: Backing + Sync> Sync for MemoryRegion<B> {}
+
+impl<B: Backing> fmt::Debug for MemoryRegion<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion<HostBuffer> {
+    /// `ibv_reg_mr` over the whole buffer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for remote write without local write; [`Error::Verbs`]
+    /// (`ENOMEM` with a hint on the pinned-memory limit).
+    pub fn register(
+        pd: &Arc<ProtectionDomain>,
+        buffer: HostBuffer,
+        access: Access,
+    ) -> Result<Self> {
+        access.check(Op::RegMr)?;
+        let addr = buffer.addr();
+        // SAFETY: `addr..addr+len` is mapped memory owned by `buffer`, which the region keeps
+        // alive (and does not move: the mapping is on the heap) until after ibv_dereg_mr.
+        let mr = unsafe {
+            ffi::ibv_reg_mr(pd.as_ptr(), addr.cast(), buffer.len(), access.bits() as i32)
+        };
+        let mr = NonNull::new(mr).ok_or_else(|| {
+            Error::last_os(
+                Op::RegMr,
+                format!(
+                    "{} ({} bytes at {addr:p})",
+                    pd.context().name(),
+                    buffer.len()
+                ),
+            )
+        })?;
+        Ok(MemoryRegion {
+            mr,
+            pd: pd.clone(),
+            len: buffer.len() as u64,
+            addr: addr as u64,
+            backing: ManuallyDrop::new(buffer),
+            access,
+        })
+    }
+
+    /// The bytes, for the CPU.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if peers may write the region: they could change it while
+    /// it is read. Use [`MemoryRegion::into_inner`] (after which no peer can) or
+    /// [`MemoryRegion::bytes_unchecked`].
+    pub fn bytes(&self) -> Result<&[u8]> {
+        self.cpu_access()?;
+        Ok(self.backing.as_slice())
+    }
+
+    /// The bytes, writable by the CPU.
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::bytes`].
+    pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        self.cpu_access()?;
+        Ok(self.backing.as_mut_slice())
+    }
+
+    /// The bytes of a remotely writable region.
+    ///
+    /// # Safety
+    /// No peer may write the region (RDMA write or atomic with its rkey) while the returned
+    /// slice lives: the caller knows so from its protocol (e.g. the peer signalled completion
+    /// and writes nothing more).
+    pub unsafe fn bytes_unchecked(&self) -> &[u8] {
+        self.backing.as_slice()
+    }
+}
+
+impl MemoryRegion<DmaBuf> {
+    /// `ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access)`: registers `len` bytes of
+    /// `dmabuf` from `offset`. `iova` is the address work requests (local SGEs and peers'
+    /// remote addresses) use for the region's first byte; it defaults to `offset` and must have
+    /// the same offset within a page as `offset`. The kernel holds its own reference to the
+    /// buffer; the region also keeps the fd, and gives it back from `into_inner`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] with a hint when the provider or kernel has no dma-buf MRs
+    /// (`EOPNOTSUPP`; `EPROTONOSUPPORT` before kernel 5.12); [`Error::InvalidArgument`] for
+    /// values checked here (length 0, range past the buffer, iova/offset page offsets differ);
+    /// [`Error::Verbs`] for the kernel's refusals.
+    pub fn register_dmabuf(
+        pd: &Arc<ProtectionDomain>,
+        dmabuf: DmaBuf,
+        offset: u64,
+        len: u64,
+        iova: Option<u64>,
+        access: Access,
+    ) -> Result<Self> {
+        access.check(Op::RegDmabufMr)?;
+        let iova = iova.unwrap_or(offset);
+        let page = page_size() as u64;
+        let bad = |what: String| Err(Error::invalid(Op::RegDmabufMr, what));
+        if len == 0 {
+            return bad("length 0".into());
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > dmabuf.size())
+        {
+            return bad(format!(
+                "offset {offset} + length {len} exceeds the dma-buf's {} bytes",
+                dmabuf.size()
+            ));
+        }
+        if iova % page != offset % page {
+            return bad(format!(
+                "iova {iova:#x} and offset {offset:#x} differ in their offset within a page"
+            ));
+        }
+        let fd = dmabuf.as_fd().as_raw_fd();
+        let target = || {
+            format!(
+                "{} (dma-buf fd {fd} from {}, offset {offset}, length {len}, iova {iova:#x})",
+                pd.context().name(),
+                dmabuf.exporter()
+            )
+        };
+        // SAFETY: `fd` is a live dma-buf owned by `dmabuf` (kept by the region); the kernel
+        // pins and maps the buffer's pages itself, so no user memory is referenced.
+        let mr = unsafe {
+            ffi::ibv_reg_dmabuf_mr(
+                pd.as_ptr(),
+                offset,
+                len as usize,
+                iova,
+                fd,
+                access.bits() as i32,
+            )
+        };
+        let mr = NonNull::new(mr)
+            .ok_or_else(|| dmabuf_error(pd, std::io::Error::last_os_error(), target()))?;
+        Ok(MemoryRegion {
+            mr,
+            pd: pd.clone(),
+            backing: ManuallyDrop::new(dmabuf),
+            addr: iova,
+            len,
+            access,
+        })
+    }
+
+    /// The dma-buf, e.g. to map it for the CPU (with its sync guards).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if peers may write the region (see
+    /// [`MemoryRegion::bytes`]); [`MemoryRegion::into_inner`] gives it back after
+    /// deregistration.
+    pub fn dmabuf(&self) -> Result<&DmaBuf> {
+        self.cpu_access()?;
+        Ok(&self.backing)
+    }
+}
+
+fn dmabuf_error(pd: &ProtectionDomain, e: std::io::Error, target: String) -> Error {
+    match e.raw_os_error().unwrap_or(libc::EIO) {
+        libc::EOPNOTSUPP => Error::Unsupported {
+            op: Op::RegDmabufMr,
+            device: pd.context().name().to_string(),
+            errno: libc::EOPNOTSUPP,
+            why: DMABUF_HINT,
+        },
+        libc::EPROTONOSUPPORT => Error::Unsupported {
+            op: Op::RegDmabufMr,
+            device: pd.context().name().to_string(),
+            errno: libc::EPROTONOSUPPORT,
+            why: "the kernel is older than 5.12 and has no dma-buf MRs",
+        },
+        errno => Error::from_errno(Op::RegDmabufMr, target, errno),
+    }
+}
+
+/// Whether the device behind `pd` can register dma-bufs: the zero-length probe that NCCL
+/// uses, `ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0)`. `EBADF` (the fd was looked at) means yes;
+/// `EOPNOTSUPP` or `EPROTONOSUPPORT` mean no.
+///
+/// # Errors
+/// [`Error::Verbs`] for any other answer.
+pub fn supports_dmabuf(pd: &ProtectionDomain) -> Result<bool> {
+    // SAFETY: fd -1 and length 0 reference no memory; a (never expected) MR is deregistered.
+    let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd.as_ptr(), 0, 0, 0, -1, 0) };
+    if !mr.is_null() {
+        // SAFETY: `mr` was just returned and is deregistered once.
+        unsafe { ffi::ibv_dereg_mr(mr) };
+        return Ok(true);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EBADF) => Ok(true),
+        Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT) => Ok(false),
+        other => Err(Error::from_errno(
+            Op::RegDmabufMr,
+            format!("{} (capability probe)", pd.context().name()),
+            other.unwrap_or(libc::EIO),
+        )),
+    }
+}
+
+impl<B: Backing> MemoryRegion<B> {
+    /// The address of the region's first byte in work requests (host address or iova).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Never empty (length 0 is refused at registration).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The local key, for SGEs.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: `mr` is registered until drop; lkey is a plain field.
+        unsafe { self.mr.as_ref() }.lkey
+    }
+
+    /// The remote key, for peers.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as `lkey`.
+        unsafe { self.mr.as_ref() }.rkey
+    }
+
+    /// The access granted.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// What a peer needs to RDMA-read or -write this region: its address (the iova for a
+    /// dma-buf), length and rkey. `None` if no remote access was granted.
+    pub fn remote(&self) -> Option<RemoteRegion> {
+        self.access
+            .intersects(Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            .then(|| RemoteRegion {
+                addr: self.addr,
+                len: self.len,
+                rkey: self.rkey(),
+            })
+    }
+
+    /// `ibv_dereg_mr`, then the backing back: from here no NIC or peer can reach it.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] if deregistration fails; the backing is then leaked on purpose, since
+    /// the NIC may still reach it.
+    pub fn into_inner(self) -> Result<B> {
+        let mut this = ManuallyDrop::new(self);
+        let rc = this.dereg();
+        // SAFETY: `this` is never used or dropped again, so reading the field out moves it.
+        let pd = unsafe { std::ptr::read(&this.pd) };
+        // SAFETY: as above, for the backing.
+        let backing = unsafe { std::ptr::read(&this.backing) };
+        drop(pd);
+        match rc {
+            Ok(()) => Ok(ManuallyDrop::into_inner(backing)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn dereg(&mut self) -> Result<()> {
+        // SAFETY: `mr` is registered and deregistered exactly once (Drop or into_inner).
+        let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            return Err(Error::from_errno(
+                Op::DeregMr,
+                format!("{} region at {:#x}", self.pd.context().name(), self.addr),
+                rc,
+            ));
+        }
+        Ok(())
+    }
+
+    fn cpu_access(&self) -> Result<()> {
+        if self.access.remotely_writable() {
+            return Err(Error::invalid(
+                Op::RegMr,
+                "the region is remotely writable: a peer may change it at any time; take it \
+                 back with into_inner() (deregisters) before reading it",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backing> Drop for MemoryRegion<B> {
+    fn drop(&mut self) {
+        match self.dereg() {
+            // SAFETY: deregistered: the NIC can no longer reach the backing; dropped once.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.backing) },
+            // The NIC may still reach the memory: leak it rather than free it.
+            Err(e) => eprintln!("rdma-dmabuf: {e}; leaking the region's memory"),
+        }
+    }
+}

@@ -1,0 +1,780 @@
+//! Reliable-connected queue pairs: typestate bring-up ([`QueuePairBuilder`] ->
+//! [`PreparedQp`] -> [`QueuePair`]) and posts that take ownership of their buffers.
+//!
+//! A post moves a [`Local`] (a region, or a part of one) into the queue and returns a
+//! [`Pending`] handle; its completion hands the region back. Dropping a `Pending` early leaves
+//! the region with the queue until the NIC is done with it; dropping the queue pair moves it to
+//! the error state, drains the flushed requests, destroys it, and only then frees what was in
+//! flight.
+
+use crate::device::Gid;
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Op, Result};
+use crate::mr::{Access, Backing, MemoryRegion};
+use crate::pd::ProtectionDomain;
+use crate::remote::RemoteRegion;
+use crate::slots::{wr_id, RawCompletion, Slots};
+use crate::wr::{WorkCompletion, WorkKind};
+use rdma_sys as ffi;
+use std::cell::RefCell;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Settings of a new queue pair; required arguments are in [`QueuePairBuilder::new`].
+#[derive(Debug)]
+pub struct QueuePairBuilder {
+    pd: Arc<ProtectionDomain>,
+    port: u8,
+    gid_index: Option<u32>,
+    send_depth: u32,
+    recv_depth: u32,
+}
+
+impl QueuePairBuilder {
+    /// A builder for an RC queue pair in `pd`: port 1, 128 sends and 128 receives
+    /// outstanding, the port's RoCEv2 IPv4 GID.
+    pub fn new(pd: &Arc<ProtectionDomain>) -> QueuePairBuilder {
+        QueuePairBuilder {
+            pd: pd.clone(),
+            port: 1,
+            gid_index: None,
+            send_depth: 128,
+            recv_depth: 128,
+        }
+    }
+
+    /// The port (default 1).
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// The source GID index (default: the port's RoCEv2 IPv4-mapped GID).
+    pub fn gid_index(mut self, index: u32) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+
+    /// How many sends, writes and reads may be outstanding (default 128).
+    pub fn send_depth(mut self, n: u32) -> Self {
+        self.send_depth = n;
+        self
+    }
+
+    /// How many receives may be outstanding (default 128).
+    pub fn recv_depth(mut self, n: u32) -> Self {
+        self.recv_depth = n;
+        self
+    }
+
+    /// Creates the completion queue and the queue pair and moves it to INIT.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero depths; [`Error::Verbs`] from the provider (a GID
+    /// index with no GID: `EINVAL` with a hint).
+    pub fn build(self) -> Result<PreparedQp> {
+        let ctx = self.pd.context().clone();
+        if self.send_depth == 0 || self.recv_depth == 0 {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                "queue depths must be at least 1",
+            ));
+        }
+        let port_attr = ctx.query_port(self.port)?;
+        let (gid_index, gid) = match self.gid_index {
+            Some(i) => (i, ctx.gid(self.port, i)?),
+            None => ctx.roce_v2_ipv4_gid(self.port)?,
+        };
+        if gid == Gid::default() {
+            return Err(Error::from_errno(
+                Op::QueryGid,
+                format!(
+                    "{} port {} index {gid_index} (empty GID)",
+                    ctx.name(),
+                    self.port
+                ),
+                libc::EINVAL,
+            ));
+        }
+        let cqe = (self.send_depth + self.recv_depth) as i32;
+        // SAFETY: open context; no channel or user context.
+        let cq = unsafe {
+            ffi::ibv_create_cq(
+                ctx.as_ptr(),
+                cqe,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let cq = NonNull::new(cq).ok_or_else(|| {
+            Error::last_os(Op::CreateCq, format!("{} ({cqe} entries)", ctx.name()))
+        })?;
+        // SAFETY: ibv_qp_init_attr is a plain C struct; all-zero is valid.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_ptr();
+        init.recv_cq = cq.as_ptr();
+        init.cap.max_send_wr = self.send_depth;
+        init.cap.max_recv_wr = self.recv_depth;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+        // SAFETY: open PD, `init` valid for the call.
+        let qp = unsafe { ffi::ibv_create_qp(self.pd.as_ptr(), &mut init) };
+        let Some(qp) = NonNull::new(qp) else {
+            let e = Error::last_os(
+                Op::CreateQp,
+                format!(
+                    "{} (send {} / recv {})",
+                    ctx.name(),
+                    self.send_depth,
+                    self.recv_depth
+                ),
+            );
+            // SAFETY: `cq` was created above and has no QP attached.
+            unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };
+            return Err(e);
+        };
+        let raw = RawQp {
+            qp,
+            cq,
+            pd: self.pd.clone(),
+        };
+        // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = self.port;
+        attr.qp_access_flags = (Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC)
+            .bits();
+        use ffi::ibv_qp_attr_mask as M;
+        raw.modify(
+            &mut attr,
+            (M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS).0,
+            "INIT",
+        )?;
+        let qpn = raw.qpn();
+        Ok(PreparedQp {
+            raw,
+            port: self.port,
+            gid_index,
+            local: Endpoint {
+                qpn,
+                psn: initial_psn(qpn),
+                lid: port_attr.lid,
+                gid,
+                mtu: port_attr.active_mtu,
+            },
+            send_depth: self.send_depth,
+            recv_depth: self.recv_depth,
+        })
+    }
+}
+
+/// A 24-bit starting PSN that differs between queue pairs and runs.
+fn initial_psn(qpn: u32) -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (t ^ qpn.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff
+}
+
+/// The queue pair and completion queue handles; destroyed in that order on drop.
+struct RawQp {
+    qp: NonNull<ffi::ibv_qp>,
+    cq: NonNull<ffi::ibv_cq>,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: verbs on a QP and CQ may be called from any thread; the owning types decide sharing.
+unsafe impl Send for RawQp {}
+
+impl RawQp {
+    fn qpn(&self) -> u32 {
+        // SAFETY: the QP is live; qp_num is a plain field.
+        unsafe { self.qp.as_ref() }.qp_num
+    }
+
+    fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: u32, to: &str) -> Result<()> {
+        // SAFETY: live QP; `attr` valid for the call; `mask` names the fields set.
+        let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) };
+        if rc != 0 {
+            return Err(Error::from_errno(
+                Op::ModifyQp,
+                format!("{} qp {:#x} to {to}", self.pd.context().name(), self.qpn()),
+                rc,
+            ));
+        }
+        Ok(())
+    }
+
+    fn to_error_state(&self) {
+        // SAFETY: ibv_qp_attr is plain; zero is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
+        let _ = self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0, "ERR");
+    }
+}
+
+impl Drop for RawQp {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once, QP before the CQ it uses; after ibv_destroy_qp returns the
+        // NIC no longer touches any buffer posted on it.
+        unsafe {
+            ffi::ibv_destroy_qp(self.qp.as_ptr());
+        }
+        // SAFETY: the only QP using this CQ was destroyed just above.
+        unsafe {
+            ffi::ibv_destroy_cq(self.cq.as_ptr());
+        }
+    }
+}
+
+/// A queue pair in INIT: tell the peer [`PreparedQp::endpoint`], then
+/// [`PreparedQp::connect`] with theirs.
+pub struct PreparedQp {
+    raw: RawQp,
+    port: u8,
+    gid_index: u32,
+    local: Endpoint,
+    send_depth: u32,
+    recv_depth: u32,
+}
+
+impl fmt::Debug for PreparedQp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedQp")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl PreparedQp {
+    /// This queue pair's address, for the peer.
+    pub fn endpoint(&self) -> Endpoint {
+        self.local
+    }
+
+    /// Moves to RTR then RTS against `remote`; the path MTU is the smaller of both ports'.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] from `ibv_modify_qp` (e.g. a GID index without a RoCEv2 GID).
+    pub fn connect(self, remote: &Endpoint) -> Result<QueuePair> {
+        use ffi::ibv_qp_attr_mask as M;
+        // SAFETY: ibv_qp_attr is plain; zero is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
+        attr.path_mtu = self.local.mtu.min(remote.mtu) as u32;
+        attr.dest_qp_num = remote.qpn;
+        attr.rq_psn = remote.psn;
+        attr.max_dest_rd_atomic = 16;
+        attr.min_rnr_timer = 12;
+        attr.ah_attr.is_global = 1;
+        attr.ah_attr.dlid = remote.lid;
+        attr.ah_attr.port_num = self.port;
+        attr.ah_attr.grh.dgid = ffi::ibv_gid { raw: remote.gid.0 };
+        attr.ah_attr.grh.sgid_index = self.gid_index as u8;
+        attr.ah_attr.grh.hop_limit = 64;
+        let rtr = M::IBV_QP_STATE
+            | M::IBV_QP_AV
+            | M::IBV_QP_PATH_MTU
+            | M::IBV_QP_DEST_QPN
+            | M::IBV_QP_RQ_PSN
+            | M::IBV_QP_MAX_DEST_RD_ATOMIC
+            | M::IBV_QP_MIN_RNR_TIMER;
+        self.raw.modify(&mut attr, rtr.0, "RTR")?;
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
+        attr.timeout = 14;
+        attr.retry_cnt = 7;
+        attr.rnr_retry = 7;
+        attr.sq_psn = self.local.psn;
+        attr.max_rd_atomic = 16;
+        let rts = M::IBV_QP_STATE
+            | M::IBV_QP_TIMEOUT
+            | M::IBV_QP_RETRY_CNT
+            | M::IBV_QP_RNR_RETRY
+            | M::IBV_QP_SQ_PSN
+            | M::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.raw.modify(&mut attr, rts.0, "RTS")?;
+        Ok(QueuePair {
+            slots: RefCell::new(Slots::new(self.send_depth, self.recv_depth)),
+            raw: self.raw,
+            local: self.local,
+            remote: *remote,
+        })
+    }
+}
+
+/// A connected RC queue pair with its own completion queue.
+///
+/// It is `Send` but not `Sync`: one thread posts and polls at a time, and no lock is taken on
+/// the hot path. [`Pending`] handles borrow it, so it outlives every one of them.
+pub struct QueuePair {
+    raw: RawQp,
+    slots: RefCell<Slots>,
+    local: Endpoint,
+    remote: Endpoint,
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+/// Part of a region to post: `[offset, offset + len)` of `region`.
+#[derive(Debug)]
+pub struct Local<B: Backing> {
+    region: MemoryRegion<B>,
+    offset: u64,
+    len: u64,
+}
+
+impl<B: Backing> Local<B> {
+    /// `len` bytes of `region` from `offset` (checked when posted).
+    pub fn new(region: MemoryRegion<B>, offset: u64, len: u64) -> Local<B> {
+        Local {
+            region,
+            offset,
+            len,
+        }
+    }
+
+    /// The region back.
+    pub fn into_region(self) -> MemoryRegion<B> {
+        self.region
+    }
+}
+
+impl<B: Backing> From<MemoryRegion<B>> for Local<B> {
+    fn from(region: MemoryRegion<B>) -> Local<B> {
+        let len = region.len();
+        Local {
+            region,
+            offset: 0,
+            len,
+        }
+    }
+}
+
+/// A finished request: the region back, and what the completion said.
+#[derive(Debug)]
+pub struct Done<B: Backing> {
+    /// The region, back with the CPU.
+    pub region: MemoryRegion<B>,
+    /// The completion.
+    pub wc: WorkCompletion,
+}
+
+/// A request that was refused or failed, with its region back.
+#[derive(Debug)]
+pub struct WorkError<B: Backing> {
+    /// What went wrong.
+    pub error: Error,
+    /// The region, back with the CPU.
+    pub region: MemoryRegion<B>,
+}
+
+impl<B: Backing> fmt::Display for WorkError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<B: Backing> std::error::Error for WorkError<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// How a posted request ended.
+pub type Outcome<B> = std::result::Result<Done<B>, WorkError<B>>;
+
+impl QueuePair {
+    /// This side's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.local
+    }
+
+    /// The peer's endpoint.
+    pub fn remote_endpoint(&self) -> Endpoint {
+        self.remote
+    }
+
+    /// `IBV_WR_SEND` of the local bytes. The peer must have a receive posted (or post one
+    /// within the RNR retry window).
+    ///
+    /// # Errors
+    /// A [`WorkError`] with the region back: empty or out-of-range part, queue full, or the
+    /// provider's refusal.
+    pub fn post_send<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+        imm: Option<u32>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Send, local.into(), None, imm)
+    }
+
+    /// A receive into the local bytes (which need [`Access::LOCAL_WRITE`]).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`], and an invalid argument without `LOCAL_WRITE`.
+    pub fn post_recv<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Recv, local.into(), None, None)
+    }
+
+    /// `IBV_WR_RDMA_WRITE` (with `imm`: `IBV_WR_RDMA_WRITE_WITH_IMM`, which consumes one of
+    /// the peer's receives) of the local bytes to the start of `remote`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`], and an invalid argument if `remote` is shorter.
+    pub fn post_write<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+        remote: RemoteRegion,
+        imm: Option<u32>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Write, local.into(), Some(remote), imm)
+    }
+
+    /// `IBV_WR_RDMA_READ` of the start of `remote` into the local bytes (which need
+    /// [`Access::LOCAL_WRITE`]).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_write`].
+    pub fn post_read<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+        remote: RemoteRegion,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Read, local.into(), Some(remote), None)
+    }
+
+    fn post<B: Backing>(
+        &self,
+        kind: WorkKind,
+        local: Local<B>,
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        let op = if kind == WorkKind::Recv {
+            Op::PostRecv
+        } else {
+            Op::PostSend
+        };
+        let refuse = |local: Local<B>, what: String| {
+            Err(WorkError {
+                error: Error::invalid(op, what),
+                region: local.region,
+            })
+        };
+        let (offset, len) = (local.offset, local.len);
+        let (region_len, access) = (local.region.len(), local.region.access());
+        let (addr, lkey) = (local.region.addr(), local.region.lkey());
+        if len == 0 {
+            return refuse(local, format!("{kind} of length 0"));
+        }
+        if len > u64::from(u32::MAX) || offset.checked_add(len).is_none_or(|e| e > region_len) {
+            return refuse(
+                local,
+                format!("{kind} of {offset}+{len} outside the region's {region_len} bytes"),
+            );
+        }
+        if matches!(kind, WorkKind::Recv | WorkKind::Read) && !access.contains(Access::LOCAL_WRITE)
+        {
+            return refuse(
+                local,
+                format!("{kind} into a region without LOCAL_WRITE access"),
+            );
+        }
+        if !Arc::ptr_eq(local.region.pd(), &self.raw.pd) {
+            return refuse(
+                local,
+                "the region belongs to another protection domain".into(),
+            );
+        }
+        if let Some(r) = remote {
+            if r.len < len {
+                return refuse(
+                    local,
+                    format!("{kind} of {len} bytes to a remote region of {}", r.len),
+                );
+            }
+        }
+        let (index, gen) = match self.slots.borrow_mut().acquire(kind) {
+            Ok(s) => s,
+            Err(error) => {
+                return Err(WorkError {
+                    error,
+                    region: local.region,
+                })
+            }
+        };
+        let mut sge = ffi::ibv_sge {
+            addr: addr + offset,
+            length: len as u32,
+            lkey,
+        };
+        let id = wr_id(index, gen);
+        let rc = if kind == WorkKind::Recv {
+            let mut wr = ffi::ibv_recv_wr {
+                wr_id: id,
+                next: std::ptr::null_mut(),
+                sg_list: &mut sge,
+                num_sge: 1,
+            };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: live QP; `wr` and `sge` are valid for the call (the provider copies
+            // them); the SGE names memory the region owns, and the region is moved into the
+            // returned Pending (or the slot), so it outlives the request.
+            unsafe { ffi::ibv_post_recv(self.raw.qp.as_ptr(), &mut wr, &mut bad) }
+        } else {
+            // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero
+            // is valid.
+            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = id;
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
+            wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            wr.opcode = match (kind, imm) {
+                (WorkKind::Send, None) => ffi::ibv_wr_opcode::IBV_WR_SEND,
+                (WorkKind::Send, Some(_)) => ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
+                (WorkKind::Write, None) => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                (WorkKind::Write, Some(_)) => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                _ => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            };
+            if let Some(v) = imm {
+                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+            }
+            if let Some(r) = remote {
+                wr.wr.rdma = ffi::rdma_t {
+                    remote_addr: r.addr,
+                    rkey: r.rkey,
+                };
+            }
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: as for the receive above; remote addresses are checked by the NIC.
+            unsafe { ffi::ibv_post_send(self.raw.qp.as_ptr(), &mut wr, &mut bad) }
+        };
+        if rc != 0 {
+            self.slots.borrow_mut().cancel(index);
+            let target = format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn);
+            return Err(WorkError {
+                error: Error::from_errno(op, target, rc),
+                region: local.region,
+            });
+        }
+        Ok(Pending {
+            qp: self,
+            index,
+            gen,
+            kind,
+            local: Some(local),
+        })
+    }
+
+    /// Polls the completion queue once, recording what arrived. Returns how many
+    /// completions were consumed. No allocation, no lock.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] if `ibv_poll_cq` fails.
+    pub fn poll(&self) -> Result<usize> {
+        const BATCH: usize = 16;
+        let mut wcs: [MaybeUninit<ffi::ibv_wc>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
+        // SAFETY: live CQ; `wcs` has room for BATCH entries.
+        let n = unsafe {
+            ffi::ibv_poll_cq(self.raw.cq.as_ptr(), BATCH as i32, wcs.as_mut_ptr().cast())
+        };
+        if n < 0 {
+            return Err(Error::from_errno(
+                Op::PollCq,
+                self.raw.pd.context().name(),
+                -n,
+            ));
+        }
+        for wc in &wcs[..n as usize] {
+            // SAFETY: ibv_poll_cq initialised the first `n` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            let c = RawCompletion {
+                status: wc.status,
+                byte_len: wc.byte_len,
+                // SAFETY: with IBV_WC_WITH_IMM set the union holds the immediate.
+                imm: with_imm
+                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+                vendor_err: wc.vendor_err,
+            };
+            let released = self.slots.borrow_mut().complete(wc.wr_id, c);
+            // An abandoned buffer whose request just completed: safe to free now.
+            drop(released);
+        }
+        Ok(n as usize)
+    }
+
+    /// Requests posted and not yet completed, including those whose [`Pending`] was dropped.
+    pub fn outstanding(&self) -> usize {
+        self.slots.borrow().outstanding()
+    }
+
+    fn completion_error(&self, index: u32, gen: u32, kind: WorkKind, c: RawCompletion) -> Error {
+        // SAFETY: ibv_wc_status_str takes any value.
+        let text = unsafe { ffi::ibv_wc_status_str(c.status) };
+        // SAFETY: it returns a static NUL-terminated string.
+        let text = unsafe { std::ffi::CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned();
+        let _ = self;
+        Error::Completion {
+            wr_id: wr_id(index, gen),
+            kind,
+            status: c.status,
+            status_text: text,
+            vendor_err: c.vendor_err,
+        }
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // Flush everything in flight, wait (bounded) for the flush completions, destroy.
+        self.raw.to_error_state();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.outstanding() > 0 && Instant::now() < deadline {
+            if self.poll().is_err() {
+                break;
+            }
+        }
+        // `raw` is dropped before `slots` (field order): the QP is destroyed first, after
+        // which the NIC can reach no buffer, and only then are abandoned buffers freed.
+    }
+}
+
+/// A posted request; [`Pending::wait`] returns its region with the completion.
+///
+/// Dropping it before completion is safe: the region stays with the queue pair until the NIC
+/// is done with it (its completion, or the flush when the queue pair is destroyed).
+#[must_use = "dropping a Pending leaves its region with the queue until the request completes"]
+pub struct Pending<'q, B: Backing> {
+    qp: &'q QueuePair,
+    index: u32,
+    gen: u32,
+    kind: WorkKind,
+    local: Option<Local<B>>,
+}
+
+impl<B: Backing> fmt::Debug for Pending<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("wr_id", &wr_id(self.index, self.gen))
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl<'q, B: Backing> Pending<'q, B> {
+    /// The request's `wr_id`.
+    pub fn wr_id(&self) -> u64 {
+        wr_id(self.index, self.gen)
+    }
+
+    /// Polls once; the outcome if the request has completed, else the handle back.
+    ///
+    /// # Errors
+    /// `Err(self)` while the request is still in flight.
+    pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
+        let taken = self.qp.slots.borrow_mut().take(self.index, self.gen);
+        let c = match taken {
+            Some(c) => c,
+            None => {
+                if let Err(error) = self.qp.poll() {
+                    // A broken CQ: keep the region with the queue (dropping self does).
+                    let _ = error;
+                    return Err(self);
+                }
+                match self.qp.slots.borrow_mut().take(self.index, self.gen) {
+                    Some(c) => c,
+                    None => return Err(self),
+                }
+            }
+        };
+        let local = self.local.take().expect("present until completion");
+        if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+            let error = self.qp.completion_error(self.index, self.gen, self.kind, c);
+            return Ok(Err(WorkError {
+                error,
+                region: local.region,
+            }));
+        }
+        Ok(Ok(Done {
+            region: local.region,
+            wc: WorkCompletion {
+                wr_id: self.wr_id(),
+                kind: self.kind,
+                byte_len: c.byte_len,
+                imm: c.imm,
+            },
+        }))
+    }
+
+    /// Busy-polls until the request completes.
+    pub fn wait(self) -> Outcome<B> {
+        let mut p = self;
+        let mut spins = 0u32;
+        loop {
+            match p.try_complete() {
+                Ok(outcome) => return outcome,
+                Err(again) => p = again,
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// As [`Pending::wait`], for at most `timeout`.
+    ///
+    /// # Errors
+    /// `Err(self)` if the request is still in flight after `timeout`.
+    pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+        let deadline = Instant::now() + timeout;
+        let mut p = self;
+        loop {
+            match p.try_complete() {
+                Ok(outcome) => return Ok(outcome),
+                Err(again) if Instant::now() >= deadline => return Err(again),
+                Err(again) => p = again,
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl<B: Backing> Drop for Pending<'_, B> {
+    fn drop(&mut self) {
+        if let Some(local) = self.local.take() {
+            let back = self
+                .qp
+                .slots
+                .borrow_mut()
+                .abandon(self.index, self.gen, Box::new(local));
+            // Completed already: the NIC is done with it, free it now (outside the borrow).
+            drop(back);
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! [`RemoteRegion`]: what a peer is told about a region it may read or write.
+
+use crate::error::{Error, Op, Result};
+
+/// A peer's region: address (the iova for dma-buf regions), length and rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// The first byte's address in the peer's region address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The peer region's rkey.
+    pub rkey: u32,
+}
+
+impl RemoteRegion {
+    /// Bytes on the wire: magic `RR`, version 1, then addr, len (u64) and rkey (u32), little
+    /// endian.
+    pub const WIRE_LEN: usize = 3 + 8 + 8 + 4;
+
+    /// Serialises for the out-of-band exchange.
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut b = [0u8; Self::WIRE_LEN];
+        b[..3].copy_from_slice(b"RR\x01");
+        b[3..11].copy_from_slice(&self.addr.to_le_bytes());
+        b[11..19].copy_from_slice(&self.len.to_le_bytes());
+        b[19..].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    /// Parses what [`RemoteRegion::to_bytes`] wrote.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a wrong length, magic or version, a zero length, or an
+    /// address range that wraps.
+    pub fn from_bytes(b: &[u8]) -> Result<RemoteRegion> {
+        let bad = |what: String| Err(Error::invalid(Op::Parse, format!("remote region: {what}")));
+        if b.len() != Self::WIRE_LEN {
+            return bad(format!("{} bytes, expected {}", b.len(), Self::WIRE_LEN));
+        }
+        if &b[..3] != b"RR\x01" {
+            return bad("bad magic or version".into());
+        }
+        let word =
+            |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().expect("8 bytes"));
+        let r = RemoteRegion {
+            addr: word(3..11),
+            len: word(11..19),
+            rkey: u32::from_le_bytes(b[19..23].try_into().expect("4 bytes")),
+        };
+        if r.len == 0 || r.addr.checked_add(r.len).is_none() {
+            return bad(format!("empty or wrapping range {:#x}+{}", r.addr, r.len));
+        }
+        Ok(r)
+    }
+
+    /// The part `[offset, offset + len)` of this region.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if it is empty or reaches past the end.
+    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteRegion> {
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::invalid(
+                Op::PostSend,
+                format!(
+                    "remote slice {offset}+{len} outside the peer's {} bytes",
+                    self.len
+                ),
+            ));
+        }
+        Ok(RemoteRegion {
+            addr: self.addr + offset,
+            len,
+            rkey: self.rkey,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_validates() {
+        let r = RemoteRegion {
+            addr: 0x1000,
+            len: 4096,
+            rkey: 0xabcd,
+        };
+        assert_eq!(RemoteRegion::from_bytes(&r.to_bytes()).unwrap(), r);
+        assert!(RemoteRegion::from_bytes(&r.to_bytes()[..10]).is_err());
+        let mut bad = r.to_bytes();
+        bad[0] = b'X';
+        assert!(RemoteRegion::from_bytes(&bad).is_err());
+        let wrap = RemoteRegion {
+            addr: u64::MAX,
+            len: 2,
+            rkey: 1,
+        };
+        assert!(RemoteRegion::from_bytes(&wrap.to_bytes()).is_err());
+    }
+
+    #[test]
+    fn slices_stay_inside() {
+        let r = RemoteRegion {
+            addr: 0x1000,
+            len: 100,
+            rkey: 7,
+        };
+        assert_eq!(r.slice(10, 90).unwrap().addr, 0x100a);
+        assert!(r.slice(10, 91).is_err());
+        assert!(r.slice(0, 0).is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! The in-flight table of a queue pair: one slot per outstanding work request, allocated once
+//! at creation so that posting and polling never allocate.
+
+use crate::error::{Error, Op, Result};
+use crate::wr::WorkKind;
+
+/// A completion as the poller recorded it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawCompletion {
+    pub status: u32,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    pub vendor_err: u32,
+}
+
+pub(crate) enum State {
+    Free,
+    Posted,
+    Done(RawCompletion),
+    /// The waiter was dropped before the completion: its buffer waits here for it.
+    Abandoned(Box<dyn Send>),
+}
+
+pub(crate) struct Slot {
+    pub gen: u32,
+    pub kind: WorkKind,
+    pub state: State,
+}
+
+pub(crate) struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    sends: u32,
+    recvs: u32,
+    send_depth: u32,
+    recv_depth: u32,
+}
+
+/// `wr_id` = generation << 32 | slot index.
+pub(crate) fn wr_id(index: u32, gen: u32) -> u64 {
+    (u64::from(gen) << 32) | u64::from(index)
+}
+
+impl Slots {
+    pub fn new(send_depth: u32, recv_depth: u32) -> Slots {
+        let n = send_depth + recv_depth;
+        Slots {
+            slots: (0..n)
+                .map(|_| Slot {
+                    gen: 0,
+                    kind: WorkKind::Send,
+                    state: State::Free,
+                })
+                .collect(),
+            free: (0..n).rev().collect(),
+            sends: 0,
+            recvs: 0,
+            send_depth,
+            recv_depth,
+        }
+    }
+
+    /// Takes a slot for a request of `kind`, or says the queue is full.
+    pub fn acquire(&mut self, kind: WorkKind) -> Result<(u32, u32)> {
+        let (count, depth, op) = match kind {
+            WorkKind::Recv => (&mut self.recvs, self.recv_depth, Op::PostRecv),
+            _ => (&mut self.sends, self.send_depth, Op::PostSend),
+        };
+        if *count >= depth {
+            return Err(Error::QueueFull { op, depth });
+        }
+        let index = self
+            .free
+            .pop()
+            .expect("a free slot exists while the queue is not full");
+        *count += 1;
+        let slot = &mut self.slots[index as usize];
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.kind = kind;
+        slot.state = State::Posted;
+        Ok((index, slot.gen))
+    }
+
+    /// Gives back a slot whose request was never accepted by the provider.
+    pub fn cancel(&mut self, index: u32) {
+        let kind = self.slots[index as usize].kind;
+        self.retire(index, kind);
+    }
+
+    fn retire(&mut self, index: u32, kind: WorkKind) {
+        self.slots[index as usize].state = State::Free;
+        self.free.push(index);
+        match kind {
+            WorkKind::Recv => self.recvs -= 1,
+            _ => self.sends -= 1,
+        }
+    }
+
+    /// Records a completion; returns an abandoned buffer to drop (outside the borrow).
+    pub fn complete(&mut self, wr_id: u64, c: RawCompletion) -> Option<Box<dyn Send>> {
+        let (index, gen) = ((wr_id & 0xffff_ffff) as u32, (wr_id >> 32) as u32);
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.gen != gen {
+            return None;
+        }
+        match std::mem::replace(&mut slot.state, State::Done(c)) {
+            State::Abandoned(buf) => {
+                let kind = slot.kind;
+                self.retire(index, kind);
+                Some(buf)
+            }
+            State::Posted => None,
+            other => {
+                // A second completion for one request cannot happen; keep what was there.
+                slot.state = other;
+                None
+            }
+        }
+    }
+
+    /// Takes the completion of a finished request and frees its slot.
+    pub fn take(&mut self, index: u32, gen: u32) -> Option<RawCompletion> {
+        let slot = &mut self.slots[index as usize];
+        if slot.gen != gen {
+            return None;
+        }
+        if let State::Done(c) = slot.state {
+            let kind = slot.kind;
+            self.retire(index, kind);
+            return Some(c);
+        }
+        None
+    }
+
+    /// Leaves `buf` in the slot until its completion arrives. Returns it back if the
+    /// completion has already arrived (then the slot is freed and the caller drops it).
+    pub fn abandon(&mut self, index: u32, gen: u32, buf: Box<dyn Send>) -> Option<Box<dyn Send>> {
+        let slot = &mut self.slots[index as usize];
+        if slot.gen != gen {
+            return Some(buf);
+        }
+        match slot.state {
+            State::Done(_) => {
+                let kind = slot.kind;
+                self.retire(index, kind);
+                Some(buf)
+            }
+            _ => {
+                slot.state = State::Abandoned(buf);
+                None
+            }
+        }
+    }
+
+    /// Requests posted and not yet completed (waiting or abandoned).
+    pub fn outstanding(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| matches!(s.state, State::Posted | State::Abandoned(_)))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> RawCompletion {
+        RawCompletion {
+            status: 0,
+            byte_len: 1,
+            imm: None,
+            vendor_err: 0,
+        }
+    }
+
+    #[test]
+    fn depth_is_enforced_per_queue() {
+        let mut s = Slots::new(2, 1);
+        s.acquire(WorkKind::Send).unwrap();
+        s.acquire(WorkKind::Write).unwrap();
+        assert!(matches!(
+            s.acquire(WorkKind::Read),
+            Err(Error::QueueFull { depth: 2, .. })
+        ));
+        s.acquire(WorkKind::Recv).unwrap();
+        assert!(matches!(
+            s.acquire(WorkKind::Recv),
+            Err(Error::QueueFull { depth: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn completion_then_take_frees_the_slot() {
+        let mut s = Slots::new(1, 0);
+        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        assert!(s.take(i, g).is_none());
+        assert!(s.complete(wr_id(i, g), ok()).is_none());
+        assert_eq!(s.take(i, g).unwrap().byte_len, 1);
+        assert_eq!(s.outstanding(), 0);
+        s.acquire(WorkKind::Send).unwrap();
+    }
+
+    #[test]
+    fn abandoned_buffers_are_released_by_their_completion() {
+        let dropped = std::sync::Arc::new(());
+        let mut s = Slots::new(1, 0);
+        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        assert!(s.abandon(i, g, Box::new(dropped.clone())).is_none());
+        assert_eq!(
+            std::sync::Arc::strong_count(&dropped),
+            2,
+            "kept while in flight"
+        );
+        let buf = s
+            .complete(wr_id(i, g), ok())
+            .expect("handed back for dropping");
+        drop(buf);
+        assert_eq!(
+            std::sync::Arc::strong_count(&dropped),
+            1,
+            "released exactly once"
+        );
+        assert_eq!(s.outstanding(), 0);
+    }
+
+    #[test]
+    fn stale_generations_are_ignored() {
+        let mut s = Slots::new(1, 0);
+        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        assert!(s.complete(wr_id(i, g + 1), ok()).is_none());
+        assert!(s.take(i, g).is_none());
+    }
+}

@@ -1,0 +1,84 @@
+//! rdma-dmabuf leak checks, alone in their binary: MR, QP and descriptor counts are device-
+//! and process-wide, so no other test may run beside them. Runs in the testbed VM.
+
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{host_region, loopback_pair, pd};
+use rdma_dmabuf::{Access, HostBuffer, MemoryRegion};
+use std::time::Duration;
+
+fn resource_count(kind: &str) -> usize {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", kind])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rdma resource show {kind}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+/// The counts are device- and process-wide: one test at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn dropped_pending_keeps_its_region_until_the_queue_pair_is_destroyed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let before = resource_count("mr");
+    {
+        let (_a, b) = loopback_pair(&pd);
+        // Nobody sends: the receive stays in flight. Drop its handle.
+        let recv = b
+            .post_recv(host_region(&pd, &[], 1 << 20, Access::LOCAL_WRITE))
+            .unwrap();
+        let recv = recv
+            .wait_timeout(Duration::from_millis(100))
+            .expect_err("still in flight");
+        drop(recv);
+        assert_eq!(b.outstanding(), 1, "the region stays with the queue");
+        assert_eq!(resource_count("mr"), before + 1, "and stays registered");
+        // Dropping the queue pairs flushes the receive, destroys them, then frees it.
+    }
+    assert_eq!(
+        resource_count("mr"),
+        before,
+        "the region was deregistered exactly once"
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn ten_thousand_registrations_and_a_thousand_connections_leak_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    // Warm up, then take the baselines.
+    drop(loopback_pair(&pd));
+    let (fds, mrs, qps, cqs) = (
+        open_fds(),
+        resource_count("mr"),
+        resource_count("qp"),
+        resource_count("cq"),
+    );
+    let mut buf = HostBuffer::new(1 << 16).unwrap();
+    for _ in 0..10_000 {
+        let mr =
+            MemoryRegion::register(&pd, buf, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        buf = mr.into_inner().unwrap();
+    }
+    for _ in 0..1_000 {
+        let (a, b) = loopback_pair(&pd);
+        drop((a, b));
+    }
+    assert_eq!(open_fds(), fds, "descriptors");
+    assert_eq!(resource_count("mr"), mrs, "memory regions");
+    assert_eq!(resource_count("qp"), qps, "queue pairs");
+    assert_eq!(resource_count("cq"), cqs, "completion queues");
+}
