@@ -6,24 +6,82 @@
 //! * [`QueuePairBuilder`] -> [`PreparedQp`] -> [`QueuePair`]: RC queue pairs connected by
 //!   exchanging [`Endpoint`]s out of band.
 //! * Posts take ownership: a region (or a [`Local`] part of one) moves into the request, and
-//!   [`Pending::wait`] hands it back with the completion. The CPU cannot touch a buffer the NIC
-//!   may be using:
+//!   [`Pending::wait`] hands it back with the completion.
 //!
-//! ```compile_fail
+//! ```no_run
+//! use rdma_dmabuf::*;
+//! # fn main() -> Result<()> {
+//! let ctx = Context::open("rxe0")?;
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let a = QueuePairBuilder::new(&pd).build()?;
+//! let b = QueuePairBuilder::new(&pd).build()?;
+//! let (ea, eb) = (a.endpoint(), b.endpoint()); // exchanged out of band in real programs
+//! let (a, b) = (a.connect(&eb)?, b.connect(&ea)?);
+//!
+//! let mut buf = HostBuffer::new(4096)?;
+//! buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+//! let src = MemoryRegion::register(&pd, buf, Access::empty())?;
+//! let dst = MemoryRegion::register(&pd, HostBuffer::new(4096)?, Access::LOCAL_WRITE)?;
+//! let recv = b.post_recv(dst).map_err(|e| e.error)?;
+//! let send = a.post_send(Local::new(src, 0, 5), None).map_err(|e| e.error)?;
+//! let _src = send.wait().map_err(|e| e.error)?.region; // back with the CPU
+//! let got = recv.wait().map_err(|e| e.error)?;
+//! assert_eq!(&got.region.bytes()?[..5], b"hello");
+//! # Ok(()) }
+//! ```
+//!
+//! The compiler enforces the rules. A posted region cannot be touched by the CPU until its
+//! completion hands it back:
+//!
+//! ```compile_fail,E0382
 //! # use rdma_dmabuf::*;
-//! # fn f(qp: &QueuePair, mut region: MemoryRegion<HostBuffer>) {
+//! # fn f(qp: &QueuePair, region: MemoryRegion<HostBuffer>) {
 //! let pending = qp.post_send(region, None).unwrap();
-//! region.bytes_mut().unwrap()[0] = 1; // error: `region` was moved into the request
+//! let first = region.bytes().unwrap()[0]; // error: `region` moved into the request
+//! # }
+//! ```
+//!
+//! One region (or part) cannot be posted twice at once:
+//!
+//! ```compile_fail,E0382
+//! # use rdma_dmabuf::*;
+//! # fn f(qp: &QueuePair, region: MemoryRegion<HostBuffer>) {
+//! let first = qp.post_send(region, None).unwrap();
+//! let second = qp.post_send(region, None).unwrap(); // error: use of moved value
+//! # }
+//! ```
+//!
+//! A queue pair cannot be dropped while a request posted on it is pending (the handle borrows
+//! it):
+//!
+//! ```compile_fail,E0505
+//! # use rdma_dmabuf::*;
+//! # fn f(qp: QueuePair, region: MemoryRegion<HostBuffer>) {
+//! let pending = qp.post_send(region, None).unwrap();
+//! drop(qp); // error: cannot move out of `qp` because it is borrowed
+//! let done = pending.wait();
 //! # }
 //! ```
 //!
 //! A dma-buf region has no CPU slice at all (CPU access goes through the `DmaBuf`'s mapping
-//! and its sync guards):
+//! and its sync guards, and only while no peer may write the region):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # use rdma_dmabuf::*;
 //! # fn f(region: MemoryRegion<DmaBuf>) {
-//! let bytes = region.bytes(); // error: no `bytes` on MemoryRegion<DmaBuf>
+//! let bytes = region.bytes(); // error: no method `bytes` on MemoryRegion<DmaBuf>
+//! # }
+//! ```
+//!
+//! The same lines without the offending statement compile:
+//!
+//! ```no_run
+//! # use rdma_dmabuf::*;
+//! # fn f(qp: QueuePair, region: MemoryRegion<HostBuffer>, d: MemoryRegion<DmaBuf>) {
+//! let pending = qp.post_send(region, None).unwrap();
+//! let done = pending.wait();
+//! drop(qp);
+//! let map = d.dmabuf().map(|buf| buf.size());
 //! # }
 //! ```
 //!

@@ -1,0 +1,65 @@
+//! The post and poll hot path allocates nothing: a counting global allocator watches 1,000
+//! send/receive round trips and 1,000 RDMA writes. Alone in its binary (the allocator counts
+//! the whole process). Runs in the testbed VM.
+
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{host_region, loopback_pair, pd};
+use rdma_dmabuf::{Access, Local};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+struct Counting;
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn post_and_poll_allocate_nothing() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, b) = loopback_pair(&pd);
+    let mut src = Some(host_region(&pd, &[7; 64], 4096, Access::empty()));
+    let mut dst = Some(host_region(&pd, &[], 4096, Access::LOCAL_WRITE));
+    let target = host_region(&pd, &[], 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let remote = target.remote().unwrap();
+
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1_000 {
+        let r = b.post_recv(dst.take().unwrap()).unwrap();
+        let s = a
+            .post_send(Local::new(src.take().unwrap(), 0, 64), None)
+            .unwrap();
+        src = Some(s.wait().unwrap().region);
+        let got = r.wait().unwrap();
+        assert_eq!(got.wc.byte_len, 64);
+        dst = Some(got.region);
+    }
+    for _ in 0..1_000 {
+        let w = a
+            .post_write(Local::new(src.take().unwrap(), 0, 64), remote, None)
+            .unwrap();
+        src = Some(w.wait().unwrap().region);
+    }
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert_eq!(allocations, 0, "allocations on the hot path");
+}
