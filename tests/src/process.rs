@@ -8,13 +8,20 @@ use std::time::{Duration, Instant};
 /// # Panics
 /// If the program cannot be started or outlives `limit`: a hung helper is a failed test.
 pub fn run(cmd: &mut Command, limit: Duration) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
+    let child = spawn(cmd);
+    wait(child, limit, &format!("{cmd:?}"))
+}
+
+/// Starts a server in the background with its output captured (finish it with [`wait`]).
+///
+/// # Panics
+/// If it cannot be started.
+pub fn spawn(cmd: &mut Command) -> Child {
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    wait(child, limit, &format!("{cmd:?}"))
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
 }
 
 /// Waits for `child`, killing it after `limit`.

@@ -51,11 +51,7 @@ fn assert_pingpong_done(out: &std::process::Output) {
 #[ignore = "needs the testbed VM"]
 fn rc_pingpong_over_loopback() {
     let tb = Testbed::get();
-    let server = rc_pingpong(&tb, 18515, None)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start ibv_rc_pingpong server");
+    let server = process::spawn(&mut rc_pingpong(&tb, 18515, None));
     let client = run_client(|| rc_pingpong(&tb, 18515, Some("127.0.0.1")), LIMIT);
     assert_pingpong_done(&client);
     assert_pingpong_done(&process::wait(server, LIMIT, "ibv_rc_pingpong server"));
@@ -90,11 +86,7 @@ fn assert_rping_done(out: &std::process::Output) {
 #[ignore = "needs the testbed VM"]
 fn rdma_cm_rping_over_loopback() {
     let tb = Testbed::get();
-    let server = rping(&tb, 7471, true)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start rping server");
+    let server = process::spawn(&mut rping(&tb, 7471, true));
     let client = run_client(|| rping(&tb, 7471, false), LIMIT);
     assert_rping_done(&client);
     // The server prints nothing with -v for received pings; it must just exit cleanly.
