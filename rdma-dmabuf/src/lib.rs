@@ -88,6 +88,7 @@
 //! [`DmaBuf`]: drm_export::DmaBuf
 
 pub mod device;
+pub mod dm;
 pub mod endpoint;
 pub mod error;
 pub mod host;
@@ -99,6 +100,7 @@ mod slots;
 pub mod wr;
 
 pub use device::{Context, Gid, Mtu};
+pub use dm::DeviceMemory;
 pub use drm_export::DmaBuf;
 pub use endpoint::Endpoint;
 pub use error::{Error, Op, Result};

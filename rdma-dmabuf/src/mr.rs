@@ -55,12 +55,15 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::HostBuffer {}
     impl Sealed for drm_export::DmaBuf {}
+    impl Sealed for crate::dm::DeviceMemory {}
 }
 
-/// What can back a [`MemoryRegion`]: [`HostBuffer`] or [`DmaBuf`].
+/// What can back a [`MemoryRegion`]: [`HostBuffer`], [`DmaBuf`] or
+/// [`DeviceMemory`](crate::dm::DeviceMemory).
 pub trait Backing: sealed::Sealed + fmt::Debug + Send + 'static {}
 impl Backing for HostBuffer {}
 impl Backing for DmaBuf {}
+impl Backing for crate::dm::DeviceMemory {}
 
 /// A registered memory region owning its backing `B`.
 ///
@@ -370,6 +373,29 @@ impl<B: Backing> MemoryRegion<B> {
             ));
         }
         Ok(())
+    }
+
+    pub(crate) fn from_parts(
+        mr: NonNull<ffi::ibv_mr>,
+        pd: &Arc<ProtectionDomain>,
+        backing: B,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Self {
+        MemoryRegion {
+            mr,
+            pd: pd.clone(),
+            backing: ManuallyDrop::new(backing),
+            addr,
+            len,
+            access,
+        }
+    }
+
+    pub(crate) fn backing_mut(&mut self) -> Result<&mut B> {
+        self.cpu_access()?;
+        Ok(&mut self.backing)
     }
 
     fn cpu_access(&self) -> Result<()> {

@@ -134,6 +134,19 @@ fn stock_rxe_has_no_dmabuf_regions_and_says_so() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
+fn device_memory_on_rxe_is_a_typed_unsupported() {
+    let tb = Testbed::get();
+    let ctx = Context::open(&tb.device).unwrap();
+    let err = rdma_dmabuf::DeviceMemory::alloc(&ctx, 4096, 0).unwrap_err();
+    assert!(err.is_unsupported(), "{err}");
+    assert!(
+        err.to_string().contains("mlx5"),
+        "says where it exists: {err}"
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
 fn bad_input_gives_typed_errors() {
     let tb = Testbed::get();
     // Unknown device.
