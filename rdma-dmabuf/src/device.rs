@@ -66,6 +66,8 @@ fn device_name(d: *mut ffi::ibv_device) -> String {
 pub struct Context {
     ctx: NonNull<ffi::ibv_context>,
     name: String,
+    /// Whether this wrapper opened the context (librdmacm's contexts are its own).
+    owned: bool,
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb on a context may be called from any
@@ -112,6 +114,7 @@ impl Context {
             Ok(Arc::new(Context {
                 ctx,
                 name: name.to_string(),
+                owned: true,
             }))
         })
     }
@@ -126,6 +129,21 @@ impl Context {
             .next()
             .ok_or_else(|| Error::from_errno(Op::OpenDevice, "any device", libc::ENODEV))?;
         Context::open(&first.name)
+    }
+
+    /// Wraps a context librdmacm opened (a `rdma_cm_id`'s `verbs`), without taking it over.
+    ///
+    /// # Safety
+    /// `ctx` must be a live context that stays open while the returned value and everything
+    /// created from it live (librdmacm keeps its device contexts open for the process).
+    pub(crate) unsafe fn borrowed(ctx: NonNull<ffi::ibv_context>) -> Arc<Context> {
+        // SAFETY: per the contract `ctx` is live, so its `device` is too.
+        let dev = unsafe { ctx.as_ref() }.device;
+        Arc::new(Context {
+            ctx,
+            name: device_name(dev),
+            owned: false,
+        })
     }
 
     /// The device's name.
@@ -218,6 +236,9 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: every child object holds an Arc to this context, so none is left; the
         // context is closed once.
         let rc = unsafe { ffi::ibv_close_device(self.as_ptr()) };

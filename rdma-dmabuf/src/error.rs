@@ -42,6 +42,8 @@ pub enum Op {
     PollCq,
     /// Parsing an endpoint or remote region received from a peer.
     Parse,
+    /// A connection-manager step (`rdma_resolve_addr`, `rdma_connect`, ...).
+    Cm,
 }
 
 impl fmt::Display for Op {
@@ -64,6 +66,7 @@ impl fmt::Display for Op {
             Op::PostRecv => "ibv_post_recv",
             Op::PollCq => "ibv_poll_cq",
             Op::Parse => "parse peer data",
+            Op::Cm => "rdma_cm",
         })
     }
 }
@@ -206,6 +209,11 @@ fn hint_for(op: Op, errno: i32) -> Option<&'static str> {
             Some("check the GID index (a RoCEv2 GID must exist at it) and the peer's endpoint")
         }
         (Op::QueryGid, libc::EINVAL) => Some("no GID at that index: see the port's GID table"),
+        (Op::Cm, libc::ETIMEDOUT) => Some("no answer in time: is the peer listening, and reachable over this device?"),
+        (Op::Cm, libc::ECONNREFUSED) => Some("the peer rejected the connection (nobody listening on that port?)"),
+        (Op::Cm, libc::EADDRNOTAVAIL | libc::ENODEV) => {
+            Some("the address belongs to no RDMA device: use the address of the RDMA netdev")
+        }
         _ => None,
     }
 }

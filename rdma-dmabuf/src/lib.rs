@@ -87,6 +87,7 @@
 //!
 //! [`DmaBuf`]: drm_export::DmaBuf
 
+pub mod cm;
 pub mod device;
 pub mod dm;
 pub mod endpoint;
@@ -99,6 +100,7 @@ pub mod remote;
 mod slots;
 pub mod wr;
 
+pub use cm::{CmConnector, CmListener};
 pub use device::{Context, Gid, Mtu};
 pub use dm::DeviceMemory;
 pub use drm_export::DmaBuf;

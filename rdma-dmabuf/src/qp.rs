@@ -99,50 +99,7 @@ impl QueuePairBuilder {
                 libc::EINVAL,
             ));
         }
-        let cqe = (self.send_depth + self.recv_depth) as i32;
-        // SAFETY: open context; no channel or user context.
-        let cq = unsafe {
-            ffi::ibv_create_cq(
-                ctx.as_ptr(),
-                cqe,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        let cq = NonNull::new(cq).ok_or_else(|| {
-            Error::last_os(Op::CreateCq, format!("{} ({cqe} entries)", ctx.name()))
-        })?;
-        // SAFETY: ibv_qp_init_attr is a plain C struct; all-zero is valid.
-        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.as_ptr();
-        init.recv_cq = cq.as_ptr();
-        init.cap.max_send_wr = self.send_depth;
-        init.cap.max_recv_wr = self.recv_depth;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
-        // SAFETY: open PD, `init` valid for the call.
-        let qp = unsafe { ffi::ibv_create_qp(self.pd.as_ptr(), &mut init) };
-        let Some(qp) = NonNull::new(qp) else {
-            let e = Error::last_os(
-                Op::CreateQp,
-                format!(
-                    "{} (send {} / recv {})",
-                    ctx.name(),
-                    self.send_depth,
-                    self.recv_depth
-                ),
-            );
-            // SAFETY: `cq` was created above and has no QP attached.
-            unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };
-            return Err(e);
-        };
-        let raw = RawQp {
-            qp,
-            cq,
-            pd: self.pd.clone(),
-        };
+        let raw = self.create(None)?;
         // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
@@ -177,6 +134,81 @@ impl QueuePairBuilder {
     }
 }
 
+impl QueuePairBuilder {
+    /// Creates the completion queue and the queue pair, through `rdma_create_qp` when `cm`
+    /// is given (the connection manager then drives its state).
+    pub(crate) fn create(&self, cm: Option<crate::cm::CmParts>) -> Result<RawQp> {
+        let ctx = self.pd.context().clone();
+        if self.send_depth == 0 || self.recv_depth == 0 {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                "queue depths must be at least 1",
+            ));
+        }
+        let cqe = (self.send_depth + self.recv_depth) as i32;
+        // SAFETY: open context; no channel or user context.
+        let cq = unsafe {
+            ffi::ibv_create_cq(
+                ctx.as_ptr(),
+                cqe,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let cq = NonNull::new(cq).ok_or_else(|| {
+            Error::last_os(Op::CreateCq, format!("{} ({cqe} entries)", ctx.name()))
+        })?;
+        // SAFETY: ibv_qp_init_attr is a plain C struct; all-zero is valid.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_ptr();
+        init.recv_cq = cq.as_ptr();
+        init.cap.max_send_wr = self.send_depth;
+        init.cap.max_recv_wr = self.recv_depth;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+        let target = || {
+            format!(
+                "{} (send {} / recv {})",
+                ctx.name(),
+                self.send_depth,
+                self.recv_depth
+            )
+        };
+        let qp = match &cm {
+            // SAFETY: live PD, `init` valid for the call.
+            None => unsafe { ffi::ibv_create_qp(self.pd.as_ptr(), &mut init) },
+            Some(cm) => {
+                // SAFETY: live cm id whose device is the PD's (checked by librdmacm).
+                let rc = unsafe { ffi::rdma_create_qp(cm.id(), self.pd.as_ptr(), &mut init) };
+                if rc == 0 {
+                    // SAFETY: on success librdmacm stored the new QP in the live id.
+                    unsafe { (*cm.id()).qp }
+                } else {
+                    std::ptr::null_mut()
+                }
+            }
+        };
+        let Some(qp) = NonNull::new(qp) else {
+            let e = Error::last_os(Op::CreateQp, target());
+            // SAFETY: `cq` was created above and has no QP attached.
+            unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };
+            return Err(e);
+        };
+        Ok(RawQp {
+            qp,
+            cq,
+            pd: self.pd.clone(),
+            cm,
+        })
+    }
+
+    pub(crate) fn depths(&self) -> (u32, u32) {
+        (self.send_depth, self.recv_depth)
+    }
+}
+
 /// A 24-bit starting PSN that differs between queue pairs and runs.
 fn initial_psn(qpn: u32) -> u32 {
     let t = std::time::SystemTime::now()
@@ -186,11 +218,13 @@ fn initial_psn(qpn: u32) -> u32 {
     (t ^ qpn.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff
 }
 
-/// The queue pair and completion queue handles; destroyed in that order on drop.
-struct RawQp {
+/// The queue pair and completion queue handles (and, for rdma_cm connections, the cm id);
+/// destroyed in that order on drop.
+pub(crate) struct RawQp {
     qp: NonNull<ffi::ibv_qp>,
     cq: NonNull<ffi::ibv_cq>,
     pd: Arc<ProtectionDomain>,
+    cm: Option<crate::cm::CmParts>,
 }
 
 // SAFETY: verbs on a QP and CQ may be called from any thread; the owning types decide sharing.
@@ -215,6 +249,11 @@ impl RawQp {
         Ok(())
     }
 
+    /// The cm parts of a queue pair created by `rdma_create_qp`.
+    pub(crate) fn cm_parts(&self) -> &crate::cm::CmParts {
+        self.cm.as_ref().expect("created with rdma_create_qp")
+    }
+
     fn to_error_state(&self) {
         // SAFETY: ibv_qp_attr is plain; zero is valid.
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -225,10 +264,14 @@ impl RawQp {
 
 impl Drop for RawQp {
     fn drop(&mut self) {
-        // SAFETY: destroyed once, QP before the CQ it uses; after ibv_destroy_qp returns the
-        // NIC no longer touches any buffer posted on it.
-        unsafe {
-            ffi::ibv_destroy_qp(self.qp.as_ptr());
+        match &self.cm {
+            // SAFETY: the QP was created by rdma_create_qp on this id; destroyed once. After it
+            // returns the NIC no longer touches any buffer posted on it.
+            Some(cm) => unsafe { ffi::rdma_destroy_qp(cm.id()) },
+            // SAFETY: destroyed once, before the CQ it uses; same guarantee as above.
+            None => unsafe {
+                ffi::ibv_destroy_qp(self.qp.as_ptr());
+            },
         }
         // SAFETY: the only QP using this CQ was destroyed just above.
         unsafe {
@@ -647,10 +690,46 @@ impl QueuePair {
     }
 }
 
+impl QueuePair {
+    /// A queue pair the connection manager connected.
+    pub(crate) fn from_cm(raw: RawQp, send_depth: u32, recv_depth: u32) -> QueuePair {
+        let local = Endpoint {
+            qpn: raw.qpn(),
+            psn: 0,
+            lid: 0,
+            gid: Gid::default(),
+            mtu: crate::device::Mtu::Mtu1024,
+        };
+        QueuePair {
+            slots: RefCell::new(Slots::new(send_depth, recv_depth)),
+            raw,
+            local,
+            remote: local,
+        }
+    }
+
+    /// For an rdma_cm connection: waits until the peer disconnects (the
+    /// `RDMA_CM_EVENT_DISCONNECTED` event), for at most `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a queue pair connected by endpoint exchange;
+    /// [`Error::Verbs`] with `ETIMEDOUT` or for an unexpected event.
+    pub fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
+        match &self.raw.cm {
+            Some(cm) => cm.wait_disconnected(timeout),
+            None => Err(Error::invalid(Op::Cm, "not an rdma_cm connection")),
+        }
+    }
+}
+
 impl Drop for QueuePair {
     fn drop(&mut self) {
         // Flush everything in flight, wait (bounded) for the flush completions, destroy.
-        self.raw.to_error_state();
+        match &self.raw.cm {
+            // rdma_disconnect moves the QP to the error state and tells the peer.
+            Some(cm) => cm.disconnect(),
+            None => self.raw.to_error_state(),
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.outstanding() > 0 && Instant::now() < deadline {
             if self.poll().is_err() {

@@ -1,0 +1,559 @@
+//! Connections through the RDMA connection manager (librdmacm), the classic workflow: an
+//! event channel; the active side resolves the address and route, creates its queue pair and
+//! connects; the passive side binds, listens, takes a connect request, creates its queue pair
+//! and accepts; both see ESTABLISHED; either disconnects.
+//!
+//! librdmacm opens the devices itself: protection domains and regions for a connection must
+//! come from the context it picked, [`CmConnector::context`] or [`CmListener::context`].
+
+use crate::device::Context;
+use crate::error::{Error, Op, Result};
+use crate::qp::{QueuePair, QueuePairBuilder};
+use rdma_sys as ffi;
+use std::ffi::CStr;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The most private data [`CmConnector::connect`] and [`CmListener::accept`] carry: an RC
+/// connect request has 56 bytes over RoCE, two of which frame the data.
+pub const MAX_PRIVATE_DATA: usize = 54;
+
+/// Private data arrives zero-padded to the transport's size (56 bytes on a request, 196 on a
+/// reply), so its length is lost: it is framed as marker, length, bytes.
+const FRAME_MARKER: u8 = 0xd7;
+
+fn frame(private: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(private.len() + 2);
+    v.push(FRAME_MARKER);
+    v.push(private.len() as u8);
+    v.extend_from_slice(private);
+    v
+}
+
+/// The peer's bytes: unframed if it used this crate's framing, else as received (padded).
+fn unframe(raw: Vec<u8>) -> Vec<u8> {
+    match raw.as_slice() {
+        [FRAME_MARKER, len, rest @ ..] if usize::from(*len) <= rest.len() => {
+            rest[..usize::from(*len)].to_vec()
+        }
+        _ => raw,
+    }
+}
+
+/// An event channel; its fd is non-blocking and waits use `poll` with a timeout.
+struct Channel(NonNull<ffi::rdma_event_channel>);
+
+// SAFETY: librdmacm event channels may be used from any thread.
+unsafe impl Send for Channel {}
+// SAFETY: waits take `&self` and librdmacm serialises channel reads internally.
+unsafe impl Sync for Channel {}
+
+/// A connection-manager event, already acknowledged.
+struct Event {
+    id: *mut ffi::rdma_cm_id,
+    kind: ffi::rdma_cm_event_type::Type,
+    private: Vec<u8>,
+}
+
+fn event_name(kind: ffi::rdma_cm_event_type::Type) -> String {
+    // SAFETY: rdma_event_str takes any value and returns a static string.
+    let s = unsafe { ffi::rdma_event_str(kind) };
+    // SAFETY: a static NUL-terminated string.
+    unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+}
+
+impl Channel {
+    fn new() -> Result<Channel> {
+        // SAFETY: no arguments; the result is checked.
+        let ch = unsafe { ffi::rdma_create_event_channel() };
+        let ch = NonNull::new(ch).ok_or_else(|| {
+            Error::last_os(Op::Cm, "rdma_create_event_channel (is rdma_ucm loaded?)")
+        })?;
+        let ch = Channel(ch);
+        let fd = ch.fd();
+        // SAFETY: fcntl on the channel's own open fd.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(Error::last_os(Op::Cm, "event channel O_NONBLOCK"));
+        }
+        Ok(ch)
+    }
+
+    fn fd(&self) -> RawFd {
+        // SAFETY: the channel is live; `fd` is a plain field.
+        unsafe { self.0.as_ref() }.fd
+    }
+
+    /// Waits for the next event; fails unless it is `expect` with status 0.
+    fn expect(
+        &self,
+        expect: ffi::rdma_cm_event_type::Type,
+        timeout: Duration,
+        step: &str,
+    ) -> Result<Event> {
+        let ev = self.next(timeout, step)?;
+        if ev.0.kind != expect || ev.1 != 0 {
+            let errno = if ev.1 < 0 { -ev.1 } else { libc::ECONNREFUSED };
+            let errno = if ev.0.kind == ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED {
+                libc::ECONNREFUSED
+            } else {
+                errno
+            };
+            return Err(Error::from_errno(
+                Op::Cm,
+                format!(
+                    "{step}: got {} (status {}), expected {}",
+                    event_name(ev.0.kind),
+                    ev.1,
+                    event_name(expect)
+                ),
+                errno,
+            ));
+        }
+        Ok(ev.0)
+    }
+
+    /// The next event and its status.
+    fn next(&self, timeout: Duration, step: &str) -> Result<(Event, i32)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: live channel, valid out-pointer.
+            if unsafe { ffi::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } == 0 {
+                // SAFETY: on success `ev` is a live event until acknowledged below.
+                let e = unsafe { &*ev };
+                let private = if e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
+                    || e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
+                {
+                    // SAFETY: for these events the union holds connection parameters.
+                    let conn = unsafe { e.param.conn };
+                    if conn.private_data.is_null() {
+                        Vec::new()
+                    } else {
+                        // SAFETY: librdmacm guarantees `private_data_len` readable bytes until
+                        // the event is acknowledged; they are copied before that.
+                        unsafe {
+                            std::slice::from_raw_parts(
+                                conn.private_data.cast::<u8>(),
+                                conn.private_data_len as usize,
+                            )
+                        }
+                        .to_vec()
+                    }
+                } else {
+                    Vec::new()
+                };
+                let out = (
+                    Event {
+                        id: e.id,
+                        kind: e.event,
+                        private,
+                    },
+                    e.status,
+                );
+                // SAFETY: acknowledged once; nothing of it is used afterwards.
+                unsafe { ffi::rdma_ack_cm_event(ev) };
+                return Ok(out);
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EAGAIN) {
+                return Err(Error::from_errno(
+                    Op::Cm,
+                    step,
+                    err.raw_os_error().unwrap_or(libc::EIO),
+                ));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::from_errno(
+                    Op::Cm,
+                    format!("{step}: no event within {timeout:?}"),
+                    libc::ETIMEDOUT,
+                ));
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd for the call.
+            unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: every id on this channel was destroyed first (owners drop ids before it).
+        unsafe { ffi::rdma_destroy_event_channel(self.0.as_ptr()) };
+    }
+}
+
+/// A connected cm id with its own event channel; owned by the queue pair.
+pub(crate) struct CmParts {
+    id: NonNull<ffi::rdma_cm_id>,
+    channel: Channel,
+}
+
+// SAFETY: cm ids may be used from any thread; the owner serialises use.
+unsafe impl Send for CmParts {}
+
+impl CmParts {
+    pub(crate) fn id(&self) -> *mut ffi::rdma_cm_id {
+        self.id.as_ptr()
+    }
+
+    pub(crate) fn disconnect(&self) {
+        // SAFETY: live id; also moves its QP to the error state.
+        unsafe { ffi::rdma_disconnect(self.id()) };
+    }
+
+    pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
+        self.channel
+            .expect(
+                ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED,
+                timeout,
+                "wait for disconnect",
+            )
+            .map(drop)
+    }
+
+    fn context(&self) -> Result<Arc<Context>> {
+        // SAFETY: live id; `verbs` is set once the address is bound or resolved.
+        let verbs = unsafe { self.id.as_ref() }.verbs;
+        let ctx = NonNull::new(verbs).ok_or_else(|| {
+            Error::from_errno(
+                Op::Cm,
+                "the id has no device yet (bind to or resolve an RDMA address)",
+                libc::ENODEV,
+            )
+        })?;
+        // SAFETY: librdmacm keeps its device contexts open for the life of the process.
+        Ok(unsafe { Context::borrowed(ctx) })
+    }
+}
+
+impl Drop for CmParts {
+    fn drop(&mut self) {
+        // SAFETY: the QP on it was destroyed first (RawQp drops the QP, then this); all its
+        // events were acknowledged; destroyed once, before its channel (field order).
+        unsafe { ffi::rdma_destroy_id(self.id()) };
+    }
+}
+
+fn create_id(channel: &Channel) -> Result<NonNull<ffi::rdma_cm_id>> {
+    let mut id = std::ptr::null_mut();
+    // SAFETY: live channel, valid out-pointer, no user context.
+    let rc = unsafe {
+        ffi::rdma_create_id(
+            channel.0.as_ptr(),
+            &mut id,
+            std::ptr::null_mut(),
+            ffi::rdma_port_space::RDMA_PS_TCP,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::last_os(Op::Cm, "rdma_create_id"));
+    }
+    NonNull::new(id).ok_or_else(|| Error::from_errno(Op::Cm, "rdma_create_id", libc::EIO))
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Connection parameters carrying `framed` (from [`frame`]), which must outlive their use.
+fn conn_param(framed: &[u8]) -> Result<ffi::rdma_conn_param> {
+    let data = framed.len().saturating_sub(2);
+    if data > MAX_PRIVATE_DATA {
+        return Err(Error::invalid(
+            Op::Cm,
+            format!("{data} bytes of private data; at most {MAX_PRIVATE_DATA}"),
+        ));
+    }
+    let private = framed;
+    Ok(ffi::rdma_conn_param {
+        private_data: if private.is_empty() {
+            std::ptr::null()
+        } else {
+            private.as_ptr().cast()
+        },
+        private_data_len: private.len() as u8,
+        responder_resources: 16,
+        initiator_depth: 16,
+        flow_control: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num: 0,
+    })
+}
+
+/// The active side: address and route resolved, ready to connect.
+pub struct CmConnector {
+    parts: CmParts,
+    peer: SocketAddr,
+}
+
+impl std::fmt::Debug for CmConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmConnector")
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl CmConnector {
+    /// `rdma_resolve_addr` then `rdma_resolve_route` towards `peer`, each within `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] naming the step (`EADDRNOTAVAIL`/`ENODEV`: no RDMA device for that
+    /// route; `ETIMEDOUT`).
+    pub fn resolve(peer: SocketAddr, timeout: Duration) -> Result<CmConnector> {
+        let channel = Channel::new()?;
+        let id = create_id(&channel)?;
+        let parts = CmParts { id, channel };
+        let (mut dst, _) = sockaddr(peer);
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: live id; `dst` is a valid sockaddr for the call.
+        if unsafe {
+            ffi::rdma_resolve_addr(
+                parts.id(),
+                std::ptr::null_mut(),
+                (&mut dst as *mut libc::sockaddr_storage).cast(),
+                ms,
+            )
+        } != 0
+        {
+            return Err(Error::last_os(Op::Cm, format!("rdma_resolve_addr {peer}")));
+        }
+        parts.channel.expect(
+            ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
+            timeout,
+            &format!("resolve address {peer}"),
+        )?;
+        // SAFETY: live id with a resolved address.
+        if unsafe { ffi::rdma_resolve_route(parts.id(), ms) } != 0 {
+            return Err(Error::last_os(Op::Cm, format!("rdma_resolve_route {peer}")));
+        }
+        parts.channel.expect(
+            ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
+            timeout,
+            &format!("resolve route {peer}"),
+        )?;
+        Ok(CmConnector { parts, peer })
+    }
+
+    /// The device librdmacm chose for this route: create the protection domain here.
+    ///
+    /// # Errors
+    /// `ENODEV` if the id has no device (cannot happen after `resolve`).
+    pub fn context(&self) -> Result<Arc<Context>> {
+        self.parts.context()
+    }
+
+    /// Creates the queue pair (`rdma_create_qp` with the builder's PD and depths) and
+    /// `rdma_connect`s, sending `private` (at most [`MAX_PRIVATE_DATA`] bytes). Returns the
+    /// connected queue pair and the private data of the peer's accept (exactly as sent when
+    /// the peer uses this crate; zero-padded to the transport's size otherwise).
+    ///
+    /// # Errors
+    /// `ECONNREFUSED` when rejected (nobody listening), `ETIMEDOUT`, or the verbs errors.
+    pub fn connect(
+        self,
+        qp: QueuePairBuilder,
+        private: &[u8],
+        timeout: Duration,
+    ) -> Result<(QueuePair, Vec<u8>)> {
+        let framed = frame(private);
+        let mut param = conn_param(&framed)?;
+        let (send, recv) = qp.depths();
+        let peer = self.peer;
+        let raw = qp.create(Some(self.parts))?;
+        let parts = raw.cm_parts();
+        // SAFETY: live id with its QP; `param` and `private` live across the call.
+        if unsafe { ffi::rdma_connect(parts.id(), &mut param) } != 0 {
+            return Err(Error::last_os(Op::Cm, format!("rdma_connect {peer}")));
+        }
+        let ev = parts.channel.expect(
+            ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+            timeout,
+            &format!("connect to {peer}"),
+        )?;
+        Ok((QueuePair::from_cm(raw, send, recv), unframe(ev.private)))
+    }
+}
+
+/// The passive side: bound to a local address and listening.
+pub struct CmListener {
+    id: NonNull<ffi::rdma_cm_id>,
+    channel: Channel,
+    addr: SocketAddr,
+}
+
+// SAFETY: cm ids may be used from any thread; `accept` takes `&self` and librdmacm serialises.
+unsafe impl Send for CmListener {}
+
+impl std::fmt::Debug for CmListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmListener")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl CmListener {
+    /// `rdma_bind_addr` to `addr` (an address of an RDMA netdev, so that the device is known)
+    /// and `rdma_listen`.
+    ///
+    /// # Errors
+    /// `EADDRINUSE`, `EADDRNOTAVAIL` with a hint, or [`Error::Verbs`].
+    pub fn bind(addr: SocketAddr) -> Result<CmListener> {
+        let channel = Channel::new()?;
+        let id = create_id(&channel)?;
+        let listener = CmListener { id, channel, addr };
+        let (mut sa, _) = sockaddr(addr);
+        // SAFETY: live id; valid sockaddr for the call.
+        if unsafe {
+            ffi::rdma_bind_addr(id.as_ptr(), (&mut sa as *mut libc::sockaddr_storage).cast())
+        } != 0
+        {
+            return Err(Error::last_os(Op::Cm, format!("rdma_bind_addr {addr}")));
+        }
+        // SAFETY: live, bound id.
+        if unsafe { ffi::rdma_listen(id.as_ptr(), 16) } != 0 {
+            return Err(Error::last_os(Op::Cm, format!("rdma_listen {addr}")));
+        }
+        Ok(listener)
+    }
+
+    /// The device the listener is bound to: create the protection domain here.
+    ///
+    /// # Errors
+    /// `ENODEV` with a hint if bound to a wildcard address.
+    pub fn context(&self) -> Result<Arc<Context>> {
+        // SAFETY: live id; `verbs` is set when bound to a device's address.
+        let verbs = unsafe { self.id.as_ref() }.verbs;
+        let ctx = NonNull::new(verbs).ok_or_else(|| {
+            Error::from_errno(Op::Cm, format!("listener on {} has no device (bind to the RDMA netdev's address, not a wildcard)", self.addr), libc::ENODEV)
+        })?;
+        // SAFETY: librdmacm keeps its device contexts open for the life of the process.
+        Ok(unsafe { Context::borrowed(ctx) })
+    }
+
+    /// Waits for a connect request, moves it to its own event channel, creates its queue pair
+    /// and accepts with `private` as the reply. Returns the established queue pair and the
+    /// private data the peer sent with its request.
+    ///
+    /// # Errors
+    /// `ETIMEDOUT` if no request comes in time; the verbs errors (a request for another
+    /// device than the builder's PD: `EINVAL`).
+    pub fn accept(
+        &self,
+        qp: QueuePairBuilder,
+        private: &[u8],
+        timeout: Duration,
+    ) -> Result<(QueuePair, Vec<u8>)> {
+        let framed = frame(private);
+        let mut param = conn_param(&framed)?;
+        let req = self.channel.expect(
+            ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
+            timeout,
+            &format!("wait for a connect request on {}", self.addr),
+        )?;
+        let child = NonNull::new(req.id)
+            .ok_or_else(|| Error::from_errno(Op::Cm, "connect request without id", libc::EIO))?;
+        let channel = Channel::new()?;
+        // SAFETY: `child` is the request's new id, owned from here; `channel` is live.
+        if unsafe { ffi::rdma_migrate_id(child.as_ptr(), channel.0.as_ptr()) } != 0 {
+            let e = Error::last_os(Op::Cm, "rdma_migrate_id");
+            // SAFETY: the child id is ours and has no QP.
+            unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
+            return Err(e);
+        }
+        let parts = CmParts { id: child, channel };
+        let (send, recv) = qp.depths();
+        let raw = qp.create(Some(parts))?;
+        let parts = raw.cm_parts();
+        // SAFETY: live id with its QP; `param` and `private` live across the call.
+        if unsafe { ffi::rdma_accept(parts.id(), &mut param) } != 0 {
+            return Err(Error::last_os(
+                Op::Cm,
+                format!("rdma_accept on {}", self.addr),
+            ));
+        }
+        parts.channel.expect(
+            ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+            timeout,
+            "accept",
+        )?;
+        Ok((QueuePair::from_cm(raw, send, recv), unframe(req.private)))
+    }
+}
+
+impl Drop for CmListener {
+    fn drop(&mut self) {
+        // SAFETY: the listening id is destroyed once, before its channel (field order).
+        unsafe { ffi::rdma_destroy_id(self.id.as_ptr()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_data_survives_padding() {
+        let mut wire = frame(b"abc");
+        wire.resize(196, 0); // as the CM delivers it
+        assert_eq!(unframe(wire), b"abc");
+        assert_eq!(unframe(frame(&[])), b"");
+        // A peer without the framing: bytes as received.
+        assert_eq!(unframe(vec![1, 2, 3, 0, 0]), [1, 2, 3, 0, 0]);
+    }
+
+    #[test]
+    fn too_much_private_data_is_refused() {
+        assert!(conn_param(&frame(&[0; MAX_PRIVATE_DATA])).is_ok());
+        let Err(e) = conn_param(&frame(&[0; MAX_PRIVATE_DATA + 1])) else {
+            panic!("accepted 55 bytes")
+        };
+        assert!(e.to_string().contains("at most 54"), "{e}");
+    }
+}

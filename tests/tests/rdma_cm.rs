@@ -1,0 +1,125 @@
+//! rdma_cm connections (rdma-dmabuf's `cm`): the classic workflow over the testbed's rxe
+//! device, in one VM and across the two-node wire. The region the peer may write is announced
+//! in the connection's private data. Runs in the testbed VM.
+
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{host_region, pattern};
+use rdma_dmabuf::{
+    Access, CmConnector, CmListener, Local, ProtectionDomain, QueuePairBuilder, RemoteRegion,
+};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+const SIZE: usize = 1 << 20;
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+/// Listens on `addr`, announces a writable region, waits for the peer's write-with-immediate,
+/// checks the bytes, then waits for the peer to disconnect.
+fn serve(addr: SocketAddr, seed: u8) {
+    let listener = CmListener::bind(addr).expect("bind and listen");
+    let ctx = listener.context().expect("the listener's device");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let target = host_region(&pd, &[], SIZE, RW);
+    let announce = target.remote().unwrap().to_bytes();
+    let (qp, hello) = listener
+        .accept(QueuePairBuilder::new(&pd), &announce, T)
+        .expect("accept");
+    assert_eq!(hello, b"hello from the client");
+    let note = qp
+        .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+        .unwrap();
+    let got = note
+        .wait_timeout(T)
+        .expect("the write's immediate arrives")
+        .expect("ok");
+    assert_eq!(got.wc.imm, Some(SIZE as u32));
+    qp.wait_disconnected(T).expect("the client disconnects");
+    drop(qp);
+    let host = target.into_inner().unwrap();
+    assert_eq!(&host.as_slice()[..SIZE], &pattern(SIZE, seed)[..]);
+}
+
+/// Connects to `addr`, writes the pattern into the announced region, then disconnects.
+fn client(addr: SocketAddr, seed: u8) {
+    let connector = CmConnector::resolve(addr, T).expect("resolve address and route");
+    let ctx = connector.context().unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let src = host_region(&pd, &pattern(SIZE, seed), SIZE, Access::empty());
+    let deadline = std::time::Instant::now() + T;
+    let (qp, announce) = loop {
+        // The server may not listen yet: a refusal is retried until the deadline.
+        let c = CmConnector::resolve(addr, T).unwrap();
+        match c.connect(QueuePairBuilder::new(&pd), b"hello from the client", T) {
+            Ok(ok) => break ok,
+            Err(e)
+                if std::time::Instant::now() < deadline
+                    && e.errno() == Some(libc::ECONNREFUSED) =>
+            {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Err(e) => panic!("connect: {e}"),
+        }
+    };
+    drop(connector);
+    let remote = RemoteRegion::from_bytes(&announce).expect("the server's region");
+    assert_eq!(remote.len, SIZE as u64);
+    let done = qp
+        .post_write(Local::new(src, 0, SIZE as u64), remote, Some(SIZE as u32))
+        .unwrap()
+        .wait();
+    done.expect("write completes");
+    // Dropping the queue pair disconnects.
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn rdma_cm_connects_writes_and_disconnects_over_loopback() {
+    let tb = Testbed::get();
+    let addr: SocketAddr = format!("{}:20079", tb.local_addr).parse().unwrap();
+    let server = std::thread::spawn(move || serve(addr, 5));
+    client(addr, 5);
+    server.join().expect("server side");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn two_node_rdma_cm_write_across_the_wire() {
+    let tb = Testbed::get();
+    if tb.is_server() {
+        serve(format!("{}:20080", tb.local_addr).parse().unwrap(), 6);
+    } else {
+        client(format!("{}:20080", tb.peer_addr).parse().unwrap(), 6);
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn rdma_cm_refusals_are_typed() {
+    let tb = Testbed::get();
+    // Nobody listens on this port: the connect is rejected.
+    let addr: SocketAddr = format!("{}:20099", tb.local_addr).parse().unwrap();
+    let c = CmConnector::resolve(addr, T).expect("resolve");
+    let pd = ProtectionDomain::new(&c.context().unwrap()).unwrap();
+    let err = c.connect(QueuePairBuilder::new(&pd), &[], T).unwrap_err();
+    assert_eq!(err.errno(), Some(libc::ECONNREFUSED), "{err}");
+    // Too much private data.
+    let c = CmConnector::resolve(addr, T).expect("resolve");
+    let err = c
+        .connect(QueuePairBuilder::new(&pd), &[0; 55], T)
+        .unwrap_err();
+    assert!(err.to_string().contains("at most 54"), "{err}");
+    // A wildcard listener has no device to create regions on.
+    let l = CmListener::bind("0.0.0.0:20098".parse().unwrap()).expect("wildcard bind");
+    let err = l.context().unwrap_err();
+    assert_eq!(err.errno(), Some(libc::ENODEV), "{err}");
+    // No request within the timeout.
+    let l = CmListener::bind(format!("{}:20097", tb.local_addr).parse().unwrap()).unwrap();
+    let pd = ProtectionDomain::new(&l.context().unwrap()).unwrap();
+    let err = l
+        .accept(QueuePairBuilder::new(&pd), &[], Duration::from_millis(300))
+        .unwrap_err();
+    assert_eq!(err.errno(), Some(libc::ETIMEDOUT), "{err}");
+}
