@@ -1,5 +1,6 @@
 //! Project automation. Run `cargo xtask help`.
 
+mod bench;
 mod initramfs;
 mod klog;
 mod setup;
@@ -22,6 +23,7 @@ cargo xtask <command>
       --timeout SECS      stop and fail after SECS (default 1800)
   test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
                         `N passed, N failed, N skipped`
+  bench                 RDMA write bandwidth/latency against perftest, as ratios
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
 ";
 
@@ -87,6 +89,10 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         "test" => testrun::main(&paths, rest),
         "demo" => testrun::demo(&paths),
+        "bench" => {
+            setup::packages()?;
+            bench::main(&paths)
+        }
         "help" | "-h" | "--help" => {
             eprint!("{HELP}");
             Ok(ExitCode::SUCCESS)
