@@ -73,6 +73,20 @@
 //! # }
 //! ```
 //!
+//! In the scoped layer a region is borrowed until the scope ends, so the CPU cannot write what
+//! the NIC is reading:
+//!
+//! ```compile_fail,E0502
+//! # use rdma_dmabuf::*;
+//! # fn f(qp: &QueuePair, mut region: MemoryRegion<HostBuffer>) {
+//! scope(|s| {
+//!     let p = s.send(qp, &region, 0, 64, None).unwrap();
+//!     region.bytes_mut().unwrap()[0] = 1; // error: `region` is borrowed by the scope
+//!     p.wait()
+//! });
+//! # }
+//! ```
+//!
 //! The same lines without the offending statement compile:
 //!
 //! ```no_run
@@ -82,6 +96,12 @@
 //! let done = pending.wait();
 //! drop(qp);
 //! let map = d.dmabuf().map(|buf| buf.size());
+//! # }
+//! # fn g(qp: &QueuePair, region: MemoryRegion<HostBuffer>) {
+//! scope(|s| {
+//!     let p = s.send(qp, &region, 0, 64, None).unwrap();
+//!     p.wait()
+//! });
 //! # }
 //! ```
 //!
@@ -94,9 +114,11 @@ pub mod endpoint;
 pub mod error;
 pub mod host;
 pub mod mr;
+pub mod multi;
 pub mod pd;
 pub mod qp;
 pub mod remote;
+pub mod scope;
 mod slots;
 pub mod wr;
 
@@ -108,7 +130,9 @@ pub use endpoint::Endpoint;
 pub use error::{Error, Op, Result};
 pub use host::HostBuffer;
 pub use mr::{supports_dmabuf, Access, MemoryRegion};
+pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use pd::ProtectionDomain;
 pub use qp::{Done, Local, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError};
 pub use remote::RemoteRegion;
+pub use scope::{scope, Scope, ScopedPending};
 pub use wr::{WorkCompletion, WorkKind};

@@ -513,62 +513,97 @@ impl QueuePair {
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        let r = &local.region;
+        let posted = self
+            .check(kind, r, local.offset, local.len, remote)
+            .and_then(|()| {
+                self.post_raw(
+                    kind,
+                    r.addr() + local.offset,
+                    local.len as u32,
+                    r.lkey(),
+                    remote,
+                    imm,
+                )
+            });
+        match posted {
+            // The region moves into the Pending (or, if that is dropped early, into the
+            // slot), so it outlives the request.
+            Ok((index, gen)) => Ok(Pending {
+                qp: self,
+                index,
+                gen,
+                kind,
+                local: Some(local),
+            }),
+            Err(error) => Err(WorkError {
+                error,
+                region: local.region,
+            }),
+        }
+    }
+
+    /// Checks a request against the region, the queue pair and the verb.
+    fn check<B: Backing>(
+        &self,
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        offset: u64,
+        len: u64,
+        remote: Option<RemoteRegion>,
+    ) -> Result<()> {
         let op = if kind == WorkKind::Recv {
             Op::PostRecv
         } else {
             Op::PostSend
         };
-        let refuse = |local: Local<B>, what: String| {
-            Err(WorkError {
-                error: Error::invalid(op, what),
-                region: local.region,
-            })
-        };
-        let (offset, len) = (local.offset, local.len);
-        let (region_len, access) = (local.region.len(), local.region.access());
-        let (addr, lkey) = (local.region.addr(), local.region.lkey());
+        let refuse = |what: String| Err(Error::invalid(op, what));
+        let region_len = region.len();
         if len == 0 {
-            return refuse(local, format!("{kind} of length 0"));
+            return refuse(format!("{kind} of length 0"));
         }
         if len > u64::from(u32::MAX) || offset.checked_add(len).is_none_or(|e| e > region_len) {
-            return refuse(
-                local,
-                format!("{kind} of {offset}+{len} outside the region's {region_len} bytes"),
-            );
+            return refuse(format!(
+                "{kind} of {offset}+{len} outside the region's {region_len} bytes"
+            ));
         }
-        if matches!(kind, WorkKind::Recv | WorkKind::Read) && !access.contains(Access::LOCAL_WRITE)
+        if matches!(kind, WorkKind::Recv | WorkKind::Read)
+            && !region.access().contains(Access::LOCAL_WRITE)
         {
-            return refuse(
-                local,
-                format!("{kind} into a region without LOCAL_WRITE access"),
-            );
+            return refuse(format!("{kind} into a region without LOCAL_WRITE access"));
         }
-        if !Arc::ptr_eq(local.region.pd(), &self.raw.pd) {
-            return refuse(
-                local,
-                "the region belongs to another protection domain".into(),
-            );
+        if !Arc::ptr_eq(region.pd(), &self.raw.pd) {
+            return refuse("the region belongs to another protection domain".into());
         }
         if let Some(r) = remote {
             if r.len < len {
-                return refuse(
-                    local,
-                    format!("{kind} of {len} bytes to a remote region of {}", r.len),
-                );
+                return refuse(format!(
+                    "{kind} of {len} bytes to a remote region of {}",
+                    r.len
+                ));
             }
         }
-        let (index, gen) = match self.slots.borrow_mut().acquire(kind) {
-            Ok(s) => s,
-            Err(error) => {
-                return Err(WorkError {
-                    error,
-                    region: local.region,
-                })
-            }
-        };
+        Ok(())
+    }
+
+    /// Takes a slot and posts one work request with one SGE; returns the slot.
+    ///
+    /// The caller guarantees that `addr..addr + len` (in the region with `lkey`) stays
+    /// registered and owned until the request's completion: the owned layer by moving the
+    /// region into the `Pending`, the scoped layer by borrowing it for a scope that drains.
+    fn post_raw(
+        &self,
+        kind: WorkKind,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> Result<(u32, u32)> {
+        let (index, gen) = self.slots.borrow_mut().acquire(kind)?;
         let mut sge = ffi::ibv_sge {
-            addr: addr + offset,
-            length: len as u32,
+            addr,
+            length: len,
             lkey,
         };
         let id = wr_id(index, gen);
@@ -581,8 +616,7 @@ impl QueuePair {
             };
             let mut bad = std::ptr::null_mut();
             // SAFETY: live QP; `wr` and `sge` are valid for the call (the provider copies
-            // them); the SGE names memory the region owns, and the region is moved into the
-            // returned Pending (or the slot), so it outlives the request.
+            // them); the SGE's memory outlives the request (this function's contract).
             unsafe { ffi::ibv_post_recv(self.raw.qp.as_ptr(), &mut wr, &mut bad) }
         } else {
             // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero
@@ -614,18 +648,71 @@ impl QueuePair {
         };
         if rc != 0 {
             self.slots.borrow_mut().cancel(index);
-            let target = format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn);
-            return Err(WorkError {
-                error: Error::from_errno(op, target, rc),
-                region: local.region,
-            });
+            let op = if kind == WorkKind::Recv {
+                Op::PostRecv
+            } else {
+                Op::PostSend
+            };
+            return Err(Error::from_errno(
+                op,
+                format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn),
+                rc,
+            ));
         }
-        Ok(Pending {
-            qp: self,
-            index,
-            gen,
+        Ok((index, gen))
+    }
+
+    /// Posts a request whose buffer the caller keeps alive until its completion (the scoped
+    /// layer's contract); returns its slot.
+    pub(crate) fn post_borrowed<B: Backing>(
+        &self,
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        offset: u64,
+        len: u64,
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> Result<(u32, u32)> {
+        self.check(kind, region, offset, len, remote)?;
+        self.post_raw(
             kind,
-            local: Some(local),
+            region.addr() + offset,
+            len as u32,
+            region.lkey(),
+            remote,
+            imm,
+        )
+    }
+
+    /// Moves the queue pair to the error state: everything in flight completes, flushed.
+    pub(crate) fn flush(&self) {
+        match &self.raw.cm {
+            Some(cm) => cm.disconnect(),
+            None => self.raw.to_error_state(),
+        }
+    }
+
+    /// The completion of slot `index` (generation `gen`), if it has arrived.
+    pub(crate) fn take_completion(&self, index: u32, gen: u32) -> Option<RawCompletion> {
+        self.slots.borrow_mut().take(index, gen)
+    }
+
+    /// A completion as a result: the work completion, or a typed error.
+    pub(crate) fn completion_result(
+        &self,
+        index: u32,
+        gen: u32,
+        kind: WorkKind,
+        c: RawCompletion,
+    ) -> Result<WorkCompletion> {
+        if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+            return Err(self.completion_error(index, gen, kind, c));
+        }
+        Ok(WorkCompletion {
+            wr_id: wr_id(index, gen),
+            kind,
+            byte_len: c.byte_len,
+            imm: c.imm,
         })
     }
 
@@ -790,22 +877,21 @@ impl<'q, B: Backing> Pending<'q, B> {
             }
         };
         let local = self.local.take().expect("present until completion");
-        if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
-            let error = self.qp.completion_error(self.index, self.gen, self.kind, c);
-            return Ok(Err(WorkError {
-                error,
-                region: local.region,
-            }));
-        }
-        Ok(Ok(Done {
-            region: local.region,
-            wc: WorkCompletion {
-                wr_id: self.wr_id(),
-                kind: self.kind,
-                byte_len: c.byte_len,
-                imm: c.imm,
+        Ok(
+            match self
+                .qp
+                .completion_result(self.index, self.gen, self.kind, c)
+            {
+                Ok(wc) => Ok(Done {
+                    region: local.region,
+                    wc,
+                }),
+                Err(error) => Err(WorkError {
+                    error,
+                    region: local.region,
+                }),
             },
-        }))
+        )
     }
 
     /// Busy-polls until the request completes.

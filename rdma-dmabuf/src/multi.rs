@@ -1,0 +1,239 @@
+//! Multi-peer channels: one RC queue pair per peer, all in one protection domain, so a region
+//! registered once serves every peer (the shape of the ibverbs-rs `MultiChannel`).
+//!
+//! Bring-up: [`MultiChannelBuilder`] -> [`PreparedMulti`] (tell peer `i` the endpoint
+//! `endpoints()[i]`) -> [`MultiChannel`] (given each peer's endpoint for us). Operations name
+//! the peer by index. The blocking operations here run in a [`scope`]: they return when every
+//! part has completed; [`MultiChannel::peer`] gives the queue pairs for the owned and scoped
+//! layers.
+
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Op, Result};
+use crate::mr::{Backing, MemoryRegion};
+use crate::pd::ProtectionDomain;
+use crate::qp::{PreparedQp, QueuePair, QueuePairBuilder};
+use crate::remote::RemoteRegion;
+use crate::scope::scope;
+use crate::wr::WorkCompletion;
+use std::sync::Arc;
+
+/// Settings of a multi-peer channel.
+#[derive(Debug)]
+pub struct MultiChannelBuilder {
+    pd: Arc<ProtectionDomain>,
+    peers: usize,
+    send_depth: u32,
+    recv_depth: u32,
+    gid_index: Option<u32>,
+}
+
+impl MultiChannelBuilder {
+    /// A channel to `peers` peers in `pd`, with each queue pair's defaults.
+    pub fn new(pd: &Arc<ProtectionDomain>, peers: usize) -> MultiChannelBuilder {
+        MultiChannelBuilder {
+            pd: pd.clone(),
+            peers,
+            send_depth: 128,
+            recv_depth: 128,
+            gid_index: None,
+        }
+    }
+
+    /// Sends, writes and reads outstanding per peer.
+    pub fn send_depth(mut self, n: u32) -> Self {
+        self.send_depth = n;
+        self
+    }
+
+    /// Receives outstanding per peer.
+    pub fn recv_depth(mut self, n: u32) -> Self {
+        self.recv_depth = n;
+        self
+    }
+
+    /// The source GID index (default: the port's RoCEv2 IPv4 GID).
+    pub fn gid_index(mut self, i: u32) -> Self {
+        self.gid_index = Some(i);
+        self
+    }
+
+    /// Creates one queue pair per peer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero peers; the queue pairs' errors.
+    pub fn build(self) -> Result<PreparedMulti> {
+        if self.peers == 0 {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                "a multi-peer channel needs at least one peer",
+            ));
+        }
+        let qps = (0..self.peers)
+            .map(|_| {
+                let b = QueuePairBuilder::new(&self.pd)
+                    .send_depth(self.send_depth)
+                    .recv_depth(self.recv_depth);
+                match self.gid_index {
+                    Some(i) => b.gid_index(i),
+                    None => b,
+                }
+                .build()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PreparedMulti { pd: self.pd, qps })
+    }
+}
+
+/// A channel whose queue pairs await their peers' endpoints.
+#[derive(Debug)]
+pub struct PreparedMulti {
+    pd: Arc<ProtectionDomain>,
+    qps: Vec<PreparedQp>,
+}
+
+impl PreparedMulti {
+    /// The endpoint to give peer `i` (index `i`).
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.qps.iter().map(PreparedQp::endpoint).collect()
+    }
+
+    /// Connects queue pair `i` to `remote[i]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the count differs; the connections' errors.
+    pub fn connect(self, remote: &[Endpoint]) -> Result<MultiChannel> {
+        if remote.len() != self.qps.len() {
+            return Err(Error::invalid(
+                Op::ModifyQp,
+                format!("{} endpoints for {} peers", remote.len(), self.qps.len()),
+            ));
+        }
+        let peers = self
+            .qps
+            .into_iter()
+            .zip(remote)
+            .map(|(qp, ep)| qp.connect(ep))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MultiChannel { pd: self.pd, peers })
+    }
+}
+
+/// One connected queue pair per peer, sharing a protection domain.
+#[derive(Debug)]
+pub struct MultiChannel {
+    pd: Arc<ProtectionDomain>,
+    peers: Vec<QueuePair>,
+}
+
+/// A part of a region: `(region, offset, len)`.
+pub type Part<'a, B> = (&'a MemoryRegion<B>, u64, u64);
+/// A writable part of a region.
+pub type PartMut<'a, B> = (&'a mut MemoryRegion<B>, u64, u64);
+
+impl MultiChannel {
+    /// The number of peers.
+    pub fn len(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Whether there are no peers (never: building needs one).
+    pub fn is_empty(&self) -> bool {
+        self.peers.is_empty()
+    }
+
+    /// The protection domain every region for this channel must be registered in.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// The queue pair to peer `i`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an index past the peers.
+    pub fn peer(&self, i: usize) -> Result<&QueuePair> {
+        self.peers.get(i).ok_or_else(|| {
+            Error::invalid(Op::PostSend, format!("peer {i} of {}", self.peers.len()))
+        })
+    }
+
+    /// Sends `parts[k].1` to peer `parts[k].0`, all at once; returns the completions in order.
+    ///
+    /// # Errors
+    /// The first failing part's error (all parts have completed by then).
+    pub fn scatter_send<B: Backing>(
+        &self,
+        parts: &[(usize, Part<'_, B>)],
+    ) -> Result<Vec<WorkCompletion>> {
+        scope(|s| {
+            let pending = parts
+                .iter()
+                .map(|&(peer, (r, off, len))| s.send(self.peer(peer)?, r, off, len, None))
+                .collect::<Result<Vec<_>>>()?;
+            pending.into_iter().map(|p| p.wait()).collect()
+        })
+    }
+
+    /// Sends the same bytes to every peer.
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send`].
+    pub fn multicast_send<B: Backing>(&self, part: Part<'_, B>) -> Result<Vec<WorkCompletion>> {
+        let parts: Vec<_> = (0..self.peers.len()).map(|i| (i, part)).collect();
+        self.scatter_send(&parts)
+    }
+
+    /// RDMA-writes each part to its peer's remote region, all at once.
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send`].
+    pub fn scatter_write<B: Backing>(
+        &self,
+        parts: &[(usize, Part<'_, B>, RemoteRegion)],
+    ) -> Result<Vec<WorkCompletion>> {
+        scope(|s| {
+            let pending = parts
+                .iter()
+                .map(|&(peer, (r, off, len), remote)| {
+                    s.write(self.peer(peer)?, r, off, len, remote, None)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            pending.into_iter().map(|p| p.wait()).collect()
+        })
+    }
+
+    /// Receives one message from each listed peer into its part, all at once.
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send`].
+    pub fn gather_recv<B: Backing>(
+        &self,
+        parts: &mut [(usize, PartMut<'_, B>)],
+    ) -> Result<Vec<WorkCompletion>> {
+        scope(|s| {
+            let pending = parts
+                .iter_mut()
+                .map(|(peer, (r, off, len))| s.recv(self.peer(*peer)?, r, *off, *len))
+                .collect::<Result<Vec<_>>>()?;
+            pending.into_iter().map(|p| p.wait()).collect()
+        })
+    }
+
+    /// RDMA-reads each peer's remote region into its part, all at once.
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send`].
+    pub fn gather_read<B: Backing>(
+        &self,
+        parts: &mut [(usize, PartMut<'_, B>, RemoteRegion)],
+    ) -> Result<Vec<WorkCompletion>> {
+        scope(|s| {
+            let pending = parts
+                .iter_mut()
+                .map(|(peer, (r, off, len), remote)| {
+                    s.read(self.peer(*peer)?, r, *off, *len, *remote)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            pending.into_iter().map(|p| p.wait()).collect()
+        })
+    }
+}
