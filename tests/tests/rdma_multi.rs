@@ -5,7 +5,9 @@ use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
 use rdma_dmabuf::{scope, Access, Local, MultiChannelBuilder, QueuePair, QueuePairBuilder};
 
-const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
 const PEERS: usize = 3;
 const N: usize = 256 << 10;
 
@@ -42,19 +44,31 @@ fn a_panicking_scope_flushes_and_drains_before_unwinding_on() {
         })
     }));
     assert!(r.is_err(), "the panic went on");
-    assert_eq!(b.outstanding(), 0, "the receive was flushed before the scope returned");
+    assert_eq!(
+        b.outstanding(),
+        0,
+        "the receive was flushed before the scope returned"
+    );
     // The region is ours again.
     assert!(dst.bytes_mut().is_ok());
 }
 
 /// A hub channel to three peers, each peer a queue pair in the same process.
-fn hub_and_peers(pd: &std::sync::Arc<rdma_dmabuf::ProtectionDomain>) -> (rdma_dmabuf::MultiChannel, Vec<QueuePair>) {
+fn hub_and_peers(
+    pd: &std::sync::Arc<rdma_dmabuf::ProtectionDomain>,
+) -> (rdma_dmabuf::MultiChannel, Vec<QueuePair>) {
     let hub = MultiChannelBuilder::new(pd, PEERS).build().unwrap();
-    let peers: Vec<_> = (0..PEERS).map(|_| QueuePairBuilder::new(pd).build().unwrap()).collect();
+    let peers: Vec<_> = (0..PEERS)
+        .map(|_| QueuePairBuilder::new(pd).build().unwrap())
+        .collect();
     let hub_eps = hub.endpoints();
     let peer_eps: Vec<_> = peers.iter().map(|p| p.endpoint()).collect();
     let hub = hub.connect(&peer_eps).unwrap();
-    let peers = peers.into_iter().zip(&hub_eps).map(|(p, e)| p.connect(e).unwrap()).collect();
+    let peers = peers
+        .into_iter()
+        .zip(&hub_eps)
+        .map(|(p, e)| p.connect(e).unwrap())
+        .collect();
     (hub, peers)
 }
 
@@ -69,7 +83,13 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     // Multicast: one region, sent to every peer at once.
     let data = pattern(N, 1);
     let src = host_region(&pd, &data, N, Access::empty());
-    let recvs: Vec<_> = peers.iter().map(|p| p.post_recv(host_region(&pd, &[], N, Access::LOCAL_WRITE)).unwrap()).collect();
+    let recvs: Vec<_> = peers
+        .iter()
+        .map(|p| {
+            p.post_recv(host_region(&pd, &[], N, Access::LOCAL_WRITE))
+                .unwrap()
+        })
+        .collect();
     let wcs = hub.multicast_send((&src, 0, N as u64)).unwrap();
     assert_eq!(wcs.len(), PEERS);
     for r in recvs {
@@ -83,12 +103,20 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     let big = host_region(&pd, &whole, PEERS * N, Access::empty());
     let targets: Vec<_> = (0..PEERS).map(|_| host_region(&pd, &[], N, RW)).collect();
     let parts: Vec<_> = (0..PEERS)
-        .map(|i| (i, (&big, (i * N) as u64, N as u64), targets[i].remote().unwrap()))
+        .map(|i| {
+            (
+                i,
+                (&big, (i * N) as u64, N as u64),
+                targets[i].remote().unwrap(),
+            )
+        })
         .collect();
     hub.scatter_write(&parts).unwrap();
 
     // Gather read: read every peer's target back into one region's parts.
-    let mut back: Vec<_> = (0..PEERS).map(|_| host_region(&pd, &[], N, Access::LOCAL_WRITE)).collect();
+    let mut back: Vec<_> = (0..PEERS)
+        .map(|_| host_region(&pd, &[], N, Access::LOCAL_WRITE))
+        .collect();
     let mut reads: Vec<_> = back
         .iter_mut()
         .enumerate()
@@ -97,27 +125,54 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     hub.gather_read(&mut reads).unwrap();
     drop(reads);
     for (i, r) in back.iter().enumerate() {
-        assert_eq!(&r.bytes().unwrap()[..N], &whole[i * N..(i + 1) * N], "peer {i}");
+        assert_eq!(
+            &r.bytes().unwrap()[..N],
+            &whole[i * N..(i + 1) * N],
+            "peer {i}"
+        );
     }
     for (i, t) in targets.into_iter().enumerate() {
-        assert_eq!(&t.into_inner().unwrap().as_slice()[..N], &whole[i * N..(i + 1) * N]);
+        assert_eq!(
+            &t.into_inner().unwrap().as_slice()[..N],
+            &whole[i * N..(i + 1) * N]
+        );
     }
 
     // Gather receive: each peer sends its own message.
-    let mut inbox: Vec<_> = (0..PEERS).map(|_| host_region(&pd, &[], N, Access::LOCAL_WRITE)).collect();
+    let mut inbox: Vec<_> = (0..PEERS)
+        .map(|_| host_region(&pd, &[], N, Access::LOCAL_WRITE))
+        .collect();
     let sends: Vec<_> = peers
         .iter()
         .enumerate()
-        .map(|(i, p)| p.post_send(Local::new(host_region(&pd, &pattern(N, 10 + i as u8), N, Access::empty()), 0, N as u64), None).unwrap())
+        .map(|(i, p)| {
+            p.post_send(
+                Local::new(
+                    host_region(&pd, &pattern(N, 10 + i as u8), N, Access::empty()),
+                    0,
+                    N as u64,
+                ),
+                None,
+            )
+            .unwrap()
+        })
         .collect();
-    let mut parts: Vec<_> = inbox.iter_mut().enumerate().map(|(i, r)| (i, (r, 0, N as u64))).collect();
+    let mut parts: Vec<_> = inbox
+        .iter_mut()
+        .enumerate()
+        .map(|(i, r)| (i, (r, 0, N as u64)))
+        .collect();
     hub.gather_recv(&mut parts).unwrap();
     drop(parts);
     for s in sends {
         s.wait().unwrap();
     }
     for (i, r) in inbox.iter().enumerate() {
-        assert_eq!(&r.bytes().unwrap()[..N], &pattern(N, 10 + i as u8)[..], "from peer {i}");
+        assert_eq!(
+            &r.bytes().unwrap()[..N],
+            &pattern(N, 10 + i as u8)[..],
+            "from peer {i}"
+        );
     }
     assert!(hub.peer(PEERS).is_err(), "peer index past the end");
 }
