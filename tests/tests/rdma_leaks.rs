@@ -82,3 +82,34 @@ fn ten_thousand_registrations_and_a_thousand_connections_leak_nothing() {
     assert_eq!(resource_count("qp"), qps, "queue pairs");
     assert_eq!(resource_count("cq"), cqs, "completion queues");
 }
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn dropped_pending_under_valgrind_has_no_memory_error() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Testbed::get();
+    // This binary again, running only the drop-before-completion test, under memcheck.
+    let me = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("valgrind")
+        .args(["--error-exitcode=99", "--leak-check=no"])
+        .arg(&me)
+        .args([
+            "--ignored",
+            "--exact",
+            "dropped_pending_keeps_its_region_until_the_queue_pair_is_destroyed",
+        ])
+        .args(["--test-threads=1", "--color", "never"])
+        .output()
+        .expect("valgrind runs (cargo xtask setup installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "valgrind found errors or the test failed:\n{text}"
+    );
+    assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}

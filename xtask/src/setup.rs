@@ -35,6 +35,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("libclang-dev", "bindgen (rdma-sys builds its bindings)"),
     ("pkg-config", "finds libibverbs and librdmacm"),
     ("libdrm-dev", "DRM uapi headers for layout tests"),
+    (
+        "valgrind",
+        "memcheck of the drop-before-completion path in the VM",
+    ),
 ];
 
 /// The meta-package whose dependency names the newest 6.12 kernel image.
