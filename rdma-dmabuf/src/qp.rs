@@ -31,6 +31,7 @@ pub struct QueuePairBuilder {
     gid_index: Option<u32>,
     send_depth: u32,
     recv_depth: u32,
+    channel: bool,
 }
 
 impl QueuePairBuilder {
@@ -43,6 +44,7 @@ impl QueuePairBuilder {
             gid_index: None,
             send_depth: 128,
             recv_depth: 128,
+            channel: false,
         }
     }
 
@@ -61,6 +63,13 @@ impl QueuePairBuilder {
     /// How many sends, writes and reads may be outstanding (default 128).
     pub fn send_depth(mut self, n: u32) -> Self {
         self.send_depth = n;
+        self
+    }
+
+    /// Gives the completion queue a completion channel, so that [`Pending::wait_blocking`]
+    /// sleeps in the kernel instead of spinning (default: no channel).
+    pub fn completion_channel(mut self, yes: bool) -> Self {
+        self.channel = yes;
         self
     }
 
@@ -146,16 +155,21 @@ impl QueuePairBuilder {
             ));
         }
         let cqe = (self.send_depth + self.recv_depth) as i32;
-        // SAFETY: open context; no channel or user context.
-        let cq = unsafe {
-            ffi::ibv_create_cq(
-                ctx.as_ptr(),
-                cqe,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
+        let channel = if self.channel {
+            // SAFETY: open context.
+            let ch = unsafe { ffi::ibv_create_comp_channel(ctx.as_ptr()) };
+            Some(CompChannel(NonNull::new(ch).ok_or_else(|| {
+                Error::last_os(Op::CreateCq, format!("{} (completion channel)", ctx.name()))
+            })?))
+        } else {
+            None
         };
+        let ch_ptr = channel
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |c| c.0.as_ptr());
+        // SAFETY: open context; the channel (if any) is live and outlives the CQ (RawQp
+        // destroys the CQ first).
+        let cq = unsafe { ffi::ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), ch_ptr, 0) };
         let cq = NonNull::new(cq).ok_or_else(|| {
             Error::last_os(Op::CreateCq, format!("{} ({cqe} entries)", ctx.name()))
         })?;
@@ -201,6 +215,7 @@ impl QueuePairBuilder {
             cq,
             pd: self.pd.clone(),
             cm,
+            channel,
         })
     }
 
@@ -225,10 +240,26 @@ pub(crate) struct RawQp {
     cq: NonNull<ffi::ibv_cq>,
     pd: Arc<ProtectionDomain>,
     cm: Option<crate::cm::CmParts>,
+    /// Dropped after the CQ (field order and Drop below).
+    channel: Option<CompChannel>,
 }
 
 // SAFETY: verbs on a QP and CQ may be called from any thread; the owning types decide sharing.
 unsafe impl Send for RawQp {}
+
+/// A completion channel (`ibv_create_comp_channel`); destroyed on drop, after its CQ.
+pub(crate) struct CompChannel(NonNull<ffi::ibv_comp_channel>);
+
+// SAFETY: a completion channel may be used from any thread.
+unsafe impl Send for CompChannel {}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: its CQ was destroyed first (RawQp's Drop runs before its fields drop), and
+        // every event taken from it was acknowledged.
+        unsafe { ffi::ibv_destroy_comp_channel(self.0.as_ptr()) };
+    }
+}
 
 impl RawQp {
     fn qpn(&self) -> u32 {
@@ -754,6 +785,44 @@ impl QueuePair {
         Ok(n as usize)
     }
 
+    /// Sleeps until the completion queue has something, or `timeout` passes: arms the
+    /// notification, re-polls (a completion may have come before arming), then waits on the
+    /// channel's fd and acknowledges the event. Without a channel it yields once.
+    fn sleep_for_completion(&self, timeout: Duration) -> Result<()> {
+        let Some(ch) = &self.raw.channel else {
+            std::thread::yield_now();
+            return Ok(());
+        };
+        // SAFETY: live CQ with a channel.
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.raw.cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(Error::from_errno(Op::PollCq, "ibv_req_notify_cq", rc));
+        }
+        if self.poll()? > 0 {
+            return Ok(());
+        }
+        // SAFETY: the channel is live; `fd` is a plain field.
+        let fd = unsafe { ch.0.as_ref() }.fd;
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n > 0 {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: the fd is readable, so an event is queued and this does not block.
+            if unsafe { ffi::ibv_get_cq_event(ch.0.as_ptr(), &mut cq, &mut ctx) } == 0 {
+                // SAFETY: acknowledges the one event just taken, on its CQ.
+                unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+            }
+        }
+        Ok(())
+    }
+
     /// Requests posted and not yet completed, including those whose [`Pending`] was dropped.
     pub fn outstanding(&self) -> usize {
         self.slots.borrow().outstanding()
@@ -908,6 +977,28 @@ impl<'q, B: Backing> Pending<'q, B> {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Waits for the completion sleeping in the kernel on the completion channel (see
+    /// [`QueuePairBuilder::completion_channel`]), for at most `timeout`; without a channel it
+    /// polls, yielding between polls.
+    ///
+    /// # Errors
+    /// `Err(self)` if the request is still in flight after `timeout` or the notification
+    /// cannot be armed.
+    pub fn wait_blocking(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+        let deadline = Instant::now() + timeout;
+        let mut p = self;
+        loop {
+            match p.try_complete() {
+                Ok(outcome) => return Ok(outcome),
+                Err(again) => p = again,
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || p.qp.sleep_for_completion(left).is_err() {
+                return Err(p);
             }
         }
     }

@@ -292,3 +292,45 @@ fn two_node_rdma_write_and_send_across_the_wire() {
             .expect("note");
     }
 }
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn blocking_wait_sleeps_on_the_completion_channel_until_the_message_comes() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let a = QueuePairBuilder::new(&pd).build().unwrap();
+    let b = QueuePairBuilder::new(&pd)
+        .completion_channel(true)
+        .build()
+        .unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let a = a.connect(&eb).unwrap();
+    let b = b.connect(&ea).unwrap();
+
+    // Nothing comes: the wait ends at its timeout with the handle back.
+    let recv = b
+        .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+        .unwrap();
+    let t = std::time::Instant::now();
+    let recv = recv
+        .wait_blocking(Duration::from_millis(300))
+        .expect_err("nothing sent yet");
+    assert!(t.elapsed() >= Duration::from_millis(300));
+
+    // A sender on another thread, a little later.
+    let pd2 = pd.clone();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let src = host_region(&pd2, b"wake up", 4096, Access::empty());
+        a.post_send(Local::new(src, 0, 7), None)
+            .unwrap()
+            .wait()
+            .unwrap();
+    });
+    let got = recv
+        .wait_blocking(Duration::from_secs(30))
+        .expect("woken by the completion")
+        .expect("ok");
+    assert_eq!(&got.region.bytes().unwrap()[..7], b"wake up");
+    sender.join().unwrap();
+}
