@@ -117,7 +117,7 @@ fn write_with_immediate_consumes_a_receive_and_delivers_the_immediate() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn stock_rxe_has_no_dmabuf_regions_and_says_so() {
+fn stock_only_rxe_has_no_dmabuf_regions_and_says_so() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     assert!(

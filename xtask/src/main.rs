@@ -3,6 +3,7 @@
 mod bench;
 mod initramfs;
 mod klog;
+mod patched;
 mod setup;
 mod sh;
 mod testrun;
@@ -21,6 +22,7 @@ cargo xtask <command>
   vm [opts] -- CMD...   boot the testbed VM and run CMD inside; exits with CMD's status
       --nodes 1|2         two VMs joined by a virtual wire (CMD runs on both, NODE=a|b)
       --timeout SECS      stop and fail after SECS (default 1800)
+      --mode patched|stock  rxe and rdma-core with kernel-patches/ (default) or Debian's
   test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
                         `N passed, N failed, N skipped`
   bench                 RDMA write bandwidth/latency against perftest, as ratios
@@ -124,6 +126,13 @@ fn parse_vm_args(args: &[String]) -> Result<(vm::Opts, Vec<String>)> {
                     .next()
                     .and_then(|n| n.parse().ok())
                     .ok_or("--nodes takes 1 or 2")?
+            }
+            "--mode" => {
+                opts.mode = match it.next().map(String::as_str) {
+                    Some("patched") => vm::Mode::Patched,
+                    Some("stock") => vm::Mode::Stock,
+                    _ => fail!("--mode takes patched or stock"),
+                }
             }
             "--timeout" => {
                 let secs: u64 = it

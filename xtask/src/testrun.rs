@@ -2,7 +2,9 @@
 //!
 //! Tests that need the testbed are `#[ignore = "needs the testbed VM ..."]`: the host run
 //! counts them as ignored; the VM runs exactly those (`--ignored`). Tests whose name contains
-//! `two_node` run in the two-node testbed (on both nodes, one at a time); the rest in one VM.
+//! `two_node` run in the two-node testbed (on both nodes, one at a time); those whose name
+//! contains `stock_only` run on Debian's unpatched rxe; the rest in one VM with the patched
+//! stack.
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
@@ -15,6 +17,65 @@ use std::time::{Duration, Instant};
 
 /// Name fragment that sends a VM test to the two-node testbed.
 const TWO_NODE: &str = "two_node";
+/// Name fragment that sends a VM test to the stock (unpatched) stack.
+const STOCK_ONLY: &str = "stock_only";
+
+/// The VM phases: (label, nodes, mode, the tests they take).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Phase {
+    /// One VM, patched stack.
+    One,
+    /// One VM, stock stack.
+    Stock,
+    /// Two VMs, patched stack.
+    Two,
+}
+
+impl Phase {
+    fn of(name: &str) -> Phase {
+        if name.contains(TWO_NODE) {
+            Phase::Two
+        } else if name.contains(STOCK_ONLY) {
+            Phase::Stock
+        } else {
+            Phase::One
+        }
+    }
+
+    fn nodes(self) -> u8 {
+        if self == Phase::Two {
+            2
+        } else {
+            1
+        }
+    }
+
+    fn mode(self) -> vm::Mode {
+        if self == Phase::Stock {
+            vm::Mode::Stock
+        } else {
+            vm::Mode::Patched
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Phase::One => "1-node testbed, patched rxe",
+            Phase::Stock => "1-node testbed, stock rxe",
+            Phase::Two => "2-node testbed, patched rxe",
+        }
+    }
+
+    /// libtest filter arguments selecting this phase's tests.
+    fn filter(self) -> String {
+        match self {
+            Phase::One => format!("--skip {TWO_NODE} --skip {STOCK_ONLY}"),
+            Phase::Stock => STOCK_ONLY.to_string(),
+            // Both nodes must step through the same tests in the same order.
+            Phase::Two => format!("--test-threads=1 {TWO_NODE}"),
+        }
+    }
+}
 
 /// A test's outcome as libtest prints it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,20 +167,16 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             failed += 1;
         }
         let bins = test_binaries(paths)?;
-        let (one, two) = vm_tests(&bins)?;
-        for (nodes, set) in [(1u8, &one), (2u8, &two)] {
-            if set.is_empty() {
-                continue;
-            }
+        for (phase, set) in vm_tests(&bins)? {
             let count: usize = set.values().map(Vec::len).sum();
-            let step = Step::start(format!("{count} VM tests in the {nodes}-node testbed"));
-            let (results, vm_ok) = run_in_vm(paths, set, nodes)?;
+            let step = Step::start(format!("{count} VM tests in the {}", phase.label()));
+            let (results, vm_ok) = run_in_vm(paths, &set, phase)?;
             step.done();
             let t = Tally::of(&results);
             let missing = count.saturating_sub(t.passed + t.failed);
             info(format!(
-                "vm ({nodes} node{}): {} passed, {} failed{}",
-                if nodes > 1 { "s" } else { "" },
+                "vm ({}): {} passed, {} failed{}",
+                phase.label(),
                 t.passed,
                 t.failed,
                 if missing > 0 {
@@ -240,12 +297,12 @@ fn test_binaries(paths: &Paths) -> Result<Vec<(String, PathBuf)>> {
     Ok(bins)
 }
 
-/// Per binary: its VM tests for one node and for two nodes.
+/// Per binary: its VM tests of one phase.
 type VmSet = BTreeMap<PathBuf, Vec<String>>;
 
-fn vm_tests(bins: &[(String, PathBuf)]) -> Result<(VmSet, VmSet)> {
-    let mut one = VmSet::new();
-    let mut two = VmSet::new();
+/// The VM tests of every binary, grouped by phase (in phase order).
+fn vm_tests(bins: &[(String, PathBuf)]) -> Result<BTreeMap<Phase, VmSet>> {
+    let mut phases = BTreeMap::<Phase, VmSet>::new();
     for (_, exe) in bins {
         let list =
             sh::output(Command::new(exe).args(["--list", "--ignored", "--format", "terse"]))?;
@@ -253,46 +310,43 @@ fn vm_tests(bins: &[(String, PathBuf)]) -> Result<(VmSet, VmSet)> {
             let Some(name) = line.strip_suffix(": test") else {
                 continue;
             };
-            let set = if name.contains(TWO_NODE) {
-                &mut two
-            } else {
-                &mut one
-            };
-            set.entry(exe.clone()).or_default().push(name.to_string());
+            phases
+                .entry(Phase::of(name))
+                .or_default()
+                .entry(exe.clone())
+                .or_default()
+                .push(name.to_string());
         }
     }
-    Ok((one, two))
+    Ok(phases)
 }
 
 /// The script the VM runs: every binary's VM tests, one binary after another.
-fn vm_script(set: &VmSet, nodes: u8) -> String {
+fn vm_script(set: &VmSet, phase: Phase) -> String {
     let mut s = String::from("status=0\nexport RUST_BACKTRACE=1\n");
     for exe in set.keys() {
         let shown = exe
             .file_name()
             .map(|n| n.to_string_lossy())
             .unwrap_or_default();
-        let mut cmd = format!(
-            "{} --ignored --color never",
-            sh::quote(&exe.to_string_lossy())
+        let cmd = format!(
+            "{} --ignored --color never {}",
+            sh::quote(&exe.to_string_lossy()),
+            phase.filter()
         );
-        if nodes > 1 {
-            // Both nodes must step through the same tests in the same order.
-            cmd.push_str(&format!(" --test-threads=1 {TWO_NODE}"));
-        } else {
-            cmd.push_str(&format!(" --skip {TWO_NODE}"));
-        }
         s.push_str(&format!("echo '### BIN {shown}'\n{cmd} || status=1\n"));
     }
     s.push_str("exit $status\n");
     s
 }
 
-fn run_in_vm(paths: &Paths, set: &VmSet, nodes: u8) -> Result<(Results, bool)> {
-    let script = paths.testbed.join(format!("vm-tests-{nodes}.sh"));
-    sh::write(&script, &vm_script(set, nodes))?;
+fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool)> {
+    let script = paths.testbed.join(format!("vm-tests-{phase:?}.sh"));
+    sh::write(&script, &vm_script(set, phase))?;
+    let nodes = phase.nodes();
     let opts = vm::Opts {
         nodes,
+        mode: phase.mode(),
         timeout: Duration::from_secs(3600),
         ..vm::Opts::default()
     };
@@ -339,7 +393,9 @@ fn harness_self_check(paths: &Paths) -> Result<bool> {
         && r.problems
             .iter()
             .any(|p| p.contains("WARNING: CPU: 0 PID: 1 at selftest"))
-        && r.problems.iter().any(|p| p.contains("tainted: 512 (W)"));
+        && r.problems
+            .iter()
+            .any(|p| p.contains("kernel tainted:") && p.ends_with("(W)"));
     if ok {
         info("harness self-check: exit status 3, the injected warning and the W taint were caught");
     } else {
@@ -411,8 +467,10 @@ test result: ok. 1 passed; 0 failed
     fn two_node_script_runs_tests_in_order() {
         let mut set = VmSet::new();
         set.insert(PathBuf::from("/t/bin-1"), vec!["two_node_x".into()]);
-        let s = vm_script(&set, 2);
+        let s = vm_script(&set, Phase::Two);
         assert!(s.contains("'/t/bin-1' --ignored --color never --test-threads=1 two_node"));
-        assert!(vm_script(&set, 1).contains("--skip two_node"));
+        assert!(vm_script(&set, Phase::One).contains("--skip two_node --skip stock_only"));
+        assert_eq!(Phase::of("stock_only_x"), Phase::Stock);
+        assert_eq!(Phase::of("two_node_x"), Phase::Two);
     }
 }

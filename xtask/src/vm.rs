@@ -10,9 +10,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Which RDMA stack the testbed runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// rxe and rdma-core with `kernel-patches/` applied (dma-buf regions work).
+    Patched,
+    /// Debian's own rxe and rdma-core.
+    Stock,
+}
+
 /// How to boot the testbed.
 #[derive(Clone, Debug)]
 pub struct Opts {
+    /// Patched (default) or stock RDMA stack.
+    pub mode: Mode,
     /// 1: one VM, an rxe device on a veth pair (loopback); 2: two VMs joined by a wire.
     pub nodes: u8,
     /// The whole run is stopped (and fails) after this long.
@@ -26,6 +37,7 @@ pub struct Opts {
 impl Default for Opts {
     fn default() -> Self {
         Opts {
+            mode: Mode::Patched,
             nodes: 1,
             timeout: Duration::from_secs(1800),
             env: Vec::new(),
@@ -83,6 +95,10 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     }
     let kernel = setup::kernel(paths)?;
     let initrd = initramfs::build(paths, &kernel)?;
+    let patched = match opts.mode {
+        Mode::Patched => Some(crate::patched::build(paths, &kernel)?),
+        Mode::Stock => None,
+    };
     let cwd = std::env::current_dir()?;
     let run_root = fresh_run_dir(paths)?;
     let nodes: Vec<char> = ['a', 'b'][..opts.nodes as usize].to_vec();
@@ -91,10 +107,15 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     std::fs::create_dir_all(&sock_dir)?;
 
     let step = Step::start(format!(
-        "booting {} testbed VM{} (kernel {})",
+        "booting {} testbed VM{} (kernel {}, {} rxe)",
         opts.nodes,
         if opts.nodes > 1 { "s" } else { "" },
-        kernel.version
+        kernel.version,
+        if patched.is_some() {
+            "patched"
+        } else {
+            "stock"
+        }
     ));
     let vmlinuz = kernel.vmlinuz();
     let boot = Boot {
@@ -108,7 +129,10 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         let dir = run_root.join(node.to_string());
         std::fs::create_dir_all(&dir)?;
         sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
-        sh::write(&dir.join("inner.sh"), &inner_script(&dir, &cwd, node, opts))?;
+        sh::write(
+            &dir.join("inner.sh"),
+            &inner_script(&dir, &cwd, node, opts, patched.as_ref()),
+        )?;
         let mut cmd = qemu(&boot, &dir, node, opts);
         let mut child = cmd
             .stdin(Stdio::null())
@@ -224,7 +248,17 @@ fn cmd_script(argv: &[String]) -> String {
     format!("exec {}\n", words.join(" "))
 }
 
-fn inner_script(dir: &Path, cwd: &Path, node: char, opts: &Opts) -> String {
+fn inner_script(
+    dir: &Path,
+    cwd: &Path,
+    node: char,
+    opts: &Opts,
+    patched: Option<&crate::patched::Patched>,
+) -> String {
+    let (stack, check) = match patched {
+        Some(p) => crate::patched::inner_setup(p),
+        None => ("export TESTBED_MODE=stock\n".to_string(), String::new()),
+    };
     let run = dir.to_string_lossy();
     let local = node_addr(node, opts.nodes);
     let peer = if opts.nodes > 1 {
@@ -258,7 +292,7 @@ fatal() {{ say "$*"; echo 125 > "$RUN/status"; exit 125; }}
 ip link set lo up
 {netdev}ip addr add "$LOCAL_ADDR/24" dev "$NETDEV" || fatal "no $NETDEV"
 ip link set "$NETDEV" up
-rdma link add rxe0 type rxe netdev "$NETDEV" || fatal "rdma link add failed"
+{stack}rdma link add rxe0 type rxe netdev "$NETDEV" || fatal "rdma link add failed"
 P=/sys/class/infiniband/rxe0/ports/1
 gid_index() {{
     for g in "$P"/gids/*; do
@@ -276,7 +310,7 @@ until grep -q ACTIVE "$P/state" 2>/dev/null && RDMA_GID_INDEX=$(gid_index); do
     sleep 0.05
 done
 export RDMA_GID_INDEX NETDEV
-{wait_peer}cd {cwd} || fatal "no working folder"
+{check}{wait_peer}cd {cwd} || fatal "no working folder"
 sh "$RUN/cmd.sh"
 echo $? > "$RUN/status"
 "#,

@@ -1,0 +1,342 @@
+//! The patched stack for the testbed: `rdma_rxe.ko` rebuilt from Debian's 6.12 sources with
+//! `kernel-patches/linux/*.patch` (out of tree, against Debian's headers unpacked under
+//! `target/`), and rdma-core v55 (the copy vendored in the `ibverbs-sys` package on crates.io)
+//! with `kernel-patches/rdma-core/*.patch`, built in place. Cached by a hash of the patches,
+//! the kernel version and this file.
+
+use crate::setup::Kernel;
+use crate::sh::{self, Result};
+use crate::ui::Step;
+use crate::{fail, Paths};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// rdma-core as vendored by this crates.io package.
+const RDMA_CORE_CRATE: (&str, &str) = ("ibverbs-sys", "=0.3.2");
+
+/// A built patched stack.
+#[derive(Clone, Debug)]
+pub struct Patched {
+    /// The patched `rdma_rxe.ko`.
+    pub module: PathBuf,
+    /// rdma-core's in-place build `lib/` (libibverbs and the providers).
+    pub lib: PathBuf,
+}
+
+/// Builds (or reuses) the patched module and rdma-core.
+pub fn build(paths: &Paths, kernel: &Kernel) -> Result<Patched> {
+    let patches = patch_files(&paths.root)?;
+    let key = cache_key(kernel, &patches)?;
+    let dir = paths.testbed.join(format!("patched-{key:016x}"));
+    let out = Patched {
+        module: dir.join("rdma_rxe.ko"),
+        lib: dir.join("rdma-core/build/lib"),
+    };
+    if out.module.is_file() && out.lib.join("librxe-rdmav34.so").is_file() {
+        return Ok(out);
+    }
+    remove_stale(&paths.testbed, &dir);
+    std::fs::create_dir_all(&dir)?;
+    let headers = headers(paths, kernel)?;
+    build_module(paths, kernel, &headers, &patches.linux, &dir)?;
+    build_rdma_core(paths, &patches.rdma_core, &dir)?;
+    Ok(out)
+}
+
+struct Patches {
+    linux: Vec<PathBuf>,
+    rdma_core: Vec<PathBuf>,
+}
+
+fn patch_files(root: &Path) -> Result<Patches> {
+    let list = |sub: &str| -> Result<Vec<PathBuf>> {
+        let dir = root.join("kernel-patches").join(sub);
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "patch"))
+            .collect();
+        v.sort();
+        if v.is_empty() {
+            fail!("no patches in {}", dir.display());
+        }
+        Ok(v)
+    };
+    Ok(Patches {
+        linux: list("linux")?,
+        rdma_core: list("rdma-core")?,
+    })
+}
+
+fn cache_key(kernel: &Kernel, p: &Patches) -> Result<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    kernel.version.hash(&mut h);
+    include_str!("patched.rs").hash(&mut h);
+    for f in p.linux.iter().chain(&p.rdma_core) {
+        std::fs::read(f)?.hash(&mut h);
+    }
+    Ok(h.finish())
+}
+
+fn remove_stale(testbed: &Path, keep: &Path) {
+    for e in std::fs::read_dir(testbed).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p != keep && e.file_name().to_string_lossy().starts_with("patched-") {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// A fresh sibling `<name>.partial` of `root` (versions contain dots: no with_extension).
+fn partial(root: &Path) -> Result<PathBuf> {
+    let name = root.file_name().ok_or("no folder name")?.to_string_lossy();
+    let parent = root.parent().ok_or("no parent folder")?;
+    std::fs::create_dir_all(parent)?;
+    let tmp = parent.join(format!("{name}.partial"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(tmp)
+}
+
+fn apt_download(dir: &Path, pkgs: &[String]) -> Result {
+    std::fs::create_dir_all(dir)?;
+    sh::run(
+        Command::new("apt-get")
+            .current_dir(dir)
+            .args(["-q", "-o", "APT::Sandbox::User=root", "download"])
+            .args(pkgs),
+    )
+}
+
+fn find_deb(dir: &Path, prefix: &str) -> Result<PathBuf> {
+    std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".deb"))
+        })
+        .ok_or_else(|| format!("no {prefix}*.deb in {}", dir.display()).into())
+}
+
+/// Debian's kbuild tree for the guest kernel, unpacked (never installed: the headers package
+/// depends on the kernel image). Returns the `linux-headers-<version>` folder.
+fn headers(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
+    let root = paths.testbed.join("kheaders").join(&kernel.version);
+    let build = root.join(format!("usr/src/linux-headers-{}", kernel.version));
+    if build.join("Module.symvers").is_file() {
+        return Ok(build);
+    }
+    let step = Step::start(format!("downloading kernel headers for {}", kernel.version));
+    let pkg = format!("linux-headers-{}", kernel.version);
+    let deps = sh::output(Command::new("apt-cache").args(["depends", "--important", &pkg]))?;
+    let mut pkgs = vec![pkg];
+    for l in deps.lines() {
+        if let Some(d) = l.trim().strip_prefix("Depends: ") {
+            if d.starts_with("linux-headers-") || d.starts_with("linux-kbuild-") {
+                pkgs.push(d.trim().to_string());
+            }
+        }
+    }
+    let debs = paths.testbed.join("debs/headers");
+    apt_download(&debs, &pkgs)?;
+    let tmp = partial(&root)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    for p in &pkgs {
+        sh::run(
+            Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(find_deb(&debs, &format!("{p}_"))?)
+                .arg(&tmp),
+        )?;
+    }
+    // The flavour's Makefile includes the common tree by absolute path: point it here.
+    let mk = tmp.join(format!("usr/src/linux-headers-{}/Makefile", kernel.version));
+    let text = std::fs::read_to_string(&mk)?;
+    let here = format!("include {}/usr/src/", root.display());
+    sh::write(&mk, &text.replace("include /usr/src/", &here))?;
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::rename(&tmp, &root)?;
+    let _ = std::fs::remove_dir_all(&debs);
+    step.done();
+    Ok(build)
+}
+
+/// Debian's rxe sources for the guest kernel, from the matching `linux-source-6.12` package.
+fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
+    let root = paths.testbed.join("ksrc").join(&kernel.version);
+    let rxe = root.join("drivers/infiniband/sw/rxe");
+    if rxe.join("rxe_mr.c").is_file() {
+        return Ok(root);
+    }
+    let step = Step::start("downloading the kernel's rxe sources (linux-source-6.12)");
+    // The source upload that built the image.
+    let version = package_version(&format!("linux-image-{}", kernel.version))?;
+    let pkg = format!("linux-source-6.12={version}");
+    let debs = paths.testbed.join("debs/source");
+    apt_download(&debs, &[pkg])?;
+    let deb = find_deb(&debs, "linux-source-6.12_")?;
+    let tmp = partial(&root)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    let script = format!(
+        "dpkg-deb --fsys-tarfile {} | tar -xO ./usr/src/linux-source-6.12.tar.xz | tar -xJ -C {} --strip-components=1 linux-source-6.12/drivers/infiniband/sw/rxe linux-source-6.12/scripts/checkpatch.pl linux-source-6.12/scripts/spelling.txt linux-source-6.12/scripts/const_structs.checkpatch",
+        sh::quote(&deb.to_string_lossy()),
+        sh::quote(&tmp.to_string_lossy())
+    );
+    sh::run(Command::new("sh").arg("-c").arg(script))?;
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::rename(&tmp, &root)?;
+    let _ = std::fs::remove_dir_all(&debs);
+    step.done();
+    Ok(root)
+}
+
+/// The Debian version of a package (e.g. the kernel image), from apt.
+fn package_version(pkg: &str) -> Result<String> {
+    let show = sh::output(Command::new("apt-cache").args(["show", "--no-all-versions", pkg]))?;
+    match show.lines().find_map(|l| l.strip_prefix("Version: ")) {
+        Some(v) => Ok(v.trim().to_string()),
+        None => fail!("apt-cache show {pkg} gave no version"),
+    }
+}
+
+fn build_module(
+    paths: &Paths,
+    kernel: &Kernel,
+    headers: &Path,
+    patches: &[PathBuf],
+    dir: &Path,
+) -> Result {
+    let src = rxe_sources(paths, kernel)?;
+    let step = Step::start("building the patched rdma_rxe.ko");
+    let tree = dir.join("linux");
+    let rxe = tree.join("drivers/infiniband/sw/rxe");
+    std::fs::create_dir_all(&rxe)?;
+    for e in std::fs::read_dir(src.join("drivers/infiniband/sw/rxe"))? {
+        let e = e?;
+        std::fs::copy(e.path(), rxe.join(e.file_name()))?;
+    }
+    for p in patches {
+        sh::run(
+            Command::new("patch")
+                .args(["-s", "-p1", "-d"])
+                .arg(&tree)
+                .arg("-i")
+                .arg(p),
+        )?;
+    }
+    sh::run(
+        Command::new("make")
+            .arg("-C")
+            .arg(headers)
+            .arg(format!("M={}", rxe.display()))
+            .args(["CC=gcc-12", "-j2", "-s", "modules"]),
+    )?;
+    std::fs::copy(rxe.join("rdma_rxe.ko"), dir.join("rdma_rxe.ko"))?;
+    step.done();
+    Ok(())
+}
+
+/// rdma-core's source, fetched through cargo as the `ibverbs-sys` package's vendored copy.
+fn rdma_core_source(paths: &Paths) -> Result<PathBuf> {
+    let stub = paths.testbed.join("fetch-rdma-core");
+    sh::write(
+        &stub.join("Cargo.toml"),
+        &format!(
+            "[package]\nname = \"fetch-rdma-core\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n[lib]\npath = \"lib.rs\"\n\n[dependencies]\n{} = \"{}\"\n\n[workspace]\n",
+            RDMA_CORE_CRATE.0, RDMA_CORE_CRATE.1
+        ),
+    )?;
+    sh::write(&stub.join("lib.rs"), "")?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let meta = sh::output(
+        Command::new(&cargo)
+            .args(["metadata", "--format-version", "1", "--manifest-path"])
+            .arg(stub.join("Cargo.toml")),
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&meta)?;
+    let manifest = v["packages"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == RDMA_CORE_CRATE.0))
+        .and_then(|p| p["manifest_path"].as_str())
+        .ok_or("cargo metadata did not resolve ibverbs-sys")?;
+    let src = Path::new(manifest)
+        .parent()
+        .ok_or("bad manifest path")?
+        .join("vendor/rdma-core");
+    if !src.join("CMakeLists.txt").is_file() {
+        fail!("{} has no rdma-core source", src.display());
+    }
+    Ok(src)
+}
+
+fn build_rdma_core(paths: &Paths, patches: &[PathBuf], dir: &Path) -> Result {
+    let src = rdma_core_source(paths)?;
+    let step = Step::start("building patched rdma-core v55 (libibverbs and providers, in place)");
+    let tree = dir.join("rdma-core");
+    let _ = std::fs::remove_dir_all(&tree);
+    sh::run(Command::new("cp").arg("-r").arg(&src).arg(&tree))?;
+    for p in patches {
+        sh::run(
+            Command::new("patch")
+                .args(["-s", "-p1", "-d"])
+                .arg(&tree)
+                .arg("-i")
+                .arg(p),
+        )?;
+    }
+    let build = tree.join("build");
+    std::fs::create_dir_all(&build)?;
+    sh::run(
+        Command::new("cmake")
+            .current_dir(&build)
+            .args([
+                "-GNinja",
+                "-DIN_PLACE=1",
+                "-DNO_PYVERBS=1",
+                "-DNO_MAN_PAGES=1",
+                "-Wno-dev",
+                "..",
+            ])
+            .stdout(std::process::Stdio::null()),
+    )?;
+    sh::run(
+        Command::new("ninja")
+            .current_dir(&build)
+            .arg("--quiet")
+            .args(["ibverbs", "rxe-rdmav34"]),
+    )?;
+    // Only rxe is built: drop the other providers' entries, or libibverbs warns about each.
+    let drivers = build.join("etc/libibverbs.d");
+    for e in std::fs::read_dir(&drivers)? {
+        let e = e?;
+        if e.file_name() != "rxe.driver" {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    step.done();
+    Ok(())
+}
+
+/// Shell lines for `inner.sh`: before the rxe device exists, putting the patched stack in
+/// place of the stock one; after, checking that verbs programs really load the patched
+/// libibverbs and provider (a silent fallback to the system library would look exactly like
+/// a stock kernel's EOPNOTSUPP).
+pub fn inner_setup(p: &Patched) -> (String, String) {
+    let lib = p.lib.display();
+    let before = format!(
+        r#"rmmod rdma_rxe 2>/dev/null
+insmod {module} || fatal "cannot load the patched rdma_rxe.ko"
+export LD_LIBRARY_PATH={lib}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} TESTBED_MODE=patched
+"#,
+        module = sh::quote(&p.module.to_string_lossy()),
+    );
+    let after = format!(
+        r#"loaded=$(LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p')
+case "$loaded" in *{lib}/libibverbs.so*) ;; *) fatal "the patched libibverbs was not loaded: $loaded" ;; esac
+case "$loaded" in *{lib}/librxe-rdmav34.so*) ;; *) fatal "the patched rxe provider was not loaded: $loaded" ;; esac
+"#
+    );
+    (before, after)
+}
