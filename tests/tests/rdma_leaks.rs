@@ -113,3 +113,41 @@ fn dropped_pending_under_valgrind_has_no_memory_error() {
     assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
     assert!(text.contains("1 passed"), "{text}");
 }
+
+fn dmabuf_objects() -> usize {
+    let info = std::fs::read_to_string("/sys/kernel/debug/dma_buf/bufinfo").expect("debugfs");
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix("Total ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("bufinfo total")
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_thousand_dmabuf_registrations_leak_nothing_and_release_the_buffer() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (fds, mrs, bufs) = (open_fds(), resource_count("mr"), dmabuf_objects());
+    for exporter in integration_tests::exporters::ALL {
+        let mut buf = exporter.allocate(1 << 20);
+        for _ in 0..1_000 / integration_tests::exporters::ALL.len() + 1 {
+            let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+            let mr = MemoryRegion::register_dmabuf(&pd, buf, 0, 1 << 20, None, access).unwrap();
+            buf = mr.into_inner().unwrap();
+        }
+        assert_eq!(resource_count("mr"), mrs, "{exporter:?}: memory regions");
+        drop(buf);
+        assert_eq!(
+            dmabuf_objects(),
+            bufs,
+            "{exporter:?}: the exporter's buffer is freed after the last reference"
+        );
+    }
+    assert_eq!(open_fds(), fds, "descriptors");
+}
