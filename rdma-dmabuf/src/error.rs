@@ -120,6 +120,17 @@ pub enum Error {
         /// Its depth.
         depth: u32,
     },
+    /// A fenced post's fences did not signal in time; nothing was posted.
+    #[error("{kind}: the dma-buf's fences did not signal within {timeout:?}; nothing was posted")]
+    FenceTimeout {
+        /// What would have been posted.
+        kind: crate::wr::WorkKind,
+        /// How long it waited.
+        timeout: std::time::Duration,
+    },
+    /// The dma-buf's fences could not be exported or waited on.
+    #[error("dma-buf fences: {0}")]
+    Fence(#[source] Box<drm_export::Error>),
     /// A work request completed with an error status.
     #[error("work request {wr_id} ({kind}) failed: {status_text} (status {status}, vendor error {vendor_err:#x})")]
     Completion {

@@ -393,6 +393,11 @@ impl<B: Backing> MemoryRegion<B> {
         }
     }
 
+    /// The backing, for operations that do not touch its bytes (exporting its fences).
+    pub(crate) fn backing_unchecked(&self) -> &B {
+        &self.backing
+    }
+
     pub(crate) fn backing_mut(&mut self) -> Result<&mut B> {
         self.cpu_access()?;
         Ok(&mut self.backing)

@@ -428,6 +428,11 @@ impl<B: Backing> Local<B> {
     pub fn into_region(self) -> MemoryRegion<B> {
         self.region
     }
+
+    /// The region.
+    pub fn region(&self) -> &MemoryRegion<B> {
+        &self.region
+    }
 }
 
 impl<B: Backing> From<MemoryRegion<B>> for Local<B> {

@@ -1,0 +1,116 @@
+//! Fence-aware posts on dma-buf regions: before the NIC touches a GPU buffer, wait for the
+//! buffer's implicit fences, so the NIC never reads what the GPU has not finished writing and
+//! never overwrites what the GPU is still reading.
+//!
+//! The fences come from the dma-buf itself (`DMA_BUF_IOCTL_EXPORT_SYNC_FILE`): for a request in
+//! which the NIC reads the buffer (send, RDMA write source) the writers' fences; for one in
+//! which it writes (receive, RDMA read target) every fence, readers' and writers'. The wait
+//! happens before the post, with a timeout; on timeout nothing is posted and the region comes
+//! back with [`Error::FenceTimeout`].
+
+use crate::error::{Error, Result};
+use crate::mr::MemoryRegion;
+use crate::qp::{Local, Pending, QueuePair, WorkError};
+use crate::remote::RemoteRegion;
+use crate::wr::WorkKind;
+use drm_export::{Access as SyncAccess, DmaBuf};
+use std::time::Duration;
+
+/// What a fenced post does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FencedOp {
+    /// Send the region's bytes (the NIC reads them).
+    Send {
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// Receive into the region (the NIC writes it).
+    Recv,
+    /// RDMA-write the region's bytes to `remote` (the NIC reads them).
+    Write {
+        /// The peer's region.
+        remote: RemoteRegion,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// RDMA-read `remote` into the region (the NIC writes it).
+    Read {
+        /// The peer's region.
+        remote: RemoteRegion,
+    },
+}
+
+impl FencedOp {
+    fn kind(self) -> WorkKind {
+        match self {
+            FencedOp::Send { .. } => WorkKind::Send,
+            FencedOp::Recv => WorkKind::Recv,
+            FencedOp::Write { .. } => WorkKind::Write,
+            FencedOp::Read { .. } => WorkKind::Read,
+        }
+    }
+
+    /// The fences to wait for: the NIC reading needs the writers done; the NIC writing needs
+    /// everyone done.
+    fn waits_for(self) -> SyncAccess {
+        match self {
+            FencedOp::Send { .. } | FencedOp::Write { .. } => SyncAccess::Read,
+            FencedOp::Recv | FencedOp::Read { .. } => SyncAccess::Write,
+        }
+    }
+}
+
+/// Waits (at most `timeout`) for the fences a request of `op` on `region` must respect.
+///
+/// # Errors
+/// [`Error::FenceTimeout`] if they have not signalled in time; [`Error::Fence`] if the
+/// sync_file cannot be exported or waited on (kernels before 6.0 lack the export).
+pub fn wait_for_fences(
+    region: &MemoryRegion<DmaBuf>,
+    op: FencedOp,
+    timeout: Duration,
+) -> Result<()> {
+    let buf = region.backing_unchecked();
+    let sync = buf
+        .export_sync_file(op.waits_for())
+        .map_err(|e| Error::Fence(Box::new(e)))?;
+    match sync.wait(timeout) {
+        Ok(()) => Ok(()),
+        Err(drm_export::Error::Timeout { .. }) => Err(Error::FenceTimeout {
+            kind: op.kind(),
+            timeout,
+        }),
+        Err(e) => Err(Error::Fence(Box::new(e))),
+    }
+}
+
+impl QueuePair {
+    /// Posts `op` on a dma-buf region once the buffer's implicit fences allow it (see the
+    /// module docs), waiting at most `timeout` for them.
+    ///
+    /// # Errors
+    /// A [`WorkError`] with the region back: [`Error::FenceTimeout`] (nothing was posted), a
+    /// fence error, or the post's own errors.
+    // The error hands the region back by value, as every post does; boxing it would allocate.
+    #[allow(clippy::result_large_err)]
+    pub fn post_fenced(
+        &self,
+        op: FencedOp,
+        local: impl Into<Local<DmaBuf>>,
+        timeout: Duration,
+    ) -> std::result::Result<Pending<'_, DmaBuf>, WorkError<DmaBuf>> {
+        let local = local.into();
+        if let Err(error) = wait_for_fences(local.region(), op, timeout) {
+            return Err(WorkError {
+                error,
+                region: local.into_region(),
+            });
+        }
+        match op {
+            FencedOp::Send { imm } => self.post_send(local, imm),
+            FencedOp::Recv => self.post_recv(local),
+            FencedOp::Write { remote, imm } => self.post_write(local, remote, imm),
+            FencedOp::Read { remote } => self.post_read(local, remote),
+        }
+    }
+}

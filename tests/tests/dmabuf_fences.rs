@@ -1,0 +1,116 @@
+//! Fence-aware posts: a vgem fence stands for GPU work in flight on a buffer; a fenced post on
+//! the buffer's dma-buf region waits for it (and times out with a typed error while it is
+//! unsignalled), and the bytes move once it signals. Runs in the testbed VM (patched mode).
+
+use drm_export::vgem::VgemFence;
+use drm_export::{DrmDevice, DumbBuffer, NodeKind};
+use integration_tests::exporters::Exporter;
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
+use rdma_dmabuf::{Access, Error, FencedOp, MemoryRegion, WorkKind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SIZE: u64 = 1 << 20;
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn fenced_send_waits_for_the_gpu_write_fence_and_times_out_while_unsignalled() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (peer, owner) = loopback_pair(&pd);
+    let card = Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).unwrap());
+    let gem = DumbBuffer::new(&card, SIZE).unwrap();
+    let buf = gem.export().unwrap();
+    let data = pattern(SIZE as usize, 3);
+    Exporter::fill(&buf, 0, &data);
+    let region = MemoryRegion::register_dmabuf(&pd, buf, 0, SIZE, None, Access::empty()).unwrap();
+
+    // The "GPU" is still writing the buffer.
+    let fence = VgemFence::attach(&card, gem.handle(), true).unwrap();
+    let send = FencedOp::Send { imm: None };
+    let e = owner
+        .post_fenced(send, region, Duration::from_millis(200))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::FenceTimeout {
+                kind: WorkKind::Send,
+                ..
+            }
+        ),
+        "{}",
+        e.error
+    );
+    assert_eq!(owner.outstanding(), 0, "nothing was posted");
+    let region = e.region;
+
+    // The write finishes 300 ms from now; the fenced send starts only then.
+    let inbox = peer
+        .post_recv(host_region(&pd, &[], SIZE as usize, Access::LOCAL_WRITE))
+        .unwrap();
+    let waited = std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            fence.signal().unwrap();
+        });
+        let t = Instant::now();
+        let p = owner
+            .post_fenced(send, region, Duration::from_secs(30))
+            .expect("posted once signalled");
+        let waited = t.elapsed();
+        p.wait().expect("send completes");
+        waited
+    });
+    assert!(
+        waited >= Duration::from_millis(250),
+        "the post waited for the fence ({waited:?})"
+    );
+    let got = inbox.wait().unwrap();
+    assert!(
+        got.region.bytes().unwrap()[..SIZE as usize] == data[..],
+        "the bytes arrived"
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn fenced_receive_waits_for_gpu_readers_before_the_nic_writes() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (peer, owner) = loopback_pair(&pd);
+    let card = Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).unwrap());
+    let gem = DumbBuffer::new(&card, SIZE).unwrap();
+    let buf = gem.export().unwrap();
+    let region =
+        MemoryRegion::register_dmabuf(&pd, buf, 0, SIZE, None, Access::LOCAL_WRITE).unwrap();
+
+    // The "GPU" is still reading the buffer: the NIC must not overwrite it yet.
+    let fence = VgemFence::attach(&card, gem.handle(), false).unwrap();
+    let e = owner
+        .post_fenced(FencedOp::Recv, region, Duration::from_millis(200))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::FenceTimeout {
+                kind: WorkKind::Recv,
+                ..
+            }
+        ),
+        "{}",
+        e.error
+    );
+    fence.signal().unwrap();
+    let recv = owner
+        .post_fenced(FencedOp::Recv, e.region, Duration::from_secs(30))
+        .expect("posted");
+    let data = pattern(4096, 8);
+    let src = host_region(&pd, &data, 4096, Access::empty());
+    peer.post_send(src, None).unwrap().wait().unwrap();
+    let got = recv.wait().unwrap();
+    assert_eq!(got.wc.byte_len, 4096);
+    let seen = Exporter::read(&got.region.into_inner().unwrap());
+    assert!(seen[..4096] == data[..]);
+}
