@@ -87,7 +87,7 @@ impl GemBuffer {
                 arg.handle
             }
         };
-        Ok(GemBuffer::adopt(device, handle, size))
+        GemBuffer::adopt(device, handle, size)
     }
 
     /// `DRM_IOCTL_AMDGPU_GEM_CREATE` in the GTT domain (system) or the VRAM domain (device,
@@ -114,7 +114,7 @@ impl GemBuffer {
         sys::amdgpu_gem_create(device.as_fd(), &mut arg)
             .map_err(|e| Error::os(Op::GemCreate, device.path().display(), e))?;
         let handle = sys::amdgpu_gem_create_out_handle(&arg);
-        Ok(GemBuffer::adopt(device, handle, size))
+        GemBuffer::adopt(device, handle, size)
     }
 
     /// xe needs `DRM_IOCTL_XE_GEM_CREATE` with a VM-less placement mask from a memory-region
@@ -134,15 +134,20 @@ impl GemBuffer {
         })
     }
 
-    fn adopt(device: &Arc<DrmDevice>, handle: u32, size: u64) -> GemBuffer {
-        let handle = drm::buffer::Handle::from(
-            std::num::NonZeroU32::new(handle).expect("the kernel never returns GEM handle 0"),
-        );
-        GemBuffer {
+    fn adopt(device: &Arc<DrmDevice>, handle: u32, size: u64) -> Result<GemBuffer> {
+        // A successful create never returns handle 0; a driver that did would be broken.
+        let handle = std::num::NonZeroU32::new(handle).ok_or_else(|| {
+            Error::os(
+                Op::GemCreate,
+                device.path().display(),
+                std::io::Error::from_raw_os_error(libc::EPROTO),
+            )
+        })?;
+        Ok(GemBuffer {
             device: device.clone(),
-            handle,
+            handle: drm::buffer::Handle::from(handle),
             size,
-        }
+        })
     }
 
     /// The GEM handle.
