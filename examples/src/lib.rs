@@ -89,6 +89,15 @@ impl SideChannel {
         }
     }
 
+    /// Bounds every receive to `limit` (default: wait as long as it takes).
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn with_timeout(self, limit: Duration) -> std::io::Result<SideChannel> {
+        self.0.set_read_timeout(Some(limit))?;
+        Ok(self)
+    }
+
     /// Sends `mine`, receives the peer's message.
     ///
     /// # Errors

@@ -97,11 +97,10 @@ impl Channel {
     ) -> Result<Event> {
         let ev = self.next(timeout, step)?;
         if ev.0.kind != expect || ev.1 != 0 {
-            let errno = if ev.1 < 0 { -ev.1 } else { libc::ECONNREFUSED };
-            let errno = if ev.0.kind == ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED {
-                libc::ECONNREFUSED
-            } else {
-                errno
+            // A rejection's status is the peer's reason code, not an errno.
+            let errno = match ev.1 {
+                s if s < 0 && ev.0.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => -s,
+                _ => libc::ECONNREFUSED,
             };
             return Err(Error::from_errno(
                 Op::Cm,

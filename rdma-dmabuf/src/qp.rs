@@ -742,7 +742,7 @@ impl QueuePair {
         c: RawCompletion,
     ) -> Result<WorkCompletion> {
         if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
-            return Err(self.completion_error(index, gen, kind, c));
+            return Err(completion_error(index, gen, kind, c));
         }
         Ok(WorkCompletion {
             wr_id: wr_id(index, gen),
@@ -832,23 +832,6 @@ impl QueuePair {
     pub fn outstanding(&self) -> usize {
         self.slots.borrow().outstanding()
     }
-
-    fn completion_error(&self, index: u32, gen: u32, kind: WorkKind, c: RawCompletion) -> Error {
-        // SAFETY: ibv_wc_status_str takes any value.
-        let text = unsafe { ffi::ibv_wc_status_str(c.status) };
-        // SAFETY: it returns a static NUL-terminated string.
-        let text = unsafe { std::ffi::CStr::from_ptr(text) }
-            .to_string_lossy()
-            .into_owned();
-        let _ = self;
-        Error::Completion {
-            wr_id: wr_id(index, gen),
-            kind,
-            status: c.status,
-            status_text: text,
-            vendor_err: c.vendor_err,
-        }
-    }
 }
 
 impl QueuePair {
@@ -880,6 +863,23 @@ impl QueuePair {
             Some(cm) => cm.wait_disconnected(timeout),
             None => Err(Error::invalid(Op::Cm, "not an rdma_cm connection")),
         }
+    }
+}
+
+/// A completion with an error status as a typed error naming the request.
+fn completion_error(index: u32, gen: u32, kind: WorkKind, c: RawCompletion) -> Error {
+    // SAFETY: ibv_wc_status_str takes any value.
+    let text = unsafe { ffi::ibv_wc_status_str(c.status) };
+    // SAFETY: it returns a static NUL-terminated string.
+    let text = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    Error::Completion {
+        wr_id: wr_id(index, gen),
+        kind,
+        status: c.status,
+        status_text: text,
+        vendor_err: c.vendor_err,
     }
 }
 
@@ -939,9 +939,9 @@ impl<'q, B: Backing> Pending<'q, B> {
         let c = match taken {
             Some(c) => c,
             None => {
-                if let Err(error) = self.qp.poll() {
-                    // A broken CQ: keep the region with the queue (dropping self does).
-                    let _ = error;
+                if self.qp.poll().is_err() {
+                    // A broken CQ: the request may still be in flight, so the handle (and
+                    // with it the region) stays pending.
                     return Err(self);
                 }
                 match self.qp.slots.borrow_mut().take(self.index, self.gen) {

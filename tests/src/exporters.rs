@@ -14,6 +14,14 @@ pub enum Exporter {
     SystemHeap,
 }
 
+/// The vgem card node (dumb buffers need the card node).
+///
+/// # Panics
+/// Without vgem: the testbed loads it.
+pub fn vgem_card() -> Arc<DrmDevice> {
+    Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).expect("vgem card node"))
+}
+
 /// All of them.
 pub const ALL: [Exporter; 3] = [Exporter::Vgem, Exporter::Udmabuf, Exporter::SystemHeap];
 
@@ -25,8 +33,7 @@ impl Exporter {
     pub fn allocate(self, size: u64) -> DmaBuf {
         match self {
             Exporter::Vgem => {
-                let card =
-                    Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).expect("vgem card"));
+                let card = vgem_card();
                 // The GEM object lives on through the dma-buf after the handle is closed.
                 DumbBuffer::new(&card, size)
                     .expect("dumb buffer")

@@ -5,6 +5,7 @@
 //! missing device is a failure. Tests whose name contains `two_node` run in the two-node
 //! testbed, on both nodes at once.
 
+pub mod counts;
 pub mod exporters;
 pub mod oob;
 pub mod process;

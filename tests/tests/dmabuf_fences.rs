@@ -3,12 +3,11 @@
 //! unsignalled), and the bytes move once it signals. Runs in the testbed VM (patched mode).
 
 use drm_export::vgem::VgemFence;
-use drm_export::{DrmDevice, DumbBuffer, NodeKind};
-use integration_tests::exporters::Exporter;
+use drm_export::DumbBuffer;
+use integration_tests::exporters::{vgem_card, Exporter};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
 use rdma_dmabuf::{Access, Error, FencedOp, MemoryRegion, WorkKind};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SIZE: u64 = 1 << 20;
@@ -19,7 +18,7 @@ fn fenced_send_waits_for_the_gpu_write_fence_and_times_out_while_unsignalled() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (peer, owner) = loopback_pair(&pd);
-    let card = Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).unwrap());
+    let card = vgem_card();
     let gem = DumbBuffer::new(&card, SIZE).unwrap();
     let buf = gem.export().unwrap();
     let data = pattern(SIZE as usize, 3);
@@ -80,7 +79,7 @@ fn fenced_receive_waits_for_gpu_readers_before_the_nic_writes() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (peer, owner) = loopback_pair(&pd);
-    let card = Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).unwrap());
+    let card = vgem_card();
     let gem = DumbBuffer::new(&card, SIZE).unwrap();
     let buf = gem.export().unwrap();
     let region =

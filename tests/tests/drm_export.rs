@@ -16,7 +16,7 @@ use std::time::Duration;
 const MIB: u64 = 1 << 20;
 
 fn card() -> Arc<DrmDevice> {
-    Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).expect("vgem card node"))
+    integration_tests::exporters::vgem_card()
 }
 
 fn render() -> DrmDevice {

@@ -1,33 +1,16 @@
 //! drm-export leak check, alone in its binary: descriptor and dma-buf counts are process-
 //! and kernel-wide, so no other test may run beside it. Runs in the testbed VM.
 
-use drm_export::{DmaHeap, DrmDevice, DumbBuffer, NodeKind, Udmabuf};
+use drm_export::{DmaHeap, DumbBuffer, Udmabuf};
+use integration_tests::counts::{dmabuf_objects, open_fds};
+use integration_tests::exporters::vgem_card;
 use integration_tests::testbed::Testbed;
-use std::sync::Arc;
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-fn dmabuf_objects() -> usize {
-    let info = std::fs::read_to_string("/sys/kernel/debug/dma_buf/bufinfo").expect("debugfs");
-    // The summary line: "Total N objects, M bytes".
-    info.lines()
-        .find_map(|l| {
-            l.strip_prefix("Total ")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .expect("bufinfo total")
-}
 
 #[test]
 #[ignore = "needs the testbed VM"]
 fn ten_thousand_buffers_leak_no_descriptor_and_no_buffer() {
     Testbed::get();
-    let card = Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).expect("vgem card node"));
+    let card = vgem_card();
     let heap = DmaHeap::system().unwrap();
     // Warm up lazily opened descriptors, then take the baseline.
     drop(DumbBuffer::new(&card, 4096).unwrap().export().unwrap());

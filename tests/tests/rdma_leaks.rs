@@ -1,29 +1,14 @@
 //! rdma-dmabuf leak checks, alone in their binary: MR, QP and descriptor counts are device-
 //! and process-wide, so no other test may run beside them. Runs in the testbed VM.
 
+use integration_tests::counts::{dmabuf_objects, open_fds, rdma_resources as resource_count};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pd};
 use rdma_dmabuf::{Access, HostBuffer, MemoryRegion};
 use std::time::Duration;
 
-fn resource_count(kind: &str) -> usize {
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show", kind])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rdma resource show {kind}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
-}
-
 /// The counts are device- and process-wide: one test at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
 
 #[test]
 #[ignore = "needs the testbed VM"]
@@ -112,19 +97,6 @@ fn dropped_pending_under_valgrind_has_no_memory_error() {
     );
     assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
     assert!(text.contains("1 passed"), "{text}");
-}
-
-fn dmabuf_objects() -> usize {
-    let info = std::fs::read_to_string("/sys/kernel/debug/dma_buf/bufinfo").expect("debugfs");
-    info.lines()
-        .find_map(|l| {
-            l.strip_prefix("Total ")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .expect("bufinfo total")
 }
 
 #[test]

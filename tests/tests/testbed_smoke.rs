@@ -1,11 +1,10 @@
 //! Proof that the testbed is real: an ACTIVE rxe device moving RC traffic (over loopback in
 //! one VM, across the wire between two), rdma_cm working, and the dma-buf exporters present.
 
-use drm_export::{DrmDevice, DumbBuffer, NodeKind, Udmabuf};
+use drm_export::{DumbBuffer, Udmabuf};
 use integration_tests::process::{self, run, run_client};
 use integration_tests::testbed::Testbed;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -129,7 +128,7 @@ fn two_node_rdma_cm_rping_across_the_wire() {
 #[ignore = "needs the testbed VM"]
 fn vgem_dumb_buffer_exports_a_dma_buf() {
     Testbed::get();
-    let card = Arc::new(DrmDevice::open_driver("vgem", NodeKind::Card).expect("vgem card node"));
+    let card = integration_tests::exporters::vgem_card();
     assert_eq!(card.driver().name, "vgem");
     let buf = DumbBuffer::new(&card, 1 << 20).expect("dumb buffer on vgem");
     assert!(buf.size() >= 1 << 20);

@@ -98,6 +98,20 @@ fn partial(root: &Path) -> Result<PathBuf> {
     Ok(tmp)
 }
 
+/// Applies `patches` (`-p1`) to the source tree `tree`.
+fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
+    for p in patches {
+        sh::run(
+            Command::new("patch")
+                .args(["-s", "-p1", "-d"])
+                .arg(tree)
+                .arg("-i")
+                .arg(p),
+        )?;
+    }
+    Ok(())
+}
+
 fn apt_download(dir: &Path, pkgs: &[String]) -> Result {
     std::fs::create_dir_all(dir)?;
     sh::run(
@@ -217,15 +231,7 @@ fn build_module(
         let e = e?;
         std::fs::copy(e.path(), rxe.join(e.file_name()))?;
     }
-    for p in patches {
-        sh::run(
-            Command::new("patch")
-                .args(["-s", "-p1", "-d"])
-                .arg(&tree)
-                .arg("-i")
-                .arg(p),
-        )?;
-    }
+    apply_patches(&tree, patches)?;
     sh::run(
         Command::new("make")
             .arg("-C")
@@ -277,15 +283,7 @@ fn build_rdma_core(paths: &Paths, patches: &[PathBuf], dir: &Path) -> Result {
     let tree = dir.join("rdma-core");
     let _ = std::fs::remove_dir_all(&tree);
     sh::run(Command::new("cp").arg("-r").arg(&src).arg(&tree))?;
-    for p in patches {
-        sh::run(
-            Command::new("patch")
-                .args(["-s", "-p1", "-d"])
-                .arg(&tree)
-                .arg("-i")
-                .arg(p),
-        )?;
-    }
+    apply_patches(&tree, patches)?;
     let build = tree.join("build");
     std::fs::create_dir_all(&build)?;
     sh::run(

@@ -353,21 +353,20 @@ fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool)
     let argv = vec!["sh".to_string(), script.to_string_lossy().into_owned()];
     let results = vm::run(paths, &argv, &opts)?;
     let vm_ok = results.iter().all(|r| r.ok());
-    // A two-node test passed only if it passed on both nodes.
+    // A two-node test passed only if it passed on both nodes (and reported on both).
+    let per_node: Vec<Results> = results.iter().map(|r| parse(&r.console)).collect();
     let mut merged = Results::new();
-    for r in &results {
-        for (key, outcome) in parse(&r.console) {
-            let slot = merged.entry(key).or_insert(outcome);
+    for node in &per_node {
+        for (key, &outcome) in node {
+            let reported_everywhere = per_node.iter().all(|n| n.contains_key(key));
+            let outcome = if reported_everywhere {
+                outcome
+            } else {
+                Outcome::Failed
+            };
+            let slot = merged.entry(key.clone()).or_insert(outcome);
             if outcome != Outcome::Passed {
                 *slot = outcome;
-            }
-        }
-    }
-    if nodes > 1 {
-        for key in merged.keys().cloned().collect::<Vec<_>>() {
-            let everywhere = results.iter().all(|r| parse(&r.console).contains_key(&key));
-            if !everywhere {
-                merged.insert(key, Outcome::Failed);
             }
         }
     }
