@@ -13,6 +13,11 @@
 //! `RESULT bw_MBps=...` or `RESULT lat_usec=...`.
 
 use examples::{fail, Args, SideChannel};
+
+const USAGE: &str = "\
+usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--size 65536]
+                         [--iters 1000] [--window 128] [--device rxe0]
+       rdma_bench client SERVER_ADDR [the same options]";
 use rdma_dmabuf::{
     Access, Context, HostBuffer, Local, MemoryRegion, ProtectionDomain, QueuePairBuilder,
 };
@@ -20,7 +25,10 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 fn main() {
-    let args = Args::from_env();
+    let args = Args::parse(
+        USAGE,
+        &["bind", "port", "mode", "size", "iters", "window", "device"],
+    );
     let role = args
         .words
         .first()

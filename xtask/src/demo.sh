@@ -1,11 +1,13 @@
-# The two-node testbed demo (runs on both nodes; NODE=a serves, NODE=b connects).
-set -e
-echo "node $NODE: $(uname -r), rdma device $RDMA_DEVICE on $NETDEV ($LOCAL_ADDR), RoCEv2 GID index $RDMA_GID_INDEX"
-rdma link show
-ls /dev/dri /dev/udmabuf /dev/dma_heap/system
+# cargo xtask demo, inside each VM of the two-node testbed: node a serves, node b writes.
+# $1: the gpu_rdma_write binary; $2: buffer size; $3: iterations.
+set -u
+B=$1 SIZE=$2 ITERS=$3
+echo "@@@ begin node $NODE: kernel $(uname -r), $RDMA_DEVICE on $NETDEV ($LOCAL_ADDR)"
 if [ "$NODE" = a ]; then
-    ibv_rc_pingpong -d "$RDMA_DEVICE" -g "$RDMA_GID_INDEX" -n 200 -s 65536
+    "$B" server --size "$SIZE"
 else
-    sleep 1
-    ibv_rc_pingpong -d "$RDMA_DEVICE" -g "$RDMA_GID_INDEX" -n 200 -s 65536 "$PEER_ADDR"
+    "$B" client "$PEER_ADDR" --size "$SIZE" --iters "$ITERS"
 fi
+rc=$?
+echo "@@@ end"
+exit $rc

@@ -1,6 +1,7 @@
 //! Project automation. Run `cargo xtask help`.
 
 mod bench;
+mod demo;
 mod initramfs;
 mod klog;
 mod patched;
@@ -90,7 +91,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             Ok(exit_code(&results))
         }
         "test" => testrun::main(&paths, rest),
-        "demo" => testrun::demo(&paths),
+        "demo" => demo::main(&paths),
         "bench" => {
             setup::packages()?;
             bench::main(&paths)

@@ -406,29 +406,6 @@ fn harness_self_check(paths: &Paths) -> Result<bool> {
     Ok(ok)
 }
 
-/// `cargo xtask demo`: until the GPU example lands, the two-node testbed smoke check.
-pub fn demo(paths: &Paths) -> Result<ExitCode> {
-    setup::packages()?;
-    let opts = vm::Opts {
-        nodes: 2,
-        ..vm::Opts::default()
-    };
-    let script = demo_script(paths)?;
-    let argv = vec!["sh".to_string(), script.to_string_lossy().into_owned()];
-    let results = vm::run(paths, &argv, &opts)?;
-    Ok(if results.iter().all(|r| r.ok()) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
-fn demo_script(paths: &Paths) -> Result<PathBuf> {
-    let path = paths.testbed.join("demo.sh");
-    sh::write(&path, include_str!("demo.sh"))?;
-    Ok(path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
