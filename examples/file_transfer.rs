@@ -7,7 +7,8 @@
 //!    now), hashes the chunk through the dma-buf mapping, appends it to `--out`, registers
 //!    again and sends `READY` with the new rkey.
 //! 4. The sender sends `DONE`; the receiver compares the hashes and answers good or bad.
-//! 5. The sender sends an id and receives a key back (derived from the id and the file's hash).
+//! 5. After a good transfer, the sender sends an id and receives a key back (derived from the
+//!    id and the file's hash).
 //!
 //! ```text
 //! file_transfer receive [--bind ADDR] [--out PATH] [options]
@@ -149,7 +150,10 @@ impl<'q> Messenger<'q> {
     }
 
     fn send(&mut self, m: &Msg) {
-        let mut out = self.out.take().expect("the message buffer is ours between sends");
+        let mut out = self
+            .out
+            .take()
+            .expect("the message buffer is ours between sends");
         m.encode(&mut out.bytes_mut().expect("local buffer")[..MSG_LEN]);
         let done = self
             .qp
@@ -184,7 +188,15 @@ fn main() {
     let args = Args::parse(
         USAGE,
         &[
-            "port", "timeout", "bind", "rdma", "out", "region", "drm", "id", "flip-byte",
+            "port",
+            "timeout",
+            "bind",
+            "rdma",
+            "out",
+            "region",
+            "drm",
+            "id",
+            "flip-byte",
         ],
     );
     let port: u16 = args.get("port", 18516);
@@ -302,10 +314,19 @@ fn receive(args: &Args, port: u16, timeout: Duration) {
         format!(
             "{} {}",
             hex(&got),
-            if good { "matches: good" } else { "differs: bad" }
+            if good {
+                "matches: good"
+            } else {
+                "differs: bad"
+            }
         ),
     );
     m.send(&Msg::Verdict { good });
+    if !good {
+        let _ = qp.wait_disconnected(timeout);
+        println!("RESULT receive good=no bytes={received} chunks={chunks}");
+        std::process::exit(1);
+    }
     match m.recv() {
         Msg::Id(id) => {
             let key = key_for(&id, &got);
@@ -318,13 +339,7 @@ fn receive(args: &Args, port: u16, timeout: Duration) {
         other => fail(&format!("expected an id, got {other:?}")),
     }
     let _ = qp.wait_disconnected(timeout);
-    println!(
-        "RESULT receive good={} bytes={received} chunks={chunks}",
-        if good { "yes" } else { "no" }
-    );
-    if !good {
-        std::process::exit(1);
-    }
+    println!("RESULT receive good=yes bytes={received} chunks={chunks}");
 }
 
 fn send(args: &Args, port: u16, timeout: Duration) {
@@ -357,7 +372,10 @@ fn send(args: &Args, port: u16, timeout: Duration) {
     let mut h = Sha256::new();
     std::io::copy(&mut file, &mut h).unwrap_or_else(|e| fail(&format!("reading {path}: {e}")));
     let hash: [u8; 32] = h.finalize().into();
-    line("file", format!("{path}: {}, SHA-256 {}", bytes(len), hex(&hash)));
+    line(
+        "file",
+        format!("{path}: {}, SHA-256 {}", bytes(len), hex(&hash)),
+    );
 
     let pd = net::pd_towards(server, timeout).unwrap_or_else(|e| fail(&e.to_string()));
     line(
@@ -427,7 +445,18 @@ fn send(args: &Args, port: u16, timeout: Duration) {
         Msg::Verdict { good } => good,
         other => fail(&format!("expected a verdict, got {other:?}")),
     };
-    line("verdict", if good { "good" } else { "bad" });
+    line(
+        "verdict",
+        if good {
+            "good"
+        } else {
+            "bad: no key is given for it"
+        },
+    );
+    if !good {
+        println!("RESULT send good=no bytes={sent} chunks={chunks}");
+        std::process::exit(1);
+    }
     m.send(&Msg::Id(id.clone().into_bytes()));
     let key = match m.recv() {
         Msg::Key(k) => k,
@@ -437,13 +466,9 @@ fn send(args: &Args, port: u16, timeout: Duration) {
     drop(m);
     drop(qp);
     println!(
-        "RESULT send good={} bytes={sent} chunks={chunks} key={}",
-        if good { "yes" } else { "no" },
+        "RESULT send good=yes bytes={sent} chunks={chunks} key={}",
         hex(&key)
     );
-    if !good {
-        std::process::exit(1);
-    }
 }
 
 #[cfg(test)]

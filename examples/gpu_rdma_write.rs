@@ -20,8 +20,8 @@ use examples::gpu::{self, GpuAlloc, Where};
 use examples::report::{access, bytes, line, rate};
 use examples::{fail, host_region, net, pattern, Args};
 use rdma_dmabuf::{
-    scope, Access, CmListener, DmaBuf, MemoryRegion, ProtectionDomain,
-    QueuePairBuilder, RemoteRegion,
+    scope, Access, CmListener, DmaBuf, MemoryRegion, ProtectionDomain, QueuePairBuilder,
+    RemoteRegion,
 };
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -116,8 +116,8 @@ fn main() {
 
 /// Allocates, reports, and returns the buffer with its dma-buf taken out.
 fn gpu_buffer(args: &Args, size: u64, place: Where) -> (GpuAlloc, DmaBuf) {
-    let alloc = gpu::allocate(args.text("drm").as_deref(), size, place)
-        .unwrap_or_else(|e| fail(&e));
+    let alloc =
+        gpu::allocate(args.text("drm").as_deref(), size, place).unwrap_or_else(|e| fail(&e));
     for p in &alloc.passed_over {
         line("passed over", p);
     }
@@ -157,12 +157,18 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
         .map()
         .and_then(|mut m| m.write().map(|mut w| w.fill(0)))
         .unwrap_or_else(|e| fail(&e.to_string()));
-    line("cleared", "the buffer through its mapping, so stale bytes cannot pass");
+    line(
+        "cleared",
+        "the buffer through its mapping, so stale bytes cannot pass",
+    );
 
     let at = SocketAddr::new(addr, port);
     let listener = CmListener::bind(at).unwrap_or_else(|e| fail(&e.to_string()));
     let ctx = listener.context().unwrap_or_else(|e| fail(&e.to_string()));
-    line("RDMA device", format!("{}, listening on {at} (rdma_cm)", ctx.name()));
+    line(
+        "RDMA device",
+        format!("{}, listening on {at} (rdma_cm)", ctx.name()),
+    );
     let pd = ProtectionDomain::new(&ctx).unwrap_or_else(|e| fail(&e.to_string()));
     let target = MemoryRegion::register_dmabuf(
         &pd,
@@ -217,7 +223,10 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     let checked = plan.size.min(size) as usize;
     let mismatch = dmabuf
         .map()
-        .and_then(|m| m.read().map(|r| pattern::first_mismatch(&r[..checked], plan.seed)))
+        .and_then(|m| {
+            m.read()
+                .map(|r| pattern::first_mismatch(&r[..checked], plan.seed))
+        })
         .unwrap_or_else(|e| fail(&e.to_string()));
     let mut verdict = [0u8; VERDICT_LEN];
     match mismatch {
@@ -233,7 +242,10 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
         }
         Some(at) => {
             verdict[..3].copy_from_slice(b"BAD");
-            line("verified", format!("byte {at} differs from the pattern: FAILED"));
+            line(
+                "verified",
+                format!("byte {at} differs from the pattern: FAILED"),
+            );
         }
     }
     verdict[8..].copy_from_slice(&(mismatch.unwrap_or(checked) as u64).to_le_bytes());
@@ -283,11 +295,17 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     let (alloc, dmabuf) = gpu_buffer(args, size, place);
     dmabuf
         .map()
-        .and_then(|mut m| m.write().map(|mut w| pattern::fill(&mut w[..size as usize], seed, 0)))
+        .and_then(|mut m| {
+            m.write()
+                .map(|mut w| pattern::fill(&mut w[..size as usize], seed, 0))
+        })
         .unwrap_or_else(|e| fail(&e.to_string()));
     line(
         "filled",
-        format!("{} with the pattern (seed {seed:#x}) through the mapping", bytes(size)),
+        format!(
+            "{} with the pattern (seed {seed:#x}) through the mapping",
+            bytes(size)
+        ),
     );
 
     let pd: Arc<ProtectionDomain> =
@@ -301,7 +319,10 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
             ));
         }
     }
-    line("RDMA device", format!("{device} (rdma_cm's route to {server})"));
+    line(
+        "RDMA device",
+        format!("{device} (rdma_cm's route to {server})"),
+    );
     let src = MemoryRegion::register_dmabuf(&pd, dmabuf, 0, size, None, Access::empty())
         .unwrap_or_else(|e| fail(&e.to_string()));
     line("registered", describe_mr(&src, &device));
@@ -367,7 +388,10 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
             bytes(chunk)
         ),
     );
-    line("throughput", format!("{} over {secs:.3} s", rate(moved, secs)));
+    line(
+        "throughput",
+        format!("{} over {secs:.3} s", rate(moved, secs)),
+    );
     let got = verdict
         .wait_timeout(timeout)
         .unwrap_or_else(|_| fail("the server sent no verdict in time"))

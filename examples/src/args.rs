@@ -64,8 +64,11 @@ impl Args {
     /// `default`.
     pub fn size(&self, name: &str, default: u64) -> u64 {
         match self.text(name) {
-            Some(v) => parse_size(&v)
-                .unwrap_or_else(|| fail(&format!("--{name}: {v:?} is not a size like 4096, 64K, 16M"))),
+            Some(v) => parse_size(&v).unwrap_or_else(|| {
+                fail(&format!(
+                    "--{name}: {v:?} is not a size like 4096, 64K, 16M"
+                ))
+            }),
             None => default,
         }
     }
@@ -112,8 +115,11 @@ mod tests {
 
     #[test]
     fn options_words_help_and_mistakes() {
-        let a = Args::parse_from(words("client 10.0.0.1 --size 16M --iters 3"), &["size", "iters"])
-            .unwrap();
+        let a = Args::parse_from(
+            words("client 10.0.0.1 --size 16M --iters 3"),
+            &["size", "iters"],
+        )
+        .unwrap();
         assert_eq!(a.words, ["client", "10.0.0.1"]);
         assert_eq!(a.size("size", 0), 16 << 20);
         assert_eq!(a.get("iters", 0u32), 3);

@@ -23,7 +23,11 @@ pub fn first_mismatch(buf: &[u8], seed: u64) -> Option<usize> {
     for (k, c) in chunks.by_ref().enumerate() {
         let want = word(seed, k as u64).to_le_bytes();
         if c != want {
-            return c.iter().zip(want).position(|(a, b)| *a != b).map(|i| k * 8 + i);
+            return c
+                .iter()
+                .zip(want)
+                .position(|(a, b)| *a != b)
+                .map(|i| k * 8 + i);
         }
     }
     let tail_at = buf.len() - chunks.remainder().len();

@@ -91,7 +91,11 @@ fn section(console: &str) -> Option<String> {
         .skip(1)
         .filter(|l| !is_kernel_line(l))
         .collect();
-    let head = rest.lines().next()?.trim_start_matches("@@@ begin ").to_string();
+    let head = rest
+        .lines()
+        .next()?
+        .trim_start_matches("@@@ begin ")
+        .to_string();
     Some(format!("  {head}\n{}", body.join("\n")))
 }
 

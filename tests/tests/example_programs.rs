@@ -1,0 +1,247 @@
+//! The examples are tests too: each runs as its own process, as a user would run it, and its
+//! exit status and report are checked. Usage errors are checked on the host; everything that
+//! moves data runs in the testbed VM (one node, the two-node wire, and the stock stack).
+
+use integration_tests::process::{run, spawn, text, wait};
+use integration_tests::testbed::Testbed;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(120);
+
+/// The example binary `name`, built by `cargo test` beside this test binary.
+fn example(name: &str) -> Command {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let path: PathBuf = dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the examples (cargo test builds them)",
+        path.display()
+    );
+    Command::new(path)
+}
+
+/// The `RESULT` line's `key=value` pairs.
+fn result(out: &Output) -> Vec<(String, String)> {
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("RESULT"))
+        .unwrap_or_else(|| panic!("no RESULT line in:\n{}", text(out)));
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn field(out: &Output, key: &str) -> String {
+    result(out)
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no {key}= in:\n{}", text(out)))
+}
+
+/// Runs a server and its client on this node; returns both outputs.
+fn pair(server: &mut Command, client: &mut Command) -> (Output, Output) {
+    let s = spawn(server);
+    std::thread::sleep(Duration::from_millis(300));
+    let c = run(client, T);
+    let s = wait(s, T, "server");
+    (s, c)
+}
+
+#[test]
+fn examples_answer_bad_usage_with_status_2_and_the_usage() {
+    for name in [
+        "gpu_rdma_write",
+        "file_transfer",
+        "device_memory",
+        "multi_peer",
+        "rdma_bench",
+    ] {
+        let out = run(example(name).arg("--no-such-option").arg("1"), T);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out));
+        let t = text(&out);
+        assert!(t.contains("unknown option --no-such-option"), "{name}: {t}");
+        assert!(t.contains("usage:"), "{name}: {t}");
+        let help = run(example(name).arg("--help"), T);
+        assert!(help.status.success(), "{name}: {}", text(&help));
+        assert!(text(&help).contains("usage:"), "{name}");
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn gpu_rdma_write_moves_a_vgem_buffer_through_dmabuf_regions() {
+    let tb = Testbed::get();
+    let (s, c) = pair(
+        example("gpu_rdma_write").args(["server", "--port", "18611", "--size", "4M"]),
+        example("gpu_rdma_write").args([
+            "client",
+            &tb.local_addr,
+            "--port",
+            "18611",
+            "--size",
+            "4M",
+            "--iters",
+            "3",
+            "--chunk",
+            "1M",
+        ]),
+    );
+    assert!(s.status.success(), "server:\n{}", text(&s));
+    assert!(c.status.success(), "client:\n{}", text(&c));
+    assert_eq!(field(&s, "verified"), "yes");
+    assert_eq!(field(&s, "bytes"), (4u64 << 20).to_string());
+    assert_eq!(field(&c, "verified"), "yes");
+    assert_eq!(field(&c, "bytes"), (12u64 << 20).to_string());
+    let (st, ct) = (text(&s), text(&c));
+    assert!(
+        st.contains("(vgem)") && st.contains("dma-buf MR on rxe0"),
+        "{st}"
+    );
+    assert!(ct.contains("12 MiB in 12 RDMA writes"), "{ct}");
+    assert!(
+        ct.contains("server says  all 4194304 bytes verified: PASSED"),
+        "{ct}"
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn two_node_gpu_rdma_write_across_the_wire() {
+    let tb = Testbed::get();
+    let args = ["--port", "18612", "--size", "2M"];
+    let out = if tb.is_server() {
+        run(example("gpu_rdma_write").arg("server").args(args), T)
+    } else {
+        run(
+            example("gpu_rdma_write")
+                .args(["client", &tb.peer_addr, "--iters", "2"])
+                .args(args),
+            T,
+        )
+    };
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(field(&out, "verified"), "yes");
+    let t = text(&out);
+    if tb.is_server() {
+        assert!(
+            t.contains(&format!("listening on {}:18612", tb.local_addr)),
+            "{t}"
+        );
+    } else {
+        assert!(
+            t.contains(&format!("route to {}:18612", tb.peer_addr)),
+            "{t}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn stock_only_gpu_rdma_write_says_the_stack_lacks_dmabuf_regions() {
+    let tb = Testbed::get();
+    let out = run(
+        example("gpu_rdma_write").args(["server", "--bind", &tb.local_addr, "--port", "18613"]),
+        T,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("EOPNOTSUPP") || t.contains("not supported"),
+        "{t}"
+    );
+    assert!(t.contains("kernel-patches"), "the hint names the fix: {t}");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn file_transfer_sends_a_file_in_chunks_and_trades_an_id_for_a_key() {
+    let tb = Testbed::get();
+    let dir = std::env::temp_dir().join(format!("file_transfer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    // Not a multiple of the region: the last chunk is short.
+    let data: Vec<u8> = (0..2_500_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(&input, &data).unwrap();
+    let (r, s) = pair(
+        example("file_transfer")
+            .args(["receive", "--port", "18614", "--region", "1M"])
+            .arg("--out")
+            .arg(&output),
+        example("file_transfer")
+            .args(["send", &tb.local_addr])
+            .arg(&input)
+            .args(["--port", "18614", "--id", "order-17"]),
+    );
+    assert!(r.status.success(), "receiver:\n{}", text(&r));
+    assert!(s.status.success(), "sender:\n{}", text(&s));
+    assert_eq!(field(&r, "good"), "yes");
+    assert_eq!(field(&s, "good"), "yes");
+    assert_eq!(field(&s, "chunks"), "3");
+    assert_eq!(std::fs::read(&output).unwrap(), data, "the received file");
+    let key = field(&s, "key");
+    assert_eq!(key.len(), 64);
+    assert!(
+        text(&r).contains(&format!("{key} for id \"order-17\"")),
+        "both sides derive the same key: {}",
+        text(&r)
+    );
+
+    // One altered byte: the receiver answers bad, and no key is given.
+    let (r, s) = pair(
+        example("file_transfer").args(["receive", "--port", "18615", "--region", "256K"]),
+        example("file_transfer")
+            .args(["send", &tb.local_addr])
+            .arg(&input)
+            .args(["--port", "18615", "--flip-byte", "2000000"]),
+    );
+    assert_eq!(r.status.code(), Some(1), "receiver:\n{}", text(&r));
+    assert_eq!(s.status.code(), Some(1), "sender:\n{}", text(&s));
+    assert_eq!(field(&r, "good"), "no");
+    assert_eq!(field(&s, "good"), "no");
+    assert!(!text(&s).contains("key="), "{}", text(&s));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn device_memory_explains_that_rxe_has_none() {
+    Testbed::get();
+    let out = run(&mut example("device_memory"), T);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(field(&out, "supported"), "no");
+    let t = text(&out);
+    assert!(t.contains("rxe0") && t.contains("no device memory"), "{t}");
+    assert!(t.contains("Soft-RoCE (rxe)"), "{t}");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn multi_peer_multicasts_scatters_and_gathers_a_gpu_buffer() {
+    Testbed::get();
+    let out = run(
+        example("multi_peer").args(["--peers", "4", "--part", "64K"]),
+        T,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(field(&out, "ok"), "yes");
+    assert_eq!(field(&out, "peers"), "4");
+    let t = text(&out);
+    for step in ["multicast", "scatter", "write + read", "gather"] {
+        assert!(
+            t.lines()
+                .any(|l| l.trim_start().starts_with(step) && l.ends_with("every byte arrived")),
+            "{step}: {t}"
+        );
+    }
+}
