@@ -206,7 +206,8 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
     /// Waits for the request's completion.
     ///
     /// # Errors
-    /// [`Error::Completion`] when it completed with an error status; [`Error::Verbs`] when the
+    /// [`Error::Completion`](crate::Error::Completion) when it completed with an error status;
+    /// [`Error::Verbs`](crate::Error::Verbs) when the
     /// queue cannot be polled.
     pub fn wait(self) -> Result<WorkCompletion> {
         self.scope.complete(self.entry)?;

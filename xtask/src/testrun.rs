@@ -1,4 +1,4 @@
-//! `cargo xtask test`: formatting, clippy, host tests, then the VM tests.
+//! `cargo xtask test`: formatting, clippy, rustdoc, host tests, then the VM tests.
 //!
 //! Tests that need the testbed are `#[ignore = "needs the testbed VM ..."]`: the host run
 //! counts them as ignored; the VM runs exactly those (`--ignored`). Tests whose name contains
@@ -141,6 +141,13 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         "-D",
         "warnings",
     ]))?;
+    step.done();
+    let step = Step::start("cargo doc (warnings denied)");
+    sh::run(
+        cargo(paths)
+            .env("RUSTDOCFLAGS", "-D warnings")
+            .args(["doc", "--workspace", "--no-deps", "--quiet"]),
+    )?;
     step.done();
 
     let step = Step::start("host tests");

@@ -46,6 +46,10 @@ impl Default for Opts {
     }
 }
 
+/// Environment variable whose value is appended to the guests' kernel command line, for
+/// debugging (e.g. `slub_debug=FZPU loglevel=7`).
+pub const EXTRA_CMDLINE: &str = "TESTBED_KERNEL_ARGS";
+
 /// What one node's run left behind.
 pub struct NodeResult {
     /// `a` or `b`.
@@ -359,9 +363,10 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
         .arg("-append")
         .arg(format!(
             "console=ttyS0 loglevel=1 panic=-1 testbed.node={node} testbed.run={} \
-             testbed.expose={}",
+             testbed.expose={} {}",
             dir.display(),
-            boot.expose
+            boot.expose,
+            std::env::var(EXTRA_CMDLINE).unwrap_or_default()
         ))
         .arg("-virtfs")
         .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
