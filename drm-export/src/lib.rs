@@ -11,15 +11,11 @@
 //! * `cuda` (feature `cuda`): CUDA device memory exported with
 //!   `cuMemGetHandleForAddressRange`, libcuda loaded at run time.
 //!
+//! The crate's example `drm_export_quickstart`, which `cargo xtask test` runs in the testbed
+//! VM (`cargo run -p drm-export --example drm_export_quickstart` on a machine with a GPU):
+//!
 //! ```no_run
-//! use drm_export::{DmaBuf, Udmabuf};
-//! # fn main() -> drm_export::Result<()> {
-//! let buf = Udmabuf::new(1 << 20)?;
-//! let dmabuf: &DmaBuf = buf.dmabuf();
-//! let mut map = dmabuf.map()?;
-//! map.write()?.fill(0xab); // between DMA_BUF_SYNC_START and END
-//! assert!(map.read()?.iter().all(|&b| b == 0xab));
-//! # Ok(()) }
+#![doc = include_str!("../examples/drm_export_quickstart.rs")]
 //! ```
 //!
 //! Only the private `sys` module uses `unsafe`.

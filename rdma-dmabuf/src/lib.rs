@@ -8,26 +8,12 @@
 //! * Posts take ownership: a region (or a [`Local`] part of one) moves into the request, and
 //!   [`Pending::wait`] hands it back with the completion.
 //!
-//! ```no_run
-//! use rdma_dmabuf::*;
-//! # fn main() -> Result<()> {
-//! let ctx = Context::open("rxe0")?;
-//! let pd = ProtectionDomain::new(&ctx)?;
-//! let a = QueuePairBuilder::new(&pd).build()?;
-//! let b = QueuePairBuilder::new(&pd).build()?;
-//! let (ea, eb) = (a.endpoint(), b.endpoint()); // exchanged out of band in real programs
-//! let (a, b) = (a.connect(&eb)?, b.connect(&ea)?);
+//! The crate's example `rdma_dmabuf_quickstart`, which `cargo xtask test` runs in the testbed
+//! VM (`RDMA_DEVICE=mlx5_0 cargo run -p rdma-dmabuf --example rdma_dmabuf_quickstart` on a
+//! machine with a NIC):
 //!
-//! let mut buf = HostBuffer::new(4096)?;
-//! buf.as_mut_slice()[..5].copy_from_slice(b"hello");
-//! let src = MemoryRegion::register(&pd, buf, Access::empty())?;
-//! let dst = MemoryRegion::register(&pd, HostBuffer::new(4096)?, Access::LOCAL_WRITE)?;
-//! let recv = b.post_recv(dst).map_err(|e| e.error)?;
-//! let send = a.post_send(Local::new(src, 0, 5), None).map_err(|e| e.error)?;
-//! let _src = send.wait().map_err(|e| e.error)?.region; // back with the CPU
-//! let got = recv.wait().map_err(|e| e.error)?;
-//! assert_eq!(&got.region.bytes()?[..5], b"hello");
-//! # Ok(()) }
+//! ```no_run
+#![doc = include_str!("../examples/rdma_dmabuf_quickstart.rs")]
 //! ```
 //!
 //! The compiler enforces the rules. A posted region cannot be touched by the CPU until its

@@ -245,3 +245,25 @@ fn multi_peer_multicasts_scatters_and_gathers_a_gpu_buffer() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn the_crates_quickstarts_run_as_their_docs_show_them() {
+    Testbed::get();
+    let out = run(&mut example("drm_export_quickstart"), T);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("1048576 bytes on /dev/dri/card") && t.contains("(vgem)"),
+        "{t}"
+    );
+    assert!(t.contains("udmabuf: 1048576 bytes"), "{t}");
+
+    let out = run(&mut example("rdma_dmabuf_quickstart"), T);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("rxe0: 11 bytes RDMA-written into a dma-buf region and read back"),
+        "{}",
+        text(&out)
+    );
+}

@@ -143,11 +143,12 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     ]))?;
     step.done();
     let step = Step::start("cargo doc (warnings denied)");
-    sh::run(
-        cargo(paths)
-            .env("RUSTDOCFLAGS", "-D warnings")
-            .args(["doc", "--workspace", "--no-deps", "--quiet"]),
-    )?;
+    sh::run(cargo(paths).env("RUSTDOCFLAGS", "-D warnings").args([
+        "doc",
+        "--workspace",
+        "--no-deps",
+        "--quiet",
+    ]))?;
     step.done();
 
     let step = Step::start("host tests");
