@@ -294,7 +294,7 @@ mod raw {
 #[ignore = "needs the testbed VM"]
 fn two_node_dmabuf_regions_receive_rdma_writes_across_the_wire() {
     let tb = Testbed::get();
-    const SIZE: u64 = 4 << 20;
+    const SIZE: u64 = 1 << 20;
     for (i, exporter) in ALL.into_iter().enumerate() {
         let port = 18700 + i as u16;
         let seed = 50 + i as u8;

@@ -117,7 +117,7 @@ fn gpu_rdma_write_moves_a_vgem_buffer_through_dmabuf_regions() {
 #[ignore = "needs the testbed VM"]
 fn two_node_gpu_rdma_write_across_the_wire() {
     let tb = Testbed::get();
-    let args = ["--port", "18612", "--size", "2M"];
+    let args = ["--port", "18612", "--size", "1M"];
     let out = if tb.is_server() {
         run(example("gpu_rdma_write").arg("server").args(args), T)
     } else {

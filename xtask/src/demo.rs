@@ -7,7 +7,7 @@ use crate::{setup, vm, Paths};
 use std::process::{Command, ExitCode};
 
 /// The GPU buffer on each side, and how many times the client writes all of it.
-const SIZE: &str = "16M";
+const SIZE: &str = "8M";
 const ITERS: &str = "4";
 
 /// Sets up, builds the example, runs it on both nodes and prints each side's report.
