@@ -67,8 +67,8 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
             .map(|l| l.trim().trim_start_matches("throughput").trim().to_string())
             .unwrap_or_default();
         println!(
-            "demo PASSED: a {SIZE}iB GPU buffer written {ITERS} times across the wire, every \
-             byte verified on the server; {rate}"
+            "demo PASSED: the {SIZE}iB GPU buffer was written {ITERS} times across the wire and \
+             the server verified every byte; {rate}"
         );
         println!(
             "(soft-RoCE between emulated VMs: the figure shows that the path works, not what \
