@@ -5,6 +5,7 @@ mod demo;
 mod initramfs;
 mod klog;
 mod patched;
+mod rdmacore;
 mod setup;
 mod sh;
 mod testrun;
@@ -28,6 +29,7 @@ cargo xtask <command>
                         `N passed, N failed, N skipped`
   bench                 RDMA write bandwidth/latency against perftest, as ratios
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
+  rdma-core-tests       rdma-core's own test suite on the patched and the stock rxe, compared
 ";
 
 /// Where things live.
@@ -92,6 +94,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         "test" => testrun::main(&paths, rest),
         "demo" => demo::main(&paths),
+        "rdma-core-tests" => rdmacore::main(&paths),
         "bench" => {
             setup::packages()?;
             bench::main(&paths)

@@ -43,12 +43,12 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<Patched> {
     Ok(out)
 }
 
-struct Patches {
-    linux: Vec<PathBuf>,
-    rdma_core: Vec<PathBuf>,
+pub(crate) struct Patches {
+    pub(crate) linux: Vec<PathBuf>,
+    pub(crate) rdma_core: Vec<PathBuf>,
 }
 
-fn patch_files(root: &Path) -> Result<Patches> {
+pub(crate) fn patch_files(root: &Path) -> Result<Patches> {
     let list = |sub: &str| -> Result<Vec<PathBuf>> {
         let dir = root.join("kernel-patches").join(sub);
         let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -99,7 +99,7 @@ fn partial(root: &Path) -> Result<PathBuf> {
 }
 
 /// Applies `patches` (`-p1`) to the source tree `tree`.
-fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
+pub(crate) fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
     for p in patches {
         sh::run(
             Command::new("patch")
@@ -245,7 +245,7 @@ fn build_module(
 }
 
 /// rdma-core's source, fetched through cargo as the `ibverbs-sys` package's vendored copy.
-fn rdma_core_source(paths: &Paths) -> Result<PathBuf> {
+pub(crate) fn rdma_core_source(paths: &Paths) -> Result<PathBuf> {
     let stub = paths.testbed.join("fetch-rdma-core");
     sh::write(
         &stub.join("Cargo.toml"),

@@ -39,6 +39,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "valgrind",
         "memcheck of the drop-before-completion path in the VM",
     ),
+    (
+        "cython3",
+        "pyverbs, for rdma-core's own tests (cargo xtask rdma-core-tests)",
+    ),
+    ("python3-dev", "pyverbs' C extensions"),
 ];
 
 /// The meta-package whose dependency names the newest 6.12 kernel image.
