@@ -210,16 +210,7 @@ fn main() {
 
 fn receive(args: &Args, port: u16, timeout: Duration) {
     println!("file_transfer receive");
-    let addr = match args.text("bind") {
-        Some(a) => a
-            .parse()
-            .unwrap_or_else(|_| fail(&format!("--bind {a:?} is not an IP address"))),
-        None => {
-            net::pick(args.text("rdma").as_deref())
-                .unwrap_or_else(|e| fail(&e))
-                .addr
-        }
-    };
+    let addr = net::listen_addr(args.text("bind"), args.text("rdma")).unwrap_or_else(|e| fail(&e));
     let region_len = args.size("region", 1 << 20);
     if region_len == 0 {
         fail("--region must be at least one byte");

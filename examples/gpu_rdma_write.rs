@@ -142,16 +142,7 @@ fn describe_mr<B: rdma_dmabuf::mr::Backing>(mr: &MemoryRegion<B>, device: &str) 
 
 fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     println!("gpu_rdma_write server");
-    let addr = match args.text("bind") {
-        Some(a) => a
-            .parse()
-            .unwrap_or_else(|_| fail(&format!("--bind {a:?} is not an IP address"))),
-        None => {
-            net::pick(args.text("rdma").as_deref())
-                .unwrap_or_else(|e| fail(&e))
-                .addr
-        }
-    };
+    let addr = net::listen_addr(args.text("bind"), args.text("rdma")).unwrap_or_else(|e| fail(&e));
     let (alloc, dmabuf) = gpu_buffer(args, size, place);
     dmabuf
         .map()

@@ -65,6 +65,20 @@ pub fn pick(name: Option<&str>) -> Result<Picked, String> {
     ))
 }
 
+/// Where a server listens: `bind` if given (an IP address), else the address of the RDMA device
+/// called `rdma` (or of the first one, as [`pick`] chooses).
+///
+/// # Errors
+/// `bind` is not an IP address, or [`pick`]'s errors.
+pub fn listen_addr(bind: Option<String>, rdma: Option<String>) -> Result<IpAddr, String> {
+    match bind {
+        Some(a) => a
+            .parse()
+            .map_err(|_| format!("--bind {a:?} is not an IP address")),
+        None => pick(rdma.as_deref()).map(|p| p.addr),
+    }
+}
+
 /// A protection domain on the device rdma_cm routes `peer` through, and that device's name.
 ///
 /// # Errors
