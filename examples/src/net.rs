@@ -79,7 +79,8 @@ pub fn listen_addr(bind: Option<String>, rdma: Option<String>) -> Result<IpAddr,
     }
 }
 
-/// A protection domain on the device rdma_cm routes `peer` through, and that device's name.
+/// A protection domain on the device rdma_cm routes `peer` through (its context names the
+/// device).
 ///
 /// # Errors
 /// Address or route resolution failed (no route to `peer` over an RDMA device).

@@ -67,8 +67,9 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
             .map(|l| l.trim().trim_start_matches("throughput").trim().to_string())
             .unwrap_or_default();
         println!(
-            "demo PASSED: the {SIZE}iB GPU buffer was written {ITERS} times across the wire and \
-             the server verified every byte; {rate}"
+            "demo PASSED: the {} GPU buffer was written {ITERS} times across the wire and \
+             the server verified every byte; {rate}",
+            SIZE.replace('M', " MiB")
         );
         println!(
             "(soft-RoCE between emulated VMs: the figure shows that the path works, not what \
