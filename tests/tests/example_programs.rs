@@ -267,3 +267,24 @@ fn the_crates_quickstarts_run_as_their_docs_show_them() {
         text(&out)
     );
 }
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn rdma_bench_reports_bandwidth_and_latency() {
+    let tb = Testbed::get();
+    for (mode, port, key) in [("bw", "18616", "bw_MBps"), ("lat", "18617", "lat_usec")] {
+        let opts = [
+            "--mode", mode, "--port", port, "--size", "65536", "--iters", "200",
+        ];
+        let (s, c) = pair(
+            example("rdma_bench").arg("server").args(opts),
+            example("rdma_bench")
+                .args(["client", &tb.local_addr])
+                .args(opts),
+        );
+        assert!(s.status.success(), "{mode} server:\n{}", text(&s));
+        assert!(c.status.success(), "{mode} client:\n{}", text(&c));
+        let v: f64 = field(&c, key).parse().expect("a number");
+        assert!(v > 0.0 && v.is_finite(), "{mode}: {key}={v}");
+    }
+}
