@@ -215,9 +215,12 @@ fn receive(args: &Args, port: u16, timeout: Duration) {
     if region_len == 0 {
         fail("--region must be at least one byte");
     }
-    let alloc = gpu::allocate(args.text("drm").as_deref(), region_len, Where::Auto)
-        .unwrap_or_else(|e| fail(&e));
-    line("GPU region", alloc.describe());
+    let (_alloc, dmabuf) = gpu::allocate_or_exit(
+        args.text("drm").as_deref(),
+        region_len,
+        Where::Auto,
+        "GPU region",
+    );
     let mut out = args.text("out").map(|p| {
         std::fs::File::create(&p).unwrap_or_else(|e| fail(&format!("cannot create {p}: {e}")))
     });
@@ -238,12 +241,7 @@ fn receive(args: &Args, port: u16, timeout: Duration) {
         )
         .unwrap_or_else(|e| fail(&e.to_string()))
     };
-    let mut region = register(
-        alloc
-            .dmabuf
-            .try_clone()
-            .unwrap_or_else(|e| fail(&e.to_string())),
-    );
+    let mut region = register(dmabuf);
     let announce = region.remote().expect("remotely writable").to_bytes();
     let (qp, request) = listener
         .accept(QueuePairBuilder::new(&pd), &announce, timeout)

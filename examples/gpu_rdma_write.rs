@@ -16,12 +16,11 @@
 //! Exit status 0 when the server verified every byte, 1 otherwise. The last line of each side
 //! is machine-readable (`RESULT ...`).
 
-use examples::gpu::{self, GpuAlloc, Where};
+use examples::gpu::{self, Where};
 use examples::report::{access, bytes, line, rate};
 use examples::{fail, host_region, net, pattern, Args};
 use rdma_dmabuf::{
-    scope, Access, CmListener, DmaBuf, MemoryRegion, ProtectionDomain, QueuePairBuilder,
-    RemoteRegion,
+    scope, Access, CmListener, MemoryRegion, ProtectionDomain, QueuePairBuilder, RemoteRegion,
 };
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -114,21 +113,6 @@ fn main() {
     }
 }
 
-/// Allocates, reports, and returns the buffer with its dma-buf taken out.
-fn gpu_buffer(args: &Args, size: u64, place: Where) -> (GpuAlloc, DmaBuf) {
-    let alloc =
-        gpu::allocate(args.text("drm").as_deref(), size, place).unwrap_or_else(|e| fail(&e));
-    for p in &alloc.passed_over {
-        line("passed over", p);
-    }
-    line("GPU buffer", alloc.describe());
-    let dmabuf = alloc
-        .dmabuf
-        .try_clone()
-        .unwrap_or_else(|e| fail(&e.to_string()));
-    (alloc, dmabuf)
-}
-
 fn describe_mr<B: rdma_dmabuf::mr::Backing>(mr: &MemoryRegion<B>, device: &str) -> String {
     format!(
         "dma-buf MR on {device}: {} at iova {:#x}, lkey {:#x}, rkey {:#x}, {}",
@@ -143,7 +127,8 @@ fn describe_mr<B: rdma_dmabuf::mr::Backing>(mr: &MemoryRegion<B>, device: &str) 
 fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     println!("gpu_rdma_write server");
     let addr = net::listen_addr(args.text("bind"), args.text("rdma")).unwrap_or_else(|e| fail(&e));
-    let (alloc, dmabuf) = gpu_buffer(args, size, place);
+    let (alloc, dmabuf) =
+        gpu::allocate_or_exit(args.text("drm").as_deref(), size, place, "GPU buffer");
     dmabuf
         .map()
         .and_then(|mut m| m.write().map(|mut w| w.fill(0)))
@@ -283,7 +268,8 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
         fail("--iters must be at least 1");
     }
 
-    let (alloc, dmabuf) = gpu_buffer(args, size, place);
+    let (alloc, dmabuf) =
+        gpu::allocate_or_exit(args.text("drm").as_deref(), size, place, "GPU buffer");
     dmabuf
         .map()
         .and_then(|mut m| {

@@ -49,18 +49,17 @@ fn main() {
     );
 
     let total = part * n as u64;
-    let alloc =
-        gpu::allocate(args.text("drm").as_deref(), total, Where::Auto).unwrap_or_else(|e| fail(&e));
-    line("GPU buffer", alloc.describe());
+    let (_alloc, dmabuf) = gpu::allocate_or_exit(
+        args.text("drm").as_deref(),
+        total,
+        Where::Auto,
+        "GPU buffer",
+    );
     let whole = {
         let mut w = vec![0u8; total as usize];
         pattern::fill(&mut w, 0x6d, 0);
         w
     };
-    let dmabuf = alloc
-        .dmabuf
-        .try_clone()
-        .unwrap_or_else(|e| fail(&e.to_string()));
     dmabuf
         .map()
         .and_then(|mut m| {

@@ -135,6 +135,27 @@ fn candidates() -> Result<Vec<DrmDevice>, String> {
     Ok(out)
 }
 
+/// [`allocate`] for a program: prints the devices passed over and a `label` line describing
+/// the buffer, exits with the error if there is none, and returns the buffer with a second
+/// handle to its dma-buf (for registration, which takes the dma-buf over).
+pub fn allocate_or_exit(
+    path: Option<&str>,
+    size: u64,
+    place: Where,
+    label: &str,
+) -> (GpuAlloc, DmaBuf) {
+    let alloc = allocate(path, size, place).unwrap_or_else(|e| crate::fail(&e));
+    for p in &alloc.passed_over {
+        crate::report::line("passed over", p);
+    }
+    crate::report::line(label, alloc.describe());
+    let dmabuf = alloc
+        .dmabuf
+        .try_clone()
+        .unwrap_or_else(|e| crate::fail(&e.to_string()));
+    (alloc, dmabuf)
+}
+
 type Allocated = (GpuBuffer, Option<Placement>, DmaBuf);
 
 fn allocate_on(dev: &Arc<DrmDevice>, size: u64, place: Where) -> Result<Allocated, String> {

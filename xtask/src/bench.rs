@@ -2,9 +2,9 @@
 //! (`ib_write_bw`, `ib_write_lat`) on the same rxe device in the same VM boot, as ratios.
 
 use crate::sh::{self, Result};
-use crate::ui::{info, Step};
+use crate::ui::info;
 use crate::{fail, vm, Paths};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 /// Rounds (interleaved perftest/ours), message size, iterations.
 const ROUNDS: u32 = 3;
@@ -14,22 +14,7 @@ const LAT_ITERS: u32 = 500;
 
 /// Builds the bench (release), runs it beside perftest in one VM, prints the ratios.
 pub fn main(paths: &Paths) -> Result<ExitCode> {
-    let step = Step::start("building rdma_bench (release)");
-    sh::run(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(&paths.root)
-            .args([
-                "build",
-                "--quiet",
-                "--release",
-                "-p",
-                "examples",
-                "--example",
-                "rdma_bench",
-            ]),
-    )?;
-    step.done();
-    let bench = paths.target.join("release/examples/rdma_bench");
+    let bench = paths.release_example("rdma_bench")?;
     let script = paths.testbed.join("bench.sh");
     sh::write(&script, include_str!("bench.sh"))?;
     let argv: Vec<String> = [

@@ -2,9 +2,9 @@
 //! testbed, GPU (vgem) buffer to GPU buffer through dma-buf memory regions on patched rxe.
 
 use crate::sh::{self, Result};
-use crate::ui::{info, Step};
+use crate::ui::info;
 use crate::{setup, vm, Paths};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 /// The GPU buffer on each side, and how many times the client writes all of it.
 const SIZE: &str = "8M";
@@ -13,17 +13,9 @@ const ITERS: &str = "4";
 /// Sets up, builds the example, runs it on both nodes and prints each side's report.
 pub fn main(paths: &Paths) -> Result<ExitCode> {
     setup::packages()?;
-    let step = Step::start("building examples/gpu_rdma_write (release)");
-    sh::run(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(&paths.root)
-            .args(["build", "--quiet", "--release", "-p", "examples"])
-            .args(["--example", "gpu_rdma_write"]),
-    )?;
-    step.done();
+    let binary = paths.release_example("gpu_rdma_write")?;
     let script = paths.testbed.join("demo.sh");
     sh::write(&script, include_str!("demo.sh"))?;
-    let binary = paths.target.join("release/examples/gpu_rdma_write");
     let argv: Vec<String> = vec![
         "sh".into(),
         script.display().to_string(),

@@ -59,6 +59,30 @@ impl Paths {
             testbed,
         }
     }
+
+    /// `cargo` (the one running this xtask), in the workspace root.
+    fn cargo(&self) -> std::process::Command {
+        let mut c =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        c.current_dir(&self.root);
+        c
+    }
+
+    /// Builds the example `name` of the `examples` package in release; returns its path.
+    fn release_example(&self, name: &str) -> Result<PathBuf> {
+        let step = ui::Step::start(format!("building examples/{name} (release)"));
+        sh::run(self.cargo().args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "examples",
+            "--example",
+            name,
+        ]))?;
+        step.done();
+        Ok(self.target.join("release/examples").join(name))
+    }
 }
 
 fn main() -> ExitCode {

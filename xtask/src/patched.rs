@@ -35,7 +35,7 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<Patched> {
     if out.module.is_file() && out.lib.join("librxe-rdmav34.so").is_file() {
         return Ok(out);
     }
-    remove_stale(&paths.testbed, &dir);
+    remove_stale(&paths.testbed, "patched-", &dir);
     std::fs::create_dir_all(&dir)?;
     let headers = headers(paths, kernel)?;
     build_module(paths, kernel, &headers, &patches.linux, &dir)?;
@@ -79,10 +79,12 @@ fn cache_key(kernel: &Kernel, p: &Patches) -> Result<u64> {
     Ok(h.finish())
 }
 
-fn remove_stale(testbed: &Path, keep: &Path) {
+/// Removes the folders of `testbed` whose names start with `prefix`, except `keep`: builds
+/// cached under an older key.
+pub(crate) fn remove_stale(testbed: &Path, prefix: &str, keep: &Path) {
     for e in std::fs::read_dir(testbed).into_iter().flatten().flatten() {
         let p = e.path();
-        if p != keep && e.file_name().to_string_lossy().starts_with("patched-") {
+        if p != keep && e.file_name().to_string_lossy().starts_with(prefix) {
             let _ = std::fs::remove_dir_all(p);
         }
     }
@@ -255,9 +257,9 @@ pub(crate) fn rdma_core_source(paths: &Paths) -> Result<PathBuf> {
         ),
     )?;
     sh::write(&stub.join("lib.rs"), "")?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let meta = sh::output(
-        Command::new(&cargo)
+        paths
+            .cargo()
             .args(["metadata", "--format-version", "1", "--manifest-path"])
             .arg(stub.join("Cargo.toml")),
     )?;
@@ -284,6 +286,16 @@ fn build_rdma_core(paths: &Paths, patches: &[PathBuf], dir: &Path) -> Result {
     let _ = std::fs::remove_dir_all(&tree);
     sh::run(Command::new("cp").arg("-r").arg(&src).arg(&tree))?;
     apply_patches(&tree, patches)?;
+    build_in_place(&tree, false)?;
+    step.done();
+    Ok(())
+}
+
+/// Configures and builds the rdma-core source `tree` in place (`tree/build`, its paths baked
+/// in, so the tree must not move afterwards). With `pyverbs`, everything is built, pyverbs
+/// against Debian's Python; without, only libibverbs and the rxe provider, and the other
+/// providers' entries are dropped so that libibverbs does not warn about each.
+pub(crate) fn build_in_place(tree: &Path, pyverbs: bool) -> Result {
     let build = tree.join("build");
     std::fs::create_dir_all(&build)?;
     sh::run(
@@ -292,28 +304,33 @@ fn build_rdma_core(paths: &Paths, patches: &[PathBuf], dir: &Path) -> Result {
             .args([
                 "-GNinja",
                 "-DIN_PLACE=1",
-                "-DNO_PYVERBS=1",
                 "-DNO_MAN_PAGES=1",
                 "-Wno-dev",
+                // Debian's interpreter, the one cython3 and python3-dev belong to.
+                "-DPython_EXECUTABLE=/usr/bin/python3",
+                if pyverbs {
+                    "-DNO_PYVERBS=0"
+                } else {
+                    "-DNO_PYVERBS=1"
+                },
                 "..",
             ])
             .stdout(std::process::Stdio::null()),
     )?;
-    sh::run(
-        Command::new("ninja")
-            .current_dir(&build)
-            .arg("--quiet")
-            .args(["ibverbs", "rxe-rdmav34"]),
-    )?;
-    // Only rxe is built: drop the other providers' entries, or libibverbs warns about each.
-    let drivers = build.join("etc/libibverbs.d");
-    for e in std::fs::read_dir(&drivers)? {
-        let e = e?;
-        if e.file_name() != "rxe.driver" {
-            std::fs::remove_file(e.path())?;
+    let mut ninja = Command::new("ninja");
+    ninja.current_dir(&build).arg("--quiet");
+    if !pyverbs {
+        ninja.args(["ibverbs", "rxe-rdmav34"]);
+    }
+    sh::run(ninja.stdout(std::process::Stdio::null()))?;
+    if !pyverbs {
+        for e in std::fs::read_dir(build.join("etc/libibverbs.d"))? {
+            let e = e?;
+            if e.file_name() != "rxe.driver" {
+                std::fs::remove_file(e.path())?;
+            }
         }
     }
-    step.done();
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use crate::sh::{self, Result};
 use crate::ui::{info, Step};
 use crate::{fail, patched, setup, vm, Paths};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
@@ -117,18 +117,8 @@ fn build(paths: &Paths) -> Result<(PathBuf, PathBuf)> {
     if done.is_file() {
         return Ok((p, s));
     }
-    for e in std::fs::read_dir(&paths.testbed)
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if e.file_name()
-            .to_string_lossy()
-            .starts_with("rdma-core-tests-")
-        {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    patched::remove_stale(&paths.testbed, "rdma-core-tests-", &root);
+    let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
     let src = patched::rdma_core_source(paths)?;
     let step = Step::start("building rdma-core v55 with pyverbs (patched) and without patches");
@@ -137,44 +127,11 @@ fn build(paths: &Paths) -> Result<(PathBuf, PathBuf)> {
         if patch {
             patched::apply_patches(tree, &patches.rdma_core)?;
         }
-        configure_and_build(tree, pyverbs)?;
+        patched::build_in_place(tree, pyverbs)?;
     }
     step.done();
     sh::write(&done, "")?;
     Ok((p, s))
-}
-
-fn configure_and_build(tree: &Path, pyverbs: bool) -> Result {
-    let build = tree.join("build");
-    std::fs::create_dir_all(&build)?;
-    let mut cmake = Command::new("cmake");
-    cmake.current_dir(&build).args([
-        "-GNinja",
-        "-DIN_PLACE=1",
-        "-DNO_MAN_PAGES=1",
-        "-Wno-dev",
-        // Debian's interpreter, the one cython3 and python3-dev belong to.
-        "-DPython_EXECUTABLE=/usr/bin/python3",
-    ]);
-    cmake.arg(if pyverbs {
-        "-DNO_PYVERBS=0"
-    } else {
-        "-DNO_PYVERBS=1"
-    });
-    sh::run(cmake.arg("..").stdout(std::process::Stdio::null()))?;
-    let mut ninja = Command::new("ninja");
-    ninja.current_dir(&build).arg("--quiet");
-    if !pyverbs {
-        ninja.args(["ibverbs", "rxe-rdmav34"]);
-        // Only rxe is built here: other providers' entries would only make libibverbs warn.
-        for e in std::fs::read_dir(build.join("etc/libibverbs.d"))? {
-            let e = e?;
-            if e.file_name() != "rxe.driver" {
-                std::fs::remove_file(e.path())?;
-            }
-        }
-    }
-    sh::run(ninja.stdout(std::process::Stdio::null()))
 }
 
 /// `unittest -v` output: test id -> `ok`, `skipped`, `ERROR`, `FAIL`, ...

@@ -127,11 +127,11 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     }
 
     let step = Step::start("cargo fmt --check");
-    sh::run(cargo(paths).args(["fmt", "--all", "--check"]))
+    sh::run(paths.cargo().args(["fmt", "--all", "--check"]))
         .map_err(|e| format!("{e}\n    formatting differs: run `cargo fmt --all`"))?;
     step.done();
     let step = Step::start("cargo clippy (warnings denied)");
-    sh::run(cargo(paths).args([
+    sh::run(paths.cargo().args([
         "clippy",
         "--workspace",
         "--all-targets",
@@ -143,7 +143,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     ]))?;
     step.done();
     let step = Step::start("cargo doc (warnings denied)");
-    sh::run(cargo(paths).env("RUSTDOCFLAGS", "-D warnings").args([
+    sh::run(paths.cargo().env("RUSTDOCFLAGS", "-D warnings").args([
         "doc",
         "--workspace",
         "--no-deps",
@@ -152,7 +152,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     step.done();
 
     let step = Step::start("host tests");
-    let host_out = stream(cargo(paths).args(["test", "--workspace"]))?;
+    let host_out = stream(paths.cargo().args(["test", "--workspace"]))?;
     let host = parse(&host_out.text);
     let host_tally = Tally::of(&host);
     step.done();
@@ -214,12 +214,6 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn cargo(paths: &Paths) -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(&paths.root);
-    c
-}
-
 struct Streamed {
     text: String,
     success: bool,
@@ -277,7 +271,7 @@ pub fn parse(text: &str) -> Results {
 
 /// Builds the test binaries; returns (short name, path) of each.
 fn test_binaries(paths: &Paths) -> Result<Vec<(String, PathBuf)>> {
-    let json = sh::output(cargo(paths).args([
+    let json = sh::output(paths.cargo().args([
         "test",
         "--workspace",
         "--no-run",
