@@ -20,6 +20,27 @@ pub const ALLOWED_TAINT: u64 = (1 << 12) | (1 << 13);
 /// The kernel's taint letters, by bit (Documentation/admin-guide/tainted-kernels.rst).
 const TAINT_LETTERS: &[u8; 19] = b"PFSRMBUDAWCIOELKXTN";
 
+/// RFLAGS bits that are reserved on x86-64 and read as zero on every CPU: 3, 5, 15 and 22-63.
+const RFLAGS_RESERVED: u64 = !((1 << 22) - 1) | (1 << 3) | (1 << 5) | (1 << 15);
+
+/// Finds a register dump whose `EFLAGS` no x86 CPU can hold: a reserved bit set, or bit 1
+/// (always one) clear. Such a dump shows that the emulator's CPU state went wrong, not the
+/// guest kernel: QEMU 7.2's TCG does this now and then under network load (docs/testbed.md,
+/// "Emulator faults"). Returns a line that says so.
+pub fn emulator_fault(dmesg: &str) -> Option<String> {
+    dmesg.lines().find_map(|l| {
+        let hex = l.split("EFLAGS: ").nth(1)?.split_whitespace().next()?;
+        let v = u64::from_str_radix(hex, 16).ok()?;
+        (v & RFLAGS_RESERVED != 0 || v & 2 == 0).then(|| {
+            format!(
+                "emulator fault: a register dump shows EFLAGS {v:#010x}, which no x86 CPU can \
+                 hold (reserved bits set); QEMU's CPU emulation went wrong, not the guest \
+                 kernel (docs/testbed.md, \"Emulator faults\")"
+            )
+        })
+    })
+}
+
 /// Returns one human-readable line per problem found in `dmesg` and `taint`.
 pub fn problems(dmesg: &str, taint: Option<u64>) -> Vec<String> {
     let mut out: Vec<String> = dmesg
@@ -90,6 +111,23 @@ mod tests {
     fn other_taint_fails() {
         let p = problems(CLEAN_LOG, Some(4096 | 1));
         assert_eq!(p, ["kernel tainted: 4097 (P)"]);
+    }
+
+    #[test]
+    fn impossible_eflags_mark_an_emulator_fault() {
+        // Lines from real testbed crashes under QEMU 7.2 (a double fault and a NULL
+        // dereference), then ordinary ones from oopses on real hardware.
+        let fault = "[   24.771641] RSP: 0018:ff5b9164800f3bd0 EFLAGS: 86e2ae02\n";
+        assert!(emulator_fault(fault).is_some_and(|l| l.contains("0x86e2ae02")));
+        assert!(emulator_fault("[ 13.198] RSP: 0018:ff66cec300003ea0 EFLAGS: fabc5483").is_some());
+        for ok in [
+            "RSP: 0018:ffffb2c0c0003e48 EFLAGS: 00010246",
+            "EFLAGS: 00000212",
+        ] {
+            assert_eq!(emulator_fault(ok), None, "{ok}");
+        }
+        assert_eq!(emulator_fault(WARN_LOG), None);
+        assert_eq!(emulator_fault(CLEAN_LOG), None);
     }
 
     #[test]

@@ -50,6 +50,10 @@ impl Default for Opts {
 /// debugging (e.g. `slub_debug=FZPU loglevel=7`).
 pub const EXTRA_CMDLINE: &str = "TESTBED_KERNEL_ARGS";
 
+/// Environment variable naming the `qemu-system-x86_64` to run instead of the one on `PATH`
+/// (for example a newer QEMU, which avoids the emulator fault described in docs/testbed.md).
+pub const QEMU_BINARY: &str = "TESTBED_QEMU";
+
 /// What one node's run left behind.
 pub struct NodeResult {
     /// `a` or `b`.
@@ -58,6 +62,9 @@ pub struct NodeResult {
     pub status: Option<i32>,
     /// Kernel problems (warnings, oopses, taint).
     pub problems: Vec<String>,
+    /// Set when the kernel log shows a CPU state no x86 CPU can hold (see
+    /// [`klog::emulator_fault`]); the same line is among `problems`.
+    pub emulator_fault: Option<String>,
     /// Everything the VM printed on its console.
     pub console: String,
     /// The run's folder (kept when the run failed).
@@ -88,6 +95,33 @@ pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult
 /// As [`run`], but neither streams the console nor reports: for runs expected to fail.
 pub fn run_quiet(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
     boot(paths, argv, opts, false)
+}
+
+/// As [`run`] (or [`run_quiet`] when `loud` is false), but when a node's kernel log shows an
+/// emulator fault ([`klog::emulator_fault`]), says so and boots the same command once more.
+/// Returns the last boot's results and whether there was a second boot. Only that signature
+/// earns the second boot: any other failure is returned as it is.
+pub fn run_past_emulator_fault(
+    paths: &Paths,
+    argv: &[String],
+    opts: &Opts,
+    loud: bool,
+) -> Result<(Vec<NodeResult>, bool)> {
+    let first = boot(paths, argv, opts, loud)?;
+    let Some((node, fault)) = first
+        .iter()
+        .find_map(|r| Some((r.node, r.emulator_fault.clone()?)))
+    else {
+        return Ok((first, false));
+    };
+    let name = if opts.nodes > 1 {
+        format!("node {node}")
+    } else {
+        "VM".into()
+    };
+    info(format!("{name}: {fault}"));
+    info("booting the same command once more (one second boot, counted in the summary)");
+    Ok((boot(paths, argv, opts, loud)?, true))
 }
 
 fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<NodeResult>> {
@@ -181,6 +215,8 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         let dmesg = read_trimmed(&dir.join("dmesg.txt")).unwrap_or_default();
         let taint = read_trimmed(&dir.join("tainted")).and_then(|s| s.parse().ok());
         let mut problems = klog::problems(&dmesg, taint);
+        let emulator_fault = klog::emulator_fault(&dmesg);
+        problems.extend(emulator_fault.clone());
         if timed_out {
             problems.push(format!("the run was stopped after {:?}", opts.timeout));
         }
@@ -189,6 +225,7 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
             node,
             status,
             problems,
+            emulator_fault,
             console,
             dir,
         });
@@ -351,7 +388,8 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
         sock_dir,
         ..
     } = *boot;
-    let mut c = Command::new("qemu-system-x86_64");
+    let mut c =
+        Command::new(std::env::var_os(QEMU_BINARY).unwrap_or_else(|| "qemu-system-x86_64".into()));
     let smp = if opts.nodes > 1 { 1 } else { 2 };
     c.args(["-machine", "q35", "-cpu", "max", "-accel", "tcg"])
         .args(["-smp", &smp.to_string(), "-m", &opts.mem_mib.to_string()])
