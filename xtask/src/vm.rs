@@ -6,7 +6,7 @@ use crate::ui::{info, Step};
 use crate::{fail, initramfs, klog, setup, Paths};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,10 @@ pub const EXTRA_CMDLINE: &str = "TESTBED_KERNEL_ARGS";
 /// Environment variable naming the `qemu-system-x86_64` to run instead of the one on `PATH`
 /// (for example a newer QEMU, which avoids the emulator fault described in docs/testbed.md).
 pub const QEMU_BINARY: &str = "TESTBED_QEMU";
+
+/// How long a node may run on after the other node's VM died without recording an exit
+/// status (a kernel panic): its command is then most likely waiting on a peer that is gone.
+const PEER_GRACE: Duration = Duration::from_secs(30);
 
 /// What one node's run left behind.
 pub struct NodeResult {
@@ -198,29 +202,56 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         children.push((node, dir, child, console, readers));
     }
 
-    let deadline = Instant::now() + opts.timeout;
-    let mut timed_out = false;
-    for (_, _, child, _, _) in children.iter_mut() {
-        timed_out |= wait_until(child, deadline)?;
+    let mut deadline = Instant::now() + opts.timeout;
+    let mut stopped = vec![false; children.len()];
+    let mut running = vec![true; children.len()];
+    let mut peer_died = false;
+    while running.contains(&true) {
+        for (i, (_, dir, child, _, _)) in children.iter_mut().enumerate() {
+            if !running[i] {
+                continue;
+            }
+            if child.try_wait()?.is_some() {
+                running[i] = false;
+                // No status: the guest died (a panic) before its command finished, so a
+                // peer's command may wait on it for as long as its own timeouts allow.
+                if !dir.join("status").exists() && !peer_died {
+                    peer_died = true;
+                    deadline = deadline.min(Instant::now() + PEER_GRACE);
+                }
+            } else if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                running[i] = false;
+                stopped[i] = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     step.done();
     let _ = std::fs::remove_dir_all(&sock_dir);
 
     let mut results = Vec::new();
-    for (node, dir, _child, console, readers) in children {
+    for ((node, dir, _child, console, readers), stopped) in children.into_iter().zip(stopped) {
         for r in readers {
             let _ = r.join();
         }
         let status = read_trimmed(&dir.join("status")).and_then(|s| s.parse().ok());
         let dmesg = read_trimmed(&dir.join("dmesg.txt")).unwrap_or_default();
         let taint = read_trimmed(&dir.join("tainted")).and_then(|s| s.parse().ok());
+        let console = console.lock().map(|c| c.clone()).unwrap_or_default();
         let mut problems = klog::problems(&dmesg, taint);
-        let emulator_fault = klog::emulator_fault(&dmesg);
+        // A panicked guest writes no dmesg.txt: its oops is on the console only.
+        let emulator_fault =
+            klog::emulator_fault(&dmesg).or_else(|| klog::emulator_fault(&console));
         problems.extend(emulator_fault.clone());
-        if timed_out {
+        if stopped && peer_died {
+            problems.push(format!(
+                "the run was stopped {PEER_GRACE:?} after the other node's VM died"
+            ));
+        } else if stopped {
             problems.push(format!("the run was stopped after {:?}", opts.timeout));
         }
-        let console = console.lock().map(|c| c.clone()).unwrap_or_default();
         results.push(NodeResult {
             node,
             status,
@@ -460,20 +491,6 @@ fn pump(
 }
 
 /// Waits for `child` until `deadline`; kills it then. Returns whether it timed out.
-fn wait_until(child: &mut Child, deadline: Instant) -> Result<bool> {
-    loop {
-        if child.try_wait()?.is_some() {
-            return Ok(false);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(true);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn read_trimmed(path: &Path) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
