@@ -3,24 +3,40 @@
 //! unsignalled), and the bytes move once it signals. Runs in the testbed VM (patched mode).
 
 use drm_export::vgem::VgemFence;
-use drm_export::DumbBuffer;
+use drm_export::{DmaBuf, DrmDevice, DumbBuffer};
 use integration_tests::exporters::{vgem_card, Exporter};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
 use rdma_dmabuf::{Access, Error, FencedOp, MemoryRegion, WorkKind};
+use rdma_dmabuf::{ProtectionDomain, QueuePair};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SIZE: u64 = 1 << 20;
 
-#[test]
-#[ignore = "needs the testbed VM"]
-fn fenced_send_waits_for_the_gpu_write_fence_and_times_out_while_unsignalled() {
+/// Both tests' start: a loopback QP pair on the testbed's device, and a vgem buffer of `SIZE`
+/// bytes exported as a dma-buf (with its card, for attaching fences).
+fn loopback_and_vgem_buffer() -> (
+    Arc<ProtectionDomain>,
+    QueuePair,
+    QueuePair,
+    Arc<DrmDevice>,
+    DumbBuffer,
+    DmaBuf,
+) {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (peer, owner) = loopback_pair(&pd);
     let card = vgem_card();
     let gem = DumbBuffer::new(&card, SIZE).unwrap();
     let buf = gem.export().unwrap();
+    (pd, peer, owner, card, gem, buf)
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn fenced_send_waits_for_the_gpu_write_fence_and_times_out_while_unsignalled() {
+    let (pd, peer, owner, card, gem, buf) = loopback_and_vgem_buffer();
     let data = pattern(SIZE as usize, 3);
     Exporter::fill(&buf, 0, &data);
     let region = MemoryRegion::register_dmabuf(&pd, buf, 0, SIZE, None, Access::empty()).unwrap();
@@ -76,12 +92,7 @@ fn fenced_send_waits_for_the_gpu_write_fence_and_times_out_while_unsignalled() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn fenced_receive_waits_for_gpu_readers_before_the_nic_writes() {
-    let tb = Testbed::get();
-    let pd = pd(&tb);
-    let (peer, owner) = loopback_pair(&pd);
-    let card = vgem_card();
-    let gem = DumbBuffer::new(&card, SIZE).unwrap();
-    let buf = gem.export().unwrap();
+    let (pd, peer, owner, card, gem, buf) = loopback_and_vgem_buffer();
     let region =
         MemoryRegion::register_dmabuf(&pd, buf, 0, SIZE, None, Access::LOCAL_WRITE).unwrap();
 
