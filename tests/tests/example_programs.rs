@@ -23,6 +23,7 @@ fn example(name: &str) -> Command {
         "{} is missing: build the examples (cargo test builds them)",
         path.display()
     );
+    // The example binary, built by this workspace.
     Command::new(path)
 }
 

@@ -1,9 +1,9 @@
 //! `cargo xtask bench`: RDMA write bandwidth and latency of rdma-dmabuf against perftest
 //! (`ib_write_bw`, `ib_write_lat`) on the same rxe device in the same VM boot, as ratios.
 
-use crate::sh::{self, Result};
+use crate::sh::Result;
 use crate::ui::info;
-use crate::{fail, vm, Paths};
+use crate::{fail, programs, vm, Paths};
 use std::process::ExitCode;
 
 /// Rounds (interleaved perftest/ours), message size, iterations.
@@ -16,7 +16,7 @@ const LAT_ITERS: u32 = 500;
 pub fn main(paths: &Paths) -> Result<ExitCode> {
     let bench = paths.release_example("rdma_bench")?;
     let script = paths.testbed.join("bench.sh");
-    sh::write(&script, include_str!("bench.sh"))?;
+    programs::write_script(&script, include_str!("bench.sh"))?;
     let argv: Vec<String> = [
         "sh".to_string(),
         script.display().to_string(),

@@ -1,9 +1,9 @@
 //! `cargo xtask demo`, the README's main command: `gpu_rdma_write` across the two-node
 //! testbed, GPU (vgem) buffer to GPU buffer through dma-buf memory regions on patched rxe.
 
-use crate::sh::{self, Result};
+use crate::sh::Result;
 use crate::ui::info;
-use crate::{setup, vm, Paths};
+use crate::{programs, setup, vm, Paths};
 use std::process::ExitCode;
 
 /// The GPU buffer on each side, and how many times the client writes all of it.
@@ -15,7 +15,7 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
     setup::packages()?;
     let binary = paths.release_example("gpu_rdma_write")?;
     let script = paths.testbed.join("demo.sh");
-    sh::write(&script, include_str!("demo.sh"))?;
+    programs::write_script(&script, include_str!("demo.sh"))?;
     let argv: Vec<String> = vec![
         "sh".into(),
         script.display().to_string(),

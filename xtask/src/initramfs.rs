@@ -9,10 +9,9 @@
 use crate::setup::Kernel;
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, Paths};
+use crate::{fail, programs, Paths};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// Modules the testbed loads (their dependencies are added from `modules.dep`).
 pub const MODULES: &[&str] = &[
@@ -30,7 +29,7 @@ pub const MODULES: &[&str] = &[
     "virtio_net",
 ];
 
-const INIT: &str = r#"#!/bin/sh
+pub(crate) const INIT: &str = r#"#!/bin/sh
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -104,21 +103,22 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     }
     sh::write(&stage.join("modules.order"), &names)?;
     sh::write(&stage.join("init"), INIT)?;
-    sh::run(Command::new("chmod").arg("755").arg(stage.join("init")))?;
+    programs::check(INIT, true)?;
+    sh::run(programs::cmd("chmod").arg("755").arg(stage.join("init")))?;
     let partial = out.with_extension("partial");
-    sh::run(
-        Command::new("sh")
-            .current_dir(&stage)
-            .arg("-c")
-            .arg(format!(
-                "find . | cpio -o -H newc --quiet | gzip -1 > {}",
-                sh::quote(&partial.to_string_lossy())
-            )),
-    )?;
+    sh::run(programs::shell(&pack_script(&partial))?.current_dir(&stage))?;
     std::fs::rename(&partial, &out)?;
     let _ = std::fs::remove_dir_all(&stage);
     step.done();
     Ok(out)
+}
+
+/// Packs the current folder into the gzipped cpio archive `out`.
+pub(crate) fn pack_script(out: &Path) -> String {
+    format!(
+        "find . | cpio -o -H newc --quiet | gzip -1 > {}",
+        sh::quote(&out.to_string_lossy())
+    )
 }
 
 fn remove_stale_images(dir: &Path) {
@@ -134,12 +134,13 @@ fn remove_stale_images(dir: &Path) {
 }
 
 fn busybox() -> Result<&'static str> {
-    for p in ["/bin/busybox", "/usr/bin/busybox"] {
-        if Path::new(p).is_file() {
-            return Ok(p);
-        }
+    if Path::new(programs::BUSYBOX).is_file() {
+        return Ok(programs::BUSYBOX);
     }
-    fail!("busybox not found: run `cargo xtask setup`")
+    fail!(
+        "{} not found: run `cargo xtask setup` (package busybox-static)",
+        programs::BUSYBOX
+    )
 }
 
 fn decompress(src: &Path, dst: &Path) -> Result {
@@ -148,18 +149,17 @@ fn decompress(src: &Path, dst: &Path) -> Result {
         std::fs::copy(src, dst)?;
         return Ok(());
     }
-    let tool = if name.ends_with(".xz") {
-        "xz"
-    } else if name.ends_with(".zst") {
-        "zstd"
+    // Debian's kernels compress modules with xz; gzip for hand-built trees.
+    let mut tool = if name.ends_with(".xz") {
+        programs::cmd("xz")
     } else if name.ends_with(".gz") {
-        "gzip"
+        programs::cmd("gzip")
     } else {
-        fail!("unknown module compression: {name}")
+        fail!("unknown module compression (xz or gzip expected): {name}")
     };
-    let data = Command::new(tool).arg("-dc").arg(src).output()?;
+    let data = tool.arg("-dc").arg(src).output()?;
     if !data.status.success() {
-        fail!("{tool} -dc {name} failed");
+        fail!("{} -dc {name} failed", tool.get_program().to_string_lossy());
     }
     std::fs::write(dst, data.stdout)?;
     Ok(())

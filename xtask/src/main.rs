@@ -5,9 +5,11 @@ mod demo;
 mod initramfs;
 mod klog;
 mod patched;
+mod programs;
 mod rdmacore;
 mod setup;
 mod sh;
+mod shscan;
 mod testrun;
 mod ui;
 mod vm;
@@ -62,8 +64,7 @@ impl Paths {
 
     /// `cargo` (the one running this xtask), in the workspace root.
     fn cargo(&self) -> std::process::Command {
-        let mut c =
-            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        let mut c = programs::cmd("cargo");
         c.current_dir(&self.root);
         c
     }
@@ -83,6 +84,43 @@ impl Paths {
         step.done();
         Ok(self.target.join("release/examples").join(name))
     }
+}
+
+/// Every script xtask runs or writes, generated with sample inputs: the programs table's test
+/// checks each against the table.
+#[cfg(test)]
+pub(crate) fn scripts() -> Vec<(&'static str, String)> {
+    use std::path::Path;
+    let (dir, cwd) = (Path::new("/t/run/a"), Path::new("/t/src"));
+    let patched = patched::Patched {
+        module: "/t/rdma_rxe.ko".into(),
+        lib: "/t/lib".into(),
+    };
+    let mut out = vec![
+        ("bench.sh", include_str!("bench.sh").to_string()),
+        ("demo.sh", include_str!("demo.sh").to_string()),
+        ("self-check", testrun::SELF_CHECK.to_string()),
+        (
+            "initramfs packing",
+            initramfs::pack_script(Path::new("/t/x")),
+        ),
+        (
+            "rxe sources",
+            patched::source_script(Path::new("/t/x.deb"), Path::new("/t/x")),
+        ),
+        ("rdma-core suite", rdmacore::suite_script("/t/lib", cwd)),
+        ("apt install", setup::install_script(&["a", "b"])),
+    ];
+    for nodes in [1, 2] {
+        for p in [None, Some(&patched)] {
+            let opts = vm::Opts {
+                nodes,
+                ..vm::Opts::default()
+            };
+            out.push(("inner.sh", vm::inner_script(dir, cwd, 'a', &opts, p)));
+        }
+    }
+    out
 }
 
 fn main() -> ExitCode {

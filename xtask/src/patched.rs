@@ -7,9 +7,8 @@
 use crate::setup::Kernel;
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, Paths};
+use crate::{fail, programs, Paths};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// rdma-core as vendored by this crates.io package.
 const RDMA_CORE_CRATE: (&str, &str) = ("ibverbs-sys", "=0.3.2");
@@ -104,7 +103,7 @@ fn partial(root: &Path) -> Result<PathBuf> {
 pub(crate) fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
     for p in patches {
         sh::run(
-            Command::new("patch")
+            programs::cmd("patch")
                 .args(["-s", "-p1", "-d"])
                 .arg(tree)
                 .arg("-i")
@@ -117,7 +116,7 @@ pub(crate) fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
 fn apt_download(dir: &Path, pkgs: &[String]) -> Result {
     std::fs::create_dir_all(dir)?;
     sh::run(
-        Command::new("apt-get")
+        programs::cmd("apt-get")
             .current_dir(dir)
             .args(["-q", "-o", "APT::Sandbox::User=root", "download"])
             .args(pkgs),
@@ -145,7 +144,7 @@ fn headers(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     }
     let step = Step::start(format!("downloading kernel headers for {}", kernel.version));
     let pkg = format!("linux-headers-{}", kernel.version);
-    let deps = sh::output(Command::new("apt-cache").args(["depends", "--important", &pkg]))?;
+    let deps = sh::output(programs::cmd("apt-cache").args(["depends", "--important", &pkg]))?;
     let mut pkgs = vec![pkg];
     for l in deps.lines() {
         if let Some(d) = l.trim().strip_prefix("Depends: ") {
@@ -160,7 +159,7 @@ fn headers(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&tmp);
     for p in &pkgs {
         sh::run(
-            Command::new("dpkg-deb")
+            programs::cmd("dpkg-deb")
                 .arg("-x")
                 .arg(find_deb(&debs, &format!("{p}_"))?)
                 .arg(&tmp),
@@ -195,12 +194,7 @@ fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     let tmp = partial(&root)?;
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
-    let script = format!(
-        "dpkg-deb --fsys-tarfile {} | tar -xO ./usr/src/linux-source-6.12.tar.xz | tar -xJ -C {} --strip-components=1 linux-source-6.12/drivers/infiniband/sw/rxe linux-source-6.12/scripts/checkpatch.pl linux-source-6.12/scripts/spelling.txt linux-source-6.12/scripts/const_structs.checkpatch",
-        sh::quote(&deb.to_string_lossy()),
-        sh::quote(&tmp.to_string_lossy())
-    );
-    sh::run(Command::new("sh").arg("-c").arg(script))?;
+    sh::run(&mut programs::shell(&source_script(&deb, &tmp))?)?;
     let _ = std::fs::remove_dir_all(&root);
     std::fs::rename(&tmp, &root)?;
     let _ = std::fs::remove_dir_all(&debs);
@@ -208,9 +202,18 @@ fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     Ok(root)
 }
 
+/// Extracts rxe's sources (and checkpatch) from the linux-source deb `deb` into `into`.
+pub(crate) fn source_script(deb: &Path, into: &Path) -> String {
+    format!(
+        "dpkg-deb --fsys-tarfile {} | tar -xO ./usr/src/linux-source-6.12.tar.xz | tar -xJ -C {} --strip-components=1 linux-source-6.12/drivers/infiniband/sw/rxe linux-source-6.12/scripts/checkpatch.pl linux-source-6.12/scripts/spelling.txt linux-source-6.12/scripts/const_structs.checkpatch",
+        sh::quote(&deb.to_string_lossy()),
+        sh::quote(&into.to_string_lossy())
+    )
+}
+
 /// The Debian version of a package (e.g. the kernel image), from apt.
 fn package_version(pkg: &str) -> Result<String> {
-    let show = sh::output(Command::new("apt-cache").args(["show", "--no-all-versions", pkg]))?;
+    let show = sh::output(programs::cmd("apt-cache").args(["show", "--no-all-versions", pkg]))?;
     match show.lines().find_map(|l| l.strip_prefix("Version: ")) {
         Some(v) => Ok(v.trim().to_string()),
         None => fail!("apt-cache show {pkg} gave no version"),
@@ -235,7 +238,7 @@ fn build_module(
     }
     apply_patches(&tree, patches)?;
     sh::run(
-        Command::new("make")
+        programs::cmd("make")
             .arg("-C")
             .arg(headers)
             .arg(format!("M={}", rxe.display()))
@@ -284,7 +287,7 @@ fn build_rdma_core(paths: &Paths, patches: &[PathBuf], dir: &Path) -> Result {
     let step = Step::start("building patched rdma-core v55 (libibverbs and providers, in place)");
     let tree = dir.join("rdma-core");
     let _ = std::fs::remove_dir_all(&tree);
-    sh::run(Command::new("cp").arg("-r").arg(&src).arg(&tree))?;
+    sh::run(programs::cmd("cp").arg("-r").arg(&src).arg(&tree))?;
     apply_patches(&tree, patches)?;
     build_in_place(&tree, false)?;
     step.done();
@@ -299,7 +302,7 @@ pub(crate) fn build_in_place(tree: &Path, pyverbs: bool) -> Result {
     let build = tree.join("build");
     std::fs::create_dir_all(&build)?;
     sh::run(
-        Command::new("cmake")
+        programs::cmd("cmake")
             .current_dir(&build)
             .args([
                 "-GNinja",
@@ -317,7 +320,7 @@ pub(crate) fn build_in_place(tree: &Path, pyverbs: bool) -> Result {
             ])
             .stdout(std::process::Stdio::null()),
     )?;
-    let mut ninja = Command::new("ninja");
+    let mut ninja = programs::cmd("ninja");
     ninja.current_dir(&build).arg("--quiet");
     if !pyverbs {
         ninja.args(["ibverbs", "rxe-rdmav34"]);

@@ -10,10 +10,10 @@
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, patched, setup, vm, Paths};
+use crate::{fail, patched, programs, setup, vm, Paths};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// Builds both trees, runs the suite in both modes, prints the comparison.
@@ -21,13 +21,8 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
     setup::packages()?;
     let (patched_tree, stock_tree) = build(paths)?;
     let suite = |mode: vm::Mode, lib_path: String| -> Result<BTreeMap<String, String>> {
-        let script = format!(
-            "cd /tmp && export LD_LIBRARY_PATH={lib_path} && \
-             LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p' | grep -E 'libibverbs|librxe'; \
-             PYTHONPATH={py} /usr/bin/python3 {tests}/run_tests.py --dev \"$RDMA_DEVICE\" -v 2>&1; true",
-            py = patched_tree.join("build/python").display(),
-            tests = patched_tree.join("tests").display(),
-        );
+        let script = suite_script(&lib_path, &patched_tree);
+        programs::check(&script, false)?;
         let opts = vm::Opts {
             mode,
             timeout: Duration::from_secs(1200),
@@ -99,6 +94,17 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
     }
 }
 
+/// The VM command that runs the suite with `lib_path` first on the library path.
+pub(crate) fn suite_script(lib_path: &str, patched_tree: &std::path::Path) -> String {
+    format!(
+        "cd /tmp && export LD_LIBRARY_PATH={lib_path} && \
+         LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p' | grep -E 'libibverbs|librxe'; \
+         PYTHONPATH={py} /usr/bin/python3 {tests}/run_tests.py --dev \"$RDMA_DEVICE\" -v 2>&1; true",
+        py = patched_tree.join("build/python").display(),
+        tests = patched_tree.join("tests").display(),
+    )
+}
+
 /// The two trees, built once per patch set.
 fn build(paths: &Paths) -> Result<(PathBuf, PathBuf)> {
     let patches = patched::patch_files(&paths.root)?;
@@ -123,7 +129,7 @@ fn build(paths: &Paths) -> Result<(PathBuf, PathBuf)> {
     let src = patched::rdma_core_source(paths)?;
     let step = Step::start("building rdma-core v55 with pyverbs (patched) and without patches");
     for (tree, patch, pyverbs) in [(&p, true, true), (&s, false, false)] {
-        sh::run(Command::new("cp").arg("-r").arg(&src).arg(tree))?;
+        sh::run(programs::cmd("cp").arg("-r").arg(&src).arg(tree))?;
         if patch {
             patched::apply_patches(tree, &patches.rdma_core)?;
         }

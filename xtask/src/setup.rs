@@ -6,12 +6,58 @@
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, Paths};
+use crate::{fail, programs, Paths};
 use std::path::PathBuf;
-use std::process::Command;
 
-/// Debian packages the project needs, each with why.
+/// Debian packages the project needs, each with why. Every program the project runs is in
+/// [`crate::programs::PROGRAMS`] with one of these as its package; most of the base system's
+/// (apt, dpkg, dash, coreutils...) are here too, so that nothing is assumed. A host test holds
+/// the two lists together.
 pub const PACKAGES: &[(&str, &str)] = &[
+    (
+        "apt",
+        "apt-get and apt-cache: installs, downloads and resolves packages",
+    ),
+    (
+        "dpkg",
+        "dpkg-query and dpkg-deb: what is installed; unpacks debs",
+    ),
+    ("dash", "sh, for the project's scripts"),
+    ("coreutils", "cp, chmod, cat, sleep, uname"),
+    ("sed", "reads the loader's log in the VM"),
+    ("grep", "checks port state and loaded libraries in the VM"),
+    ("tar", "extracts the rxe sources from linux-source"),
+    ("gzip", "compresses the initramfs"),
+    ("findutils", "find: lists the initramfs's files"),
+    ("patch", "applies kernel-patches/"),
+    ("make", "builds the patched rdma_rxe.ko"),
+    (
+        "gcc-12",
+        "the compiler Debian's 6.12 kernel was built with (the module must match)",
+    ),
+    ("gcc", "cc: compiles rdma-core and links Rust programs"),
+    ("libc6-dev", "C headers and start files for every C build"),
+    ("binutils", "ld and objcopy, run by kbuild"),
+    (
+        "dwarves",
+        "pahole: the 6.12 headers' Makefile.modfinal generates BTF for modules",
+    ),
+    (
+        "libelf1",
+        "a library of the unpacked kbuild tools (modpost)",
+    ),
+    (
+        "libssl3",
+        "a library of the unpacked kbuild tools (sign-file)",
+    ),
+    ("cmake", "configures rdma-core"),
+    ("ninja-build", "ninja: builds rdma-core"),
+    ("libnl-3-dev", "rdma-core's netlink support"),
+    ("libnl-route-3-dev", "rdma-core's netlink route support"),
+    (
+        "python3",
+        "/usr/bin/python3: rdma-core's test suite and pyverbs",
+    ),
     ("qemu-system-x86", "boots the testbed VM"),
     ("busybox-static", "the testbed's initramfs userland"),
     ("kmod", "depmod for the unpacked guest kernel"),
@@ -59,23 +105,28 @@ pub fn packages() -> Result {
         .collect();
     if missing.is_empty() {
         step.done_with("all present");
-        return Ok(());
+        return programs::verify();
     }
     info(format!("missing: {}", missing.join(" ")));
-    let install = format!(
-        "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {}",
-        missing.join(" ")
-    );
+    let install = install_script(&missing);
     if !sh::is_root() {
         fail!("these packages are needed; run as root:\n    sudo sh -c '{install}'");
     }
-    sh::run(Command::new("sh").arg("-c").arg(&install))?;
+    sh::run(&mut programs::shell(&install)?)?;
     step.done();
-    Ok(())
+    programs::verify()
+}
+
+/// The shell line that installs `packages`.
+pub(crate) fn install_script(packages: &[&str]) -> String {
+    format!(
+        "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {}",
+        packages.join(" ")
+    )
 }
 
 fn installed(pkg: &str) -> bool {
-    Command::new("dpkg-query")
+    programs::cmd("dpkg-query")
         .args(["-W", "-f=${db:Status-Abbrev}", pkg])
         .output()
         .map(|o| o.status.success() && o.stdout.starts_with(b"ii"))
@@ -118,7 +169,7 @@ pub fn kernel(paths: &Paths) -> Result<Kernel> {
     let debs = paths.testbed.join("debs");
     std::fs::create_dir_all(&debs)?;
     sh::run(
-        Command::new("apt-get")
+        programs::cmd("apt-get")
             .current_dir(&debs)
             .args(["-q", "-o", "APT::Sandbox::User=root", "download"])
             .arg(format!("linux-image-{version}")),
@@ -138,8 +189,8 @@ pub fn kernel(paths: &Paths) -> Result<Kernel> {
     let tmp = kdir.join(format!("{version}.partial"));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
-    sh::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp))?;
-    sh::run(Command::new("depmod").arg("-b").arg(&tmp).arg(&version))?;
+    sh::run(programs::cmd("dpkg-deb").arg("-x").arg(&deb).arg(&tmp))?;
+    sh::run(programs::cmd("depmod").arg("-b").arg(&tmp).arg(&version))?;
     std::fs::rename(&tmp, &root)?;
     // The .deb is no longer needed once unpacked; keep the cache small.
     let _ = std::fs::remove_file(&deb);
@@ -164,7 +215,7 @@ fn cached_kernel(kdir: &std::path::Path, pinned: Option<&str>) -> Option<Kernel>
 }
 
 fn resolve_version() -> Result<String> {
-    let deps = sh::output(Command::new("apt-cache").args(["depends", "--important", KERNEL_META]))
+    let deps = sh::output(programs::cmd("apt-cache").args(["depends", "--important", KERNEL_META]))
         .map_err(|e| {
             format!("{e}\n    (is the package list current? run `apt-get update` as root)")
         })?;

@@ -8,7 +8,7 @@
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, initramfs, setup, vm, Paths};
+use crate::{fail, initramfs, programs, setup, vm, Paths};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -316,7 +316,7 @@ fn vm_tests(bins: &[(String, PathBuf)]) -> Result<BTreeMap<Phase, VmSet>> {
     let mut phases = BTreeMap::<Phase, VmSet>::new();
     for (_, exe) in bins {
         let list =
-            sh::output(Command::new(exe).args(["--list", "--ignored", "--format", "terse"]))?;
+            sh::output(programs::built(exe).args(["--list", "--ignored", "--format", "terse"]))?;
         for line in list.lines() {
             let Some(name) = line.strip_suffix(": test") else {
                 continue;
@@ -355,7 +355,7 @@ fn vm_script(set: &VmSet, phase: Phase) -> String {
 /// booted a second time after an emulator fault.
 fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool, bool)> {
     let script = paths.testbed.join(format!("vm-tests-{phase:?}.sh"));
-    sh::write(&script, &vm_script(set, phase))?;
+    programs::write_script(&script, &vm_script(set, phase))?;
     let nodes = phase.nodes();
     let opts = vm::Opts {
         nodes,
@@ -386,18 +386,16 @@ fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool,
     Ok((merged, vm_ok, rebooted))
 }
 
+/// The self-check's command: a kernel warning, a taint flag and exit status 3.
+pub(crate) const SELF_CHECK: &str =
+    "echo 'WARNING: CPU: 0 PID: 1 at selftest (injected by cargo xtask test)' > /dev/kmsg; \
+     echo 512 > /proc/sys/kernel/tainted; exit 3";
+
 /// Proves on a real boot that the harness catches what it must: a command's non-zero exit
 /// status, a `WARNING:` line in the kernel log, and a taint flag.
 fn harness_self_check(paths: &Paths) -> Result<bool> {
     let step = Step::start("harness self-check (a failing command and a kernel warning)");
-    let argv: Vec<String> = [
-        "sh",
-        "-c",
-        "echo 'WARNING: CPU: 0 PID: 1 at selftest (injected by cargo xtask test)' > /dev/kmsg; \
-         echo 512 > /proc/sys/kernel/tainted; exit 3",
-    ]
-    .map(String::from)
-    .to_vec();
+    let argv: Vec<String> = ["sh", "-c", SELF_CHECK].map(String::from).to_vec();
     let results = vm::run_quiet(paths, &argv, &vm::Opts::default())?;
     step.done();
     let r = &results[0];

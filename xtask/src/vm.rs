@@ -3,7 +3,7 @@
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, initramfs, klog, setup, Paths};
+use crate::{fail, initramfs, klog, programs, setup, Paths};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -171,7 +171,7 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         let dir = run_root.join(node.to_string());
         std::fs::create_dir_all(&dir)?;
         sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
-        sh::write(
+        programs::write_script(
             &dir.join("inner.sh"),
             &inner_script(&dir, &cwd, node, opts, patched.as_ref()),
         )?;
@@ -320,7 +320,7 @@ fn cmd_script(argv: &[String]) -> String {
     format!("exec {}\n", words.join(" "))
 }
 
-fn inner_script(
+pub(crate) fn inner_script(
     dir: &Path,
     cwd: &Path,
     node: char,
@@ -419,8 +419,7 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
         sock_dir,
         ..
     } = *boot;
-    let mut c =
-        Command::new(std::env::var_os(QEMU_BINARY).unwrap_or_else(|| "qemu-system-x86_64".into()));
+    let mut c = programs::cmd("qemu-system-x86_64");
     let smp = if opts.nodes > 1 { 1 } else { 2 };
     c.args(["-machine", "q35", "-cpu", "max", "-accel", "tcg"])
         .args(["-smp", &smp.to_string(), "-m", &opts.mem_mib.to_string()])

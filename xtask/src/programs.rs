@@ -1,0 +1,447 @@
+//! Every external program the project runs, on the host and inside the testbed VM, with the
+//! Debian package that provides it. xtask starts programs only through [`cmd`] (a name from
+//! [`PROGRAMS`]), [`built`] (a binary this workspace built) and [`shell`] / [`write_script`]
+//! (scripts whose every command is checked against the table first). `cargo xtask setup`
+//! installs the packages and then checks that each program resolves ([`verify`]); a host test
+//! holds the sources, the scripts and the install list to the table.
+
+use crate::sh::Result;
+use crate::{fail, shscan};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Where a program comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A Debian package from [`crate::setup::PACKAGES`].
+    Deb(&'static str),
+    /// An applet of the static busybox in the testbed's initramfs (`busybox-static`).
+    Busybox,
+    /// The Rust toolchain the README asks for (rustup).
+    Toolchain,
+}
+
+/// One program: the name scripts and code call it by (or its absolute path), where it comes
+/// from, and why the project runs it.
+#[derive(Debug)]
+pub struct Program {
+    /// The command word, or an absolute path where the project calls it by path.
+    pub name: &'static str,
+    /// Its package.
+    pub source: Source,
+    /// An environment variable that names another binary to run instead.
+    pub env: Option<&'static str>,
+    /// What for (and where: host, VM or both).
+    pub why: &'static str,
+}
+
+const fn deb(name: &'static str, package: &'static str, why: &'static str) -> Program {
+    Program {
+        name,
+        source: Source::Deb(package),
+        env: None,
+        why,
+    }
+}
+
+const fn applet(name: &'static str) -> Program {
+    Program {
+        name,
+        source: Source::Busybox,
+        env: None,
+        why: "the initramfs's /init (VM)",
+    }
+}
+
+/// The table.
+pub const PROGRAMS: &[Program] = &[
+    Program {
+        name: "cargo",
+        source: Source::Toolchain,
+        env: Some("CARGO"),
+        why: "builds, tests, fetches rdma-core's source (host)",
+    },
+    Program {
+        name: "qemu-system-x86_64",
+        source: Source::Deb("qemu-system-x86"),
+        env: Some(crate::vm::QEMU_BINARY),
+        why: "boots the testbed VM (host)",
+    },
+    deb(
+        "apt-get",
+        "apt",
+        "installs packages, downloads kernel debs (host)",
+    ),
+    deb(
+        "apt-cache",
+        "apt",
+        "resolves the kernel's version and packages (host)",
+    ),
+    deb("dpkg-query", "dpkg", "which packages are installed (host)"),
+    deb(
+        "dpkg-deb",
+        "dpkg",
+        "unpacks kernel, headers and source debs (host)",
+    ),
+    deb(
+        "depmod",
+        "kmod",
+        "indexes the unpacked guest kernel's modules (host)",
+    ),
+    deb("insmod", "kmod", "loads the patched rdma_rxe.ko (VM)"),
+    deb("rmmod", "kmod", "unloads Debian's rdma_rxe (VM)"),
+    deb("sh", "dash", "runs the project's scripts (host and VM)"),
+    deb("cp", "coreutils", "copies source trees (host)"),
+    deb("chmod", "coreutils", "makes /init executable (host)"),
+    deb(
+        "cat",
+        "coreutils",
+        "reads sysfs in the VM's set-up script (VM)",
+    ),
+    deb("sleep", "coreutils", "polls in scripts (VM)"),
+    deb("uname", "coreutils", "reports the guest kernel (VM)"),
+    deb("sed", "sed", "reads which libraries the loader loaded (VM)"),
+    deb(
+        "grep",
+        "grep",
+        "checks port state and loaded libraries (VM)",
+    ),
+    deb(
+        "tar",
+        "tar",
+        "extracts the rxe sources from linux-source (host)",
+    ),
+    deb(
+        "xz",
+        "xz-utils",
+        "decompresses the guest kernel's modules (host)",
+    ),
+    deb("gzip", "gzip", "compresses the initramfs (host)"),
+    deb("find", "findutils", "lists the initramfs's files (host)"),
+    deb("cpio", "cpio", "packs the initramfs (host)"),
+    deb("patch", "patch", "applies kernel-patches/ (host)"),
+    deb("make", "make", "builds the patched rdma_rxe.ko (host)"),
+    deb(
+        "gcc-12",
+        "gcc-12",
+        "compiles rdma_rxe.ko with the kernel's own compiler (host)",
+    ),
+    deb(
+        "pahole",
+        "dwarves",
+        "BTF for the module, run by the 6.12 headers' Makefile.modfinal (host)",
+    ),
+    deb("ld", "binutils", "links the module, run by kbuild (host)"),
+    deb("cc", "gcc", "compiles rdma-core, run by cmake (host)"),
+    deb("cmake", "cmake", "configures rdma-core (host)"),
+    deb("ninja", "ninja-build", "builds rdma-core (host)"),
+    deb(
+        "/usr/bin/python3",
+        "python3",
+        "rdma-core's test suite and pyverbs' build (host and VM)",
+    ),
+    deb("ip", "iproute2", "addresses and veth links (VM)"),
+    deb(
+        "rdma",
+        "iproute2",
+        "creates the rxe device, counts resources (VM)",
+    ),
+    deb("ping", "iputils-ping", "waits for the peer node (VM)"),
+    deb(
+        "ibv_devices",
+        "ibverbs-utils",
+        "checks which libibverbs loads (VM)",
+    ),
+    deb("ibv_devinfo", "ibverbs-utils", "testbed smoke test (VM)"),
+    deb(
+        "ibv_rc_pingpong",
+        "ibverbs-utils",
+        "testbed smoke test (VM)",
+    ),
+    deb("rping", "rdmacm-utils", "rdma_cm smoke test (VM)"),
+    deb(
+        "ib_write_bw",
+        "perftest",
+        "the bandwidth peer in cargo xtask bench (VM)",
+    ),
+    deb(
+        "ib_write_lat",
+        "perftest",
+        "the latency peer in cargo xtask bench (VM)",
+    ),
+    deb("valgrind", "valgrind", "memcheck of drop paths (VM)"),
+    Program {
+        name: BUSYBOX,
+        source: Source::Busybox,
+        env: None,
+        why: "the initramfs's userland; /init installs its applets (VM)",
+    },
+    applet("mount"),
+    applet("insmod"),
+    applet("mkdir"),
+    applet("chroot"),
+    applet("dmesg"),
+    applet("cat"),
+    applet("sync"),
+    applet("poweroff"),
+    applet("tr"),
+];
+
+/// The static busybox copied into the initramfs.
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// The table's entry for `name` (outside the initramfs).
+pub fn lookup(name: &str) -> Option<&'static Program> {
+    PROGRAMS
+        .iter()
+        .find(|p| p.name == name && p.source != Source::Busybox)
+}
+
+/// A [`Command`] for the table's program `name` (its `env` override applied).
+///
+/// # Panics
+/// If `name` is not in the table: a bug in xtask, which the host test
+/// `every_spawned_program_is_in_the_table` catches first.
+pub fn cmd(name: &'static str) -> Command {
+    let p = lookup(name).unwrap_or_else(|| {
+        panic!("xtask runs `{name}`, which is not in programs::PROGRAMS: add it and its package")
+    });
+    match p.env.and_then(std::env::var_os) {
+        Some(other) => Command::new(other),
+        None => Command::new(p.name),
+    }
+}
+
+/// A [`Command`] for a binary this workspace built (a test or an example).
+pub fn built(path: &Path) -> Command {
+    Command::new(path)
+}
+
+/// `sh -c script`, after checking that every program the script runs is in the table.
+///
+/// # Errors
+/// When the script runs a program the table lacks.
+pub fn shell(script: &str) -> Result<Command> {
+    check(script, false)?;
+    let mut c = cmd("sh");
+    c.arg("-c").arg(script);
+    Ok(c)
+}
+
+/// Writes a script for `sh` (on the host or in the VM) after the same check as [`shell`].
+///
+/// # Errors
+/// When the script runs a program the table lacks, or the file cannot be written.
+pub fn write_script(path: &Path, script: &str) -> Result {
+    check(script, false)?;
+    crate::sh::write(path, script)
+}
+
+/// Checks that every program `script` runs is in the table (busybox applets only, for the
+/// initramfs's `/init`).
+///
+/// # Errors
+/// Names the first program the table lacks.
+pub fn check(script: &str, initramfs: bool) -> Result {
+    for name in shscan::programs(script) {
+        let known = if initramfs {
+            PROGRAMS
+                .iter()
+                .any(|p| p.name == name && p.source == Source::Busybox)
+        } else {
+            lookup(&name).is_some()
+        };
+        if !known {
+            fail!(
+                "a script runs `{name}`, which is not in xtask's programs table{}; add it with \
+                 the package that provides it (xtask/src/programs.rs)",
+                if initramfs { " of busybox applets" } else { "" }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The folders the testbed's scripts search (the VM's `PATH`), after the host's own `PATH`.
+const SYSTEM_PATH: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// Where `name` resolves: itself if absolute, else the first executable of that name on
+/// `PATH` or in the system folders.
+fn resolve(name: &str) -> Option<PathBuf> {
+    let executable = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if name.starts_with('/') {
+        return executable(Path::new(name)).then(|| PathBuf::from(name));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(SYSTEM_PATH.iter().map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| executable(p))
+}
+
+/// Checks that every program in the table can be run: Debian programs resolve, busybox has
+/// every applet, the toolchain's cargo is there.
+///
+/// # Errors
+/// Names every missing program with its package.
+pub fn verify() -> Result {
+    let applets = crate::sh::output(Command::new(BUSYBOX).arg("--list")).unwrap_or_default();
+    let mut missing = Vec::new();
+    for p in PROGRAMS {
+        let ok = match p.source {
+            Source::Busybox if p.name == BUSYBOX => resolve(BUSYBOX).is_some(),
+            Source::Busybox => applets.lines().any(|a| a.trim() == p.name),
+            Source::Toolchain | Source::Deb(_) => match p.env.and_then(std::env::var_os) {
+                Some(other) => resolve(&other.to_string_lossy()).is_some(),
+                None => resolve(p.name).is_some(),
+            },
+        };
+        if !ok {
+            let from = match p.source {
+                Source::Deb(pkg) => format!("Debian package `{pkg}`"),
+                Source::Busybox => format!("an applet of {BUSYBOX} (package `busybox-static`)"),
+                Source::Toolchain => "the Rust toolchain (rustup)".into(),
+            };
+            missing.push(format!("`{}` from {from}: {}", p.name, p.why));
+        }
+    }
+    if !missing.is_empty() {
+        fail!(
+            "after installing, these programs still cannot be found:\n    {}",
+            missing.join("\n    ")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::setup::PACKAGES;
+
+    fn workspace() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf()
+    }
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// The string literal that opens `text` (after `(`), if any.
+    fn literal(text: &str) -> Option<&str> {
+        text.strip_prefix('"')?.split('"').next()
+    }
+
+    #[test]
+    fn every_package_of_the_table_is_installed_by_setup() {
+        assert!(PACKAGES.iter().any(|(name, _)| *name == "busybox-static"));
+        for p in PROGRAMS {
+            if let Source::Deb(pkg) = p.source {
+                assert!(
+                    PACKAGES.iter().any(|(name, _)| *name == pkg),
+                    "`{}` comes from `{pkg}`, which setup::PACKAGES does not install",
+                    p.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_spawned_program_is_in_the_table() {
+        let mut files = Vec::new();
+        for d in [
+            "xtask/src",
+            "tests",
+            "examples",
+            "drm-export",
+            "rdma-dmabuf",
+        ] {
+            rust_files(&workspace().join(d), &mut files);
+        }
+        let mut bad = Vec::new();
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            let here = f.ends_with("xtask/src/programs.rs");
+            let lines: Vec<&str> = text.lines().collect();
+            for (n, line) in lines.iter().enumerate() {
+                let at = format!("{}:{}", f.display(), n + 1);
+                let code = line.split("//").next().unwrap_or("");
+                if let Some((_, rest)) = code.split_once("Command::new(") {
+                    let in_xtask = f.starts_with(workspace().join("xtask"));
+                    match literal(rest) {
+                        _ if here => {}
+                        _ if in_xtask => bad.push(format!(
+                            "{at}: xtask starts programs through programs::cmd/built/shell"
+                        )),
+                        Some(name) if lookup(name).is_none() => {
+                            bad.push(format!("{at}: `{name}` is not in programs::PROGRAMS"))
+                        }
+                        Some(_) => {}
+                        None => {
+                            let above = &lines[n.saturating_sub(2)..=n].join("\n");
+                            if !above.contains("built by this workspace") {
+                                bad.push(format!(
+                                    "{at}: a program named at run time must be one this \
+                                     workspace built (say so in a comment: \"built by this \
+                                     workspace\")"
+                                ));
+                            }
+                        }
+                    }
+                }
+                if let Some((_, rest)) = code.split_once("programs::cmd(").filter(|_| !here) {
+                    match literal(rest) {
+                        Some(name) if lookup(name).is_none() => {
+                            bad.push(format!("{at}: `{name}` is not in programs::PROGRAMS"))
+                        }
+                        Some("sh") => bad.push(format!(
+                            "{at}: run scripts through programs::shell or write_script"
+                        )),
+                        Some(_) => {}
+                        None => bad.push(format!("{at}: programs::cmd takes a literal name")),
+                    }
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    #[test]
+    fn every_script_runs_only_programs_of_the_table() {
+        for (name, script) in crate::scripts() {
+            if let Err(e) = check(&script, false) {
+                panic!("{name}: {e}");
+            }
+        }
+        check(crate::initramfs::INIT, true).unwrap();
+    }
+
+    #[test]
+    fn an_unknown_program_is_refused() {
+        let err = shell("echo hi | frobnicate --all").unwrap_err();
+        assert!(err.to_string().contains("`frobnicate`"), "{err}");
+        assert!(check("mount -t proc proc /proc", true).is_ok());
+        assert!(check("valgrind x", true).is_err(), "not a busybox applet");
+    }
+}
