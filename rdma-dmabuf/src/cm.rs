@@ -193,7 +193,8 @@ impl Drop for Channel {
     }
 }
 
-/// A connected cm id with its own event channel; owned by the queue pair.
+/// A connected cm id with its own event channel; owned by the queue pair. The id is
+/// destroyed (Drop) before its event channel (the field, dropped after).
 pub(crate) struct CmParts {
     id: NonNull<ffi::rdma_cm_id>,
     channel: Channel,
@@ -498,7 +499,19 @@ impl CmListener {
         )?;
         let child = NonNull::new(req.id)
             .ok_or_else(|| Error::from_errno(Op::Cm, "connect request without id", libc::EIO))?;
-        let channel = Channel::new()?;
+        let channel = match Channel::new() {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: the child id is ours and has no QP; rejected (so the peer hears at
+                // once) and destroyed once.
+                unsafe {
+                    ffi::rdma_reject(child.as_ptr(), std::ptr::null(), 0);
+                }
+                // SAFETY: as above.
+                unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
+                return Err(e);
+            }
+        };
         // SAFETY: `child` is the request's new id, owned from here; `channel` is live.
         if unsafe { ffi::rdma_migrate_id(child.as_ptr(), channel.0.as_ptr()) } != 0 {
             let e = Error::last_os(Op::Cm, "rdma_migrate_id");

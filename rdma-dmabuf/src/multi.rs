@@ -87,8 +87,9 @@ impl MultiChannelBuilder {
 /// A channel whose queue pairs await their peers' endpoints.
 #[derive(Debug)]
 pub struct PreparedMulti {
-    pd: Arc<ProtectionDomain>,
+    /// Dropped before `pd` (field order; each queue pair holds the PD anyway).
     qps: Vec<PreparedQp>,
+    pd: Arc<ProtectionDomain>,
 }
 
 impl PreparedMulti {
@@ -121,8 +122,9 @@ impl PreparedMulti {
 /// One connected queue pair per peer, sharing a protection domain.
 #[derive(Debug)]
 pub struct MultiChannel {
-    pd: Arc<ProtectionDomain>,
+    /// Dropped before `pd` (field order; each queue pair holds the PD anyway).
     peers: Vec<QueuePair>,
+    pd: Arc<ProtectionDomain>,
 }
 
 /// A part of a region: `(region, offset, len)`.

@@ -7,7 +7,7 @@
 //! the error state, drains the flushed requests, destroys it, and only then frees what was in
 //! flight.
 
-use crate::device::Gid;
+use crate::device::{Context, Gid};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing, MemoryRegion};
@@ -156,17 +156,13 @@ impl QueuePairBuilder {
         }
         let cqe = (self.send_depth + self.recv_depth) as i32;
         let channel = if self.channel {
-            // SAFETY: open context.
-            let ch = unsafe { ffi::ibv_create_comp_channel(ctx.as_ptr()) };
-            Some(CompChannel(NonNull::new(ch).ok_or_else(|| {
-                Error::last_os(Op::CreateCq, format!("{} (completion channel)", ctx.name()))
-            })?))
+            Some(CompChannel::new(&ctx)?)
         } else {
             None
         };
         let ch_ptr = channel
             .as_ref()
-            .map_or(std::ptr::null_mut(), |c| c.0.as_ptr());
+            .map_or(std::ptr::null_mut(), |c| c.ch.as_ptr());
         // SAFETY: open context; the channel (if any) is live and outlives the CQ (RawQp
         // destroys the CQ first).
         let cq = unsafe { ffi::ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), ch_ptr, 0) };
@@ -233,31 +229,63 @@ fn initial_psn(qpn: u32) -> u32 {
     (t ^ qpn.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff
 }
 
-/// The queue pair and completion queue handles (and, for rdma_cm connections, the cm id);
-/// destroyed in that order on drop.
+/// The queue pair and completion queue handles, the CQ's completion channel and, for rdma_cm
+/// connections, the cm id; destroyed in that order on drop, children before parents as
+/// libibverbs requires: `Drop` destroys the QP and then the CQ, and the fields then drop in
+/// declaration order (completion channel, cm id and its event channel, and last the
+/// protection domain, which may be the last reference to the context).
 pub(crate) struct RawQp {
     qp: NonNull<ffi::ibv_qp>,
     cq: NonNull<ffi::ibv_cq>,
-    pd: Arc<ProtectionDomain>,
-    cm: Option<crate::cm::CmParts>,
-    /// Dropped after the CQ (field order and Drop below).
+    /// Dropped after the CQ (Drop below) and before `pd` (field order).
     channel: Option<CompChannel>,
+    /// Dropped after the QP (Drop below) and before `pd` (field order).
+    cm: Option<crate::cm::CmParts>,
+    /// Dropped last: every object above lives in this PD's context.
+    pd: Arc<ProtectionDomain>,
 }
 
 // SAFETY: verbs on a QP and CQ may be called from any thread; the owning types decide sharing.
 unsafe impl Send for RawQp {}
 
-/// A completion channel (`ibv_create_comp_channel`); destroyed on drop, after its CQ.
-pub(crate) struct CompChannel(NonNull<ffi::ibv_comp_channel>);
+/// A completion channel (`ibv_create_comp_channel`); destroyed on drop, after its CQ, and
+/// before its context, which it holds until then.
+pub(crate) struct CompChannel {
+    ch: NonNull<ffi::ibv_comp_channel>,
+    /// Released after the channel is destroyed (`ibv_destroy_comp_channel` locks the
+    /// context's mutex, so the context must still be open).
+    ctx: Arc<Context>,
+}
 
 // SAFETY: a completion channel may be used from any thread.
 unsafe impl Send for CompChannel {}
 
+impl CompChannel {
+    fn new(ctx: &Arc<Context>) -> Result<CompChannel> {
+        // SAFETY: open context (the Arc keeps it so).
+        let ch = unsafe { ffi::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ch = NonNull::new(ch).ok_or_else(|| {
+            Error::last_os(Op::CreateCq, format!("{} (completion channel)", ctx.name()))
+        })?;
+        Ok(CompChannel {
+            ch,
+            ctx: ctx.clone(),
+        })
+    }
+}
+
 impl Drop for CompChannel {
     fn drop(&mut self) {
-        // SAFETY: its CQ was destroyed first (RawQp's Drop runs before its fields drop), and
-        // every event taken from it was acknowledged.
-        unsafe { ffi::ibv_destroy_comp_channel(self.0.as_ptr()) };
+        // SAFETY: its CQ was destroyed first (RawQp's Drop runs before its fields drop), every
+        // event taken from it was acknowledged, and the context is open (`self.ctx`, released
+        // only after this).
+        let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ch.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "rdma-dmabuf: ibv_destroy_comp_channel on {} failed: {rc}",
+                self.ctx.name()
+            );
+        }
     }
 }
 
@@ -299,15 +327,28 @@ impl Drop for RawQp {
             // SAFETY: the QP was created by rdma_create_qp on this id; destroyed once. After it
             // returns the NIC no longer touches any buffer posted on it.
             Some(cm) => unsafe { ffi::rdma_destroy_qp(cm.id()) },
-            // SAFETY: destroyed once, before the CQ it uses; same guarantee as above.
-            None => unsafe {
-                ffi::ibv_destroy_qp(self.qp.as_ptr());
-            },
+            None => {
+                // SAFETY: destroyed once, before the CQ it uses; same guarantee as above.
+                let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+                if rc != 0 {
+                    eprintln!(
+                        "rdma-dmabuf: ibv_destroy_qp on {} failed: {rc}",
+                        self.pd.context().name()
+                    );
+                }
+            }
         }
-        // SAFETY: the only QP using this CQ was destroyed just above.
-        unsafe {
-            ffi::ibv_destroy_cq(self.cq.as_ptr());
+        // SAFETY: the only QP using this CQ was destroyed just above; the context is open
+        // (`self.pd` holds it until the fields drop, after this).
+        let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "rdma-dmabuf: ibv_destroy_cq on {} failed: {rc}",
+                self.pd.context().name()
+            );
         }
+        // The fields drop next, in order: the completion channel, the cm id and its event
+        // channel, then the protection domain (and with it, perhaps, the context).
     }
 }
 
@@ -807,7 +848,7 @@ impl QueuePair {
             return Ok(());
         }
         // SAFETY: the channel is live; `fd` is a plain field.
-        let fd = unsafe { ch.0.as_ref() }.fd;
+        let fd = unsafe { ch.ch.as_ref() }.fd;
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -820,7 +861,7 @@ impl QueuePair {
             let mut cq = std::ptr::null_mut();
             let mut ctx = std::ptr::null_mut();
             // SAFETY: the fd is readable, so an event is queued and this does not block.
-            if unsafe { ffi::ibv_get_cq_event(ch.0.as_ptr(), &mut cq, &mut ctx) } == 0 {
+            if unsafe { ffi::ibv_get_cq_event(ch.ch.as_ptr(), &mut cq, &mut ctx) } == 0 {
                 // SAFETY: acknowledges the one event just taken, on its CQ.
                 unsafe { ffi::ibv_ack_cq_events(cq, 1) };
             }
