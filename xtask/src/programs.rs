@@ -128,7 +128,7 @@ pub const PROGRAMS: &[Program] = &[
     ),
     deb(
         "pahole",
-        "dwarves",
+        "pahole",
         "BTF for the module, run by the 6.12 headers' Makefile.modfinal (host)",
     ),
     deb("ld", "binutils", "links the module, run by kbuild (host)"),
@@ -137,7 +137,7 @@ pub const PROGRAMS: &[Program] = &[
     deb("ninja", "ninja-build", "builds rdma-core (host)"),
     deb(
         "/usr/bin/python3",
-        "python3",
+        "python3-minimal",
         "rdma-core's test suite and pyverbs' build (host and VM)",
     ),
     deb("ip", "iproute2", "addresses and veth links (VM)"),

@@ -39,8 +39,9 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("libc6-dev", "C headers and start files for every C build"),
     ("binutils", "ld and objcopy, run by kbuild"),
     (
-        "dwarves",
-        "pahole: the 6.12 headers' Makefile.modfinal generates BTF for modules",
+        "pahole",
+        "BTF for modules, run by the 6.12 headers' Makefile.modfinal (bookworm's dwarves is \
+         only a wrapper around this package)",
     ),
     (
         "libelf1",
@@ -54,9 +55,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("ninja-build", "ninja: builds rdma-core"),
     ("libnl-3-dev", "rdma-core's netlink support"),
     ("libnl-route-3-dev", "rdma-core's netlink route support"),
+    ("python3-minimal", "/usr/bin/python3 itself"),
     (
         "python3",
-        "/usr/bin/python3: rdma-core's test suite and pyverbs",
+        "the standard library rdma-core's test suite and pyverbs use",
     ),
     ("qemu-system-x86", "boots the testbed VM"),
     ("busybox-static", "the testbed's initramfs userland"),
