@@ -8,14 +8,14 @@
 
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
-use crate::qp::{QueuePair, QueuePairBuilder};
+use crate::qp::{deadline_after, poll_ms, time_left, QueuePair, QueuePairBuilder, Retry};
 use rdma_sys as ffi;
 use std::ffi::CStr;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The most private data [`CmConnector::connect`] and [`CmListener::accept`] carry: an RC
 /// connect request has 56 bytes over RoCE, two of which frame the data.
@@ -118,7 +118,8 @@ impl Channel {
 
     /// The next event and its status.
     fn next(&self, timeout: Duration, step: &str) -> Result<(Event, i32)> {
-        let deadline = Instant::now() + timeout;
+        // `Duration::MAX` (or any timeout past what `Instant` holds) means no deadline.
+        let deadline = deadline_after(timeout);
         loop {
             let mut ev = std::ptr::null_mut();
             // SAFETY: live channel, valid out-pointer.
@@ -166,7 +167,7 @@ impl Channel {
                     err.raw_os_error().unwrap_or(libc::EIO),
                 ));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = time_left(deadline);
             if left.is_zero() {
                 return Err(Error::from_errno(
                     Op::Cm,
@@ -179,9 +180,8 @@ impl Channel {
                 events: libc::POLLIN,
                 revents: 0,
             };
-            let ms = left.as_millis().min(i32::MAX as u128) as i32;
             // SAFETY: one valid pollfd for the call.
-            unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
+            unsafe { libc::poll(&mut pfd, 1, poll_ms(left).max(1)) };
         }
     }
 }
@@ -298,8 +298,37 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (ss, len as libc::socklen_t)
 }
 
-/// Connection parameters carrying `framed` (from [`frame`]), which must outlive their use.
-fn conn_param(framed: &[u8]) -> Result<ffi::rdma_conn_param> {
+/// `RDMA_OPTION_ID` (`rdma_set_option` level) and `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`), from
+/// `<rdma/rdma_cma.h>`.
+const RDMA_OPTION_ID: i32 = 0;
+const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
+
+/// Gives the id's queue pair the builder's ACK timeout (by default the CM derives it from the
+/// path's packet lifetime); must precede `rdma_connect` / `rdma_accept`.
+fn set_ack_timeout(parts: &CmParts, retry: Retry) -> Result<()> {
+    let mut timeout: u8 = retry.ack_timeout;
+    // SAFETY: live id; `timeout` is a valid `u8` option value of the size passed.
+    let rc = unsafe {
+        ffi::rdma_set_option(
+            parts.id(),
+            RDMA_OPTION_ID,
+            RDMA_OPTION_ID_ACK_TIMEOUT,
+            (&mut timeout as *mut u8).cast(),
+            std::mem::size_of::<u8>(),
+        )
+    };
+    if rc != 0 {
+        return Err(Error::last_os(
+            Op::Cm,
+            format!("rdma_set_option(ACK_TIMEOUT, {timeout})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Connection parameters carrying `framed` (from [`frame`]), which must outlive their use,
+/// and the builder's retry counts.
+fn conn_param(framed: &[u8], retry: Retry) -> Result<ffi::rdma_conn_param> {
     let data = framed.len().saturating_sub(2);
     if data > MAX_PRIVATE_DATA {
         return Err(Error::invalid(
@@ -318,8 +347,8 @@ fn conn_param(framed: &[u8]) -> Result<ffi::rdma_conn_param> {
         responder_resources: 16,
         initiator_depth: 16,
         flow_control: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
+        retry_count: retry.retry_count,
+        rnr_retry_count: retry.rnr_retry,
         srq: 0,
         qp_num: 0,
     })
@@ -350,7 +379,8 @@ impl CmConnector {
         let id = create_id(&channel)?;
         let parts = CmParts { id, channel };
         let (mut dst, _) = sockaddr(peer);
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // librdmacm takes an `int` of milliseconds: clamped, and at least 1.
+        let ms = poll_ms(timeout).max(1);
         // SAFETY: live id; `dst` is a valid sockaddr for the call.
         if unsafe {
             ffi::rdma_resolve_addr(
@@ -402,11 +432,12 @@ impl CmConnector {
         timeout: Duration,
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
-        let mut param = conn_param(&framed)?;
+        let mut param = conn_param(&framed, qp.retry())?;
         let (send, recv) = qp.depths();
         let peer = self.peer;
         let raw = qp.create(Some(self.parts))?;
         let parts = raw.cm_parts();
+        set_ack_timeout(parts, qp.retry())?;
         // SAFETY: live id with its QP; `param` and `private` live across the call.
         if unsafe { ffi::rdma_connect(parts.id(), &mut param) } != 0 {
             return Err(Error::last_os(Op::Cm, format!("rdma_connect {peer}")));
@@ -491,7 +522,7 @@ impl CmListener {
         timeout: Duration,
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
-        let mut param = conn_param(&framed)?;
+        let mut param = conn_param(&framed, qp.retry())?;
         let req = self.channel.expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
             timeout,
@@ -523,6 +554,7 @@ impl CmListener {
         let (send, recv) = qp.depths();
         let raw = qp.create(Some(parts))?;
         let parts = raw.cm_parts();
+        set_ack_timeout(parts, qp.retry())?;
         // SAFETY: live id with its QP; `param` and `private` live across the call.
         if unsafe { ffi::rdma_accept(parts.id(), &mut param) } != 0 {
             return Err(Error::last_os(
@@ -562,8 +594,9 @@ mod tests {
 
     #[test]
     fn too_much_private_data_is_refused() {
-        assert!(conn_param(&frame(&[0; MAX_PRIVATE_DATA])).is_ok());
-        let Err(e) = conn_param(&frame(&[0; MAX_PRIVATE_DATA + 1])) else {
+        let r = Retry::default();
+        assert!(conn_param(&frame(&[0; MAX_PRIVATE_DATA]), r).is_ok());
+        let Err(e) = conn_param(&frame(&[0; MAX_PRIVATE_DATA + 1]), r) else {
             panic!("accepted 55 bytes")
         };
         assert!(e.to_string().contains("at most 54"), "{e}");

@@ -155,6 +155,28 @@ impl Context {
         self.ctx.as_ptr()
     }
 
+    /// `ibv_query_device`: the device's limits.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`].
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        // SAFETY: ibv_device_attr is a plain C struct for which all-zero is a valid value.
+        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer of the right type.
+        let rc = unsafe { ffi::ibv_query_device(self.as_ptr(), &mut attr) };
+        if rc != 0 {
+            return Err(Error::from_errno(Op::QueryDevice, &self.name, rc));
+        }
+        let count = |v: i32| u32::try_from(v).unwrap_or(0);
+        Ok(DeviceAttr {
+            max_qp: count(attr.max_qp),
+            max_qp_wr: count(attr.max_qp_wr),
+            max_sge: count(attr.max_sge),
+            max_cqe: count(attr.max_cqe),
+            phys_port_cnt: attr.phys_port_cnt,
+        })
+    }
+
     /// `ibv_query_port`.
     ///
     /// # Errors
@@ -246,6 +268,22 @@ impl Drop for Context {
             eprintln!("rdma-dmabuf: ibv_close_device({}) failed: {rc}", self.name);
         }
     }
+}
+
+/// A device's limits (`ibv_device_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceAttr {
+    /// Queue pairs the device can hold.
+    pub max_qp: u32,
+    /// Work requests one send or receive queue can hold.
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// Entries one completion queue can hold.
+    pub max_cqe: u32,
+    /// Physical ports (numbered from 1).
+    pub phys_port_cnt: u8,
 }
 
 /// A port's attributes.

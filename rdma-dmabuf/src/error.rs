@@ -12,6 +12,8 @@ pub enum Op {
     ListDevices,
     /// `ibv_open_device`.
     OpenDevice,
+    /// `ibv_query_device`.
+    QueryDevice,
     /// `ibv_query_port`.
     QueryPort,
     /// `ibv_query_gid` and the GID type table.
@@ -51,6 +53,7 @@ impl fmt::Display for Op {
         f.write_str(match self {
             Op::ListDevices => "ibv_get_device_list",
             Op::OpenDevice => "ibv_open_device",
+            Op::QueryDevice => "ibv_query_device",
             Op::QueryPort => "ibv_query_port",
             Op::QueryGid => "ibv_query_gid",
             Op::AllocPd => "ibv_alloc_pd",
@@ -131,6 +134,9 @@ pub enum Error {
     /// The dma-buf's fences could not be exported or waited on.
     #[error("dma-buf fences: {0}")]
     Fence(#[source] Box<drm_export::Error>),
+    /// A dma-buf region could not be mapped for the CPU.
+    #[error("mapping a dma-buf region: {0}")]
+    Map(#[source] Box<drm_export::Error>),
     /// A work request completed with an error status.
     #[error("work request {wr_id} ({kind}) failed: {status_text} (status {status}, vendor error {vendor_err:#x})")]
     Completion {

@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::mr::MemoryRegion;
-use crate::qp::{Local, Pending, QueuePair, WorkError};
+use crate::qp::{deadline_after, time_left, Local, Pending, QueuePair, WorkError};
 use crate::remote::RemoteRegion;
 use crate::wr::WorkKind;
 use drm_export::{Access as SyncAccess, DmaBuf};
@@ -60,7 +60,8 @@ impl FencedOp {
     }
 }
 
-/// Waits (at most `timeout`) for the fences a request of `op` on `region` must respect.
+/// Waits (at most `timeout`; `Duration::MAX` for as long as it takes) for the fences a request
+/// of `op` on `region` must respect.
 ///
 /// # Errors
 /// [`Error::FenceTimeout`] if they have not signalled in time; [`Error::Fence`] if the
@@ -74,19 +75,33 @@ pub fn wait_for_fences(
     let sync = buf
         .export_sync_file(op.waits_for())
         .map_err(|e| Error::Fence(Box::new(e)))?;
-    match sync.wait(timeout) {
-        Ok(()) => Ok(()),
-        Err(drm_export::Error::Timeout { .. }) => Err(Error::FenceTimeout {
-            kind: op.kind(),
-            timeout,
-        }),
-        Err(e) => Err(Error::Fence(Box::new(e))),
+    // `Duration::MAX` (or any timeout past what `Instant` holds) waits for as long as it
+    // takes; the sync_file is waited on in slices of at most a day, so no slice's deadline
+    // can overflow whatever the exporter's crate does with it.
+    let deadline = deadline_after(timeout);
+    loop {
+        let left = time_left(deadline);
+        match sync.wait(left.min(SLICE)) {
+            Ok(()) => return Ok(()),
+            Err(drm_export::Error::Timeout { .. }) if left > SLICE => continue,
+            Err(drm_export::Error::Timeout { .. }) => {
+                return Err(Error::FenceTimeout {
+                    kind: op.kind(),
+                    timeout,
+                })
+            }
+            Err(e) => return Err(Error::Fence(Box::new(e))),
+        }
     }
 }
 
+/// The longest single wait on a sync_file (see [`wait_for_fences`]).
+const SLICE: Duration = Duration::from_secs(24 * 60 * 60);
+
 impl QueuePair {
     /// Posts `op` on a dma-buf region once the buffer's implicit fences allow it (see the
-    /// module docs), waiting at most `timeout` for them.
+    /// module docs), waiting at most `timeout` for them (`Duration::MAX`: for as long as it
+    /// takes).
     ///
     /// # Errors
     /// A [`WorkError`] with the region back: [`Error::FenceTimeout`] (nothing was posted), a

@@ -33,7 +33,18 @@ impl HostBuffer {
             return Err(Error::invalid(Op::AllocHost, "length 0"));
         }
         let page = page_size();
-        let len = len.div_ceil(page) * page;
+        let Some(len) = len.checked_next_multiple_of(page) else {
+            return Err(Error::invalid(
+                Op::AllocHost,
+                format!("{len} bytes: rounded up to the {page}-byte page size, past usize::MAX"),
+            ));
+        };
+        if isize::try_from(len).is_err() {
+            return Err(Error::invalid(
+                Op::AllocHost,
+                format!("{len} bytes: more than isize::MAX, the largest Rust slice"),
+            ));
+        }
         // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
         // nothing; it is unmapped exactly once, in Drop.
         let p = unsafe {
@@ -120,6 +131,19 @@ mod tests {
         assert!(b.as_slice().iter().all(|&x| x == 0));
         assert!((b.addr() as usize).is_multiple_of(page_size()));
         assert!(HostBuffer::new(0).is_err());
+    }
+
+    #[test]
+    fn lengths_past_the_address_space_are_refused_with_the_figure() {
+        for len in [
+            usize::MAX,
+            usize::MAX - page_size() + 2,
+            isize::MAX as usize + 1,
+        ] {
+            let e = HostBuffer::new(len).unwrap_err().to_string();
+            assert!(e.contains(&len.to_string()), "{e}");
+            assert!(!e.contains(" 0 bytes"), "{e}");
+        }
     }
 
     #[test]

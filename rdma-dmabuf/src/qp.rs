@@ -23,7 +23,104 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The default local ACK timeout exponent: a request unacknowledged for 4.096 µs × 2^16 ≈
+/// 268 ms is sent again.
+pub const DEFAULT_ACK_TIMEOUT: u8 = 16;
+/// The default transport retry count: after the first try and 6 retries, each unacknowledged
+/// for the ACK timeout, the request fails with `IBV_WC_RETRY_EXC_ERR` (about 7 × 268 ms ≈
+/// 1.9 s on soft-RoCE; the specification lets a NIC wait up to 4 times the timeout per try,
+/// 7.5 s in all).
+pub const DEFAULT_RETRY_COUNT: u8 = 6;
+/// The default RNR retry count: a send that finds no receive posted is retried 6 times, each
+/// after the peer's RNR timer, then fails with `IBV_WC_RNR_RETRY_EXC_ERR`. (7 would mean
+/// "forever": see [`QueuePairBuilder::rnr_retry_forever`].)
+pub const DEFAULT_RNR_RETRY: u8 = 6;
+/// The default minimum RNR timer code (the IB table's code 28, 163.84 ms) that this queue
+/// pair asks a peer to wait after finding no receive posted: with the default RNR retry
+/// count, a peer's send waits up to 6 × 163.84 ms ≈ 0.98 s for a receive.
+pub const DEFAULT_MIN_RNR_TIMER: u8 = 28;
+
+/// The RNR timer codes of the InfiniBand specification (table 45), in microseconds; code 0
+/// is the longest.
+const RNR_TIMER_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
+];
+
+/// How long a requester waits and how often it retries before failing a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Retry {
+    pub ack_timeout: u8,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+}
+
+impl Default for Retry {
+    fn default() -> Retry {
+        Retry {
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            retry_count: DEFAULT_RETRY_COUNT,
+            rnr_retry: DEFAULT_RNR_RETRY,
+            min_rnr_timer: DEFAULT_MIN_RNR_TIMER,
+        }
+    }
+}
+
+/// The value of [`QueuePairBuilder::rnr_retry_forever`]: `rnr_retry = 7`.
+const RNR_RETRY_FOREVER: u8 = 7;
+
+impl Retry {
+    /// Refuses values the verbs would misread (a 3-bit count past 7, an infinite ACK timeout).
+    fn check(&self, forever: bool) -> Result<()> {
+        let refuse = |what: String| Err(Error::invalid(Op::CreateQp, what));
+        if self.retry_count > 7 {
+            return refuse(format!(
+                "retry_count {}: at most 7 (a 3-bit field)",
+                self.retry_count
+            ));
+        }
+        if self.rnr_retry == RNR_RETRY_FOREVER && !forever {
+            return refuse(
+                "rnr_retry 7 means retry forever: ask for it with rnr_retry_forever()".into(),
+            );
+        }
+        if self.rnr_retry > 7 {
+            return refuse(format!(
+                "rnr_retry {}: at most 6 (7, which means forever, through rnr_retry_forever())",
+                self.rnr_retry
+            ));
+        }
+        if self.ack_timeout == 0 || self.ack_timeout > 31 {
+            return refuse(format!(
+                "ack_timeout exponent {}: 1 to 31 (0 would mean wait forever)",
+                self.ack_timeout
+            ));
+        }
+        if self.min_rnr_timer > 31 {
+            return refuse(format!(
+                "min_rnr_timer code {}: 0 to 31",
+                self.min_rnr_timer
+            ));
+        }
+        Ok(())
+    }
+
+    /// The longest a request can stay unacknowledged before failing with
+    /// `IBV_WC_RETRY_EXC_ERR`: (retry count + 1) tries of up to 4 × 4.096 µs × 2^timeout
+    /// each (the specification's bound on the NIC's timer).
+    fn transport_budget(&self) -> Duration {
+        let per_try_ns = 4096u64 << self.ack_timeout;
+        Duration::from_nanos(per_try_ns.saturating_mul(4 * (u64::from(self.retry_count) + 1)))
+    }
+}
+
 /// Settings of a new queue pair; required arguments are in [`QueuePairBuilder::new`].
+///
+/// No default waits forever: a request the peer never acknowledges fails after the retry
+/// budget ([`DEFAULT_RETRY_COUNT`] retries of [`DEFAULT_ACK_TIMEOUT`]), and a send the peer
+/// has no receive for fails after [`DEFAULT_RNR_RETRY`] RNR retries.
 #[derive(Debug)]
 pub struct QueuePairBuilder {
     pd: Arc<ProtectionDomain>,
@@ -32,11 +129,14 @@ pub struct QueuePairBuilder {
     send_depth: u32,
     recv_depth: u32,
     channel: bool,
+    retry: Retry,
+    rnr_forever: bool,
 }
 
 impl QueuePairBuilder {
     /// A builder for an RC queue pair in `pd`: port 1, 128 sends and 128 receives
-    /// outstanding, the port's RoCEv2 IPv4 GID.
+    /// outstanding, the port's RoCEv2 IPv4 GID, and finite retries (the `DEFAULT_*`
+    /// constants of this module).
     pub fn new(pd: &Arc<ProtectionDomain>) -> QueuePairBuilder {
         QueuePairBuilder {
             pd: pd.clone(),
@@ -45,6 +145,8 @@ impl QueuePairBuilder {
             send_depth: 128,
             recv_depth: 128,
             channel: false,
+            retry: Retry::default(),
+            rnr_forever: false,
         }
     }
 
@@ -54,13 +156,15 @@ impl QueuePairBuilder {
         self
     }
 
-    /// The source GID index (default: the port's RoCEv2 IPv4-mapped GID).
+    /// The source GID index (default: the port's RoCEv2 IPv4-mapped GID). Checked at
+    /// [`build`](QueuePairBuilder::build) against the port's GID table.
     pub fn gid_index(mut self, index: u32) -> Self {
         self.gid_index = Some(index);
         self
     }
 
-    /// How many sends, writes and reads may be outstanding (default 128).
+    /// How many sends, writes and reads may be outstanding (default 128). Checked at
+    /// [`build`](QueuePairBuilder::build) against the device's `max_qp_wr`.
     pub fn send_depth(mut self, n: u32) -> Self {
         self.send_depth = n;
         self
@@ -73,10 +177,78 @@ impl QueuePairBuilder {
         self
     }
 
-    /// How many receives may be outstanding (default 128).
+    /// How many receives may be outstanding (default 128). Checked at
+    /// [`build`](QueuePairBuilder::build) against the device's `max_qp_wr`.
     pub fn recv_depth(mut self, n: u32) -> Self {
         self.recv_depth = n;
         self
+    }
+
+    /// The local ACK timeout exponent `t` (`ibv_qp_attr.timeout`, 1 to 31, default
+    /// [`DEFAULT_ACK_TIMEOUT`]): a request unacknowledged for 4.096 µs × 2^t is retried.
+    /// 0, which the verbs read as "wait forever", is refused at build.
+    pub fn ack_timeout(mut self, exponent: u8) -> Self {
+        self.retry.ack_timeout = exponent;
+        self
+    }
+
+    /// How many times an unacknowledged request is sent again before it fails with
+    /// `IBV_WC_RETRY_EXC_ERR` (`ibv_qp_attr.retry_cnt`, 0 to 7, default
+    /// [`DEFAULT_RETRY_COUNT`]). Note that soft-RoCE (rxe) reads 7 as "forever".
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry.retry_count = n;
+        self
+    }
+
+    /// How many times a send that found no receive posted at the peer is retried before it
+    /// fails with `IBV_WC_RNR_RETRY_EXC_ERR` (`ibv_qp_attr.rnr_retry`, 0 to 6, default
+    /// [`DEFAULT_RNR_RETRY`]). 7, which the specification defines as "forever", is refused
+    /// here: use [`rnr_retry_forever`](QueuePairBuilder::rnr_retry_forever).
+    pub fn rnr_retry(mut self, n: u8) -> Self {
+        self.retry.rnr_retry = n;
+        self.rnr_forever = false;
+        self
+    }
+
+    /// Retries a send that found no receive posted at the peer forever (`rnr_retry = 7`): a
+    /// peer that never posts a receive then stalls this queue pair until it is destroyed or
+    /// moved to the error state.
+    pub fn rnr_retry_forever(mut self) -> Self {
+        self.retry.rnr_retry = RNR_RETRY_FOREVER;
+        self.rnr_forever = true;
+        self
+    }
+
+    /// The minimum RNR timer this queue pair asks its peer to wait before retrying a send it
+    /// had no receive for (`ibv_qp_attr.min_rnr_timer`, a code of the InfiniBand table: 1 is
+    /// 10 µs, 12 is 0.64 ms, 28 is 163.84 ms, 31 is 491.52 ms and 0 is 655.36 ms; default
+    /// [`DEFAULT_MIN_RNR_TIMER`]). Connections made by rdma_cm take the CM's value.
+    pub fn min_rnr_timer(mut self, code: u8) -> Self {
+        self.retry.min_rnr_timer = code;
+        self
+    }
+
+    /// The longest a request of this queue pair can stay unacknowledged before it fails with
+    /// `IBV_WC_RETRY_EXC_ERR`: (retry count + 1) × 4 × 4.096 µs × 2^ack_timeout, the
+    /// specification's bound (soft-RoCE waits a quarter of it: about 1.9 s with the defaults,
+    /// against 7.5 s here).
+    pub fn retry_budget(&self) -> Duration {
+        self.retry.transport_budget()
+    }
+
+    /// The longest a peer's send can wait for a receive on this queue pair before it fails
+    /// with `IBV_WC_RNR_RETRY_EXC_ERR`, if the peer uses the same RNR retry count: RNR retry
+    /// count × the minimum RNR timer; `None` with [`rnr_retry_forever`].
+    ///
+    /// [`rnr_retry_forever`]: QueuePairBuilder::rnr_retry_forever
+    pub fn rnr_budget(&self) -> Option<Duration> {
+        if self.retry.rnr_retry >= RNR_RETRY_FOREVER {
+            return None;
+        }
+        let us = RNR_TIMER_US[usize::from(self.retry.min_rnr_timer & 31)];
+        Some(Duration::from_micros(
+            u64::from(us) * u64::from(self.retry.rnr_retry),
+        ))
     }
 
     /// Creates the completion queue and the queue pair and moves it to INIT.
@@ -86,12 +258,7 @@ impl QueuePairBuilder {
     /// index with no GID: `EINVAL` with a hint).
     pub fn build(self) -> Result<PreparedQp> {
         let ctx = self.pd.context().clone();
-        if self.send_depth == 0 || self.recv_depth == 0 {
-            return Err(Error::invalid(
-                Op::CreateQp,
-                "queue depths must be at least 1",
-            ));
-        }
+        self.check_settings()?;
         let port_attr = ctx.query_port(self.port)?;
         let (gid_index, gid) = match self.gid_index {
             Some(i) => (i, ctx.gid(self.port, i)?),
@@ -139,6 +306,7 @@ impl QueuePairBuilder {
             },
             send_depth: self.send_depth,
             recv_depth: self.recv_depth,
+            retry: self.retry,
         })
     }
 }
@@ -148,13 +316,8 @@ impl QueuePairBuilder {
     /// is given (the connection manager then drives its state).
     pub(crate) fn create(&self, cm: Option<crate::cm::CmParts>) -> Result<RawQp> {
         let ctx = self.pd.context().clone();
-        if self.send_depth == 0 || self.recv_depth == 0 {
-            return Err(Error::invalid(
-                Op::CreateQp,
-                "queue depths must be at least 1",
-            ));
-        }
-        let cqe = (self.send_depth + self.recv_depth) as i32;
+        self.check_settings()?;
+        let cqe = self.cq_entries()?;
         let channel = if self.channel {
             Some(CompChannel::new(&ctx)?)
         } else {
@@ -217,6 +380,57 @@ impl QueuePairBuilder {
 
     pub(crate) fn depths(&self) -> (u32, u32) {
         (self.send_depth, self.recv_depth)
+    }
+
+    pub(crate) fn retry(&self) -> Retry {
+        self.retry
+    }
+
+    /// Refuses zero depths and invalid retry settings before anything is created.
+    fn check_settings(&self) -> Result<()> {
+        if self.send_depth == 0 || self.recv_depth == 0 {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                format!(
+                    "send_depth {} and recv_depth {}: each must be at least 1",
+                    self.send_depth, self.recv_depth
+                ),
+            ));
+        }
+        self.retry.check(self.rnr_forever)
+    }
+
+    /// The completion queue's size (one entry per request that may be outstanding), after
+    /// checking both depths against the device's `max_qp_wr` and their sum against its
+    /// `max_cqe`.
+    fn cq_entries(&self) -> Result<i32> {
+        let ctx = self.pd.context();
+        let dev = ctx.query_device()?;
+        let (send, recv) = (self.send_depth, self.recv_depth);
+        if send > dev.max_qp_wr || recv > dev.max_qp_wr {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                format!(
+                    "send_depth {send} and recv_depth {recv}: {} allows at most {} work \
+                     requests per queue (max_qp_wr)",
+                    ctx.name(),
+                    dev.max_qp_wr
+                ),
+            ));
+        }
+        let cqe = u64::from(send) + u64::from(recv);
+        match i32::try_from(cqe) {
+            Ok(n) if cqe <= u64::from(dev.max_cqe) => Ok(n),
+            _ => Err(Error::invalid(
+                Op::CreateCq,
+                format!(
+                    "send_depth {send} + recv_depth {recv} = {cqe} completion queue entries: \
+                     {} allows at most {} (max_cqe)",
+                    ctx.name(),
+                    dev.max_cqe
+                ),
+            )),
+        }
     }
 }
 
@@ -361,6 +575,7 @@ pub struct PreparedQp {
     local: Endpoint,
     send_depth: u32,
     recv_depth: u32,
+    retry: Retry,
 }
 
 impl fmt::Debug for PreparedQp {
@@ -390,7 +605,7 @@ impl PreparedQp {
         attr.dest_qp_num = remote.qpn;
         attr.rq_psn = remote.psn;
         attr.max_dest_rd_atomic = 16;
-        attr.min_rnr_timer = 12;
+        attr.min_rnr_timer = self.retry.min_rnr_timer;
         attr.ah_attr.is_global = 1;
         attr.ah_attr.dlid = remote.lid;
         attr.ah_attr.port_num = self.port;
@@ -406,9 +621,9 @@ impl PreparedQp {
             | M::IBV_QP_MIN_RNR_TIMER;
         self.raw.modify(&mut attr, rtr.0, "RTR")?;
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
-        attr.timeout = 14;
-        attr.retry_cnt = 7;
-        attr.rnr_retry = 7;
+        attr.timeout = self.retry.ack_timeout;
+        attr.retry_cnt = self.retry.retry_count;
+        attr.rnr_retry = self.retry.rnr_retry;
         attr.sq_psn = self.local.psn;
         attr.max_rd_atomic = 16;
         let rts = M::IBV_QP_STATE
@@ -621,7 +836,7 @@ impl QueuePair {
     }
 
     /// Checks a request against the region, the queue pair and the verb.
-    fn check<B: Backing>(
+    pub(crate) fn check<B: Backing>(
         &self,
         kind: WorkKind,
         region: &MemoryRegion<B>,
@@ -854,9 +1069,8 @@ impl QueuePair {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: one valid pollfd for the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let n = unsafe { libc::poll(&mut pfd, 1, poll_ms(timeout)) };
         if n > 0 {
             let mut cq = std::ptr::null_mut();
             let mut ctx = std::ptr::null_mut();
@@ -905,6 +1119,25 @@ impl QueuePair {
             None => Err(Error::invalid(Op::Cm, "not an rdma_cm connection")),
         }
     }
+}
+
+/// The instant `timeout` from now; `None` (no deadline) when it lies past what [`Instant`]
+/// can hold, as `Duration::MAX` does.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+/// The time left until `deadline` (`Duration::MAX` without one).
+pub(crate) fn time_left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(Instant::now())
+    })
+}
+
+/// `timeout` as `poll(2)`'s milliseconds: rounded up (so a wait of less than a millisecond
+/// sleeps rather than spins) and clamped to `i32::MAX` (about 24.8 days; callers loop).
+pub(crate) fn poll_ms(timeout: Duration) -> i32 {
+    i32::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
 }
 
 /// A completion with an error status as a typed error naming the request.
@@ -1028,38 +1261,40 @@ impl<'q, B: Backing> Pending<'q, B> {
     }
 
     /// Waits for the completion sleeping in the kernel on the completion channel (see
-    /// [`QueuePairBuilder::completion_channel`]), for at most `timeout`; without a channel it
-    /// polls, yielding between polls.
+    /// [`QueuePairBuilder::completion_channel`]), for at most `timeout` (`Duration::MAX`, or
+    /// any timeout past what [`Instant`] can hold, waits for as long as it takes); without a
+    /// channel it polls, yielding between polls.
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout` or the notification
     /// cannot be armed.
     pub fn wait_blocking(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut p = self;
         loop {
             match p.try_complete() {
                 Ok(outcome) => return Ok(outcome),
                 Err(again) => p = again,
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = time_left(deadline);
             if left.is_zero() || p.qp.sleep_for_completion(left).is_err() {
                 return Err(p);
             }
         }
     }
 
-    /// As [`Pending::wait`], for at most `timeout`.
+    /// As [`Pending::wait`], for at most `timeout` (`Duration::MAX` waits for as long as it
+    /// takes, as `wait` does).
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`.
     pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut p = self;
         loop {
             match p.try_complete() {
                 Ok(outcome) => return Ok(outcome),
-                Err(again) if Instant::now() >= deadline => return Err(again),
+                Err(again) if time_left(deadline).is_zero() => return Err(again),
                 Err(again) => p = again,
             }
             std::thread::yield_now();
@@ -1078,5 +1313,80 @@ impl<B: Backing> Drop for Pending<'_, B> {
             // Completed already: the NIC is done with it, free it now (outside the borrow).
             drop(back);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_timeouts_round_up_and_clamp() {
+        assert_eq!(poll_ms(Duration::ZERO), 0);
+        assert_eq!(poll_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(poll_ms(Duration::from_micros(1500)), 2);
+        assert_eq!(
+            poll_ms(Duration::from_millis(i32::MAX as u64 + 1)),
+            i32::MAX
+        );
+        assert_eq!(poll_ms(Duration::MAX), i32::MAX);
+    }
+
+    #[test]
+    fn deadlines_saturate() {
+        assert_eq!(deadline_after(Duration::MAX), None);
+        assert_eq!(time_left(None), Duration::MAX);
+        let d = deadline_after(Duration::from_secs(60));
+        assert!(time_left(d) <= Duration::from_secs(60) && !time_left(d).is_zero());
+        assert!(time_left(deadline_after(Duration::ZERO)).is_zero());
+    }
+
+    #[test]
+    fn retry_settings_are_checked_and_budgeted() {
+        let r = Retry::default();
+        assert!(r.check(false).is_ok());
+        // (6 + 1) tries of 4 × 4.096 µs × 2^16.
+        assert_eq!(
+            r.transport_budget(),
+            Duration::from_nanos(7 * 4 * (4096 << 16))
+        );
+        let bad = |r: Retry, forever: bool| r.check(forever).unwrap_err().to_string();
+        assert!(bad(
+            Retry {
+                retry_count: 8,
+                ..r
+            },
+            false
+        )
+        .contains("retry_count 8"));
+        let e = bad(Retry { rnr_retry: 7, ..r }, false);
+        assert!(e.contains("rnr_retry_forever"), "{e}");
+        assert!(Retry { rnr_retry: 7, ..r }.check(true).is_ok());
+        assert!(bad(Retry { rnr_retry: 9, ..r }, true).contains("rnr_retry 9"));
+        assert!(bad(
+            Retry {
+                ack_timeout: 0,
+                ..r
+            },
+            false
+        )
+        .contains("forever"));
+        assert!(bad(
+            Retry {
+                ack_timeout: 32,
+                ..r
+            },
+            false
+        )
+        .contains("32"));
+        assert!(bad(
+            Retry {
+                min_rnr_timer: 32,
+                ..r
+            },
+            false
+        )
+        .contains("32"));
+        assert_eq!(RNR_TIMER_US[usize::from(DEFAULT_MIN_RNR_TIMER)], 163_840);
     }
 }

@@ -42,8 +42,10 @@ pub(crate) fn wr_id(index: u32, gen: u32) -> u64 {
 }
 
 impl Slots {
+    /// A table for `send_depth + recv_depth` requests (the builder checked both against the
+    /// device's limits, so the sum fits a `u32`).
     pub fn new(send_depth: u32, recv_depth: u32) -> Slots {
-        let n = send_depth + recv_depth;
+        let n = send_depth.saturating_add(recv_depth);
         Slots {
             slots: (0..n)
                 .map(|_| Slot {

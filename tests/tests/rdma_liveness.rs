@@ -1,0 +1,272 @@
+//! Liveness: no default setting waits forever, no wait overflows on extreme timeouts, and bad
+//! sizes and indices are refused with the real figures instead of panicking or being
+//! truncated. Runs in the testbed VM (except the host-only checks at the top).
+//!
+//! Every wait in these tests has its own bound, so code that hangs fails the test instead of
+//! stalling the run.
+
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{host_region, loopback_pair, pd};
+use rdma_dmabuf::{
+    Access, CmConnector, CmListener, Error, HostBuffer, MemoryRegion, MultiChannelBuilder,
+    ProtectionDomain, QueuePair, QueuePairBuilder, WorkKind,
+};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `IBV_WC_RETRY_EXC_ERR` and `IBV_WC_RNR_RETRY_EXC_ERR`.
+const RETRY_EXC: u32 = 12;
+const RNR_RETRY_EXC: u32 = 13;
+
+/// Slack on top of a computed budget, for a loaded emulated machine.
+const SLACK: Duration = Duration::from_secs(5);
+
+// Host-only checks (no device needed).
+
+#[test]
+fn host_buffer_lengths_past_the_address_space_are_refused_with_the_figure() {
+    for len in [usize::MAX, usize::MAX - 4094, 1usize << 63] {
+        let err = HostBuffer::new(len).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(&len.to_string()), "names the length: {text}");
+        assert!(!text.contains(" 0 bytes"), "{text}");
+    }
+}
+
+// Retry budgets.
+
+/// A queue pair connected to a queue pair number nobody owns any more.
+fn connected_to_nobody(pd: &Arc<ProtectionDomain>, b: QueuePairBuilder) -> QueuePair {
+    let gone = QueuePairBuilder::new(pd).build().unwrap();
+    let ghost = gone.endpoint();
+    drop(gone);
+    b.build().unwrap().connect(&ghost).unwrap()
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_send_nobody_acknowledges_fails_within_the_retry_budget() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let builder = QueuePairBuilder::new(&pd);
+    let budget = builder.retry_budget();
+    assert!(
+        budget <= Duration::from_secs(10),
+        "the default budget is finite and short: {budget:?}"
+    );
+    let qp = connected_to_nobody(&pd, builder);
+    let src = host_region(&pd, b"anyone?", 4096, Access::empty());
+    let t = Instant::now();
+    let outcome = qp
+        .post_send(src, None)
+        .unwrap()
+        .wait_timeout(budget + SLACK)
+        .unwrap_or_else(|_| {
+            panic!(
+                "no completion within {:?}: the send retries forever",
+                budget + SLACK
+            )
+        });
+    let took = t.elapsed();
+    let err = outcome.expect_err("nobody acknowledged the send");
+    match err.error {
+        Error::Completion {
+            status,
+            kind: WorkKind::Send,
+            ..
+        } => assert_eq!(status, RETRY_EXC, "{}", err.error),
+        ref other => panic!("expected a completion error, got {other}"),
+    }
+    assert!(
+        took <= budget + SLACK,
+        "{took:?} past the budget {budget:?}"
+    );
+    eprintln!("retry exceeded after {took:?} (budget {budget:?})");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_send_the_peer_never_posts_a_receive_for_fails_within_the_rnr_budget() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let budget = QueuePairBuilder::new(&pd)
+        .rnr_budget()
+        .expect("finite by default");
+    let (a, _b) = loopback_pair(&pd);
+    let src = host_region(&pd, b"hello?", 4096, Access::empty());
+    let t = Instant::now();
+    let outcome = a
+        .post_send(src, None)
+        .unwrap()
+        .wait_timeout(budget + SLACK)
+        .unwrap_or_else(|_| {
+            panic!(
+                "no completion within {:?}: RNR retries forever",
+                budget + SLACK
+            )
+        });
+    let took = t.elapsed();
+    let err = outcome.expect_err("the peer never posted a receive");
+    match err.error {
+        Error::Completion { status, .. } => assert_eq!(status, RNR_RETRY_EXC, "{}", err.error),
+        ref other => panic!("expected a completion error, got {other}"),
+    }
+    assert!(
+        took <= budget + SLACK,
+        "{took:?} past the budget {budget:?}"
+    );
+    eprintln!("RNR retry exceeded after {took:?} (budget {budget:?})");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn retry_settings_are_validated_at_build() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let refused = |b: QueuePairBuilder, what: &str| {
+        let err = b.build().unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        assert!(err.to_string().contains(what), "{err}");
+    };
+    refused(QueuePairBuilder::new(&pd).retry_count(8), "retry_count 8");
+    refused(QueuePairBuilder::new(&pd).rnr_retry(7), "rnr_retry_forever");
+    refused(QueuePairBuilder::new(&pd).rnr_retry(200), "rnr_retry 200");
+    refused(QueuePairBuilder::new(&pd).ack_timeout(0), "forever");
+    refused(QueuePairBuilder::new(&pd).min_rnr_timer(32), "32");
+    // Forever, asked for explicitly, is allowed, and has no RNR budget.
+    let b = QueuePairBuilder::new(&pd).rnr_retry_forever();
+    assert_eq!(b.rnr_budget(), None);
+    b.build().unwrap();
+    QueuePairBuilder::new(&pd)
+        .retry_count(7)
+        .rnr_retry(0)
+        .ack_timeout(31)
+        .min_rnr_timer(0)
+        .build()
+        .unwrap();
+}
+
+// Extreme values.
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn duration_max_means_forever_in_every_wait() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let a = QueuePairBuilder::new(&pd).build().unwrap();
+    let b = QueuePairBuilder::new(&pd)
+        .completion_channel(true)
+        .build()
+        .unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    for _ in 0..2 {
+        let r = b
+            .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+            .unwrap();
+        let s = a
+            .post_send(host_region(&pd, b"x", 4096, Access::empty()), None)
+            .unwrap();
+        s.wait_timeout(Duration::MAX)
+            .expect("completes")
+            .expect("ok");
+        r.wait_blocking(Duration::MAX)
+            .expect("completes")
+            .expect("ok");
+    }
+    // Nothing sent: a short timeout still ends the wait, with the handle back.
+    let r = b
+        .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+        .unwrap();
+    let r = r
+        .wait_blocking(Duration::from_millis(50))
+        .expect_err("nothing sent");
+    drop(r);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn duration_max_in_fenced_posts() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let buf = integration_tests::exporters::Exporter::Udmabuf.allocate(1 << 16);
+    let region = MemoryRegion::register_dmabuf(&pd, buf, 0, 1 << 16, None, Access::LOCAL_WRITE)
+        .expect("dma-buf region (patched rxe)");
+    rdma_dmabuf::wait_for_fences(&region, rdma_dmabuf::FencedOp::Recv, Duration::MAX)
+        .expect("no fences: returns at once");
+    let (a, b) = loopback_pair(&pd);
+    let r = b
+        .post_fenced(rdma_dmabuf::FencedOp::Recv, region, Duration::MAX)
+        .expect("posted");
+    a.post_send(host_region(&pd, b"fenced", 4096, Access::empty()), None)
+        .unwrap()
+        .wait_timeout(Duration::from_secs(30))
+        .expect("completes")
+        .expect("ok");
+    r.wait_timeout(Duration::from_secs(30))
+        .expect("completes")
+        .expect("ok");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn duration_max_in_rdma_cm_resolve_accept_and_disconnect() {
+    let tb = Testbed::get();
+    let addr: SocketAddr = format!("{}:20191", tb.local_addr).parse().unwrap();
+    let listener = CmListener::bind(addr).expect("bind");
+    let server = std::thread::spawn(move || {
+        let pd = ProtectionDomain::new(&listener.context().unwrap()).unwrap();
+        let (qp, _) = listener
+            .accept(QueuePairBuilder::new(&pd), b"", Duration::MAX)
+            .expect("accept");
+        qp.wait_disconnected(Duration::MAX)
+            .expect("the client disconnects");
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let qp = loop {
+        let c = CmConnector::resolve(addr, Duration::MAX).expect("resolve");
+        let pd = ProtectionDomain::new(&c.context().unwrap()).unwrap();
+        match c.connect(QueuePairBuilder::new(&pd), b"", Duration::MAX) {
+            Ok((qp, _)) => break qp,
+            Err(e) if e.errno() == Some(libc::ECONNREFUSED) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("connect: {e}"),
+        }
+    };
+    drop(qp);
+    server.join().expect("server side");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn queue_depths_past_the_device_are_refused_with_the_figures() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let max_qp_wr = pd.context().query_device().unwrap().max_qp_wr;
+    for (send, recv) in [(u32::MAX, 1), (1, u32::MAX), (max_qp_wr + 1, 1)] {
+        let err = QueuePairBuilder::new(&pd)
+            .send_depth(send)
+            .recv_depth(recv)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        let text = err.to_string();
+        for figure in [send.to_string(), recv.to_string(), max_qp_wr.to_string()] {
+            assert!(text.contains(&figure), "names {figure}: {text}");
+        }
+    }
+    let err = MultiChannelBuilder::new(&pd, 1)
+        .send_depth(u32::MAX)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("max_qp_wr"), "{err}");
+    // The largest allowed depth still builds.
+    QueuePairBuilder::new(&pd)
+        .send_depth(max_qp_wr.min(4096))
+        .recv_depth(1)
+        .build()
+        .unwrap();
+}
