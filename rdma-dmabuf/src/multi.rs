@@ -13,9 +13,10 @@ use crate::mr::{Backing, MemoryRegion};
 use crate::pd::ProtectionDomain;
 use crate::qp::{PreparedQp, QueuePair, QueuePairBuilder};
 use crate::remote::RemoteRegion;
-use crate::scope::scope;
-use crate::wr::WorkCompletion;
+use crate::scope::{scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
+use crate::wr::{WorkCompletion, WorkKind};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Settings of a multi-peer channel.
 #[derive(Debug)]
@@ -25,6 +26,7 @@ pub struct MultiChannelBuilder {
     send_depth: u32,
     recv_depth: u32,
     gid_index: Option<u32>,
+    timeout: Duration,
 }
 
 impl MultiChannelBuilder {
@@ -36,7 +38,17 @@ impl MultiChannelBuilder {
             send_depth: 128,
             recv_depth: 128,
             gid_index: None,
+            timeout: DEFAULT_DRAIN_DEADLINE,
         }
+    }
+
+    /// How long a blocking operation waits for each part, and then for the rest to drain
+    /// (default [`DEFAULT_DRAIN_DEADLINE`], 60 s; `Duration::MAX`: as long as it takes). A
+    /// part still in flight after it fails the operation with `ETIMEDOUT`; what is still in
+    /// flight after the drain deadline is flushed (see [`scope_with_deadline`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Sends, writes and reads outstanding per peer.
@@ -80,7 +92,11 @@ impl MultiChannelBuilder {
                 .build()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(PreparedMulti { pd: self.pd, qps })
+        Ok(PreparedMulti {
+            pd: self.pd,
+            qps,
+            timeout: self.timeout,
+        })
     }
 }
 
@@ -90,6 +106,7 @@ pub struct PreparedMulti {
     /// Dropped before `pd` (field order; each queue pair holds the PD anyway).
     qps: Vec<PreparedQp>,
     pd: Arc<ProtectionDomain>,
+    timeout: Duration,
 }
 
 impl PreparedMulti {
@@ -115,7 +132,11 @@ impl PreparedMulti {
             .zip(remote)
             .map(|(qp, ep)| qp.connect(ep))
             .collect::<Result<Vec<_>>>()?;
-        Ok(MultiChannel { pd: self.pd, peers })
+        Ok(MultiChannel {
+            pd: self.pd,
+            peers,
+            timeout: self.timeout,
+        })
     }
 }
 
@@ -125,6 +146,7 @@ pub struct MultiChannel {
     /// Dropped before `pd` (field order; each queue pair holds the PD anyway).
     peers: Vec<QueuePair>,
     pd: Arc<ProtectionDomain>,
+    timeout: Duration,
 }
 
 /// A part of a region: `(region, offset, len)`.
@@ -158,20 +180,34 @@ impl MultiChannel {
         })
     }
 
+    /// How long the blocking operations wait (see [`MultiChannelBuilder::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Sends `parts[k].1` to peer `parts[k].0`, all at once; returns the completions in order.
     ///
+    /// Every peer index and part is checked before anything is posted, so a bad one posts
+    /// nothing.
+    ///
     /// # Errors
-    /// The first failing part's error (all parts have completed by then).
+    /// The first failing part's error (all parts have completed by then); `ETIMEDOUT` for a
+    /// part still in flight after the channel's [`timeout`](MultiChannel::timeout).
     pub fn scatter_send<B: Backing>(
         &self,
         parts: &[(usize, Part<'_, B>)],
     ) -> Result<Vec<WorkCompletion>> {
-        scope(|s| {
-            let pending = parts
+        let qps = self.check_parts(
+            parts
                 .iter()
-                .map(|&(peer, (r, off, len))| s.send(self.peer(peer)?, r, off, len, None))
-                .collect::<Result<Vec<_>>>()?;
-            pending.into_iter().map(|p| p.wait()).collect()
+                .map(|&(peer, (r, off, len))| (peer, WorkKind::Send, r, off, len, None)),
+        )?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for (&(_, (r, off, len)), qp) in parts.iter().zip(&qps) {
+                pending.push(s.send(qp, r, off, len, None)?);
+            }
+            self.finish(s, pending, false)
         })
     }
 
@@ -192,18 +228,24 @@ impl MultiChannel {
         &self,
         parts: &[(usize, Part<'_, B>, RemoteRegion)],
     ) -> Result<Vec<WorkCompletion>> {
-        scope(|s| {
-            let pending = parts
-                .iter()
-                .map(|&(peer, (r, off, len), remote)| {
-                    s.write(self.peer(peer)?, r, off, len, remote, None)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            pending.into_iter().map(|p| p.wait()).collect()
+        let qps = self.check_parts(parts.iter().map(|&(peer, (r, off, len), remote)| {
+            (peer, WorkKind::Write, r, off, len, Some(remote))
+        }))?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for (&(_, (r, off, len), remote), qp) in parts.iter().zip(&qps) {
+                pending.push(s.write(qp, r, off, len, remote, None)?);
+            }
+            self.finish(s, pending, false)
         })
     }
 
     /// Receives one message from each listed peer into its part, all at once.
+    ///
+    /// Every peer index and part is checked before anything is posted. If a receive cannot be
+    /// posted after others were, or a part fails or times out, the receives that nobody may
+    /// answer are flushed before this returns, by moving the queue pairs used to the error
+    /// state: those connections are then over.
     ///
     /// # Errors
     /// As [`MultiChannel::scatter_send`].
@@ -211,12 +253,23 @@ impl MultiChannel {
         &self,
         parts: &mut [(usize, PartMut<'_, B>)],
     ) -> Result<Vec<WorkCompletion>> {
-        scope(|s| {
-            let pending = parts
-                .iter_mut()
-                .map(|(peer, (r, off, len))| s.recv(self.peer(*peer)?, r, *off, *len))
-                .collect::<Result<Vec<_>>>()?;
-            pending.into_iter().map(|p| p.wait()).collect()
+        let qps = self.check_parts(
+            parts
+                .iter()
+                .map(|(peer, (r, off, len))| (*peer, WorkKind::Recv, &**r, *off, *len, None)),
+        )?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for ((_, (r, off, len)), qp) in parts.iter_mut().zip(&qps) {
+                match s.recv(qp, r, *off, *len) {
+                    Ok(p) => pending.push(p),
+                    Err(e) => {
+                        s.flush_at_end();
+                        return Err(e);
+                    }
+                }
+            }
+            self.finish(s, pending, true)
         })
     }
 
@@ -228,14 +281,71 @@ impl MultiChannel {
         &self,
         parts: &mut [(usize, PartMut<'_, B>, RemoteRegion)],
     ) -> Result<Vec<WorkCompletion>> {
-        scope(|s| {
-            let pending = parts
-                .iter_mut()
-                .map(|(peer, (r, off, len), remote)| {
-                    s.read(self.peer(*peer)?, r, *off, *len, *remote)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            pending.into_iter().map(|p| p.wait()).collect()
+        let qps = self.check_parts(parts.iter().map(|(peer, (r, off, len), remote)| {
+            (*peer, WorkKind::Read, &**r, *off, *len, Some(*remote))
+        }))?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for ((_, (r, off, len), remote), qp) in parts.iter_mut().zip(&qps) {
+                pending.push(s.read(qp, r, *off, *len, *remote)?);
+            }
+            self.finish(s, pending, false)
         })
+    }
+
+    /// The queue pair of each part, after checking every peer index and part: nothing is
+    /// posted unless all are valid.
+    fn check_parts<'r, B: Backing + 'r>(
+        &self,
+        parts: impl Iterator<
+            Item = (
+                usize,
+                WorkKind,
+                &'r MemoryRegion<B>,
+                u64,
+                u64,
+                Option<RemoteRegion>,
+            ),
+        >,
+    ) -> Result<Vec<&QueuePair>> {
+        parts
+            .map(|(peer, kind, region, off, len, remote)| {
+                let qp = self.peer(peer)?;
+                qp.check(kind, region, off, len, remote)?;
+                Ok(qp)
+            })
+            .collect()
+    }
+
+    /// Waits for every part in order, each for at most the channel's timeout. On the first
+    /// failure the rest are left to the scope's drain; with `flush_on_error` (receives, which
+    /// nobody may answer) the scope flushes them first.
+    fn finish<'scope, 'env>(
+        &self,
+        s: &'scope Scope<'scope, 'env>,
+        pending: Vec<ScopedPending<'scope, 'env>>,
+        flush_on_error: bool,
+    ) -> Result<Vec<WorkCompletion>> {
+        let mut done = Vec::with_capacity(pending.len());
+        for p in pending {
+            let r = match p.wait_timeout(self.timeout) {
+                Ok(r) => r,
+                Err(_still_pending) => Err(Error::from_errno(
+                    Op::PollCq,
+                    format!("a multi-peer part: no completion within {:?}", self.timeout),
+                    libc::ETIMEDOUT,
+                )),
+            };
+            match r {
+                Ok(wc) => done.push(wc),
+                Err(e) => {
+                    if flush_on_error {
+                        s.flush_at_end();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
     }
 }

@@ -8,24 +8,50 @@
 //! (a multicast), which the owned layer cannot express. The scope records each post in a
 //! vector, so unlike the owned layer it may allocate.
 
-use crate::error::Result;
+use crate::error::{Error, Op, Result};
 use crate::mr::{Backing, MemoryRegion};
-use crate::qp::QueuePair;
+use crate::qp::{deadline_after, QueuePair};
 use crate::remote::RemoteRegion;
 use crate::wr::{WorkCompletion, WorkKind};
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+/// How long [`scope`] waits, once its closure has returned, for the requests still in flight
+/// before it moves their queue pairs to the error state (so that they complete, flushed).
+pub const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long a scope waits for the flush completions once it has moved a queue pair to the
+/// error state; past it the process aborts (returning would be unsound).
+const FLUSH_LIMIT: Duration = Duration::from_secs(30);
 
 /// Runs `f` with a [`Scope`]; returns once everything posted in it has completed. A receive
-/// posted in the scope waits for its message: post only what the peer will answer. If `f`
-/// panics, the queue pairs used are moved to the error state first, so that every request
-/// finishes (flushed) and the panic goes on.
+/// posted in the scope waits for its message: post only what the peer will answer.
 ///
-/// If a completion queue cannot be polled while requests of the scope are in flight, the
-/// process aborts: returning would let the NIC touch memory whose borrow has ended.
+/// The wait at the end is bounded: requests still in flight [`DEFAULT_DRAIN_DEADLINE`] after
+/// `f` returns (a receive whose message never comes, a peer that died) are flushed by moving
+/// their queue pairs to the error state, which ends those connections (rdma_cm ones are
+/// disconnected); [`scope_with_deadline`] chooses the deadline. If `f` panics, the queue pairs
+/// used are moved to the error state at once, so that every request finishes (flushed) and the
+/// panic goes on.
+///
+/// If a completion queue cannot be polled while requests of the scope are in flight, or the
+/// flushed requests do not complete within 30 s of the flush, the process aborts: returning
+/// would let the NIC touch memory whose borrow has ended.
 pub fn scope<'env, T>(f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T) -> T {
+    scope_with_deadline(DEFAULT_DRAIN_DEADLINE, f)
+}
+
+/// As [`scope`], flushing what is still in flight `drain_deadline` after `f` returns
+/// (`Duration::MAX`: never, which waits for as long as the requests take).
+pub fn scope_with_deadline<'env, T>(
+    drain_deadline: Duration,
+    f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
+) -> T {
     let s = Scope {
         posted: RefCell::new(Vec::new()),
+        drain_deadline,
+        flush_at_end: Cell::new(false),
         _scope: PhantomData,
         _env: PhantomData,
     };
@@ -47,6 +73,9 @@ struct Entry<'scope> {
 /// Posts whose regions are borrowed for `'scope`.
 pub struct Scope<'scope, 'env: 'scope> {
     posted: RefCell<Vec<Entry<'scope>>>,
+    drain_deadline: Duration,
+    /// Flush the queue pairs used before draining (a multi-part post failed half-way).
+    flush_at_end: Cell<bool>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -70,19 +99,47 @@ struct Drain<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
 
 impl Drop for Drain<'_, '_, '_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            // Unwinding: flush the queue pairs so that requests that would never complete (a
-            // receive whose message will not come) finish now, with a flush error.
-            for e in self.0.posted.borrow().iter() {
-                e.qp.flush();
-            }
+        let scope = self.0;
+        // Unwinding, or told to: flush the queue pairs so that requests that would never
+        // complete (a receive whose message will not come) finish now, with a flush error.
+        let mut flushed = std::thread::panicking() || scope.flush_at_end.get();
+        if flushed {
+            scope.flush_unfinished();
         }
-        let n = self.0.posted.borrow().len();
+        let mut deadline = deadline_after(if flushed {
+            FLUSH_LIMIT
+        } else {
+            scope.drain_deadline
+        });
+        let n = scope.posted.borrow().len();
         for i in 0..n {
-            if self.0.complete(i).is_err() {
-                // The NIC may still use borrowed memory and nothing can tell when it stops.
-                eprintln!("rdma-dmabuf: cannot poll a completion queue with requests of a scope in flight; aborting");
-                std::process::abort();
+            loop {
+                match scope.complete(i, deadline) {
+                    Ok(true) => break,
+                    Ok(false) if !flushed => {
+                        eprintln!(
+                            "rdma-dmabuf: requests of a scope still in flight {:?} after it \
+                             ended; moving their queue pairs to the error state",
+                            scope.drain_deadline
+                        );
+                        scope.flush_unfinished();
+                        flushed = true;
+                        deadline = deadline_after(FLUSH_LIMIT);
+                    }
+                    Ok(false) => {
+                        // Flushed, and still no completion: the NIC may still use borrowed
+                        // memory and nothing can tell when it stops.
+                        eprintln!(
+                            "rdma-dmabuf: flushed requests of a scope did not complete within \
+                             {FLUSH_LIMIT:?}; aborting"
+                        );
+                        std::process::abort();
+                    }
+                    Err(_) => {
+                        eprintln!("rdma-dmabuf: cannot poll a completion queue with requests of a scope in flight; aborting");
+                        std::process::abort();
+                    }
+                }
             }
         }
     }
@@ -179,41 +236,98 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         })
     }
 
-    /// Polls until entry `i` has completed; records its completion.
-    fn complete(&self, i: usize) -> Result<()> {
+    /// Moves the queue pairs of the requests still in flight to the error state when the
+    /// scope ends, before draining: for a multi-part post that failed half-way, whose posted
+    /// parts nobody may answer.
+    pub(crate) fn flush_at_end(&self) {
+        self.flush_at_end.set(true);
+    }
+
+    /// Moves the queue pair of every unfinished request to the error state.
+    fn flush_unfinished(&self) {
+        let posted = self.posted.borrow();
+        for (i, e) in posted.iter().enumerate() {
+            let first = posted[..i].iter().all(|o| !std::ptr::eq(o.qp, e.qp));
+            if !e.done.get() && first {
+                e.qp.flush();
+            }
+        }
+    }
+
+    /// Polls until entry `i` has completed (then records its completion and returns `true`)
+    /// or `deadline` passes (`false`; `None`: no deadline).
+    fn complete(&self, i: usize, deadline: Option<Instant>) -> Result<bool> {
         let (qp, index, gen) = {
             let posted = self.posted.borrow();
             let e = &posted[i];
             if e.done.get() {
-                return Ok(());
+                return Ok(true);
             }
             (e.qp, e.index, e.gen)
         };
+        let mut spins = 0u32;
         loop {
             if let Some(c) = qp.take_completion(index, gen) {
                 let posted = self.posted.borrow();
                 posted[i].taken.set(Some(c));
                 posted[i].done.set(true);
-                return Ok(());
+                return Ok(true);
             }
             qp.poll()?;
-            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(false);
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 }
 
 impl<'scope, 'env> ScopedPending<'scope, 'env> {
-    /// Waits for the request's completion.
+    /// Waits for the request's completion, for as long as it takes (a send, write or read
+    /// ends within its queue pair's retry budget; a receive waits for its message: see
+    /// [`ScopedPending::wait_timeout`]).
     ///
     /// # Errors
     /// [`Error::Completion`](crate::Error::Completion) when it completed with an error status;
     /// [`Error::Verbs`](crate::Error::Verbs) when the
     /// queue cannot be polled.
     pub fn wait(self) -> Result<WorkCompletion> {
-        self.scope.complete(self.entry)?;
+        self.scope.complete(self.entry, None)?;
+        self.result()
+    }
+
+    /// As [`ScopedPending::wait`], for at most `timeout` (`Duration::MAX`: as long as it
+    /// takes). On time-out the handle comes back; the request stays in flight and the scope
+    /// drains it at its end (flushing it after the scope's drain deadline).
+    ///
+    /// # Errors
+    /// `Err(self)` if the request is still in flight after `timeout`; `Ok(Err(_))` as for
+    /// [`ScopedPending::wait`].
+    pub fn wait_timeout(
+        self,
+        timeout: Duration,
+    ) -> std::result::Result<Result<WorkCompletion>, Self> {
+        match self.scope.complete(self.entry, deadline_after(timeout)) {
+            Ok(true) => Ok(self.result()),
+            Ok(false) => Err(self),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    fn result(self) -> Result<WorkCompletion> {
         let posted = self.scope.posted.borrow();
         let e = &posted[self.entry];
-        let c = e.taken.take().expect("recorded by complete");
+        let Some(c) = e.taken.take() else {
+            return Err(Error::invalid(
+                Op::PollCq,
+                "the completion of this scoped request was already taken",
+            ));
+        };
         e.qp.completion_result(e.index, e.gen, e.kind, c)
     }
 }

@@ -270,3 +270,125 @@ fn queue_depths_past_the_device_are_refused_with_the_figures() {
         .build()
         .unwrap();
 }
+
+// Scopes and multi-peer operations.
+
+/// Runs `f` on its own thread and waits at most `limit` for it: a hang fails the test (the
+/// stuck thread is left behind) instead of stalling the run.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(v)) => v,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{what}: still waiting after {limit:?}"),
+    }
+}
+
+/// A hub channel to `n` peers (queue pairs of this process), with `timeout` for its
+/// blocking operations.
+fn hub_and_peers(
+    pd: &Arc<ProtectionDomain>,
+    n: usize,
+    timeout: Duration,
+) -> (rdma_dmabuf::MultiChannel, Vec<QueuePair>) {
+    let hub = MultiChannelBuilder::new(pd, n)
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let peers: Vec<_> = (0..n)
+        .map(|_| QueuePairBuilder::new(pd).build().unwrap())
+        .collect();
+    let hub_eps = hub.endpoints();
+    let peer_eps: Vec<_> = peers.iter().map(|p| p.endpoint()).collect();
+    let hub = hub.connect(&peer_eps).unwrap();
+    let peers = peers
+        .into_iter()
+        .zip(&hub_eps)
+        .map(|(p, e)| p.connect(e).unwrap())
+        .collect();
+    (hub, peers)
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn gather_recv_with_a_bad_peer_index_after_a_good_one_posts_nothing_and_returns() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (hub, peers) = hub_and_peers(&pd, 2, Duration::from_secs(60));
+    let (hub, err) = within(Duration::from_secs(30), "gather_recv", move || {
+        let mut a = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
+        let mut b = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
+        let mut parts = [(0, (&mut a, 0, 4096)), (5, (&mut b, 0, 4096))];
+        let err = hub.gather_recv(&mut parts).unwrap_err();
+        (hub, err)
+    });
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    assert!(err.to_string().contains("peer 5 of 2"), "{err}");
+    assert_eq!(
+        hub.peer(0).unwrap().outstanding(),
+        0,
+        "nothing was left posted"
+    );
+    drop(peers);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn gather_recv_whose_peer_never_sends_times_out_and_flushes() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let timeout = Duration::from_secs(1);
+    let (hub, peers) = hub_and_peers(&pd, 2, timeout);
+    let t = Instant::now();
+    let (hub, peers, err) = within(Duration::from_secs(60), "gather_recv", move || {
+        // Peer 0 sends; peer 1 never does.
+        let sent = peers[0]
+            .post_send(host_region(&pd, b"part 0", 4096, Access::empty()), None)
+            .unwrap();
+        let mut a = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
+        let mut b = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
+        let mut parts = [(0, (&mut a, 0, 4096)), (1, (&mut b, 0, 4096))];
+        let err = hub.gather_recv(&mut parts).unwrap_err();
+        sent.wait_timeout(Duration::from_secs(30))
+            .expect("the send completed")
+            .expect("ok");
+        (hub, peers, err)
+    });
+    let took = t.elapsed();
+    assert_eq!(err.errno(), Some(libc::ETIMEDOUT), "{err}");
+    assert!(took < timeout + SLACK, "{took:?}");
+    assert_eq!(hub.peer(1).unwrap().outstanding(), 0, "flushed");
+    drop(peers);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_scope_flushes_an_unanswered_receive_at_its_drain_deadline() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, b) = loopback_pair(&pd);
+    let t = Instant::now();
+    let (b, dst) = within(Duration::from_secs(60), "scope drain", move || {
+        let mut dst = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
+        rdma_dmabuf::scope::scope_with_deadline(Duration::from_millis(500), |s| {
+            let p = s.recv(&b, &mut dst, 0, 4096).unwrap();
+            // A bounded wait hands the handle back; the scope keeps the request.
+            let _still_pending = p
+                .wait_timeout(Duration::from_millis(100))
+                .expect_err("nobody sends");
+        });
+        (b, dst)
+    });
+    let took = t.elapsed();
+    assert!(took < Duration::from_millis(500) + SLACK, "{took:?}");
+    assert_eq!(b.outstanding(), 0, "flushed before the scope returned");
+    assert!(dst.bytes().is_ok(), "the region is the CPU's again");
+    drop(a);
+}

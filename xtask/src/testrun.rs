@@ -340,8 +340,10 @@ fn vm_script(set: &VmSet, phase: Phase) -> String {
             .file_name()
             .map(|n| n.to_string_lossy())
             .unwrap_or_default();
+        // The binary through a variable: a test binary this workspace built, not a program
+        // of the table (programs::write_script checks every other command of the script).
         let cmd = format!(
-            "{} --ignored --color never {}",
+            "BIN={}\n\"$BIN\" --ignored --color never {}",
             sh::quote(&exe.to_string_lossy()),
             phase.filter()
         );
@@ -455,7 +457,10 @@ test result: ok. 1 passed; 0 failed
         let mut set = VmSet::new();
         set.insert(PathBuf::from("/t/bin-1"), vec!["two_node_x".into()]);
         let s = vm_script(&set, Phase::Two);
-        assert!(s.contains("'/t/bin-1' --ignored --color never --test-threads=1 two_node"));
+        assert!(s.contains(
+            "BIN='/t/bin-1'\n\"$BIN\" --ignored --color never --test-threads=1 two_node"
+        ));
+        programs::check(&s, false).unwrap();
         assert!(vm_script(&set, Phase::One).contains("--skip two_node --skip stock_only"));
         assert_eq!(Phase::of("stock_only_x"), Phase::Stock);
         assert_eq!(Phase::of("two_node_x"), Phase::Two);
