@@ -215,7 +215,7 @@ fn receive(args: &Args, port: u16, timeout: Duration) {
     if region_len == 0 {
         fail("--region must be at least one byte");
     }
-    let (_alloc, dmabuf) = gpu::allocate_or_exit(
+    let (_alloc, mut dmabuf) = gpu::allocate_or_exit(
         args.text("drm").as_deref(),
         region_len,
         Where::Auto,
@@ -255,25 +255,24 @@ fn receive(args: &Args, port: u16, timeout: Duration) {
     let mut m = Messenger::new(&qp, &pd, timeout);
     let mut hash = Sha256::new();
     let (mut received, mut chunks, mut rereg) = (0u64, 0u32, Duration::ZERO);
+    let mut chunk = Vec::new();
     loop {
         match m.recv() {
             Msg::Chunk { len: n } if n <= region_len && received + n <= len => {
                 let t = Instant::now();
                 // Deregistering revokes the sender's rkey before the CPU reads the chunk.
-                let dmabuf = region.into_inner().unwrap_or_else(|e| fail(&e.to_string()));
+                let mut dmabuf = region.into_inner().unwrap_or_else(|e| fail(&e.to_string()));
+                // Copied out of the mapping (volatile reads into `chunk`), never a slice of it.
+                chunk.resize(n as usize, 0);
                 dmabuf
                     .map()
-                    .and_then(|map| {
-                        map.read().map(|r| {
-                            let chunk = &r[..n as usize];
-                            hash.update(chunk);
-                            if let Some(f) = out.as_mut() {
-                                f.write_all(chunk)
-                                    .unwrap_or_else(|e| fail(&format!("--out: {e}")));
-                            }
-                        })
-                    })
+                    .and_then(|map| map.read()?.read_at(0, &mut chunk))
                     .unwrap_or_else(|e| fail(&e.to_string()));
+                hash.update(&chunk);
+                if let Some(f) = out.as_mut() {
+                    f.write_all(&chunk)
+                        .unwrap_or_else(|e| fail(&format!("--out: {e}")));
+                }
                 region = register(dmabuf);
                 rereg += t.elapsed();
                 received += n;

@@ -127,7 +127,7 @@ fn describe_mr<B: rdma_dmabuf::mr::Backing>(mr: &MemoryRegion<B>, device: &str) 
 fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     println!("gpu_rdma_write server");
     let addr = net::listen_addr(args.text("bind"), args.text("rdma")).unwrap_or_else(|e| fail(&e));
-    let (alloc, dmabuf) =
+    let (alloc, mut dmabuf) =
         gpu::allocate_or_exit(args.text("drm").as_deref(), size, place, "GPU buffer");
     dmabuf
         .map()
@@ -195,13 +195,14 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     );
 
     // Deregistering revokes the rkey: from here the peer cannot change what we check.
-    let dmabuf = target.into_inner().unwrap_or_else(|e| fail(&e.to_string()));
+    let mut dmabuf = target.into_inner().unwrap_or_else(|e| fail(&e.to_string()));
     let checked = plan.size.min(size) as usize;
+    // A copy out of the mapping (volatile reads): the dma-buf is shared memory, never a slice.
     let mismatch = dmabuf
         .map()
         .and_then(|m| {
             m.read()
-                .map(|r| pattern::first_mismatch(&r[..checked], plan.seed))
+                .map(|r| pattern::first_mismatch(&r.to_vec()[..checked], plan.seed))
         })
         .unwrap_or_else(|e| fail(&e.to_string()));
     let mut verdict = [0u8; VERDICT_LEN];
@@ -268,14 +269,13 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
         fail("--iters must be at least 1");
     }
 
-    let (alloc, dmabuf) =
+    let (alloc, mut dmabuf) =
         gpu::allocate_or_exit(args.text("drm").as_deref(), size, place, "GPU buffer");
+    let mut data = vec![0u8; size as usize];
+    pattern::fill(&mut data, seed, 0);
     dmabuf
         .map()
-        .and_then(|mut m| {
-            m.write()
-                .map(|mut w| pattern::fill(&mut w[..size as usize], seed, 0))
-        })
+        .and_then(|mut m| m.write()?.write_at(0, &data))
         .unwrap_or_else(|e| fail(&e.to_string()));
     line(
         "filled",

@@ -49,7 +49,7 @@ fn main() {
     );
 
     let total = part * n as u64;
-    let (_alloc, dmabuf) = gpu::allocate_or_exit(
+    let (_alloc, mut dmabuf) = gpu::allocate_or_exit(
         args.text("drm").as_deref(),
         total,
         Where::Auto,
@@ -62,10 +62,7 @@ fn main() {
     };
     dmabuf
         .map()
-        .and_then(|mut m| {
-            m.write()
-                .map(|mut w| w[..total as usize].copy_from_slice(&whole))
-        })
+        .and_then(|mut m| m.write()?.write_at(0, &whole))
         .unwrap_or_else(|e| fail(&e.to_string()));
     let gpu_region = MemoryRegion::register_dmabuf(&pd, dmabuf, 0, total, None, Access::empty())
         .unwrap_or_else(|e| fail(&e.to_string()));

@@ -19,10 +19,11 @@ fn main() -> drm_export::Result<()> {
             ))
         });
     if let Some((buffer, dev)) = gpu {
-        let dmabuf = buffer.export()?; // PRIME: GEM handle -> dma-buf fd
+        let mut dmabuf = buffer.export()?; // PRIME: GEM handle -> dma-buf fd
         let mut map = dmabuf.map()?;
         map.write()?.fill(0x5a); // DMA_BUF_SYNC_START .. END around the CPU's writes
-        assert!(map.read()?.iter().all(|&b| b == 0x5a));
+        assert!(map.read()?.to_vec().iter().all(|&b| b == 0x5a)); // a copy, never a slice
+        drop(map);
         println!(
             "{} bytes on {} ({}), exported by {:?}",
             dmabuf.size(),
@@ -33,9 +34,13 @@ fn main() -> drm_export::Result<()> {
     }
 
     // Host memory as a dma-buf, for NICs and tests without a GPU.
-    let host = Udmabuf::new(1 << 20)?;
-    host.dmabuf().map()?.write()?[..5].copy_from_slice(b"hello");
-    assert_eq!(&host.dmabuf().map()?.read()?[..5], b"hello");
+    let mut host = Udmabuf::new(1 << 20)?;
+    let mut map = host.dmabuf_mut().map()?;
+    map.write()?.write_at(0, b"hello")?;
+    let mut back = [0u8; 5];
+    map.read()?.read_at(0, &mut back)?;
+    assert_eq!(&back, b"hello");
+    drop(map);
     println!("udmabuf: {} bytes", host.dmabuf().size());
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! [`DmaBuf`]: an owned dma-buf file descriptor with its size and exporter.
 
 use crate::error::{Error, Op, Result};
+use crate::mapping::Mapping;
 use crate::sync_file::{Access, SyncFile};
 use crate::sys;
-use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// An owned dma-buf.
@@ -35,36 +35,21 @@ impl DmaBuf {
         self.fd
     }
 
-    /// A second owned fd for the same buffer (`F_DUPFD_CLOEXEC`).
-    ///
-    /// # Errors
-    /// [`Error::Os`] if the process is out of descriptors.
-    pub fn try_clone(&self) -> Result<DmaBuf> {
-        let fd = self
-            .fd
-            .try_clone()
-            .map_err(|e| Error::os(Op::InspectDmaBuf, self.describe(), e))?;
-        Ok(DmaBuf {
-            fd,
-            size: self.size,
-            exporter: self.exporter.clone(),
-        })
-    }
-
     /// Maps the whole buffer for CPU access (`mmap`, `MAP_SHARED`, read-write).
     ///
     /// The mapping gives no bytes by itself: [`Mapping::read`] and [`Mapping::write`] return
     /// guards that bracket the access with `DMA_BUF_IOCTL_SYNC` start and end, so that caches
-    /// are coherent with the device; no slice outlives its guard.
+    /// are coherent with the device, and copy bytes in and out (volatile accesses: no slice
+    /// over shared memory, see [`crate::mapping`]).
+    ///
+    /// It takes the `DmaBuf` exclusively: while a region or a request holds this `DmaBuf`
+    /// (or a shared borrow of it), it cannot be mapped. There is deliberately no way to clone a
+    /// `DmaBuf` into a second mappable handle.
     ///
     /// # Errors
     /// [`Error::Os`] if the exporter refuses CPU mappings (hint on `EINVAL`/`EACCES`).
-    pub fn map(&self) -> Result<Mapping<'_>> {
-        let len = usize::try_from(self.size)
-            .map_err(|_| Error::invalid(Op::Map, format!("size {} too large", self.size)))?;
-        let map = sys::Mmap::new(self.fd.as_fd(), len)
-            .map_err(|e| Error::os(Op::Map, self.describe(), e))?;
-        Ok(Mapping { buf: self, map })
+    pub fn map(&mut self) -> Result<Mapping<'_>> {
+        Mapping::new(self)
     }
 
     /// `DMA_BUF_IOCTL_EXPORT_SYNC_FILE`: a sync_file that signals once the fences an access of
@@ -88,7 +73,7 @@ impl DmaBuf {
             .map_err(|e| Error::os(Op::ImportSyncFile, self.describe(), e))
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("dma-buf fd {} ({})", self.fd.as_raw_fd(), self.exporter)
     }
 }
@@ -124,99 +109,6 @@ impl TryFrom<OwnedFd> for DmaBuf {
                 what: "its fdinfo has no size".into(),
             })?;
         Ok(DmaBuf { fd, size, exporter })
-    }
-}
-
-/// A CPU mapping of a [`DmaBuf`]; access goes through sync guards.
-#[derive(Debug)]
-pub struct Mapping<'b> {
-    buf: &'b DmaBuf,
-    map: sys::Mmap,
-}
-
-impl<'b> Mapping<'b> {
-    /// Begins a CPU read (`DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ`); the guard ends it on drop.
-    ///
-    /// # Errors
-    /// [`Error::Os`] if the sync ioctl fails.
-    pub fn read(&self) -> Result<ReadGuard<'_>> {
-        self.sync(sys::DMA_BUF_SYNC_START | sys::DMA_BUF_SYNC_READ)?;
-        Ok(ReadGuard { mapping: self })
-    }
-
-    /// Begins a CPU read-write access (`DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW`); the guard ends
-    /// it on drop.
-    ///
-    /// # Errors
-    /// [`Error::Os`] if the sync ioctl fails.
-    pub fn write(&mut self) -> Result<WriteGuard<'_, 'b>> {
-        self.sync(sys::DMA_BUF_SYNC_START | sys::DMA_BUF_SYNC_RW)?;
-        Ok(WriteGuard { mapping: self })
-    }
-
-    /// The mapped length in bytes.
-    pub fn len(&self) -> usize {
-        self.map.bytes().len()
-    }
-
-    /// Whether the mapping is empty (never: dma-bufs have a size).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn sync(&self, flags: u32) -> Result<()> {
-        sys::dmabuf_sync(self.buf.fd.as_fd(), flags)
-            .map_err(|e| Error::os(Op::Sync, self.buf.describe(), e))
-    }
-
-    fn end(&self, flags: u32) {
-        if let Err(e) = self.sync(sys::DMA_BUF_SYNC_END | flags) {
-            eprintln!("drm-export: {e}");
-        }
-    }
-}
-
-/// A CPU read of a mapped dma-buf, between `DMA_BUF_IOCTL_SYNC` start and end.
-#[derive(Debug)]
-pub struct ReadGuard<'m> {
-    mapping: &'m Mapping<'m>,
-}
-
-impl Deref for ReadGuard<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.mapping.map.bytes()
-    }
-}
-
-impl Drop for ReadGuard<'_> {
-    fn drop(&mut self) {
-        self.mapping.end(sys::DMA_BUF_SYNC_READ);
-    }
-}
-
-/// A CPU read-write access of a mapped dma-buf, between `DMA_BUF_IOCTL_SYNC` start and end.
-#[derive(Debug)]
-pub struct WriteGuard<'m, 'b> {
-    mapping: &'m mut Mapping<'b>,
-}
-
-impl Deref for WriteGuard<'_, '_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.mapping.map.bytes()
-    }
-}
-
-impl DerefMut for WriteGuard<'_, '_> {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        self.mapping.map.bytes_mut()
-    }
-}
-
-impl Drop for WriteGuard<'_, '_> {
-    fn drop(&mut self) {
-        self.mapping.end(sys::DMA_BUF_SYNC_RW);
     }
 }
 

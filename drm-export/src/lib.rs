@@ -5,8 +5,9 @@
 //!   picks the allocator from the driver's name; [`dumb`]: dumb buffers (vgem in the testbed).
 //! * [`prime`]: GEM handle to dma-buf and back.
 //! * [`udmabuf`]: host memory (a sealed memfd) as a dma-buf; [`heap`]: dma-heap buffers.
-//! * [`DmaBuf`]: an owned, validated dma-buf fd; CPU access through a [`dmabuf::Mapping`]
-//!   whose guards issue `DMA_BUF_IOCTL_SYNC`; implicit fences as [`SyncFile`]s.
+//! * [`DmaBuf`]: an owned, validated dma-buf fd; CPU access through a [`mapping::Mapping`]
+//!   whose guards issue `DMA_BUF_IOCTL_SYNC` and copy bytes in and out (volatile accesses,
+//!   never a slice over shared memory); implicit fences as [`SyncFile`]s.
 //! * [`vgem`]: vgem's hand-signalled fences, for testing implicit synchronisation.
 //! * `cuda` (feature `cuda`): CUDA device memory exported with
 //!   `cuMemGetHandleForAddressRange`, libcuda loaded at run time.
@@ -30,6 +31,7 @@ pub mod dumb;
 pub mod error;
 pub mod gem;
 pub mod heap;
+pub mod mapping;
 pub mod prime;
 pub mod sync_file;
 mod sys;
@@ -42,5 +44,6 @@ pub use dumb::DumbBuffer;
 pub use error::{Error, Op, Result};
 pub use gem::{GemBuffer, GpuBuffer, Placement};
 pub use heap::DmaHeap;
+pub use mapping::Mapping;
 pub use sync_file::{Access, SyncFile};
 pub use udmabuf::Udmabuf;

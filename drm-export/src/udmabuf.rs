@@ -119,7 +119,14 @@ impl Udmabuf {
         &self.dmabuf
     }
 
-    /// The memfd behind the buffer.
+    /// The dma-buf, exclusively (to map it: [`DmaBuf::map`]).
+    pub fn dmabuf_mut(&mut self) -> &mut DmaBuf {
+        &mut self.dmabuf
+    }
+
+    /// The memfd behind the buffer. Writes through it (`pwrite`, a second mapping) change the
+    /// dma-buf's bytes; they cannot make this crate misbehave, since its mappings copy with
+    /// volatile accesses and hold no slice.
     pub fn memfd(&self) -> &OwnedFd {
         &self.memfd
     }

@@ -39,8 +39,10 @@ pub struct GpuAlloc {
     pub buffer: GpuBuffer,
     /// The placement asked of a GEM driver; `None` for dumb buffers, which have none.
     pub placement: Option<Placement>,
-    /// The exported dma-buf.
-    pub dmabuf: DmaBuf,
+    /// The exported dma-buf's size in bytes.
+    pub size: u64,
+    /// The exported dma-buf's exporter (e.g. `vgem`, `i915`).
+    pub exporter: String,
     /// Devices tried before this one, and why they were passed over.
     pub passed_over: Vec<String>,
 }
@@ -55,20 +57,21 @@ impl GpuAlloc {
         };
         format!(
             "{} {kind} on {} ({}), exported as dma-buf (exporter {:?})",
-            crate::report::bytes(self.dmabuf.size()),
+            crate::report::bytes(self.size),
             self.device.path().display(),
             self.device.driver().name,
-            self.dmabuf.exporter()
+            self.exporter
         )
     }
 }
 
 /// Allocates `size` bytes on `path` if given, else on the first device that works in the order
-/// i915, xe, amdgpu, any other DRM driver (vgem last), and exports it.
+/// i915, xe, amdgpu, any other DRM driver (vgem last), and exports it: the allocation and its
+/// dma-buf (the one handle to it that can be mapped).
 ///
 /// # Errors
 /// Every device tried and why it failed, with a hint when there is none at all.
-pub fn allocate(path: Option<&str>, size: u64, place: Where) -> Result<GpuAlloc, String> {
+pub fn allocate(path: Option<&str>, size: u64, place: Where) -> Result<(GpuAlloc, DmaBuf), String> {
     let candidates = match path {
         Some(p) => vec![DrmDevice::open(p).map_err(|e| e.to_string())?],
         None => candidates()?,
@@ -78,13 +81,15 @@ pub fn allocate(path: Option<&str>, size: u64, place: Where) -> Result<GpuAlloc,
         let dev = Arc::new(dev);
         match allocate_on(&dev, size, place) {
             Ok((buffer, placement, dmabuf)) => {
-                return Ok(GpuAlloc {
+                let alloc = GpuAlloc {
                     device: dev,
                     buffer,
                     placement,
-                    dmabuf,
+                    size: dmabuf.size(),
+                    exporter: dmabuf.exporter().to_string(),
                     passed_over,
-                })
+                };
+                return Ok((alloc, dmabuf));
             }
             Err(e) => passed_over.push(format!(
                 "{} ({}): {e}",
@@ -136,23 +141,19 @@ fn candidates() -> Result<Vec<DrmDevice>, String> {
 }
 
 /// [`allocate`] for a program: prints the devices passed over and a `label` line describing
-/// the buffer, exits with the error if there is none, and returns the buffer with a second
-/// handle to its dma-buf (for registration, which takes the dma-buf over).
+/// the buffer, exits with the error if there is none, and returns the buffer with its dma-buf
+/// (for registration, which takes the dma-buf over).
 pub fn allocate_or_exit(
     path: Option<&str>,
     size: u64,
     place: Where,
     label: &str,
 ) -> (GpuAlloc, DmaBuf) {
-    let alloc = allocate(path, size, place).unwrap_or_else(|e| crate::fail(&e));
+    let (alloc, dmabuf) = allocate(path, size, place).unwrap_or_else(|e| crate::fail(&e));
     for p in &alloc.passed_over {
         crate::report::line("passed over", p);
     }
     crate::report::line(label, alloc.describe());
-    let dmabuf = alloc
-        .dmabuf
-        .try_clone()
-        .unwrap_or_else(|e| crate::fail(&e.to_string()));
     (alloc, dmabuf)
 }
 

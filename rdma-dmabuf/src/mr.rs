@@ -175,7 +175,8 @@ impl MemoryRegion<DmaBuf> {
     /// # Errors
     /// [`Error::Unsupported`] with a hint when the provider or kernel has no dma-buf MRs
     /// (`EOPNOTSUPP`; `EPROTONOSUPPORT` before kernel 5.12); [`Error::InvalidArgument`] for
-    /// values checked here (length 0, range past the buffer, iova/offset page offsets differ);
+    /// values checked here (length 0, range past the buffer, an iova range that wraps,
+    /// iova/offset page offsets differ);
     /// [`Error::Verbs`] for the kernel's refusals.
     pub fn register_dmabuf(
         pd: &Arc<ProtectionDomain>,
@@ -199,6 +200,11 @@ impl MemoryRegion<DmaBuf> {
             return bad(format!(
                 "offset {offset} + length {len} exceeds the dma-buf's {} bytes",
                 dmabuf.size()
+            ));
+        }
+        if iova.checked_add(len).is_none() {
+            return bad(format!(
+                "iova {iova:#x} + length {len} wraps around the address space"
             ));
         }
         if iova % page != offset % page {
@@ -238,15 +244,20 @@ impl MemoryRegion<DmaBuf> {
         })
     }
 
-    /// The dma-buf, e.g. to map it for the CPU (with its sync guards).
+    /// Maps the dma-buf for the CPU ([`DmaBuf::map`]: sync guards, volatile copies in and out,
+    /// never a slice over the shared memory).
+    ///
+    /// It takes the region exclusively, so the compiler refuses it while the region is posted
+    /// (moved into an owned request) or borrowed by a scope's post, for reading as for
+    /// writing: the CPU cannot touch what the NIC may be reading or writing.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if peers may write the region (see
-    /// [`MemoryRegion::bytes`]); [`MemoryRegion::into_inner`] gives it back after
-    /// deregistration.
-    pub fn dmabuf(&self) -> Result<&DmaBuf> {
+    /// [`Error::InvalidArgument`] if peers may write the region (they could change it at any
+    /// time; [`MemoryRegion::into_inner`] gives the dma-buf back after deregistration);
+    /// [`Error::Map`] if the exporter refuses the mapping.
+    pub fn map(&mut self) -> Result<drm_export::Mapping<'_>> {
         self.cpu_access()?;
-        Ok(&self.backing)
+        self.backing.map().map_err(|e| Error::Map(Box::new(e)))
     }
 }
 

@@ -57,19 +57,24 @@ impl RemoteRegion {
     /// The part `[offset, offset + len)` of this region.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if it is empty or reaches past the end.
+    /// [`Error::InvalidArgument`] if it is empty, reaches past the end, or its address range
+    /// wraps around (a region whose fields were set by hand).
     pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteRegion> {
-        if len == 0 || offset.checked_add(len).is_none_or(|end| end > self.len) {
+        let addr = self.addr.checked_add(offset);
+        let in_range = offset.checked_add(len).is_some_and(|end| end <= self.len);
+        let Some(addr) = addr.filter(|a| len != 0 && in_range && a.checked_add(len).is_some())
+        else {
             return Err(Error::invalid(
                 Op::PostSend,
                 format!(
-                    "remote slice {offset}+{len} outside the peer's {} bytes",
-                    self.len
+                    "remote slice {offset}+{len} outside the peer's {} bytes at {:#x} (or \
+                     wrapping)",
+                    self.len, self.addr
                 ),
             ));
-        }
+        };
         Ok(RemoteRegion {
-            addr: self.addr + offset,
+            addr,
             len,
             rkey: self.rkey,
         })

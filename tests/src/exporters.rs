@@ -52,16 +52,19 @@ impl Exporter {
     ///
     /// # Panics
     /// If the mapping fails.
-    pub fn fill(buf: &DmaBuf, offset: usize, data: &[u8]) {
+    pub fn fill(buf: &mut DmaBuf, offset: usize, data: &[u8]) {
         let mut map = buf.map().expect("map");
-        map.write().expect("begin write")[offset..offset + data.len()].copy_from_slice(data);
+        map.write()
+            .expect("begin write")
+            .write_at(offset, data)
+            .expect("in range");
     }
 
     /// The buffer's bytes through its CPU mapping (with sync guards).
     ///
     /// # Panics
     /// If the mapping fails.
-    pub fn read(buf: &DmaBuf) -> Vec<u8> {
+    pub fn read(buf: &mut DmaBuf) -> Vec<u8> {
         buf.map().expect("map").read().expect("begin read").to_vec()
     }
 }

@@ -36,9 +36,9 @@ fn loopback_and_vgem_buffer() -> (
 #[test]
 #[ignore = "needs the testbed VM"]
 fn fenced_send_waits_for_the_gpu_write_fence_and_times_out_while_unsignalled() {
-    let (pd, peer, owner, card, gem, buf) = loopback_and_vgem_buffer();
+    let (pd, peer, owner, card, gem, mut buf) = loopback_and_vgem_buffer();
     let data = pattern(SIZE as usize, 3);
-    Exporter::fill(&buf, 0, &data);
+    Exporter::fill(&mut buf, 0, &data);
     let region = MemoryRegion::register_dmabuf(&pd, buf, 0, SIZE, None, Access::empty()).unwrap();
 
     // The "GPU" is still writing the buffer.
@@ -121,6 +121,6 @@ fn fenced_receive_waits_for_gpu_readers_before_the_nic_writes() {
     peer.post_send(src, None).unwrap().wait().unwrap();
     let got = recv.wait().unwrap();
     assert_eq!(got.wc.byte_len, 4096);
-    let seen = Exporter::read(&got.region.into_inner().unwrap());
+    let seen = Exporter::read(&mut got.region.into_inner().unwrap());
     assert!(seen[..4096] == data[..]);
 }

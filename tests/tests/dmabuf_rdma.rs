@@ -85,8 +85,8 @@ fn round_trip(tb: &Testbed, exporter: Exporter, size: u64, seed: u8) {
 
     // The owner checks every byte through the exporter's mapping (after deregistration: no
     // peer can write any more), and that nothing outside the registered range moved.
-    let buf = got.region.into_inner().unwrap();
-    let seen = Exporter::read(&buf);
+    let mut buf = got.region.into_inner().unwrap();
+    let seen = Exporter::read(&mut buf);
     assert_eq!(seen.len(), total);
     assert!(
         seen[PAGE as usize..PAGE as usize + n] == p2[..],
@@ -103,7 +103,7 @@ fn round_trip(tb: &Testbed, exporter: Exporter, size: u64, seed: u8) {
 
     // SEND out of a dma-buf region: the CPU fills it through the mapping, the NIC sends it.
     let p3 = pattern(n, seed.wrapping_add(200));
-    Exporter::fill(&buf, PAGE as usize, &p3);
+    Exporter::fill(&mut buf, PAGE as usize, &p3);
     let out =
         MemoryRegion::register_dmabuf(&pd, buf, PAGE, size, Some(IOVA), Access::empty()).unwrap();
     let inbox = peer
@@ -320,7 +320,7 @@ fn two_node_dmabuf_regions_receive_rdma_writes_across_the_wire() {
                 .expect("note arrives")
                 .expect("ok");
             assert_eq!(got.wc.imm, Some(i as u32));
-            let seen = Exporter::read(&region.into_inner().unwrap());
+            let seen = Exporter::read(&mut region.into_inner().unwrap());
             assert!(
                 seen[PAGE as usize..] == pattern(SIZE as usize, seed)[..],
                 "{exporter:?}: bytes across the wire"

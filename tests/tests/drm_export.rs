@@ -1,8 +1,8 @@
 //! drm-export against the real kernel: vgem, udmabuf, the system dma-heap, fences, bad input
 //! and descriptor leaks. Runs in the testbed VM.
 
-use drm_export::dmabuf::Mapping;
 use drm_export::vgem::VgemFence;
+use drm_export::Mapping;
 use drm_export::{
     prime, Access, DmaBuf, DmaHeap, DrmDevice, DumbBuffer, Error, GpuBuffer, NodeKind, Placement,
     Udmabuf,
@@ -31,7 +31,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn write_all(map: &mut Mapping<'_>, data: &[u8]) {
-    map.write().expect("begin CPU write")[..data.len()].copy_from_slice(data);
+    map.write()
+        .expect("begin CPU write")
+        .write_at(0, data)
+        .expect("in range");
 }
 
 fn read_all(map: &Mapping<'_>) -> Vec<u8> {
@@ -73,13 +76,13 @@ fn vgem_dumb_buffer_round_trips_through_prime_import_on_the_render_node() {
     Testbed::get();
     let card = card();
     let buf = DumbBuffer::new(&card, 4 * MIB).expect("dumb buffer");
-    let exported = buf.export().expect("export from the card node");
+    let mut exported = buf.export().expect("export from the card node");
     let data = pattern(exported.size() as usize, 7);
     write_all(&mut exported.map().expect("map"), &data);
 
     let render = render();
     let imported = prime::import(&render, &exported).expect("import on the render node");
-    let again = prime::export(&render, imported.handle()).expect("re-export from render node");
+    let mut again = prime::export(&render, imported.handle()).expect("re-export from render node");
     assert_eq!(again.size(), exported.size());
     assert_eq!(read_all(&again.map().expect("map re-export")), data);
 }
@@ -88,10 +91,11 @@ fn vgem_dumb_buffer_round_trips_through_prime_import_on_the_render_node() {
 #[ignore = "needs the testbed VM"]
 fn udmabuf_pattern_crosses_between_memfd_and_dmabuf_mapping() {
     Testbed::get();
-    let u = Udmabuf::new(2 * MIB).expect("udmabuf");
+    let mut u = Udmabuf::new(2 * MIB).expect("udmabuf");
     let data = pattern(2 * MIB as usize, 3);
     nix::sys::uio::pwrite(u.memfd(), &data, 0).expect("write through the memfd");
-    let mut map = u.dmabuf().map().expect("map");
+    let memfd = u.memfd().try_clone().expect("dup the memfd");
+    let mut map = u.dmabuf_mut().map().expect("map");
     assert_eq!(
         read_all(&map),
         data,
@@ -101,7 +105,7 @@ fn udmabuf_pattern_crosses_between_memfd_and_dmabuf_mapping() {
     let back = pattern(2 * MIB as usize, 99);
     write_all(&mut map, &back);
     let mut seen = vec![0u8; back.len()];
-    nix::sys::uio::pread(u.memfd(), &mut seen, 0).expect("read through the memfd");
+    nix::sys::uio::pread(&memfd, &mut seen, 0).expect("read through the memfd");
     assert_eq!(seen, back, "dma-buf writes visible through the memfd");
 }
 
@@ -114,7 +118,7 @@ fn udmabuf_list_joins_ranges_in_order() {
     let data = pattern(4 * page as usize, 11);
     nix::sys::uio::pwrite(&memfd, &data, 0).expect("fill memfd");
     // Page 2, then page 0.
-    let d = Udmabuf::export_list(&memfd, &[(2 * page, page), (0, page)]).expect("list");
+    let mut d = Udmabuf::export_list(&memfd, &[(2 * page, page), (0, page)]).expect("list");
     assert_eq!(d.size(), 2 * page);
     let seen = read_all(&d.map().expect("map"));
     let p = page as usize;
@@ -130,7 +134,7 @@ fn system_heap_buffer_round_trips_a_pattern() {
         .unwrap()
         .contains(&"system".to_string()));
     let heap = DmaHeap::system().expect("system heap");
-    let d = heap.allocate(3 * MIB).expect("allocate");
+    let mut d = heap.allocate(3 * MIB).expect("allocate");
     assert_eq!(d.size(), 3 * MIB);
     assert_eq!(d.exporter(), "system");
     let data = pattern(3 * MIB as usize, 5);

@@ -237,11 +237,12 @@ pub struct Mmap {
     len: usize,
 }
 
-// SAFETY: the mapping is plain shared memory; `Mmap` hands out access only through `&self`
-// (shared) and `&mut self` (exclusive) slices, so moving it to or sharing it with another
-// thread is as safe as for a `Vec<u8>`.
+// SAFETY: the mapping is shared memory that anyone may change at any time; `Mmap` never hands
+// out a reference into it, only volatile copies (`VolatileSlice`), which are sound whatever
+// other threads, processes or devices do to the bytes. Moving or sharing it across threads
+// adds nothing to that.
 unsafe impl Send for Mmap {}
-// SAFETY: as above: `&Mmap` gives only `&[u8]`.
+// SAFETY: as above: `&Mmap` gives only volatile access.
 unsafe impl Sync for Mmap {}
 
 impl Mmap {
@@ -265,17 +266,21 @@ impl Mmap {
         Ok(Mmap { ptr, len })
     }
 
-    /// The mapped bytes.
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` is a live mapping of `len` readable bytes until drop; `&self` forbids
-        // a concurrent `&mut` from `bytes_mut`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast(), self.len) }
+    /// The mapped length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
     }
 
-    /// The mapped bytes, writable.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as `bytes`, and `&mut self` makes this the only live view.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len) }
+    /// The mapping as volatile memory: every access is a volatile copy, never a Rust
+    /// reference, because other mappings, processes, the GPU and the NIC may change these bytes
+    /// at any time (a `&[u8]` over them would let the compiler assume they cannot).
+    pub fn volatile(&self) -> vm_memory::VolatileSlice<'_> {
+        // SAFETY: `ptr..ptr+len` is a live read-write mapping until `self` drops, and the slice
+        // borrows `self`. Everyone else who touches these bytes is either another mapping or
+        // process (outside Rust's model: memory shared with the outside is reached only through
+        // volatile accesses here, which is exactly what `VolatileSlice` does) or a device; no
+        // Rust reference to the mapping exists anywhere in this crate.
+        unsafe { vm_memory::VolatileSlice::new(self.ptr.as_ptr().cast(), self.len) }
     }
 }
 
