@@ -215,7 +215,7 @@ fn receive(args: &Args, port: u16, timeout: Duration) {
     if region_len == 0 {
         fail("--region must be at least one byte");
     }
-    let (_alloc, mut dmabuf) = gpu::allocate_or_exit(
+    let (_alloc, dmabuf) = gpu::allocate_or_exit(
         args.text("drm").as_deref(),
         region_len,
         Where::Auto,
