@@ -3,9 +3,10 @@
 //!
 //! Bring-up: [`MultiChannelBuilder`] -> [`PreparedMulti`] (tell peer `i` the endpoint
 //! `endpoints()[i]`) -> [`MultiChannel`] (given each peer's endpoint for us). Operations name
-//! the peer by index. The blocking operations here run in a [`scope`]: they return when every
-//! part has completed; [`MultiChannel::peer`] gives the queue pairs for the owned and scoped
-//! layers.
+//! the peer by index. The blocking operations here run in a [`scope`](crate::scope()): they
+//! return when every part has completed, each part waiting at most the channel's
+//! [`timeout`](MultiChannelBuilder::timeout); [`MultiChannel::peer`] gives the queue pairs for
+//! the owned and scoped layers.
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};

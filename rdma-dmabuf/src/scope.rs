@@ -293,8 +293,8 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
     /// [`ScopedPending::wait_timeout`]).
     ///
     /// # Errors
-    /// [`Error::Completion`](crate::Error::Completion) when it completed with an error status;
-    /// [`Error::Verbs`](crate::Error::Verbs) when the
+    /// [`Error::Completion`] when it completed with an error status;
+    /// [`Error::Verbs`] when the
     /// queue cannot be polled.
     pub fn wait(self) -> Result<WorkCompletion> {
         self.scope.complete(self.entry, None)?;
