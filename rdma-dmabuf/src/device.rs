@@ -221,6 +221,19 @@ impl Context {
         Ok(Gid(unsafe { gid.raw }))
     }
 
+    /// The type of GID `index` of `port` as the kernel's GID table names it
+    /// (`/sys/class/infiniband/<dev>/ports/<port>/gid_attrs/types/<index>`: `RoCE v2`,
+    /// `IB/RoCE v1`); `None` for an empty entry or where sysfs does not say.
+    pub fn gid_type(&self, port: u8, index: u32) -> Option<String> {
+        let ty = std::fs::read_to_string(format!(
+            "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}",
+            self.name
+        ))
+        .ok()?;
+        let ty = ty.trim();
+        (!ty.is_empty()).then(|| ty.to_string())
+    }
+
     /// The index of the port's RoCEv2 GID with an IPv4-mapped address (`::ffff:a.b.c.d`), the
     /// one RoCE peers on an IPv4 network use. Read from the kernel's GID table in sysfs
     /// (`gid_attrs/types`), as `show_gids` does.
@@ -236,12 +249,7 @@ impl Context {
             if gid.ipv4().is_none() {
                 continue;
             }
-            let ty = std::fs::read_to_string(format!(
-                "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}",
-                self.name
-            ))
-            .unwrap_or_default();
-            if ty.trim() == "RoCE v2" {
+            if self.gid_type(port, index).as_deref() == Some("RoCE v2") {
                 return Ok((index, gid));
             }
         }

@@ -137,6 +137,23 @@ pub enum Error {
     /// A dma-buf region could not be mapped for the CPU.
     #[error("mapping a dma-buf region: {0}")]
     Map(#[source] Box<drm_export::Error>),
+    /// A GID index the port cannot use as a queue pair's source GID: outside the port's GID
+    /// table, past what the address vector holds (8 bits), or an empty entry.
+    #[error("{op} on {device} port {port}: GID index {index} cannot be used: {why} (the port's GID table has {table_len} entries; `rdma link` and /sys/class/infiniband/{device}/ports/{port}/gids list them)")]
+    GidIndex {
+        /// What was attempted.
+        op: Op,
+        /// The device.
+        device: String,
+        /// The port.
+        port: u8,
+        /// The index asked for.
+        index: u32,
+        /// The port's GID table length (`ibv_port_attr.gid_tbl_len`).
+        table_len: u32,
+        /// Why, with the entry's type where it has one.
+        why: String,
+    },
     /// A work request completed with an error status.
     #[error("work request {wr_id} ({kind}) failed: {status_text} (status {status}, vendor error {vendor_err:#x})")]
     Completion {
@@ -163,6 +180,7 @@ impl Error {
         match self {
             Error::Verbs { source, .. } => source.raw_os_error(),
             Error::Unsupported { errno, .. } => Some(*errno),
+            Error::GidIndex { .. } => Some(libc::EINVAL),
             _ => None,
         }
     }

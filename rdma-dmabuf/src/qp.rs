@@ -157,7 +157,9 @@ impl QueuePairBuilder {
     }
 
     /// The source GID index (default: the port's RoCEv2 IPv4-mapped GID). Checked at
-    /// [`build`](QueuePairBuilder::build) against the port's GID table.
+    /// [`build`](QueuePairBuilder::build): it must lie in the port's GID table, be at most
+    /// 255 (the address vector's `sgid_index` is 8 bits) and hold a RoCE or IB GID, else
+    /// [`Error::GidIndex`].
     pub fn gid_index(mut self, index: u32) -> Self {
         self.gid_index = Some(index);
         self
@@ -254,27 +256,20 @@ impl QueuePairBuilder {
     /// Creates the completion queue and the queue pair and moves it to INIT.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for zero depths; [`Error::Verbs`] from the provider (a GID
-    /// index with no GID: `EINVAL` with a hint).
+    /// [`Error::InvalidArgument`] for zero depths, depths past the device's limits and
+    /// invalid retry settings; [`Error::GidIndex`] for a GID index the port cannot use;
+    /// [`Error::Verbs`] from the provider.
     pub fn build(self) -> Result<PreparedQp> {
         let ctx = self.pd.context().clone();
         self.check_settings()?;
         let port_attr = ctx.query_port(self.port)?;
-        let (gid_index, gid) = match self.gid_index {
-            Some(i) => (i, ctx.gid(self.port, i)?),
-            None => ctx.roce_v2_ipv4_gid(self.port)?,
+        // The index asked for, or the port's RoCEv2 IPv4 GID; either way checked (the
+        // automatic pick, too, may lie past what the address vector holds).
+        let gid_index = match self.gid_index {
+            Some(i) => i,
+            None => ctx.roce_v2_ipv4_gid(self.port)?.0,
         };
-        if gid == Gid::default() {
-            return Err(Error::from_errno(
-                Op::QueryGid,
-                format!(
-                    "{} port {} index {gid_index} (empty GID)",
-                    ctx.name(),
-                    self.port
-                ),
-                libc::EINVAL,
-            ));
-        }
+        let gid = self.usable_gid(&ctx, port_attr.gid_table_len, gid_index)?;
         let raw = self.create(None)?;
         // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -376,6 +371,44 @@ impl QueuePairBuilder {
             cm,
             channel,
         })
+    }
+
+    /// GID `index` of the port, if a queue pair can send from it: inside the port's table of
+    /// `table_len` entries, within the address vector's 8-bit `sgid_index`, and a filled
+    /// entry of a RoCE or IB type.
+    fn usable_gid(&self, ctx: &Context, table_len: u32, index: u32) -> Result<Gid> {
+        let refuse = |why: String| Error::GidIndex {
+            op: Op::CreateQp,
+            device: ctx.name().to_string(),
+            port: self.port,
+            index,
+            table_len,
+            why,
+        };
+        if index >= table_len {
+            return Err(refuse(format!(
+                "outside the table (indices 0 to {})",
+                table_len.saturating_sub(1)
+            )));
+        }
+        if index > u32::from(u8::MAX) {
+            return Err(refuse(
+                "the address vector's sgid_index has 8 bits, so a connected queue pair can \
+                 only send from indices 0 to 255"
+                    .into(),
+            ));
+        }
+        let ty = ctx.gid_type(self.port, index);
+        let gid = match ctx.gid(self.port, index) {
+            Ok(g) if g != Gid::default() => g,
+            _ => return Err(refuse("an empty entry (no GID)".into())),
+        };
+        match ty.as_deref() {
+            None | Some("RoCE v2") | Some("IB/RoCE v1") => Ok(gid),
+            Some(other) => Err(refuse(format!(
+                "GID {gid} is of type {other:?}, neither RoCE v2 nor IB/RoCE v1"
+            ))),
+        }
     }
 
     pub(crate) fn depths(&self) -> (u32, u32) {
@@ -610,7 +643,8 @@ impl PreparedQp {
         attr.ah_attr.dlid = remote.lid;
         attr.ah_attr.port_num = self.port;
         attr.ah_attr.grh.dgid = ffi::ibv_gid { raw: remote.gid.0 };
-        attr.ah_attr.grh.sgid_index = self.gid_index as u8;
+        // Checked at build: at most 255.
+        attr.ah_attr.grh.sgid_index = u8::try_from(self.gid_index).unwrap_or(u8::MAX);
         attr.ah_attr.grh.hop_limit = 64;
         let rtr = M::IBV_QP_STATE
             | M::IBV_QP_AV
@@ -977,11 +1011,13 @@ impl QueuePair {
     }
 
     /// Moves the queue pair to the error state: everything in flight completes, flushed.
+    /// rdma_cm connections are disconnected (which tells the peer) and moved to ERR as well,
+    /// in case the disconnect fails (a connection that is not established).
     pub(crate) fn flush(&self) {
-        match &self.raw.cm {
-            Some(cm) => cm.disconnect(),
-            None => self.raw.to_error_state(),
+        if let Some(cm) = &self.raw.cm {
+            cm.disconnect();
         }
+        self.raw.to_error_state();
     }
 
     /// The completion of slot `index` (generation `gen`), if it has arrived.

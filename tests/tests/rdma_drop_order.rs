@@ -12,8 +12,8 @@
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, pattern};
 use rdma_dmabuf::{
-    Access, CmConnector, CmListener, Context, DeviceMemory, Local, MemoryRegion,
-    MultiChannelBuilder, ProtectionDomain, QueuePairBuilder,
+    Access, CmConnector, CmListener, Context, DeviceMemory, MemoryRegion, MultiChannelBuilder,
+    ProtectionDomain, QueuePairBuilder,
 };
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -53,7 +53,7 @@ fn parents_first_connected_queue_pairs_with_completion_channels() {
     drop(ctx);
     drop(pd);
     let r = b.post_recv(dst).unwrap();
-    let s = a.post_send(Local::new(src, 0, 4096), None).unwrap();
+    let s = a.post_send(src, None).unwrap();
     s.wait_blocking(T).expect("send completes").expect("ok");
     let got = r.wait_blocking(T).expect("receive completes").expect("ok");
     assert_eq!(&got.region.bytes().unwrap()[..4096], &pattern(4096, 3)[..]);
@@ -184,7 +184,7 @@ fn parents_first_rdma_cm_queue_pairs_outlive_listener_connector_and_pd() {
             Err(e) => panic!("connect: {e}"),
         }
     };
-    qp.post_send(Local::new(note, 0, 3), None)
+    qp.post_send(note, None)
         .unwrap()
         .wait_blocking(T)
         .expect("note sent")

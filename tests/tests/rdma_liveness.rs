@@ -392,3 +392,109 @@ fn a_scope_flushes_an_unanswered_receive_at_its_drain_deadline() {
     assert!(dst.bytes().is_ok(), "the region is the CPU's again");
     drop(a);
 }
+
+// GID indices.
+
+/// Adds `n` IPv4 addresses to the testbed's RDMA netdev (each brings a GID per RoCE version
+/// the device has) and removes them on drop.
+struct ExtraAddresses {
+    netdev: String,
+    addrs: Vec<String>,
+}
+
+impl ExtraAddresses {
+    fn add(n: usize) -> ExtraAddresses {
+        let netdev = std::env::var("NETDEV").expect("the testbed sets NETDEV");
+        let addrs: Vec<String> = (0..n)
+            .map(|i| format!("10.77.{}.{}/32", i / 250, i % 250 + 1))
+            .collect();
+        let extra = ExtraAddresses { netdev, addrs };
+        extra.batch("add");
+        extra
+    }
+
+    fn batch(&self, verb: &str) {
+        use std::io::Write;
+        let mut child = std::process::Command::new("ip")
+            .args(["-batch", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("ip");
+        let mut stdin = child.stdin.take().unwrap();
+        for a in &self.addrs {
+            writeln!(stdin, "addr {verb} {a} dev {}", self.netdev).unwrap();
+        }
+        drop(stdin);
+        assert!(child.wait().unwrap().success(), "ip addr {verb}");
+    }
+}
+
+impl Drop for ExtraAddresses {
+    fn drop(&mut self) {
+        self.batch("del");
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn gid_indices_are_checked_against_the_table_at_build() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let ctx = pd.context().clone();
+    let table = ctx.query_port(1).unwrap().gid_table_len;
+    let refused = |index: u32, why: &str| {
+        let err = QueuePairBuilder::new(&pd)
+            .gid_index(index)
+            .build()
+            .unwrap_err();
+        match &err {
+            Error::GidIndex {
+                index: i,
+                table_len,
+                ..
+            } => {
+                assert_eq!((*i, *table_len), (index, table), "{err}");
+            }
+            other => panic!("GID {index}: expected Error::GidIndex, got {other}"),
+        }
+        let text = err.to_string();
+        assert!(text.contains(&format!("GID index {index}")), "{text}");
+        assert!(text.contains(&format!("{table} entries")), "{text}");
+        assert!(text.contains(why), "{text}");
+        assert_eq!(err.errno(), Some(libc::EINVAL));
+    };
+    // Past the table.
+    refused(table, "outside the table");
+    refused(u32::MAX, "outside the table");
+    // An empty entry inside the table.
+    let is_empty = |i: u32| {
+        ctx.gid(1, i)
+            .map_or(true, |g| g == rdma_dmabuf::Gid::default())
+    };
+    let empty = (0..256u32)
+        .rev()
+        .find(|&i| is_empty(i))
+        .expect("an empty entry below 256");
+    refused(empty, "empty");
+    // Enough addresses that GID 257 really exists (rxe has one RoCE v2 entry per IPv4
+    // address; devices with RoCE v1 have two).
+    let _extra = ExtraAddresses::add(300);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while is_empty(257) {
+        assert!(Instant::now() < deadline, "GID 257 never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A real GID past what the address vector can carry: refused at build, not truncated.
+    refused(257, "8 bits");
+    refused(256, "8 bits");
+    // The testbed's own index still builds, and so does one of those added, below 256.
+    QueuePairBuilder::new(&pd)
+        .gid_index(tb.gid_index)
+        .build()
+        .unwrap();
+    let added = (0..256u32)
+        .rev()
+        .find(|&i| ctx.gid_type(1, i).as_deref() == Some("RoCE v2"))
+        .expect("a RoCE v2 GID below 256");
+    QueuePairBuilder::new(&pd).gid_index(added).build().unwrap();
+}
