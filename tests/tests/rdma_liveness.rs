@@ -498,3 +498,212 @@ fn gid_indices_are_checked_against_the_table_at_build() {
         .expect("a RoCE v2 GID below 256");
     QueuePairBuilder::new(&pd).gid_index(added).build().unwrap();
 }
+
+// Peer death across two nodes.
+
+/// The out-of-band ports of the peer-death test: the endpoint exchange, and node b's report.
+const DEATH_PORT: u16 = 18640;
+const REPORT_PORT: u16 = 18641;
+/// Set in the child process that node a starts to own its queue pair.
+const CHILD_ENV: &str = "RDMA_LIVENESS_PEER_DEATH_CHILD";
+/// Writes the child takes before its parent kills it.
+const TRANSFERS_BEFORE_DEATH: usize = 5;
+const WRITE_LEN: usize = 64 << 10;
+
+/// Node a's child process in [`two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retry_budget`]:
+/// owns the queue pair, counts node b's writes, says when it has seen enough, and goes on
+/// receiving until it is killed. Without its environment variable (a plain run) it does
+/// nothing.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn peer_death_child_process() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    use std::io::Write;
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let qp = QueuePairBuilder::new(&pd).build().unwrap();
+    let target = host_region(&pd, &[], WRITE_LEN, RW);
+    let mine = [
+        qp.endpoint().to_bytes().as_slice(),
+        &target.remote().unwrap().to_bytes(),
+    ]
+    .concat();
+    let theirs = integration_tests::oob::serve(&tb.local_addr, DEATH_PORT, &mine);
+    let qp = qp
+        .connect(&rdma_dmabuf::Endpoint::from_bytes(&theirs).unwrap())
+        .unwrap();
+    let mut recvs: std::collections::VecDeque<_> = (0..16)
+        .map(|_| {
+            qp.post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+                .unwrap()
+        })
+        .collect();
+    let mut seen = 0;
+    loop {
+        let r = recvs.pop_front().unwrap();
+        let got = r
+            .wait_timeout(Duration::from_secs(120))
+            .expect("node b writes")
+            .expect("ok");
+        seen += 1;
+        if seen == TRANSFERS_BEFORE_DEATH {
+            println!("TRANSFERS {seen}");
+            std::io::stdout().flush().unwrap();
+        }
+        recvs.push_back(qp.post_recv(got.region).unwrap());
+    }
+}
+
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retry_budget() {
+    let tb = Testbed::get();
+    if tb.is_server() {
+        peer_death_node_a(&tb);
+    } else {
+        peer_death_node_b(&tb);
+    }
+}
+
+/// Node a: starts the child that owns the queue pair, SIGKILLs it once node b's writes flow,
+/// then waits for node b's report.
+fn peer_death_node_a(tb: &Testbed) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "peer_death_child_process"])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the child");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(|l| l.ok())
+        {
+            // The harness prints "test <name> ... " without a newline before the test's
+            // own output, so the word may follow it on the same line.
+            if line.contains("TRANSFERS") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let heard = rx.recv_timeout(Duration::from_secs(120));
+    child.kill().expect("SIGKILL the child");
+    let status = child.wait().expect("reap the child");
+    heard.expect("the child saw node b's writes");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    eprintln!("node a: child killed after {TRANSFERS_BEFORE_DEATH} writes");
+    let report = integration_tests::oob::serve(&tb.local_addr, REPORT_PORT, b"killed");
+    let report = String::from_utf8_lossy(&report);
+    eprintln!("node b reports: {report}");
+    assert!(report.starts_with("ok"), "node b: {report}");
+}
+
+/// Node b, the survivor: streams writes with immediate into the peer's region (and keeps
+/// receives posted that the peer never answers) until the peer dies; then every pending
+/// request must end in an error within the retry budget of the last acknowledged one.
+fn peer_death_node_b(tb: &Testbed) {
+    let pd = pd(tb);
+    let builder = QueuePairBuilder::new(&pd);
+    let budget = builder.retry_budget();
+    let qp = builder.build().unwrap();
+    let theirs =
+        integration_tests::oob::connect(&tb.peer_addr, DEATH_PORT, &qp.endpoint().to_bytes());
+    let (ep, rr) = theirs.split_at(rdma_dmabuf::Endpoint::WIRE_LEN);
+    let qp = qp
+        .connect(&rdma_dmabuf::Endpoint::from_bytes(ep).unwrap())
+        .unwrap();
+    let remote = rdma_dmabuf::RemoteRegion::from_bytes(rr).unwrap();
+    let recvs: Vec<_> = (0..4)
+        .map(|_| {
+            qp.post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+                .unwrap()
+        })
+        .collect();
+    let mut window: std::collections::VecDeque<_> = (0..8)
+        .map(|i| {
+            let src = host_region(&pd, &[i; 64], WRITE_LEN, Access::empty());
+            qp.post_write(src, remote, Some(i.into())).unwrap()
+        })
+        .collect();
+    let started = Instant::now();
+    let mut last_ok = Instant::now();
+    let mut acked = 0usize;
+    let first = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the peer was never killed"
+        );
+        let p = window.pop_front().unwrap();
+        match p.wait_timeout(budget + SLACK) {
+            Err(_) => panic!(
+                "a write still pending {:?} after it was posted: no error within the retry budget {budget:?}",
+                budget + SLACK
+            ),
+            Ok(Ok(done)) => {
+                acked += 1;
+                last_ok = Instant::now();
+                window.push_back(qp.post_write(done.region, remote, Some(0)).unwrap());
+            }
+            Ok(Err(e)) => break e.error,
+        }
+    };
+    let mut statuses = vec![status_of(&first)];
+    let mut report = String::new();
+    for p in window {
+        match p.wait_timeout(budget + SLACK) {
+            Ok(Err(e)) => statuses.push(status_of(&e.error)),
+            Ok(Ok(_)) => report += "a write succeeded after the first failure; ",
+            Err(_) => report += "a write never ended; ",
+        }
+    }
+    for r in recvs {
+        match r.wait_timeout(budget + SLACK) {
+            Ok(Err(e)) => statuses.push(status_of(&e.error)),
+            Ok(Ok(_)) => report += "a receive succeeded; ",
+            Err(_) => report += "a receive never ended; ",
+        }
+    }
+    let took = last_ok.elapsed();
+    if took > budget + SLACK {
+        report += &format!("errors took {took:?}, past the budget {budget:?}; ");
+    }
+    // How the death shows first depends on when the kill lands: the dead process's region
+    // deregistered before its queue pair (a remote access error, NAKed at once), or its queue
+    // pair gone (no answer at all: retries exceeded). Either is an error completion.
+    if !matches!(first, Error::Completion { .. }) {
+        report += &format!("first error {first}; ");
+    }
+    if qp.outstanding() != 0 {
+        report += &format!("{} requests still outstanding; ", qp.outstanding());
+    }
+    let report = if report.is_empty() {
+        format!(
+            "ok: {acked} writes acknowledged, then {} requests ended in errors {statuses:?} within {took:?} of the last acknowledgement (budget {budget:?})",
+            statuses.len()
+        )
+    } else {
+        format!("fail: {report}")
+    };
+    eprintln!("node b: {report}");
+    integration_tests::oob::connect(&tb.peer_addr, REPORT_PORT, report.as_bytes());
+    assert!(report.starts_with("ok"), "{report}");
+}
+
+/// The `ibv_wc_status` of a completion error (or `u32::MAX` for another error).
+fn status_of(e: &Error) -> u32 {
+    match e {
+        Error::Completion { status, .. } => *status,
+        _ => u32::MAX,
+    }
+}
