@@ -1,9 +1,13 @@
-//! DRM devices: enumerating `/dev/dri`, opening card and render nodes, driver identity.
+//! DRM devices: enumerating `/dev/dri`, opening card and render nodes, driver identity, and
+//! the table of GEM handles each open device file owns.
 
 use crate::error::{Error, Op, Result};
+use drm::control::Device as _;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 /// The DRM device folder.
 pub const DRI: &str = "/dev/dri";
@@ -42,12 +46,24 @@ pub struct Capabilities {
 }
 
 /// An open DRM device node.
+///
+/// GEM handles are per open file, and the kernel hands out one handle per buffer and file:
+/// `DRM_IOCTL_PRIME_FD_TO_HANDLE` of a dma-buf the file already has a handle for returns that
+/// same handle. So the buffers of this crate ([`DumbBuffer`](crate::DumbBuffer),
+/// [`GemBuffer`](crate::GemBuffer), [`Imported`](crate::prime::Imported)) do not close their
+/// handle themselves: the device keeps a count of owners per handle, and the last owner's drop
+/// closes it (`DRM_IOCTL_GEM_CLOSE`). Closing handles directly (through the `drm` traits this
+/// type implements) bypasses that count and can close a handle that a buffer still owns.
 #[derive(Debug)]
 pub struct DrmDevice {
     file: File,
     path: PathBuf,
     kind: NodeKind,
     driver: DriverInfo,
+    /// Owners per GEM handle of this file. Its lock is held across every ioctl that yields a
+    /// handle and every close, so a handle is never closed between the kernel returning it and
+    /// its count going up.
+    handles: Mutex<HashMap<u32, usize>>,
 }
 
 impl AsFd for DrmDevice {
@@ -89,6 +105,7 @@ impl DrmDevice {
             path: path.to_path_buf(),
             kind,
             driver,
+            handles: Mutex::new(HashMap::new()),
         })
     }
 
@@ -149,6 +166,56 @@ impl DrmDevice {
     /// The driver's identity.
     pub fn driver(&self) -> &DriverInfo {
         &self.driver
+    }
+
+    /// Runs `produce`, an ioctl that yields a GEM handle of this file (a create, or a PRIME
+    /// import, which yields the existing handle when this file already has one for the
+    /// buffer), and counts one more owner of the handle that `handle_of` reads from its result.
+    /// Every owner gives its reference back with [`DrmDevice::release_handle`] exactly once.
+    ///
+    /// The table's lock is held across `produce`: otherwise the last owner of a handle could
+    /// close it after the kernel returned it to an import and before the count went up.
+    pub(crate) fn acquire_handle<T, E>(
+        &self,
+        produce: impl FnOnce() -> std::result::Result<T, E>,
+        handle_of: impl FnOnce(&T) -> drm::buffer::Handle,
+    ) -> std::result::Result<T, E> {
+        let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+        let out = produce()?;
+        *handles.entry(u32::from(handle_of(&out))).or_insert(0) += 1;
+        Ok(out)
+    }
+
+    /// Gives back one owner's reference to `handle`; the last one closes it
+    /// (`DRM_IOCTL_GEM_CLOSE`). Called from `Drop`, so failures are logged, not returned.
+    pub(crate) fn release_handle(&self, handle: drm::buffer::Handle) {
+        let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+        let raw = u32::from(handle);
+        let Some(count) = handles.get_mut(&raw) else {
+            // Not ours to close: some other owner may still use whatever has this number now.
+            eprintln!(
+                "drm-export: GEM handle {raw} of {} released but not in the handle table;                  left open",
+                self.path.display()
+            );
+            return;
+        };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        handles.remove(&raw);
+        // Closed with the lock held: an import of the same buffer on another thread cannot
+        // get this handle back (and count it) between the removal and the close.
+        if let Err(e) = self.close_buffer(handle) {
+            eprintln!(
+                "drm-export: {}",
+                Error::os(
+                    Op::GemClose,
+                    format!("{} handle {raw}", self.path.display()),
+                    e
+                )
+            );
+        }
     }
 }
 

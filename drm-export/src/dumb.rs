@@ -7,11 +7,13 @@ use crate::error::{Error, Op, Result};
 use drm::control::Device as _;
 use std::sync::Arc;
 
-/// A dumb buffer; destroyed (its GEM handle closed) on drop.
+/// A dumb buffer; its reference to the GEM handle is given back on drop, and the handle is
+/// closed once no other owner on the device file (e.g. a PRIME import of its own export) holds
+/// it.
 #[derive(Debug)]
 pub struct DumbBuffer {
     device: Arc<DrmDevice>,
-    buffer: Option<drm::control::dumbbuffer::DumbBuffer>,
+    buffer: drm::control::dumbbuffer::DumbBuffer,
 }
 
 impl DumbBuffer {
@@ -28,27 +30,33 @@ impl DumbBuffer {
         let rows = size.div_ceil(WIDTH * 4);
         let height = u32::try_from(rows)
             .map_err(|_| Error::invalid(Op::CreateDumb, format!("size {size} too large")))?;
-        let buffer = device
-            .create_dumb_buffer((WIDTH as u32, height), drm::buffer::DrmFourcc::Xrgb8888, 32)
-            .map_err(|e| Error::os(Op::CreateDumb, device.path().display(), e))?;
+        let buffer = device.acquire_handle(
+            || {
+                device
+                    .create_dumb_buffer(
+                        (WIDTH as u32, height),
+                        drm::buffer::DrmFourcc::Xrgb8888,
+                        32,
+                    )
+                    .map_err(|e| Error::os(Op::CreateDumb, device.path().display(), e))
+            },
+            drm::buffer::Buffer::handle,
+        )?;
         Ok(DumbBuffer {
             device: device.clone(),
-            buffer: Some(buffer),
+            buffer,
         })
     }
 
     /// The buffer's size in bytes as the driver allocated it.
     pub fn size(&self) -> u64 {
-        self.buffer.as_ref().map_or(0, |b| {
-            let (_, h) = drm::buffer::Buffer::size(b);
-            u64::from(drm::buffer::Buffer::pitch(b)) * u64::from(h)
-        })
+        let (_, h) = drm::buffer::Buffer::size(&self.buffer);
+        u64::from(drm::buffer::Buffer::pitch(&self.buffer)) * u64::from(h)
     }
 
     /// The GEM handle.
     pub fn handle(&self) -> drm::buffer::Handle {
-        let b = self.buffer.as_ref().expect("present until drop");
-        drm::buffer::Buffer::handle(b)
+        drm::buffer::Buffer::handle(&self.buffer)
     }
 
     /// `DRM_IOCTL_PRIME_HANDLE_TO_FD` with `DRM_CLOEXEC | DRM_RDWR`: the buffer as a dma-buf.
@@ -62,13 +70,8 @@ impl DumbBuffer {
 
 impl Drop for DumbBuffer {
     fn drop(&mut self) {
-        if let Some(b) = self.buffer.take() {
-            if let Err(e) = self.device.destroy_dumb_buffer(b) {
-                eprintln!(
-                    "drm-export: {}",
-                    Error::os(Op::DestroyDumb, self.device.path().display(), e)
-                );
-            }
-        }
+        // `DRM_IOCTL_GEM_CLOSE` once the last owner lets go; the kernel's
+        // `DRM_IOCTL_MODE_DESTROY_DUMB` is the same handle deletion.
+        self.device.release_handle(self.handle());
     }
 }

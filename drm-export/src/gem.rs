@@ -7,7 +7,6 @@ use crate::dmabuf::DmaBuf;
 use crate::dumb::DumbBuffer;
 use crate::error::{Error, Op, Result};
 use crate::sys;
-use drm::control::Device as _;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
@@ -22,7 +21,9 @@ pub enum Placement {
     Device,
 }
 
-/// A GEM buffer object; its handle is closed on drop.
+/// A GEM buffer object; its reference to the handle is given back on drop, and the handle is
+/// closed once no other owner on the device file (e.g. a PRIME import of its own export) holds
+/// it.
 #[derive(Debug)]
 pub struct GemBuffer {
     device: Arc<DrmDevice>,
@@ -41,7 +42,7 @@ impl GemBuffer {
         check_size(size)?;
         let fd = device.as_fd();
         let target = || device.path().display().to_string();
-        let handle = match placement {
+        let create = || match placement {
             Placement::System => {
                 let mut arg = sys::drm_i915_gem_create {
                     size,
@@ -49,7 +50,7 @@ impl GemBuffer {
                 };
                 sys::i915_gem_create(fd, &mut arg)
                     .map_err(|e| Error::os(Op::GemCreate, target(), e))?;
-                arg.handle
+                handle(device, arg.handle)
             }
             Placement::Device => {
                 use sys::{
@@ -84,10 +85,10 @@ impl GemBuffer {
                 // `ext` and `regions` live on this frame until after the call.
                 sys::i915_gem_create_ext(fd, &mut arg)
                     .map_err(|e| Error::os(Op::GemCreate, target(), e))?;
-                arg.handle
+                handle(device, arg.handle)
             }
         };
-        GemBuffer::adopt(device, handle, size)
+        GemBuffer::adopt(device, create, size)
     }
 
     /// `DRM_IOCTL_AMDGPU_GEM_CREATE` in the GTT domain (system) or the VRAM domain (device,
@@ -111,10 +112,12 @@ impl GemBuffer {
                 domain_flags: flags,
             },
         };
-        sys::amdgpu_gem_create(device.as_fd(), &mut arg)
-            .map_err(|e| Error::os(Op::GemCreate, device.path().display(), e))?;
-        let handle = sys::amdgpu_gem_create_out_handle(&arg);
-        GemBuffer::adopt(device, handle, size)
+        let create = || {
+            sys::amdgpu_gem_create(device.as_fd(), &mut arg)
+                .map_err(|e| Error::os(Op::GemCreate, device.path().display(), e))?;
+            handle(device, sys::amdgpu_gem_create_out_handle(&arg))
+        };
+        GemBuffer::adopt(device, create, size)
     }
 
     /// xe needs `DRM_IOCTL_XE_GEM_CREATE` with a VM-less placement mask from a memory-region
@@ -134,18 +137,17 @@ impl GemBuffer {
         })
     }
 
-    fn adopt(device: &Arc<DrmDevice>, handle: u32, size: u64) -> Result<GemBuffer> {
-        // A successful create never returns handle 0; a driver that did would be broken.
-        let handle = std::num::NonZeroU32::new(handle).ok_or_else(|| {
-            Error::os(
-                Op::GemCreate,
-                device.path().display(),
-                std::io::Error::from_raw_os_error(libc::EPROTO),
-            )
-        })?;
+    /// Runs the driver's create ioctl and becomes one owner of the handle it returns (see
+    /// [`DrmDevice`] on shared handles).
+    fn adopt(
+        device: &Arc<DrmDevice>,
+        create: impl FnOnce() -> Result<drm::buffer::Handle>,
+        size: u64,
+    ) -> Result<GemBuffer> {
+        let handle = device.acquire_handle(create, |h| *h)?;
         Ok(GemBuffer {
             device: device.clone(),
-            handle: drm::buffer::Handle::from(handle),
+            handle,
             size,
         })
     }
@@ -171,13 +173,22 @@ impl GemBuffer {
 
 impl Drop for GemBuffer {
     fn drop(&mut self) {
-        if let Err(e) = self.device.close_buffer(self.handle) {
-            eprintln!(
-                "drm-export: {}",
-                Error::os(Op::GemClose, self.device.path().display(), e)
-            );
-        }
+        // `DRM_IOCTL_GEM_CLOSE` once no other owner on this device file holds the handle.
+        self.device.release_handle(self.handle);
     }
+}
+
+/// The handle a create ioctl returned. A successful create never returns handle 0; a driver
+/// that did would be broken.
+fn handle(device: &DrmDevice, raw: u32) -> Result<drm::buffer::Handle> {
+    let handle = std::num::NonZeroU32::new(raw).ok_or_else(|| {
+        Error::os(
+            Op::GemCreate,
+            device.path().display(),
+            std::io::Error::from_raw_os_error(libc::EPROTO),
+        )
+    })?;
+    Ok(drm::buffer::Handle::from(handle))
 }
 
 fn check_size(size: u64) -> Result<()> {

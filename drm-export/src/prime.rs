@@ -26,7 +26,11 @@ pub fn export(device: &DrmDevice, handle: drm::buffer::Handle) -> Result<DmaBuf>
     DmaBuf::try_from(fd)
 }
 
-/// A GEM handle imported from a dma-buf; closed on drop.
+/// A GEM handle imported from a dma-buf; its reference to the handle is given back on drop.
+///
+/// Importing a dma-buf that this device file already has a handle for (e.g. one exported from
+/// a [`DumbBuffer`](crate::DumbBuffer) of the same [`DrmDevice`]) yields that same handle; it
+/// stays open until its last owner is dropped (see [`DrmDevice`]).
 #[derive(Debug)]
 pub struct Imported<'d> {
     device: &'d DrmDevice,
@@ -42,19 +46,27 @@ impl Imported<'_> {
 
 impl Drop for Imported<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.device.close_buffer(self.handle) {
-            eprintln!("drm-export: closing imported GEM handle: {e}");
-        }
+        // `DRM_IOCTL_GEM_CLOSE` once no other owner on this device file holds the handle.
+        self.device.release_handle(self.handle);
     }
 }
 
 /// `DRM_IOCTL_PRIME_FD_TO_HANDLE`: imports `dmabuf` into `device` (any node type).
 ///
+/// When `device` already has a handle for the buffer (its own export, or an earlier import),
+/// the kernel returns that handle; the returned [`Imported`] then shares it with its other
+/// owners, and dropping it leaves the handle open for them.
+///
 /// # Errors
 /// [`Error::Os`] (`EINVAL`/`EBADF` with a hint) if the fd is not a dma-buf the device accepts.
 pub fn import<'d>(device: &'d DrmDevice, dmabuf: &impl AsFd) -> Result<Imported<'d>> {
-    let handle = device
-        .prime_fd_to_buffer(dmabuf.as_fd())
-        .map_err(|e| Error::os(Op::PrimeImport, device.path().display(), e))?;
+    let handle = device.acquire_handle(
+        || {
+            device
+                .prime_fd_to_buffer(dmabuf.as_fd())
+                .map_err(|e| Error::os(Op::PrimeImport, device.path().display(), e))
+        },
+        |h| *h,
+    )?;
     Ok(Imported { device, handle })
 }
