@@ -50,6 +50,8 @@ pub enum Op {
     VgemFence,
     /// A CUDA driver API call.
     Cuda,
+    /// Checking that an fd is a sync_file (`/proc/self/fd/<fd>`).
+    InspectSyncFile,
 }
 
 impl fmt::Display for Op {
@@ -76,6 +78,7 @@ impl fmt::Display for Op {
             Op::GemClose => "DRM_IOCTL_GEM_CLOSE",
             Op::VgemFence => "vgem fence ioctl",
             Op::Cuda => "CUDA driver call",
+            Op::InspectSyncFile => "inspect sync_file",
         })
     }
 }
@@ -126,6 +129,14 @@ pub enum Error {
     /// The fd is not a dma-buf.
     #[error("fd {fd} is not a dma-buf ({what})")]
     NotDmaBuf {
+        /// The raw fd number, for the message.
+        fd: i32,
+        /// What it is instead, where known.
+        what: String,
+    },
+    /// The fd is not a sync_file.
+    #[error("fd {fd} is not a sync_file ({what})")]
+    NotSyncFile {
         /// The raw fd number, for the message.
         fd: i32,
         /// What it is instead, where known.
@@ -200,6 +211,9 @@ fn hint_for(op: Op, errno: Option<i32>) -> Option<&'static str> {
         ),
         (Op::CreateUdmabuf, libc::ENOENT) => Some("/dev/udmabuf is missing: CONFIG_UDMABUF"),
         (Op::PrimeImport, libc::EINVAL | libc::EBADF) => Some("the fd is not a dma-buf"),
+        (Op::InspectSyncFile, libc::ENOENT) => {
+            Some("/proc/self/fd is unreadable: is /proc mounted?")
+        }
         _ => None,
     }
 }
