@@ -51,12 +51,16 @@ impl DmaHeap {
 
     /// `DMA_HEAP_IOCTL_ALLOC`: a read-write, close-on-exec dma-buf of `size` bytes.
     ///
+    /// The size is checked first: the kernel would round a partial page up without saying so,
+    /// and a heap asked for more than the machine has (the system heap allocates page by page)
+    /// runs until the OOM killer ends the process instead of failing.
+    ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for size 0; [`Error::Os`] if the heap refuses.
+    /// [`Error::InvalidArgument`] for size 0, a size that is not a multiple of the page size,
+    /// or one larger than the machine's memory (`sysinfo` total RAM, as `MemTotal` in
+    /// `/proc/meminfo`); [`Error::Os`] if the heap refuses.
     pub fn allocate(&self, size: u64) -> Result<DmaBuf> {
-        if size == 0 {
-            return Err(Error::invalid(Op::HeapAlloc, "size 0"));
-        }
+        check_size(size, &self.name)?;
         let mut arg = sys::dma_heap_allocation_data {
             len: size,
             fd: 0,
@@ -79,6 +83,41 @@ impl DmaHeap {
     }
 }
 
+/// Refuses sizes the heap would round up or could never hold, before the ioctl.
+fn check_size(size: u64, heap: &str) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid(
+            Op::HeapAlloc,
+            format!("size 0 from {HEAPS}/{heap}: a dma-heap buffer has at least one page"),
+        ));
+    }
+    let page = crate::udmabuf::page_size();
+    if !size.is_multiple_of(page) {
+        return Err(Error::invalid(
+            Op::HeapAlloc,
+            format!(
+                "size {size} from {HEAPS}/{heap} is not a multiple of the page size ({page} \
+                 bytes); round it up to {}",
+                size.div_ceil(page).saturating_mul(page)
+            ),
+        ));
+    }
+    let memory = nix::sys::sysinfo::sysinfo()
+        .map_err(|e| Error::os(Op::HeapAlloc, "sysinfo (total RAM)", e.into()))?
+        .ram_total();
+    if size > memory {
+        return Err(Error::invalid(
+            Op::HeapAlloc,
+            format!(
+                "size {size} bytes from {HEAPS}/{heap} exceeds this machine's memory \
+                 ({memory} bytes, MemTotal): the heap would allocate until the OOM killer \
+                 ends the process"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The heaps this kernel offers.
 ///
 /// # Errors
@@ -94,5 +133,32 @@ pub fn heaps() -> Result<Vec<String>> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(Error::os(Op::OpenHeap, HEAPS, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(size: u64, needle: &str) {
+        match check_size(size, "system") {
+            Err(e @ Error::InvalidArgument { .. }) => {
+                assert!(e.to_string().contains(needle), "{e}")
+            }
+            other => panic!("size {size}: expected InvalidArgument ({needle}), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sizes_are_checked_before_the_kernel() {
+        let page = crate::udmabuf::page_size();
+        refused(0, "size 0");
+        refused(page + 1, "not a multiple of the page size");
+        let memory = nix::sys::sysinfo::sysinfo().unwrap().ram_total();
+        let too_big = (memory / page + 1) * page;
+        refused(too_big, &format!("size {too_big} bytes"));
+        refused(too_big, &format!("({memory} bytes, MemTotal)"));
+        refused(u64::MAX - page + 1, "exceeds this machine's memory");
+        check_size(page, "system").expect("one page");
     }
 }
