@@ -163,7 +163,7 @@ fn bad_input_gives_typed_errors() {
         .gid_index(100_000)
         .build()
         .unwrap_err();
-    assert!(matches!(err, Error::Verbs { .. }), "{err}");
+    assert!(matches!(err, Error::GidIndex { .. }), "{err}");
 
     // Remote write without local write is refused at registration.
     let buf = rdma_dmabuf::HostBuffer::new(4096).unwrap();
