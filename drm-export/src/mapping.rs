@@ -112,29 +112,36 @@ pub struct ReadGuard<'m> {
     mapping: &'m Mapping<'m>,
 }
 
+/// The copying reads both guards offer (each guard's `mapping` field is the mapping).
+macro_rules! copy_out {
+    () => {
+        /// Copies `dst.len()` bytes from `offset` into `dst`.
+        ///
+        /// # Errors
+        /// [`Error::InvalidArgument`] if the range reaches past the mapping.
+        pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+            self.mapping.read_at(offset, dst)
+        }
+
+        /// A copy of the whole buffer.
+        pub fn to_vec(&self) -> Vec<u8> {
+            self.mapping.to_vec()
+        }
+
+        /// The mapped length in bytes.
+        pub fn len(&self) -> usize {
+            self.mapping.len()
+        }
+
+        /// Whether the mapping is empty (never).
+        pub fn is_empty(&self) -> bool {
+            self.len() == 0
+        }
+    };
+}
+
 impl ReadGuard<'_> {
-    /// Copies `dst.len()` bytes from `offset` into `dst`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the range reaches past the mapping.
-    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.mapping.read_at(offset, dst)
-    }
-
-    /// A copy of the whole buffer.
-    pub fn to_vec(&self) -> Vec<u8> {
-        self.mapping.to_vec()
-    }
-
-    /// The mapped length in bytes.
-    pub fn len(&self) -> usize {
-        self.mapping.len()
-    }
-
-    /// Whether the mapping is empty (never).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    copy_out!();
 }
 
 impl Drop for ReadGuard<'_> {
@@ -176,28 +183,7 @@ impl WriteGuard<'_, '_> {
         }
     }
 
-    /// Copies `dst.len()` bytes from `offset` into `dst`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the range reaches past the mapping.
-    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.mapping.read_at(offset, dst)
-    }
-
-    /// A copy of the whole buffer.
-    pub fn to_vec(&self) -> Vec<u8> {
-        self.mapping.to_vec()
-    }
-
-    /// The mapped length in bytes.
-    pub fn len(&self) -> usize {
-        self.mapping.len()
-    }
-
-    /// Whether the mapping is empty (never).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    copy_out!();
 }
 
 impl Drop for WriteGuard<'_, '_> {
