@@ -575,6 +575,7 @@ fn two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retr
 /// then waits for node b's report.
 fn peer_death_node_a(tb: &Testbed) {
     use std::io::BufRead;
+    // This test binary again, built by this workspace.
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "peer_death_child_process"])
         .args(["--nocapture", "--test-threads=1"])
