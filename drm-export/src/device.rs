@@ -52,8 +52,12 @@ pub struct Capabilities {
 /// same handle. So the buffers of this crate ([`DumbBuffer`](crate::DumbBuffer),
 /// [`GemBuffer`](crate::GemBuffer), [`Imported`](crate::prime::Imported)) do not close their
 /// handle themselves: the device keeps a count of owners per handle, and the last owner's drop
-/// closes it (`DRM_IOCTL_GEM_CLOSE`). Closing handles directly (through the `drm` traits this
-/// type implements) bypasses that count and can close a handle that a buffer still owns.
+/// closes it (`DRM_IOCTL_GEM_CLOSE`). For that reason this type does not implement the `drm`
+/// crate's traits (`drm::control::Device::close_buffer` would bypass the count and could close
+/// a handle a buffer still owns); the crate calls them on a private view of the file. A program
+/// that builds its own `drm` device over [`AsFd::as_fd`] and closes handles itself steps
+/// outside this guarantee (no memory error follows: the kernel keeps every buffer alive while
+/// a mapping or a dma-buf refers to it, but a later close can then hit another buffer's handle).
 #[derive(Debug)]
 pub struct DrmDevice {
     file: File,
@@ -72,10 +76,13 @@ impl AsFd for DrmDevice {
     }
 }
 
-impl drm::Device for DrmDevice {}
-impl drm::control::Device for DrmDevice {}
 
 impl DrmDevice {
+    /// The file as the `drm` crate's device traits see it (crate-private: see the type's docs).
+    pub(crate) fn ops(&self) -> FileRef<'_> {
+        FileRef(&self.file)
+    }
+
     /// Opens a DRM node read-write and asks its driver's identity.
     ///
     /// # Errors
@@ -93,7 +100,7 @@ impl DrmDevice {
             .write(true)
             .open(path)
             .map_err(|e| Error::os(Op::OpenDevice, path.display(), e))?;
-        let d = drm::Device::get_driver(&file_ref(&file))
+        let d = drm::Device::get_driver(&FileRef(&file))
             .map_err(|e| Error::os(Op::QueryDriver, path.display(), e))?;
         let driver = DriverInfo {
             name: d.name().to_string_lossy().into_owned(),
@@ -135,7 +142,7 @@ impl DrmDevice {
     pub fn capabilities(&self) -> Result<Capabilities> {
         use drm::{Device as _, DriverCapability};
         let cap = |c| {
-            self.get_driver_capability(c)
+            self.ops().get_driver_capability(c)
                 .map_err(|e| Error::os(Op::QueryDriver, self.path.display(), e))
         };
         /// `DRM_PRIME_CAP_IMPORT` and `DRM_PRIME_CAP_EXPORT` (drm.h).
@@ -145,7 +152,7 @@ impl DrmDevice {
         Ok(Capabilities {
             prime_import: prime & IMPORT != 0,
             prime_export: prime & EXPORT != 0,
-            dumb_buffers: match self.get_driver_capability(DriverCapability::DumbBuffer) {
+            dumb_buffers: match self.ops().get_driver_capability(DriverCapability::DumbBuffer) {
                 Ok(v) => Some(v != 0),
                 Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => None,
                 Err(e) => return Err(Error::os(Op::QueryDriver, self.path.display(), e)),
@@ -206,7 +213,7 @@ impl DrmDevice {
         handles.remove(&raw);
         // Closed with the lock held: an import of the same buffer on another thread cannot
         // get this handle back (and count it) between the removal and the close.
-        if let Err(e) = self.close_buffer(handle) {
+        if let Err(e) = self.ops().close_buffer(handle) {
             eprintln!(
                 "drm-export: {}",
                 Error::os(
@@ -252,17 +259,17 @@ fn is_number(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// `drm::Device` needs a type that implements it; a borrowed file is enough for one query.
-struct FileRef<'a>(&'a File);
+/// The `drm` crate's calls need a type that implements its traits. This private view of a
+/// device file is that type, so that the traits (among them `close_buffer`, which would bypass
+/// the handle table) are reachable only from inside this crate.
+pub(crate) struct FileRef<'a>(&'a File);
 impl AsFd for FileRef<'_> {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
     }
 }
 impl drm::Device for FileRef<'_> {}
-fn file_ref(f: &File) -> FileRef<'_> {
-    FileRef(f)
-}
+impl drm::control::Device for FileRef<'_> {}
 
 #[cfg(test)]
 mod tests {

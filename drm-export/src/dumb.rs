@@ -33,6 +33,7 @@ impl DumbBuffer {
         let buffer = device.acquire_handle(
             || {
                 device
+                    .ops()
                     .create_dumb_buffer(
                         (WIDTH as u32, height),
                         drm::buffer::DrmFourcc::Xrgb8888,

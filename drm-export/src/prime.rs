@@ -15,6 +15,7 @@ const EXPORT_FLAGS: u32 = (libc::O_CLOEXEC | libc::O_RDWR) as u32;
 /// [`Error::Os`] if the driver refuses.
 pub fn export(device: &DrmDevice, handle: drm::buffer::Handle) -> Result<DmaBuf> {
     let fd = device
+        .ops()
         .buffer_to_prime_fd(handle, EXPORT_FLAGS)
         .map_err(|e| {
             Error::os(
@@ -63,6 +64,7 @@ pub fn import<'d>(device: &'d DrmDevice, dmabuf: &impl AsFd) -> Result<Imported<
     let handle = device.acquire_handle(
         || {
             device
+                .ops()
                 .prime_fd_to_buffer(dmabuf.as_fd())
                 .map_err(|e| Error::os(Op::PrimeImport, device.path().display(), e))
         },
