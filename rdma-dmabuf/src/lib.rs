@@ -61,7 +61,7 @@ mod slots;
 pub mod wr;
 
 pub use cm::{CmConnector, CmListener};
-pub use device::{Context, Gid, Mtu};
+pub use device::{Context, DeviceAttr, Gid, Mtu};
 pub use dm::DeviceMemory;
 pub use drm_export::DmaBuf;
 pub use endpoint::Endpoint;
@@ -71,7 +71,10 @@ pub use host::HostBuffer;
 pub use mr::{supports_dmabuf, Access, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use pd::ProtectionDomain;
-pub use qp::{Done, Local, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError};
+pub use qp::{
+    Done, Local, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError,
+    DEFAULT_ACK_TIMEOUT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY,
+};
 pub use remote::RemoteRegion;
-pub use scope::{scope, Scope, ScopedPending};
+pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use wr::{WorkCompletion, WorkKind};
