@@ -66,3 +66,28 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Runs this test binary again under valgrind's memcheck, with `args` (test filters and
+/// options), and asserts that it found no memory error and that `passed` tests passed.
+/// Returns the output.
+///
+/// # Panics
+/// If valgrind cannot start, reports an error, or the tests fail.
+pub fn valgrind_self(args: &[&str], passed: usize) -> String {
+    let me = std::env::current_exe().expect("this test binary");
+    let out = Command::new("valgrind")
+        .args(["--error-exitcode=99", "--leak-check=no"])
+        .arg(&me)
+        .args(["--ignored", "--test-threads=1", "--color", "never"])
+        .args(args)
+        .output()
+        .expect("valgrind runs (cargo xtask setup installs it)");
+    let text = text(&out);
+    assert!(
+        out.status.success(),
+        "valgrind found errors or a test failed:\n{text}"
+    );
+    assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
+    assert!(text.contains(&format!("{passed} passed")), "{text}");
+    text
+}

@@ -2,7 +2,8 @@
 
 use crate::testbed::Testbed;
 use rdma_dmabuf::{
-    Access, Context, HostBuffer, MemoryRegion, ProtectionDomain, QueuePair, QueuePairBuilder,
+    Access, Context, HostBuffer, MemoryRegion, MultiChannel, MultiChannelBuilder, ProtectionDomain,
+    QueuePair, QueuePairBuilder,
 };
 use std::sync::Arc;
 
@@ -14,13 +15,40 @@ pub fn pd(tb: &Testbed) -> Arc<ProtectionDomain> {
 
 /// Two RC queue pairs in `pd`, connected to each other over the device's loopback.
 pub fn loopback_pair(pd: &Arc<ProtectionDomain>) -> (QueuePair, QueuePair) {
-    let a = QueuePairBuilder::new(pd).build().expect("qp a");
-    let b = QueuePairBuilder::new(pd).build().expect("qp b");
+    connect_pair(QueuePairBuilder::new(pd), QueuePairBuilder::new(pd))
+}
+
+/// Builds `a` and `b` and connects them to each other over the device's loopback.
+pub fn connect_pair(a: QueuePairBuilder, b: QueuePairBuilder) -> (QueuePair, QueuePair) {
+    let a = a.build().expect("qp a");
+    let b = b.build().expect("qp b");
     let (ea, eb) = (a.endpoint(), b.endpoint());
     (
         a.connect(&eb).expect("connect a"),
         b.connect(&ea).expect("connect b"),
     )
+}
+
+/// Builds `hub` and connects it to `n` peers, each a queue pair in `pd` of this process
+/// (`n` must be the hub's peer count).
+pub fn hub_and_peers(
+    pd: &Arc<ProtectionDomain>,
+    hub: MultiChannelBuilder,
+    n: usize,
+) -> (MultiChannel, Vec<QueuePair>) {
+    let hub = hub.build().expect("multi-peer channel");
+    let peers: Vec<_> = (0..n)
+        .map(|_| QueuePairBuilder::new(pd).build().expect("peer qp"))
+        .collect();
+    let hub_eps = hub.endpoints();
+    let peer_eps: Vec<_> = peers.iter().map(|p| p.endpoint()).collect();
+    let hub = hub.connect(&peer_eps).expect("connect the hub");
+    let peers = peers
+        .into_iter()
+        .zip(&hub_eps)
+        .map(|(p, e)| p.connect(e).expect("connect a peer"))
+        .collect();
+    (hub, peers)
 }
 
 /// A host region of `len` bytes filled with `data` (zero-padded) and the given access.

@@ -9,8 +9,9 @@
 //! under memcheck and requires 0 errors (a use-after-free inside libibverbs shows there, not as
 //! a crash). Runs in the testbed VM.
 
+use integration_tests::process::valgrind_self;
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, pattern};
+use integration_tests::verbs::{connect_pair, host_region, pattern};
 use rdma_dmabuf::{
     Access, CmConnector, CmListener, Context, DeviceMemory, MemoryRegion, MultiChannelBuilder,
     ProtectionDomain, QueuePairBuilder,
@@ -34,17 +35,10 @@ fn open(tb: &Testbed) -> (std::sync::Arc<Context>, std::sync::Arc<ProtectionDoma
 fn parents_first_connected_queue_pairs_with_completion_channels() {
     let tb = Testbed::get();
     let (ctx, pd) = open(&tb);
-    let a = QueuePairBuilder::new(&pd)
-        .completion_channel(true)
-        .build()
-        .unwrap();
-    let b = QueuePairBuilder::new(&pd)
-        .completion_channel(true)
-        .build()
-        .unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let a = a.connect(&eb).unwrap();
-    let b = b.connect(&ea).unwrap();
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd).completion_channel(true),
+        QueuePairBuilder::new(&pd).completion_channel(true),
+    );
     let src = host_region(&pd, &pattern(4096, 3), 4096, Access::empty());
     let dst = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
     // A receive left in flight with its handle dropped: its region stays with the queue.
@@ -216,23 +210,5 @@ fn parents_first_device_memory_is_refused_without_leaking_its_context() {
 #[ignore = "needs the testbed VM"]
 fn drop_order_under_valgrind_has_no_memory_error() {
     Testbed::get();
-    let me = std::env::current_exe().unwrap();
-    let out = std::process::Command::new("valgrind")
-        .args(["--error-exitcode=99", "--leak-check=no"])
-        .arg(&me)
-        .args(["--ignored", "parents_first_"])
-        .args(["--test-threads=1", "--color", "never"])
-        .output()
-        .expect("valgrind runs (cargo xtask setup installs it)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "valgrind found errors or a test failed:\n{text}"
-    );
-    assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
-    assert!(text.contains(&format!("{SCENARIOS} passed")), "{text}");
+    valgrind_self(&["parents_first_"], SCENARIOS);
 }

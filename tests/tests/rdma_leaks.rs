@@ -2,6 +2,7 @@
 //! and process-wide, so no other test may run beside them. Runs in the testbed VM.
 
 use integration_tests::counts::{dmabuf_objects, open_fds, rdma_resources as resource_count};
+use integration_tests::process::valgrind_self;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pd};
 use rdma_dmabuf::{Access, HostBuffer, MemoryRegion};
@@ -74,29 +75,13 @@ fn dropped_pending_under_valgrind_has_no_memory_error() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     Testbed::get();
     // This binary again, running only the drop-before-completion test, under memcheck.
-    let me = std::env::current_exe().unwrap();
-    let out = std::process::Command::new("valgrind")
-        .args(["--error-exitcode=99", "--leak-check=no"])
-        .arg(&me)
-        .args([
-            "--ignored",
+    valgrind_self(
+        &[
             "--exact",
             "dropped_pending_keeps_its_region_until_the_queue_pair_is_destroyed",
-        ])
-        .args(["--test-threads=1", "--color", "never"])
-        .output()
-        .expect("valgrind runs (cargo xtask setup installs it)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        1,
     );
-    assert!(
-        out.status.success(),
-        "valgrind found errors or the test failed:\n{text}"
-    );
-    assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
-    assert!(text.contains("1 passed"), "{text}");
 }
 
 #[test]

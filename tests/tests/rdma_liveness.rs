@@ -6,7 +6,7 @@
 //! stalling the run.
 
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, loopback_pair, pd};
+use integration_tests::verbs::{connect_pair, host_region, hub_and_peers, loopback_pair, pd};
 use rdma_dmabuf::{
     Access, CmConnector, CmListener, Error, HostBuffer, MemoryRegion, MultiChannelBuilder,
     ProtectionDomain, QueuePair, QueuePairBuilder, WorkKind,
@@ -155,13 +155,10 @@ fn retry_settings_are_validated_at_build() {
 fn duration_max_means_forever_in_every_wait() {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let a = QueuePairBuilder::new(&pd).build().unwrap();
-    let b = QueuePairBuilder::new(&pd)
-        .completion_channel(true)
-        .build()
-        .unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd),
+        QueuePairBuilder::new(&pd).completion_channel(true),
+    );
     for _ in 0..2 {
         let r = b
             .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
@@ -293,27 +290,12 @@ fn within<T: Send + 'static>(
 
 /// A hub channel to `n` peers (queue pairs of this process), with `timeout` for its
 /// blocking operations.
-fn hub_and_peers(
+fn hub_with_timeout(
     pd: &Arc<ProtectionDomain>,
     n: usize,
     timeout: Duration,
 ) -> (rdma_dmabuf::MultiChannel, Vec<QueuePair>) {
-    let hub = MultiChannelBuilder::new(pd, n)
-        .timeout(timeout)
-        .build()
-        .unwrap();
-    let peers: Vec<_> = (0..n)
-        .map(|_| QueuePairBuilder::new(pd).build().unwrap())
-        .collect();
-    let hub_eps = hub.endpoints();
-    let peer_eps: Vec<_> = peers.iter().map(|p| p.endpoint()).collect();
-    let hub = hub.connect(&peer_eps).unwrap();
-    let peers = peers
-        .into_iter()
-        .zip(&hub_eps)
-        .map(|(p, e)| p.connect(e).unwrap())
-        .collect();
-    (hub, peers)
+    hub_and_peers(pd, MultiChannelBuilder::new(pd, n).timeout(timeout), n)
 }
 
 #[test]
@@ -321,7 +303,7 @@ fn hub_and_peers(
 fn gather_recv_with_a_bad_peer_index_after_a_good_one_posts_nothing_and_returns() {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let (hub, peers) = hub_and_peers(&pd, 2, Duration::from_secs(60));
+    let (hub, peers) = hub_with_timeout(&pd, 2, Duration::from_secs(60));
     let (hub, err) = within(Duration::from_secs(30), "gather_recv", move || {
         let mut a = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
         let mut b = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
@@ -345,7 +327,7 @@ fn gather_recv_whose_peer_never_sends_times_out_and_flushes() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let timeout = Duration::from_secs(1);
-    let (hub, peers) = hub_and_peers(&pd, 2, timeout);
+    let (hub, peers) = hub_with_timeout(&pd, 2, timeout);
     let t = Instant::now();
     let (hub, peers, err) = within(Duration::from_secs(60), "gather_recv", move || {
         // Peer 0 sends; peer 1 never does.

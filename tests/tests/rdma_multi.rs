@@ -2,8 +2,8 @@
 //! three peers multicasts, scatters writes, gathers receives and reads. Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
-use rdma_dmabuf::{scope, Access, Local, MultiChannelBuilder, QueuePair, QueuePairBuilder};
+use integration_tests::verbs::{host_region, hub_and_peers, loopback_pair, pattern, pd};
+use rdma_dmabuf::{scope, Access, Local, MultiChannelBuilder, QueuePair};
 
 const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
@@ -54,22 +54,10 @@ fn a_panicking_scope_flushes_and_drains_before_unwinding_on() {
 }
 
 /// A hub channel to three peers, each peer a queue pair in the same process.
-fn hub_and_peers(
+fn three_peers(
     pd: &std::sync::Arc<rdma_dmabuf::ProtectionDomain>,
 ) -> (rdma_dmabuf::MultiChannel, Vec<QueuePair>) {
-    let hub = MultiChannelBuilder::new(pd, PEERS).build().unwrap();
-    let peers: Vec<_> = (0..PEERS)
-        .map(|_| QueuePairBuilder::new(pd).build().unwrap())
-        .collect();
-    let hub_eps = hub.endpoints();
-    let peer_eps: Vec<_> = peers.iter().map(|p| p.endpoint()).collect();
-    let hub = hub.connect(&peer_eps).unwrap();
-    let peers = peers
-        .into_iter()
-        .zip(&hub_eps)
-        .map(|(p, e)| p.connect(e).unwrap())
-        .collect();
-    (hub, peers)
+    hub_and_peers(pd, MultiChannelBuilder::new(pd, PEERS), PEERS)
 }
 
 #[test]
@@ -77,7 +65,7 @@ fn hub_and_peers(
 fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let (hub, peers) = hub_and_peers(&pd);
+    let (hub, peers) = three_peers(&pd);
     assert_eq!(hub.len(), PEERS);
 
     // Multicast: one region, sent to every peer at once.

@@ -4,7 +4,7 @@
 
 use integration_tests::oob;
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
+use integration_tests::verbs::{connect_pair, host_region, loopback_pair, pattern, pd};
 use rdma_dmabuf::{
     supports_dmabuf, Access, Context, Endpoint, Error, Local, MemoryRegion, QueuePairBuilder,
     RemoteRegion, WorkKind,
@@ -298,14 +298,10 @@ fn two_node_rdma_write_and_send_across_the_wire() {
 fn blocking_wait_sleeps_on_the_completion_channel_until_the_message_comes() {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let a = QueuePairBuilder::new(&pd).build().unwrap();
-    let b = QueuePairBuilder::new(&pd)
-        .completion_channel(true)
-        .build()
-        .unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let a = a.connect(&eb).unwrap();
-    let b = b.connect(&ea).unwrap();
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd),
+        QueuePairBuilder::new(&pd).completion_channel(true),
+    );
 
     // Nothing comes: the wait ends at its timeout with the handle back.
     let recv = b
