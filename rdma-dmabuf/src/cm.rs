@@ -6,13 +6,14 @@
 //! librdmacm opens the devices itself: protection domains and regions for a connection must
 //! come from the context it picked, [`CmConnector::context`] or [`CmListener::context`].
 
+use crate::cm_id::{create_id, Channel, CmId};
+use crate::deadline::poll_ms;
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
-use crate::qp::{deadline_after, poll_ms, time_left, QueuePair, QueuePairBuilder, Retry};
+use crate::qp::{QueuePair, QueuePairBuilder, Retry};
+use nix::sys::socket::{SockaddrLike, SockaddrStorage};
 use rdma_sys as ffi;
-use std::ffi::CStr;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,261 +44,6 @@ fn unframe(raw: Vec<u8>) -> Vec<u8> {
     }
 }
 
-/// An event channel; its fd is non-blocking and waits use `poll` with a timeout.
-struct Channel(NonNull<ffi::rdma_event_channel>);
-
-// SAFETY: librdmacm event channels may be used from any thread.
-unsafe impl Send for Channel {}
-// SAFETY: waits take `&self` and librdmacm serialises channel reads internally.
-unsafe impl Sync for Channel {}
-
-/// A connection-manager event, already acknowledged.
-struct Event {
-    id: *mut ffi::rdma_cm_id,
-    kind: ffi::rdma_cm_event_type::Type,
-    private: Vec<u8>,
-}
-
-fn event_name(kind: ffi::rdma_cm_event_type::Type) -> String {
-    // SAFETY: rdma_event_str takes any value and returns a static string.
-    let s = unsafe { ffi::rdma_event_str(kind) };
-    // SAFETY: a static NUL-terminated string.
-    unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-}
-
-impl Channel {
-    fn new() -> Result<Channel> {
-        // SAFETY: no arguments; the result is checked.
-        let ch = unsafe { ffi::rdma_create_event_channel() };
-        let ch = NonNull::new(ch).ok_or_else(|| {
-            Error::last_os(Op::Cm, "rdma_create_event_channel (is rdma_ucm loaded?)")
-        })?;
-        let ch = Channel(ch);
-        let fd = ch.fd();
-        // SAFETY: fcntl on the channel's own open fd.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above.
-        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(Error::last_os(Op::Cm, "event channel O_NONBLOCK"));
-        }
-        Ok(ch)
-    }
-
-    fn fd(&self) -> RawFd {
-        // SAFETY: the channel is live; `fd` is a plain field.
-        unsafe { self.0.as_ref() }.fd
-    }
-
-    /// Waits for the next event; fails unless it is `expect` with status 0.
-    fn expect(
-        &self,
-        expect: ffi::rdma_cm_event_type::Type,
-        timeout: Duration,
-        step: &str,
-    ) -> Result<Event> {
-        let ev = self.next(timeout, step)?;
-        if ev.0.kind != expect || ev.1 != 0 {
-            // A rejection's status is the peer's reason code, not an errno.
-            let errno = match ev.1 {
-                s if s < 0 && ev.0.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => -s,
-                _ => libc::ECONNREFUSED,
-            };
-            return Err(Error::from_errno(
-                Op::Cm,
-                format!(
-                    "{step}: got {} (status {}), expected {}",
-                    event_name(ev.0.kind),
-                    ev.1,
-                    event_name(expect)
-                ),
-                errno,
-            ));
-        }
-        Ok(ev.0)
-    }
-
-    /// The next event and its status.
-    fn next(&self, timeout: Duration, step: &str) -> Result<(Event, i32)> {
-        // `Duration::MAX` (or any timeout past what `Instant` holds) means no deadline.
-        let deadline = deadline_after(timeout);
-        loop {
-            let mut ev = std::ptr::null_mut();
-            // SAFETY: live channel, valid out-pointer.
-            if unsafe { ffi::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } == 0 {
-                // SAFETY: on success `ev` is a live event until acknowledged below.
-                let e = unsafe { &*ev };
-                let private = if e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
-                    || e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
-                {
-                    // SAFETY: for these events the union holds connection parameters.
-                    let conn = unsafe { e.param.conn };
-                    if conn.private_data.is_null() {
-                        Vec::new()
-                    } else {
-                        // SAFETY: librdmacm guarantees `private_data_len` readable bytes until
-                        // the event is acknowledged; they are copied before that.
-                        unsafe {
-                            std::slice::from_raw_parts(
-                                conn.private_data.cast::<u8>(),
-                                conn.private_data_len as usize,
-                            )
-                        }
-                        .to_vec()
-                    }
-                } else {
-                    Vec::new()
-                };
-                let out = (
-                    Event {
-                        id: e.id,
-                        kind: e.event,
-                        private,
-                    },
-                    e.status,
-                );
-                // SAFETY: acknowledged once; nothing of it is used afterwards.
-                unsafe { ffi::rdma_ack_cm_event(ev) };
-                return Ok(out);
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(Error::from_errno(
-                    Op::Cm,
-                    step,
-                    err.raw_os_error().unwrap_or(libc::EIO),
-                ));
-            }
-            let left = time_left(deadline);
-            if left.is_zero() {
-                return Err(Error::from_errno(
-                    Op::Cm,
-                    format!("{step}: no event within {timeout:?}"),
-                    libc::ETIMEDOUT,
-                ));
-            }
-            let mut pfd = libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd for the call.
-            unsafe { libc::poll(&mut pfd, 1, poll_ms(left).max(1)) };
-        }
-    }
-}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        // SAFETY: every id on this channel was destroyed first (owners drop ids before it).
-        unsafe { ffi::rdma_destroy_event_channel(self.0.as_ptr()) };
-    }
-}
-
-/// A connected cm id with its own event channel; owned by the queue pair. The id is
-/// destroyed (Drop) before its event channel (the field, dropped after).
-pub(crate) struct CmParts {
-    id: NonNull<ffi::rdma_cm_id>,
-    channel: Channel,
-}
-
-// SAFETY: cm ids may be used from any thread; the owner serialises use.
-unsafe impl Send for CmParts {}
-
-impl CmParts {
-    pub(crate) fn id(&self) -> *mut ffi::rdma_cm_id {
-        self.id.as_ptr()
-    }
-
-    pub(crate) fn disconnect(&self) {
-        // SAFETY: live id; also moves its QP to the error state.
-        unsafe { ffi::rdma_disconnect(self.id()) };
-    }
-
-    pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
-        self.channel
-            .expect(
-                ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED,
-                timeout,
-                "wait for disconnect",
-            )
-            .map(drop)
-    }
-
-    fn context(&self) -> Result<Arc<Context>> {
-        // SAFETY: live id; `verbs` is set once the address is bound or resolved.
-        let verbs = unsafe { self.id.as_ref() }.verbs;
-        let ctx = NonNull::new(verbs).ok_or_else(|| {
-            Error::from_errno(
-                Op::Cm,
-                "the id has no device yet (bind to or resolve an RDMA address)",
-                libc::ENODEV,
-            )
-        })?;
-        // SAFETY: librdmacm keeps its device contexts open for the life of the process.
-        Ok(unsafe { Context::borrowed(ctx) })
-    }
-}
-
-impl Drop for CmParts {
-    fn drop(&mut self) {
-        // SAFETY: the QP on it was destroyed first (RawQp drops the QP, then this); all its
-        // events were acknowledged; destroyed once, before its channel (field order).
-        unsafe { ffi::rdma_destroy_id(self.id()) };
-    }
-}
-
-fn create_id(channel: &Channel) -> Result<NonNull<ffi::rdma_cm_id>> {
-    let mut id = std::ptr::null_mut();
-    // SAFETY: live channel, valid out-pointer, no user context.
-    let rc = unsafe {
-        ffi::rdma_create_id(
-            channel.0.as_ptr(),
-            &mut id,
-            std::ptr::null_mut(),
-            ffi::rdma_port_space::RDMA_PS_TCP,
-        )
-    };
-    if rc != 0 {
-        return Err(Error::last_os(Op::Cm, "rdma_create_id"));
-    }
-    NonNull::new(id).ok_or_else(|| Error::from_errno(Op::Cm, "rdma_create_id", libc::EIO))
-}
-
-fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain data; zero is valid.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
 /// `RDMA_OPTION_ID` (`rdma_set_option` level) and `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`), from
 /// `<rdma/rdma_cma.h>`.
 const RDMA_OPTION_ID: i32 = 0;
@@ -305,7 +51,7 @@ const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
 
 /// Gives the id's queue pair the builder's ACK timeout (by default the CM derives it from the
 /// path's packet lifetime); must precede `rdma_connect` / `rdma_accept`.
-fn set_ack_timeout(parts: &CmParts, retry: Retry) -> Result<()> {
+fn set_ack_timeout(parts: &CmId, retry: Retry) -> Result<()> {
     let mut timeout: u8 = retry.ack_timeout;
     // SAFETY: live id; `timeout` is a valid `u8` option value of the size passed.
     let rc = unsafe {
@@ -356,7 +102,7 @@ fn conn_param(framed: &[u8], retry: Retry) -> Result<ffi::rdma_conn_param> {
 
 /// The active side: address and route resolved, ready to connect.
 pub struct CmConnector {
-    parts: CmParts,
+    parts: CmId,
     peer: SocketAddr,
 }
 
@@ -375,25 +121,24 @@ impl CmConnector {
     /// [`Error::Verbs`] naming the step (`EADDRNOTAVAIL`/`ENODEV`: no RDMA device for that
     /// route; `ETIMEDOUT`).
     pub fn resolve(peer: SocketAddr, timeout: Duration) -> Result<CmConnector> {
-        let channel = Channel::new()?;
-        let id = create_id(&channel)?;
-        let parts = CmParts { id, channel };
-        let (mut dst, _) = sockaddr(peer);
+        let parts = CmId::new()?;
+        let dst = SockaddrStorage::from(peer);
         // librdmacm takes an `int` of milliseconds: clamped, and at least 1.
         let ms = poll_ms(timeout).max(1);
-        // SAFETY: live id; `dst` is a valid sockaddr for the call.
+        // SAFETY: live id; `dst` is a valid sockaddr of its family for the call (librdmacm
+        // only reads it, so the `*mut` its C signature asks for is never written through).
         if unsafe {
             ffi::rdma_resolve_addr(
                 parts.id(),
                 std::ptr::null_mut(),
-                (&mut dst as *mut libc::sockaddr_storage).cast(),
+                dst.as_ptr().cast_mut().cast(),
                 ms,
             )
         } != 0
         {
             return Err(Error::last_os(Op::Cm, format!("rdma_resolve_addr {peer}")));
         }
-        parts.channel.expect(
+        parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
             timeout,
             &format!("resolve address {peer}"),
@@ -402,7 +147,7 @@ impl CmConnector {
         if unsafe { ffi::rdma_resolve_route(parts.id(), ms) } != 0 {
             return Err(Error::last_os(Op::Cm, format!("rdma_resolve_route {peer}")));
         }
-        parts.channel.expect(
+        parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
             timeout,
             &format!("resolve route {peer}"),
@@ -436,18 +181,18 @@ impl CmConnector {
         let (send, recv) = qp.depths();
         let peer = self.peer;
         let raw = qp.create(Some(self.parts))?;
-        let parts = raw.cm_parts();
+        let parts = raw.cm().expect("created on a cm id");
         set_ack_timeout(parts, qp.retry())?;
         // SAFETY: live id with its QP; `param` and `private` live across the call.
         if unsafe { ffi::rdma_connect(parts.id(), &mut param) } != 0 {
             return Err(Error::last_os(Op::Cm, format!("rdma_connect {peer}")));
         }
-        let ev = parts.channel.expect(
+        let ev = parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
             timeout,
             &format!("connect to {peer}"),
         )?;
-        Ok((QueuePair::from_cm(raw, send, recv), unframe(ev.private)))
+        Ok((QueuePair::from_cm(raw, send, recv)?, unframe(ev.private)))
     }
 }
 
@@ -479,12 +224,10 @@ impl CmListener {
         let channel = Channel::new()?;
         let id = create_id(&channel)?;
         let listener = CmListener { id, channel, addr };
-        let (mut sa, _) = sockaddr(addr);
-        // SAFETY: live id; valid sockaddr for the call.
-        if unsafe {
-            ffi::rdma_bind_addr(id.as_ptr(), (&mut sa as *mut libc::sockaddr_storage).cast())
-        } != 0
-        {
+        let sa = SockaddrStorage::from(addr);
+        // SAFETY: live id; `sa` is a valid sockaddr of its family for the call (only read,
+        // though the C signature asks for `*mut`).
+        if unsafe { ffi::rdma_bind_addr(id.as_ptr(), sa.as_ptr().cast_mut().cast()) } != 0 {
             return Err(Error::last_os(Op::Cm, format!("rdma_bind_addr {addr}")));
         }
         // SAFETY: live, bound id.
@@ -544,16 +287,18 @@ impl CmListener {
             }
         };
         // SAFETY: `child` is the request's new id, owned from here; `channel` is live.
-        if unsafe { ffi::rdma_migrate_id(child.as_ptr(), channel.0.as_ptr()) } != 0 {
+        if unsafe { ffi::rdma_migrate_id(child.as_ptr(), channel.as_ptr()) } != 0 {
             let e = Error::last_os(Op::Cm, "rdma_migrate_id");
             // SAFETY: the child id is ours and has no QP.
             unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
             return Err(e);
         }
-        let parts = CmParts { id: child, channel };
+        // SAFETY: `child` is the request's new id, ours alone (nothing else destroys it), and
+        // now reports to `channel` (migrated just above).
+        let parts = unsafe { CmId::from_raw(child, channel) };
         let (send, recv) = qp.depths();
         let raw = qp.create(Some(parts))?;
-        let parts = raw.cm_parts();
+        let parts = raw.cm().expect("created on a cm id");
         set_ack_timeout(parts, qp.retry())?;
         // SAFETY: live id with its QP; `param` and `private` live across the call.
         if unsafe { ffi::rdma_accept(parts.id(), &mut param) } != 0 {
@@ -562,12 +307,12 @@ impl CmListener {
                 format!("rdma_accept on {}", self.addr),
             ));
         }
-        parts.channel.expect(
+        parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
             timeout,
             "accept",
         )?;
-        Ok((QueuePair::from_cm(raw, send, recv), unframe(req.private)))
+        Ok((QueuePair::from_cm(raw, send, recv)?, unframe(req.private)))
     }
 }
 

@@ -25,7 +25,8 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
         Ok(list
             .iter()
             .map(|&d| DeviceInfo {
-                name: device_name(d),
+                // SAFETY: `d` is a live entry of the device list (see with_device_list).
+                name: unsafe { device_name(d) },
                 guid: {
                     // SAFETY: `d` is a live entry of the device list (see with_device_list).
                     u64::from_be(unsafe { ffi::ibv_get_device_guid(d) })
@@ -52,8 +53,13 @@ fn with_device_list<T>(f: impl FnOnce(&[*mut ffi::ibv_device]) -> Result<T>) -> 
     out
 }
 
-fn device_name(d: *mut ffi::ibv_device) -> String {
-    // SAFETY: `d` is a live device.
+/// The name of device `d`.
+///
+/// # Safety
+/// `d` is a live device: an entry of a device list not yet freed, or the `device` of an open
+/// context.
+unsafe fn device_name(d: *mut ffi::ibv_device) -> String {
+    // SAFETY: `d` is a live device (this function's contract).
     let name = unsafe { ffi::ibv_get_device_name(d) };
     // SAFETY: the name is a NUL-terminated string owned by the device, alive with it.
     unsafe { CStr::from_ptr(name) }
@@ -92,9 +98,14 @@ impl Context {
             let dev = list
                 .iter()
                 .copied()
-                .find(|&d| device_name(d) == name)
+                // SAFETY: `d` is a live entry of the device list (see with_device_list).
+                .find(|&d| unsafe { device_name(d) } == name)
                 .ok_or_else(|| {
-                    let known: Vec<String> = list.iter().map(|&d| device_name(d)).collect();
+                    let known: Vec<String> = list
+                        .iter()
+                        // SAFETY: as above.
+                        .map(|&d| unsafe { device_name(d) })
+                        .collect();
                     Error::from_errno(
                         Op::OpenDevice,
                         format!(
@@ -141,7 +152,8 @@ impl Context {
         let dev = unsafe { ctx.as_ref() }.device;
         Arc::new(Context {
             ctx,
-            name: device_name(dev),
+            // SAFETY: the device of a live context is live while the context is open.
+            name: unsafe { device_name(dev) },
             owned: false,
         })
     }

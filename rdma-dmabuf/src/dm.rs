@@ -5,7 +5,7 @@
 
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
-use crate::mr::{Access, MemoryRegion};
+use crate::mr::{sealed::Sealed, Access, Backing, MemoryRegion};
 use crate::pd::ProtectionDomain;
 use rdma_sys as ffi;
 use std::fmt;
@@ -149,6 +149,9 @@ impl Drop for DeviceMemory {
         }
     }
 }
+
+impl Sealed for DeviceMemory {}
+impl Backing for DeviceMemory {}
 
 impl MemoryRegion<DeviceMemory> {
     /// `ibv_reg_dm_mr` over the whole device memory, zero-based: work requests address it

@@ -8,9 +8,10 @@
 //! happens before the post, with a timeout; on timeout nothing is posted and the region comes
 //! back with [`Error::FenceTimeout`].
 
+use crate::deadline::{deadline_after, time_left};
 use crate::error::{Error, Result};
 use crate::mr::MemoryRegion;
-use crate::qp::{deadline_after, time_left, Local, Pending, QueuePair, WorkError};
+use crate::qp::{Local, Pending, QueuePair, WorkError};
 use crate::remote::RemoteRegion;
 use crate::wr::WorkKind;
 use drm_export::{Access as SyncAccess, DmaBuf};

@@ -1,6 +1,7 @@
 //! [`HostBuffer`]: page-aligned, zero-filled host memory to register as a region.
 
 use crate::error::{Error, Op, Result};
+use nix::sys::mman;
 use std::fmt;
 use std::ptr::NonNull;
 
@@ -45,23 +46,19 @@ impl HostBuffer {
                 format!("{len} bytes: more than isize::MAX, the largest Rust slice"),
             ));
         }
+        let size = std::num::NonZeroUsize::new(len).expect("checked above: at least a page");
         // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
-        // nothing; it is unmapped exactly once, in Drop.
+        // nothing of this process; it is unmapped exactly once, in Drop.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
+            mman::mmap_anonymous(
+                None,
+                size,
+                mman::ProtFlags::PROT_READ | mman::ProtFlags::PROT_WRITE,
+                mman::MapFlags::MAP_PRIVATE,
             )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::last_os(Op::AllocHost, format!("{len} bytes")));
         }
-        let ptr = NonNull::new(p.cast())
-            .ok_or_else(|| Error::from_errno(Op::AllocHost, "mmap", libc::ENOMEM))?;
+        .map_err(|e| Error::from_errno(Op::AllocHost, format!("mmap of {len} bytes"), e as i32))?;
+        let ptr = p.cast::<u8>();
         Ok(HostBuffer { ptr, len })
     }
 
@@ -104,19 +101,23 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: exactly the mapping made in `new`, unmapped once; no slice outlives `self`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        // SAFETY: exactly the mapping made in `new`, unmapped once; no slice outlives `self`,
+        // and a region over it deregisters before dropping it (MemoryRegion's Drop).
+        if let Err(e) = unsafe { mman::munmap(self.ptr.cast(), self.len) } {
+            eprintln!(
+                "rdma-dmabuf: munmap of a {}-byte host buffer: {e}",
+                self.len
+            );
+        }
     }
 }
 
 /// The CPU page size.
 pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
+    use nix::unistd::{sysconf, SysconfVar};
+    match sysconf(SysconfVar::PAGE_SIZE) {
+        Ok(Some(p)) if p > 0 => p as usize,
+        _ => 4096,
     }
 }
 

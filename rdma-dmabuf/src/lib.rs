@@ -45,6 +45,9 @@
 //! [`DmaBuf`]: drm_export::DmaBuf
 
 pub mod cm;
+mod cm_id;
+mod cq;
+mod deadline;
 pub mod device;
 pub mod dm;
 pub mod endpoint;
@@ -73,7 +76,8 @@ pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use pd::ProtectionDomain;
 pub use qp::{
     Done, Local, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError,
-    DEFAULT_ACK_TIMEOUT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY,
+    DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
+    DEFAULT_RNR_RETRY,
 };
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};

@@ -51,19 +51,20 @@ impl Access {
     }
 }
 
-mod sealed {
+/// Keeps [`Backing`] closed to the crate's own types (each `impl` states what `addr`/`len`
+/// of a region of that type mean to the verbs).
+pub(crate) mod sealed {
+    /// Implemented by the crate's backings only.
     pub trait Sealed {}
     impl Sealed for crate::HostBuffer {}
     impl Sealed for drm_export::DmaBuf {}
-    impl Sealed for crate::dm::DeviceMemory {}
 }
 
 /// What can back a [`MemoryRegion`]: [`HostBuffer`], [`DmaBuf`] or
-/// [`DeviceMemory`](crate::dm::DeviceMemory).
+/// [`DeviceMemory`](crate::DeviceMemory) (whose impl lives in its own module).
 pub trait Backing: sealed::Sealed + fmt::Debug + Send + 'static {}
 impl Backing for HostBuffer {}
 impl Backing for DmaBuf {}
-impl Backing for crate::dm::DeviceMemory {}
 
 /// A registered memory region owning its backing `B`.
 ///
@@ -109,8 +110,9 @@ impl MemoryRegion<HostBuffer> {
     ) -> Result<Self> {
         access.check(Op::RegMr)?;
         let addr = buffer.addr();
-        // SAFETY: `addr..addr+len` is mapped memory owned by `buffer`, which the region keeps
-        // alive (and does not move: the mapping is on the heap) until after ibv_dereg_mr.
+        // SAFETY: `addr..addr+len` is the anonymous mapping owned by `buffer`, which the region
+        // keeps (moving a HostBuffer moves only its pointer, never the mapping) and drops only
+        // after ibv_dereg_mr.
         let mr = unsafe {
             ffi::ibv_reg_mr(pd.as_ptr(), addr.cast(), buffer.len(), access.bits() as i32)
         };

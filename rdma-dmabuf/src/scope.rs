@@ -8,9 +8,10 @@
 //! (a multicast), which the owned layer cannot express. The scope records each post in a
 //! vector, so unlike the owned layer it may allocate.
 
+use crate::deadline::deadline_after;
 use crate::error::{Error, Op, Result};
 use crate::mr::{Backing, MemoryRegion};
-use crate::qp::{deadline_after, QueuePair};
+use crate::qp::QueuePair;
 use crate::remote::RemoteRegion;
 use crate::wr::{WorkCompletion, WorkKind};
 use std::cell::{Cell, RefCell};
@@ -212,15 +213,17 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         &'scope self,
         qp: &'scope QueuePair,
         kind: WorkKind,
-        region: &MemoryRegion<B>,
+        region: &'scope MemoryRegion<B>,
         offset: u64,
         len: u64,
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> Result<ScopedPending<'scope, 'env>> {
-        // The region is borrowed for 'scope and the scope drains before returning, so it
-        // outlives the request.
-        let (index, gen) = qp.post_borrowed(kind, region, offset, len, remote, imm)?;
+        // SAFETY: `region` is borrowed for 'scope, and the scope drains every request before
+        // 'scope ends (`Drain`, also on panic), so the region outlives the request. For the
+        // kinds the NIC writes (receive, read) every caller above holds the borrow
+        // exclusively (`&'scope mut`), so the CPU cannot touch the region meanwhile.
+        let (index, gen) = unsafe { qp.post_borrowed(kind, region, offset, len, remote, imm)? };
         let mut posted = self.posted.borrow_mut();
         posted.push(Entry {
             qp,

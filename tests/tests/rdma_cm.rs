@@ -5,7 +5,8 @@
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, pattern};
 use rdma_dmabuf::{
-    Access, CmConnector, CmListener, Local, ProtectionDomain, QueuePairBuilder, RemoteRegion,
+    Access, CmConnector, CmListener, Endpoint, Local, ProtectionDomain, QueuePairBuilder,
+    RemoteRegion,
 };
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,8 +18,9 @@ const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_READ);
 
 /// Listens on `addr`, announces a writable region, waits for the peer's write-with-immediate,
-/// checks the bytes, then waits for the peer to disconnect.
-fn serve(addr: SocketAddr, seed: u8) {
+/// checks the bytes, then waits for the peer to disconnect. Returns the queue pair's
+/// endpoints (its own, the peer's).
+fn serve(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
     let listener = CmListener::bind(addr).expect("bind and listen");
     let ctx = listener.context().expect("the listener's device");
     let pd = ProtectionDomain::new(&ctx).unwrap();
@@ -37,13 +39,16 @@ fn serve(addr: SocketAddr, seed: u8) {
         .expect("ok");
     assert_eq!(got.wc.imm, Some(SIZE as u32));
     qp.wait_disconnected(T).expect("the client disconnects");
+    let endpoints = (qp.endpoint(), qp.remote_endpoint());
     drop(qp);
     let host = target.into_inner().unwrap();
     assert_eq!(&host.as_slice()[..SIZE], &pattern(SIZE, seed)[..]);
+    endpoints
 }
 
 /// Connects to `addr`, writes the pattern into the announced region, then disconnects.
-fn client(addr: SocketAddr, seed: u8) {
+/// Returns the queue pair's endpoints (its own, the peer's).
+fn client(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
     let connector = CmConnector::resolve(addr, T).expect("resolve address and route");
     let ctx = connector.context().unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
@@ -71,6 +76,7 @@ fn client(addr: SocketAddr, seed: u8) {
         .unwrap()
         .wait();
     done.expect("write completes");
+    (qp.endpoint(), qp.remote_endpoint())
     // Dropping the queue pair disconnects.
 }
 
@@ -80,8 +86,18 @@ fn rdma_cm_connects_writes_and_disconnects_over_loopback() {
     let tb = Testbed::get();
     let addr: SocketAddr = format!("{}:20079", tb.local_addr).parse().unwrap();
     let server = std::thread::spawn(move || serve(addr, 5));
-    client(addr, 5);
-    server.join().expect("server side");
+    let (client_ep, client_sees) = client(addr, 5);
+    let (server_ep, server_sees) = server.join().expect("server side");
+    // Each side's idea of its peer is what the peer says of itself (rdma_cm set both up).
+    assert_eq!(client_sees.qpn, server_ep.qpn);
+    assert_eq!(server_sees.qpn, client_ep.qpn);
+    assert_ne!(client_ep.qpn, server_ep.qpn);
+    assert_eq!(client_sees.psn, server_ep.psn);
+    assert_eq!(server_sees.psn, client_ep.psn);
+    assert_eq!(client_sees.gid, server_ep.gid);
+    let ip: std::net::Ipv4Addr = tb.local_addr.parse().unwrap();
+    assert_eq!(client_ep.gid.0[12..], ip.octets(), "the RoCEv2 GID of the address");
+    assert_eq!(client_ep.mtu, server_ep.mtu);
 }
 
 #[test]
@@ -91,7 +107,10 @@ fn two_node_rdma_cm_write_across_the_wire() {
     if tb.is_server() {
         serve(format!("{}:20080", tb.local_addr).parse().unwrap(), 6);
     } else {
-        client(format!("{}:20080", tb.peer_addr).parse().unwrap(), 6);
+        let (_, server) = client(format!("{}:20080", tb.peer_addr).parse().unwrap(), 6);
+        // The peer's GID is node a's RoCEv2 address.
+        let ip: std::net::Ipv4Addr = tb.peer_addr.parse().unwrap();
+        assert_eq!(server.gid.0[12..], ip.octets());
     }
 }
 

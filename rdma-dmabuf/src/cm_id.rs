@@ -1,0 +1,264 @@
+//! The connection manager's own objects, below the connections of [`crate::cm`]: an event
+//! channel (non-blocking, waited on with a deadline) and a cm id with its channel. Queue pairs
+//! created through rdma_cm own their [`CmId`] (see `qp::raw`), so this module knows nothing
+//! of queue pairs and both `qp` and `cm` build on it.
+
+use crate::deadline::{deadline_after, set_nonblocking, time_left, wait_readable};
+use crate::device::Context;
+use crate::error::{Error, Op, Result};
+use rdma_sys as ffi;
+use std::ffi::CStr;
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An event channel; its fd is non-blocking and waits use `poll` with a timeout.
+pub(crate) struct Channel(NonNull<ffi::rdma_event_channel>);
+
+// SAFETY: librdmacm event channels may be used from any thread.
+unsafe impl Send for Channel {}
+// SAFETY: waits take `&self` and librdmacm serialises channel reads internally.
+unsafe impl Sync for Channel {}
+
+/// A connection-manager event, already acknowledged.
+pub(crate) struct Event {
+    /// The id the event is about (for a connect request: the new id, ours to own).
+    pub id: *mut ffi::rdma_cm_id,
+    /// The event's type.
+    pub kind: ffi::rdma_cm_event_type::Type,
+    /// The private data of a connect request or an establishment, copied.
+    pub private: Vec<u8>,
+}
+
+pub(crate) fn event_name(kind: ffi::rdma_cm_event_type::Type) -> String {
+    // SAFETY: rdma_event_str takes any value and returns a static string.
+    let s = unsafe { ffi::rdma_event_str(kind) };
+    // SAFETY: a static NUL-terminated string.
+    unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+}
+
+impl Channel {
+    pub(crate) fn new() -> Result<Channel> {
+        // SAFETY: no arguments; the result is checked.
+        let ch = unsafe { ffi::rdma_create_event_channel() };
+        let ch = NonNull::new(ch).ok_or_else(|| {
+            Error::last_os(Op::Cm, "rdma_create_event_channel (is rdma_ucm loaded?)")
+        })?;
+        let ch = Channel(ch);
+        set_nonblocking(ch.fd())
+            .map_err(|e| Error::from_errno(Op::Cm, "event channel O_NONBLOCK", e as i32))?;
+        Ok(ch)
+    }
+
+    /// The channel's fd, borrowed from the channel.
+    fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel is live; `fd` is a plain field.
+        let raw = unsafe { self.0.as_ref() }.fd;
+        // SAFETY: librdmacm opened this fd for the channel and closes it only in
+        // rdma_destroy_event_channel, which runs in our Drop, after every borrow of `self`.
+        unsafe { BorrowedFd::borrow_raw(raw) }
+    }
+
+    /// The raw channel, for librdmacm calls that take it.
+    pub(crate) fn as_ptr(&self) -> *mut ffi::rdma_event_channel {
+        self.0.as_ptr()
+    }
+
+    /// Waits for the next event; fails unless it is `expect` with status 0.
+    pub(crate) fn expect(
+        &self,
+        expect: ffi::rdma_cm_event_type::Type,
+        timeout: Duration,
+        step: &str,
+    ) -> Result<Event> {
+        let ev = self.next(timeout, step)?;
+        if ev.0.kind != expect || ev.1 != 0 {
+            // A rejection's status is the peer's reason code, not an errno.
+            let errno = match ev.1 {
+                s if s < 0 && ev.0.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => -s,
+                _ => libc::ECONNREFUSED,
+            };
+            return Err(Error::from_errno(
+                Op::Cm,
+                format!(
+                    "{step}: got {} (status {}), expected {}",
+                    event_name(ev.0.kind),
+                    ev.1,
+                    event_name(expect)
+                ),
+                errno,
+            ));
+        }
+        Ok(ev.0)
+    }
+
+    /// The next event and its status.
+    fn next(&self, timeout: Duration, step: &str) -> Result<(Event, i32)> {
+        // `Duration::MAX` (or any timeout past what `Instant` holds) means no deadline.
+        let deadline = deadline_after(timeout);
+        loop {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: live channel, valid out-pointer.
+            if unsafe { ffi::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } == 0 {
+                // SAFETY: on success `ev` is a live event until acknowledged below.
+                let e = unsafe { &*ev };
+                let private = if e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
+                    || e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
+                {
+                    // SAFETY: for these events the union holds connection parameters.
+                    let conn = unsafe { e.param.conn };
+                    if conn.private_data.is_null() {
+                        Vec::new()
+                    } else {
+                        // SAFETY: librdmacm guarantees `private_data_len` readable bytes until
+                        // the event is acknowledged; they are copied before that.
+                        unsafe {
+                            std::slice::from_raw_parts(
+                                conn.private_data.cast::<u8>(),
+                                conn.private_data_len as usize,
+                            )
+                        }
+                        .to_vec()
+                    }
+                } else {
+                    Vec::new()
+                };
+                let out = (
+                    Event {
+                        id: e.id,
+                        kind: e.event,
+                        private,
+                    },
+                    e.status,
+                );
+                // SAFETY: acknowledged once; nothing of it is used afterwards.
+                unsafe { ffi::rdma_ack_cm_event(ev) };
+                return Ok(out);
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EAGAIN) {
+                return Err(Error::from_errno(
+                    Op::Cm,
+                    step,
+                    err.raw_os_error().unwrap_or(libc::EIO),
+                ));
+            }
+            let left = time_left(deadline);
+            if left.is_zero() {
+                return Err(Error::from_errno(
+                    Op::Cm,
+                    format!("{step}: no event within {timeout:?}"),
+                    libc::ETIMEDOUT,
+                ));
+            }
+            if let Err(e) = wait_readable(self.fd(), left) {
+                return Err(Error::from_errno(Op::Cm, format!("{step}: poll"), e as i32));
+            }
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: every id on this channel was destroyed first (owners drop ids before it).
+        unsafe { ffi::rdma_destroy_event_channel(self.0.as_ptr()) };
+    }
+}
+
+/// A cm id with its own event channel: the active side's id, or a connection accepted from a
+/// listener; a queue pair created on it owns it. The id is destroyed (Drop) before its event
+/// channel (the field, dropped after).
+pub(crate) struct CmId {
+    id: NonNull<ffi::rdma_cm_id>,
+    channel: Channel,
+}
+
+// SAFETY: cm ids may be used from any thread; the owner serialises use.
+unsafe impl Send for CmId {}
+
+impl CmId {
+    /// A new id on a new event channel, for the active side.
+    pub(crate) fn new() -> Result<CmId> {
+        let channel = Channel::new()?;
+        let id = create_id(&channel)?;
+        Ok(CmId { id, channel })
+    }
+
+    /// Takes ownership of `id`, which must already report to `channel`.
+    ///
+    /// # Safety
+    /// `id` is a live cm id that nothing else will destroy, whose events go to `channel`
+    /// (created there, or moved there with `rdma_migrate_id`).
+    pub(crate) unsafe fn from_raw(id: NonNull<ffi::rdma_cm_id>, channel: Channel) -> CmId {
+        CmId { id, channel }
+    }
+
+    /// The id's event channel.
+    pub(crate) fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// The raw id, for librdmacm calls.
+    pub(crate) fn id(&self) -> *mut ffi::rdma_cm_id {
+        self.id.as_ptr()
+    }
+
+    /// `rdma_disconnect`: tells the peer and moves the id's queue pair to the error state.
+    pub(crate) fn disconnect(&self) {
+        // SAFETY: live id; also moves its QP to the error state.
+        unsafe { ffi::rdma_disconnect(self.id()) };
+    }
+
+    /// Waits, for at most `timeout`, for `RDMA_CM_EVENT_DISCONNECTED`.
+    pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
+        self.channel
+            .expect(
+                ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED,
+                timeout,
+                "wait for disconnect",
+            )
+            .map(drop)
+    }
+
+    /// The device librdmacm bound the id to.
+    pub(crate) fn context(&self) -> Result<Arc<Context>> {
+        // SAFETY: live id; `verbs` is set once the address is bound or resolved.
+        let verbs = unsafe { self.id.as_ref() }.verbs;
+        let ctx = NonNull::new(verbs).ok_or_else(|| {
+            Error::from_errno(
+                Op::Cm,
+                "the id has no device yet (bind to or resolve an RDMA address)",
+                libc::ENODEV,
+            )
+        })?;
+        // SAFETY: librdmacm keeps its device contexts open for the life of the process.
+        Ok(unsafe { Context::borrowed(ctx) })
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: the QP on it was destroyed first (RawQp drops the QP, then this); all its
+        // events were acknowledged; destroyed once, before its channel (field order).
+        unsafe { ffi::rdma_destroy_id(self.id()) };
+    }
+}
+
+/// `rdma_create_id` on `channel`, for reliable connections (`RDMA_PS_TCP`).
+pub(crate) fn create_id(channel: &Channel) -> Result<NonNull<ffi::rdma_cm_id>> {
+    let mut id = std::ptr::null_mut();
+    // SAFETY: live channel, valid out-pointer, no user context.
+    let rc = unsafe {
+        ffi::rdma_create_id(
+            channel.as_ptr(),
+            &mut id,
+            std::ptr::null_mut(),
+            ffi::rdma_port_space::RDMA_PS_TCP,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::last_os(Op::Cm, "rdma_create_id"));
+    }
+    NonNull::new(id).ok_or_else(|| Error::from_errno(Op::Cm, "rdma_create_id", libc::EIO))
+}

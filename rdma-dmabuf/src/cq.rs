@@ -1,0 +1,196 @@
+//! Completion queues and their completion channels: creation, destruction in the order
+//! libibverbs requires, polling in batches without allocating, and sleeping in the kernel
+//! until a completion arrives.
+
+use crate::deadline::wait_readable;
+use crate::device::Context;
+use crate::error::{Error, Op, Result};
+use crate::slots::RawCompletion;
+use rdma_sys as ffi;
+use std::mem::MaybeUninit;
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A completion channel (`ibv_create_comp_channel`); destroyed on drop, after its CQ, and
+/// before its context, which it holds until then.
+struct CompChannel {
+    ch: NonNull<ffi::ibv_comp_channel>,
+    /// Released after the channel is destroyed (`ibv_destroy_comp_channel` locks the
+    /// context's mutex, so the context must still be open).
+    ctx: Arc<Context>,
+}
+
+// SAFETY: libibverbs lets a completion channel be used and destroyed from any thread; the
+// owning queue pair decides sharing.
+unsafe impl Send for CompChannel {}
+
+impl CompChannel {
+    fn new(ctx: &Arc<Context>) -> Result<CompChannel> {
+        // SAFETY: `ctx` is an open context (the Arc keeps it so for the call and after).
+        let ch = unsafe { ffi::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ch = NonNull::new(ch).ok_or_else(|| {
+            Error::last_os(Op::CreateCq, format!("{} (completion channel)", ctx.name()))
+        })?;
+        Ok(CompChannel {
+            ch,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// The channel's fd, borrowed from the channel.
+    fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel is live; `fd` is a plain field.
+        let raw = unsafe { self.ch.as_ref() }.fd;
+        // SAFETY: libibverbs opened this fd for the channel and closes it only in
+        // ibv_destroy_comp_channel, which runs in our Drop, after every borrow of `self`.
+        unsafe { BorrowedFd::borrow_raw(raw) }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: the CQ using it was destroyed first (`CompletionQueue::drop` runs before its
+        // fields drop), every event taken from it was acknowledged (`sleep` acks each one),
+        // and the context is open (`self.ctx` is released only after this).
+        let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ch.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "rdma-dmabuf: ibv_destroy_comp_channel on {} failed: {rc}",
+                self.ctx.name()
+            );
+        }
+    }
+}
+
+/// A completion queue, with its completion channel when asked for one. Destroyed on drop:
+/// the CQ (after the queue pairs using it, which its owner destroys first), then the channel,
+/// then the context reference.
+pub(crate) struct CompletionQueue {
+    cq: NonNull<ffi::ibv_cq>,
+    /// Dropped after the CQ (Drop below).
+    channel: Option<CompChannel>,
+    /// Dropped last: the CQ and the channel live in this context.
+    ctx: Arc<Context>,
+}
+
+// SAFETY: libibverbs lets a CQ be polled and destroyed from any thread; the owning queue pair
+// is `!Sync`, so one thread uses it at a time.
+unsafe impl Send for CompletionQueue {}
+
+/// Completions taken from the CQ per `ibv_poll_cq` call.
+const BATCH: usize = 16;
+
+impl CompletionQueue {
+    /// A CQ of `entries` entries on `ctx`, with a completion channel if `channel`.
+    pub(crate) fn new(ctx: &Arc<Context>, entries: i32, channel: bool) -> Result<Self> {
+        let channel = if channel {
+            Some(CompChannel::new(ctx)?)
+        } else {
+            None
+        };
+        let ch_ptr = channel
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |c| c.ch.as_ptr());
+        // SAFETY: open context; the channel (if any) is live and outlives the CQ (the field
+        // drops after Drop destroys the CQ).
+        let cq =
+            unsafe { ffi::ibv_create_cq(ctx.as_ptr(), entries, std::ptr::null_mut(), ch_ptr, 0) };
+        let cq = NonNull::new(cq).ok_or_else(|| {
+            Error::last_os(Op::CreateCq, format!("{} ({entries} entries)", ctx.name()))
+        })?;
+        Ok(CompletionQueue {
+            cq,
+            channel,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// The raw CQ, for `ibv_create_qp`.
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
+        self.cq.as_ptr()
+    }
+
+    /// Polls once, handing each completion (its `wr_id` and what it said) to `each`.
+    /// Returns how many were consumed. No allocation, no lock.
+    pub(crate) fn poll(&self, mut each: impl FnMut(u64, RawCompletion)) -> Result<usize> {
+        let mut wcs: [MaybeUninit<ffi::ibv_wc>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
+        // SAFETY: live CQ; `wcs` has room for BATCH entries, the count passed.
+        let n =
+            unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), BATCH as i32, wcs.as_mut_ptr().cast()) };
+        if n < 0 {
+            return Err(Error::from_errno(Op::PollCq, self.ctx.name(), -n));
+        }
+        for wc in &wcs[..n as usize] {
+            // SAFETY: ibv_poll_cq initialised the first `n` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            let imm = with_imm.then(|| {
+                // SAFETY: with IBV_WC_WITH_IMM set, the union holds the immediate data.
+                u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
+            });
+            let c = RawCompletion {
+                status: wc.status,
+                byte_len: wc.byte_len,
+                imm,
+                vendor_err: wc.vendor_err,
+            };
+            each(wc.wr_id, c);
+        }
+        Ok(n as usize)
+    }
+
+    /// Sleeps until the CQ has something or `timeout` passes: arms the notification, calls
+    /// `poll_again` (a completion may have come before arming; if it took any, returns at
+    /// once), then waits on the channel's fd and acknowledges the event. Without a channel
+    /// it yields once.
+    pub(crate) fn sleep(
+        &self,
+        timeout: Duration,
+        poll_again: impl FnOnce() -> Result<usize>,
+    ) -> Result<()> {
+        let Some(ch) = &self.channel else {
+            std::thread::yield_now();
+            return Ok(());
+        };
+        // SAFETY: live CQ created with a channel.
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(Error::from_errno(Op::PollCq, "ibv_req_notify_cq", rc));
+        }
+        if poll_again()? > 0 {
+            return Ok(());
+        }
+        let readable = wait_readable(ch.fd(), timeout).map_err(|e| {
+            Error::from_errno(Op::PollCq, "poll on the completion channel", e as i32)
+        })?;
+        if readable {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: live channel; the fd is readable, so an event is queued and this does
+            // not block; valid out-pointers.
+            if unsafe { ffi::ibv_get_cq_event(ch.ch.as_ptr(), &mut cq, &mut ctx) } == 0 {
+                // SAFETY: acknowledges the one event just taken, on the CQ it named (ours).
+                unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // SAFETY: the owner destroyed every QP using this CQ before dropping it (`RawQp`'s
+        // Drop runs before its fields drop); the context is open (`self.ctx`, released after
+        // this); destroyed once.
+        let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "rdma-dmabuf: ibv_destroy_cq on {} failed: {rc}",
+                self.ctx.name()
+            );
+        }
+        // The fields drop next: the channel, then the context reference.
+    }
+}

@@ -1,0 +1,520 @@
+//! Settings of a new queue pair, checked before anything is created, and its creation.
+
+use super::connect::PreparedQp;
+use super::raw::{Origin, RawQp};
+use crate::cm_id::CmId;
+use crate::cq::CompletionQueue;
+use crate::device::{Context, Gid};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Op, Result};
+use crate::mr::Access;
+use crate::pd::ProtectionDomain;
+use rdma_sys as ffi;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The default local ACK timeout exponent: a request unacknowledged for 4.096 µs × 2^16 ≈
+/// 268 ms is sent again.
+pub const DEFAULT_ACK_TIMEOUT: u8 = 16;
+/// The default transport retry count: after the first try and 6 retries, each unacknowledged
+/// for the ACK timeout, the request fails with `IBV_WC_RETRY_EXC_ERR` (about 7 × 268 ms ≈
+/// 1.9 s on soft-RoCE; the specification lets a NIC wait up to 4 times the timeout per try,
+/// 7.5 s in all).
+pub const DEFAULT_RETRY_COUNT: u8 = 6;
+/// The default RNR retry count: a send that finds no receive posted is retried 6 times, each
+/// after the peer's RNR timer, then fails with `IBV_WC_RNR_RETRY_EXC_ERR`. (7 would mean
+/// "forever": see [`QueuePairBuilder::rnr_retry_forever`].)
+pub const DEFAULT_RNR_RETRY: u8 = 6;
+/// The default minimum RNR timer code (the IB table's code 28, 163.84 ms) that this queue
+/// pair asks a peer to wait after finding no receive posted: with the default RNR retry
+/// count, a peer's send waits up to 6 × 163.84 ms ≈ 0.98 s for a receive.
+pub const DEFAULT_MIN_RNR_TIMER: u8 = 28;
+
+/// The default hop limit of the packets' global route header (RoCEv2: the IP TTL).
+pub const DEFAULT_HOP_LIMIT: u8 = 64;
+
+/// The RNR timer codes of the InfiniBand specification (table 45), in microseconds; code 0
+/// is the longest.
+const RNR_TIMER_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
+];
+
+/// How long a requester waits and how often it retries before failing a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Retry {
+    pub ack_timeout: u8,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+}
+
+impl Default for Retry {
+    fn default() -> Retry {
+        Retry {
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            retry_count: DEFAULT_RETRY_COUNT,
+            rnr_retry: DEFAULT_RNR_RETRY,
+            min_rnr_timer: DEFAULT_MIN_RNR_TIMER,
+        }
+    }
+}
+
+/// The value of [`QueuePairBuilder::rnr_retry_forever`]: `rnr_retry = 7`.
+const RNR_RETRY_FOREVER: u8 = 7;
+
+impl Retry {
+    /// Refuses values the verbs would misread (a 3-bit count past 7, an infinite ACK timeout).
+    fn check(&self, forever: bool) -> Result<()> {
+        let refuse = |what: String| Err(Error::invalid(Op::CreateQp, what));
+        if self.retry_count > 7 {
+            return refuse(format!(
+                "retry_count {}: at most 7 (a 3-bit field)",
+                self.retry_count
+            ));
+        }
+        if self.rnr_retry == RNR_RETRY_FOREVER && !forever {
+            return refuse(
+                "rnr_retry 7 means retry forever: ask for it with rnr_retry_forever()".into(),
+            );
+        }
+        if self.rnr_retry > 7 {
+            return refuse(format!(
+                "rnr_retry {}: at most 6 (7, which means forever, through rnr_retry_forever())",
+                self.rnr_retry
+            ));
+        }
+        if self.ack_timeout == 0 || self.ack_timeout > 31 {
+            return refuse(format!(
+                "ack_timeout exponent {}: 1 to 31 (0 would mean wait forever)",
+                self.ack_timeout
+            ));
+        }
+        if self.min_rnr_timer > 31 {
+            return refuse(format!(
+                "min_rnr_timer code {}: 0 to 31",
+                self.min_rnr_timer
+            ));
+        }
+        Ok(())
+    }
+
+    /// The longest a request can stay unacknowledged before failing with
+    /// `IBV_WC_RETRY_EXC_ERR`: (retry count + 1) tries of up to 4 × 4.096 µs × 2^timeout
+    /// each (the specification's bound on the NIC's timer).
+    fn transport_budget(&self) -> Duration {
+        let per_try_ns = 4096u64 << self.ack_timeout;
+        Duration::from_nanos(per_try_ns.saturating_mul(4 * (u64::from(self.retry_count) + 1)))
+    }
+}
+
+/// Settings of a new queue pair; required arguments are in [`QueuePairBuilder::new`].
+///
+/// No default waits forever: a request the peer never acknowledges fails after the retry
+/// budget ([`DEFAULT_RETRY_COUNT`] retries of [`DEFAULT_ACK_TIMEOUT`]), and a send the peer
+/// has no receive for fails after [`DEFAULT_RNR_RETRY`] RNR retries.
+#[derive(Debug)]
+pub struct QueuePairBuilder {
+    pd: Arc<ProtectionDomain>,
+    port: u8,
+    gid_index: Option<u32>,
+    send_depth: u32,
+    recv_depth: u32,
+    channel: bool,
+    retry: Retry,
+    rnr_forever: bool,
+    hop_limit: u8,
+}
+
+impl QueuePairBuilder {
+    /// A builder for an RC queue pair in `pd`: port 1, 128 sends and 128 receives
+    /// outstanding, the port's RoCEv2 IPv4 GID, and finite retries (the `DEFAULT_*`
+    /// constants of this module).
+    pub fn new(pd: &Arc<ProtectionDomain>) -> QueuePairBuilder {
+        QueuePairBuilder {
+            pd: pd.clone(),
+            port: 1,
+            gid_index: None,
+            send_depth: 128,
+            recv_depth: 128,
+            channel: false,
+            retry: Retry::default(),
+            rnr_forever: false,
+            hop_limit: DEFAULT_HOP_LIMIT,
+        }
+    }
+
+    /// The hop limit of the packets' global route header (the IP TTL on RoCEv2; default
+    /// [`DEFAULT_HOP_LIMIT`]). Connections made by rdma_cm take the CM's route instead.
+    pub fn hop_limit(mut self, hops: u8) -> Self {
+        self.hop_limit = hops;
+        self
+    }
+
+    /// The port (default 1).
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// The source GID index (default: the port's RoCEv2 IPv4-mapped GID). Checked at
+    /// [`build`](QueuePairBuilder::build): it must lie in the port's GID table, be at most
+    /// 255 (the address vector's `sgid_index` is 8 bits) and hold a RoCE or IB GID, else
+    /// [`Error::GidIndex`].
+    pub fn gid_index(mut self, index: u32) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+
+    /// How many sends, writes and reads may be outstanding (default 128). Checked at
+    /// [`build`](QueuePairBuilder::build) against the device's `max_qp_wr`.
+    pub fn send_depth(mut self, n: u32) -> Self {
+        self.send_depth = n;
+        self
+    }
+
+    /// Gives the completion queue a completion channel, so that [`Pending::wait_blocking`]
+    /// sleeps in the kernel instead of spinning (default: no channel).
+    pub fn completion_channel(mut self, yes: bool) -> Self {
+        self.channel = yes;
+        self
+    }
+
+    /// How many receives may be outstanding (default 128). Checked at
+    /// [`build`](QueuePairBuilder::build) against the device's `max_qp_wr`.
+    pub fn recv_depth(mut self, n: u32) -> Self {
+        self.recv_depth = n;
+        self
+    }
+
+    /// The local ACK timeout exponent `t` (`ibv_qp_attr.timeout`, 1 to 31, default
+    /// [`DEFAULT_ACK_TIMEOUT`]): a request unacknowledged for 4.096 µs × 2^t is retried.
+    /// 0, which the verbs read as "wait forever", is refused at build.
+    pub fn ack_timeout(mut self, exponent: u8) -> Self {
+        self.retry.ack_timeout = exponent;
+        self
+    }
+
+    /// How many times an unacknowledged request is sent again before it fails with
+    /// `IBV_WC_RETRY_EXC_ERR` (`ibv_qp_attr.retry_cnt`, 0 to 7, default
+    /// [`DEFAULT_RETRY_COUNT`]). Note that soft-RoCE (rxe) reads 7 as "forever".
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry.retry_count = n;
+        self
+    }
+
+    /// How many times a send that found no receive posted at the peer is retried before it
+    /// fails with `IBV_WC_RNR_RETRY_EXC_ERR` (`ibv_qp_attr.rnr_retry`, 0 to 6, default
+    /// [`DEFAULT_RNR_RETRY`]). 7, which the specification defines as "forever", is refused
+    /// here: use [`rnr_retry_forever`](QueuePairBuilder::rnr_retry_forever).
+    pub fn rnr_retry(mut self, n: u8) -> Self {
+        self.retry.rnr_retry = n;
+        self.rnr_forever = false;
+        self
+    }
+
+    /// Retries a send that found no receive posted at the peer forever (`rnr_retry = 7`): a
+    /// peer that never posts a receive then stalls this queue pair until it is destroyed or
+    /// moved to the error state.
+    pub fn rnr_retry_forever(mut self) -> Self {
+        self.retry.rnr_retry = RNR_RETRY_FOREVER;
+        self.rnr_forever = true;
+        self
+    }
+
+    /// The minimum RNR timer this queue pair asks its peer to wait before retrying a send it
+    /// had no receive for (`ibv_qp_attr.min_rnr_timer`, a code of the InfiniBand table: 1 is
+    /// 10 µs, 12 is 0.64 ms, 28 is 163.84 ms, 31 is 491.52 ms and 0 is 655.36 ms; default
+    /// [`DEFAULT_MIN_RNR_TIMER`]). Connections made by rdma_cm take the CM's value.
+    pub fn min_rnr_timer(mut self, code: u8) -> Self {
+        self.retry.min_rnr_timer = code;
+        self
+    }
+
+    /// The longest a request of this queue pair can stay unacknowledged before it fails with
+    /// `IBV_WC_RETRY_EXC_ERR`: (retry count + 1) × 4 × 4.096 µs × 2^ack_timeout, the
+    /// specification's bound (soft-RoCE waits a quarter of it: about 1.9 s with the defaults,
+    /// against 7.5 s here).
+    pub fn retry_budget(&self) -> Duration {
+        self.retry.transport_budget()
+    }
+
+    /// The longest a peer's send can wait for a receive on this queue pair before it fails
+    /// with `IBV_WC_RNR_RETRY_EXC_ERR`, if the peer uses the same RNR retry count: RNR retry
+    /// count × the minimum RNR timer; `None` with [`rnr_retry_forever`].
+    ///
+    /// [`rnr_retry_forever`]: QueuePairBuilder::rnr_retry_forever
+    pub fn rnr_budget(&self) -> Option<Duration> {
+        if self.retry.rnr_retry >= RNR_RETRY_FOREVER {
+            return None;
+        }
+        let us = RNR_TIMER_US[usize::from(self.retry.min_rnr_timer & 31)];
+        Some(Duration::from_micros(
+            u64::from(us) * u64::from(self.retry.rnr_retry),
+        ))
+    }
+
+    /// Creates the completion queue and the queue pair and moves it to INIT.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero depths, depths past the device's limits and
+    /// invalid retry settings; [`Error::GidIndex`] for a GID index the port cannot use;
+    /// [`Error::Verbs`] from the provider.
+    pub fn build(self) -> Result<PreparedQp> {
+        let ctx = self.pd.context().clone();
+        self.check_settings()?;
+        let port_attr = ctx.query_port(self.port)?;
+        // The index asked for, or the port's RoCEv2 IPv4 GID; either way checked (the
+        // automatic pick, too, may lie past what the address vector holds).
+        let gid_index = match self.gid_index {
+            Some(i) => i,
+            None => ctx.roce_v2_ipv4_gid(self.port)?.0,
+        };
+        let gid = self.usable_gid(&ctx, port_attr.gid_table_len, gid_index)?;
+        let raw = self.create(None)?;
+        // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = self.port;
+        attr.qp_access_flags = (Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC)
+            .bits();
+        use ffi::ibv_qp_attr_mask as M;
+        raw.modify(
+            &mut attr,
+            (M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS).0,
+            "INIT",
+        )?;
+        let qpn = raw.qpn();
+        Ok(PreparedQp {
+            raw,
+            port: self.port,
+            gid_index,
+            local: Endpoint {
+                qpn,
+                psn: initial_psn(qpn),
+                lid: port_attr.lid,
+                gid,
+                mtu: port_attr.active_mtu,
+            },
+            send_depth: self.send_depth,
+            recv_depth: self.recv_depth,
+            retry: self.retry,
+            hop_limit: self.hop_limit,
+        })
+    }
+}
+
+impl QueuePairBuilder {
+    /// Creates the completion queue and the queue pair, through `rdma_create_qp` when `cm`
+    /// is given (the connection manager then drives its state).
+    pub(crate) fn create(&self, cm: Option<CmId>) -> Result<RawQp> {
+        let ctx = self.pd.context().clone();
+        self.check_settings()?;
+        let cq = CompletionQueue::new(&ctx, self.cq_entries()?, self.channel)?;
+        // SAFETY: ibv_qp_init_attr is a plain C struct; all-zero is valid.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_ptr();
+        init.recv_cq = cq.as_ptr();
+        init.cap.max_send_wr = self.send_depth;
+        init.cap.max_recv_wr = self.recv_depth;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+        let qp = match &cm {
+            // SAFETY: live PD; `init` is valid for the call and names a live CQ.
+            None => unsafe { ffi::ibv_create_qp(self.pd.as_ptr(), &mut init) },
+            Some(id) => {
+                // SAFETY: live cm id, live PD (librdmacm checks that they share a device),
+                // `init` valid for the call.
+                let rc = unsafe { ffi::rdma_create_qp(id.id(), self.pd.as_ptr(), &mut init) };
+                if rc == 0 {
+                    // SAFETY: on success librdmacm stored the new QP in the live id.
+                    unsafe { (*id.id()).qp }
+                } else {
+                    std::ptr::null_mut()
+                }
+            }
+        };
+        let Some(qp) = NonNull::new(qp) else {
+            // `cq` (no QP attached) and `cm` are destroyed as they drop.
+            return Err(Error::last_os(
+                Op::CreateQp,
+                format!(
+                    "{} (send {} / recv {})",
+                    ctx.name(),
+                    self.send_depth,
+                    self.recv_depth
+                ),
+            ));
+        };
+        let origin = match cm {
+            Some(id) => Origin::Cm(id),
+            None => Origin::Verbs,
+        };
+        // SAFETY: `qp` was just created in `self.pd` on `cq`, by ibv_create_qp for
+        // `Origin::Verbs` and by rdma_create_qp on the id of `Origin::Cm`; nothing else owns it.
+        Ok(unsafe { RawQp::from_parts(qp, cq, origin, self.pd.clone()) })
+    }
+
+    /// GID `index` of the port, if a queue pair can send from it: inside the port's table of
+    /// `table_len` entries, within the address vector's 8-bit `sgid_index`, and a filled
+    /// entry of a RoCE or IB type.
+    fn usable_gid(&self, ctx: &Context, table_len: u32, index: u32) -> Result<Gid> {
+        let refuse = |why: String| Error::GidIndex {
+            op: Op::CreateQp,
+            device: ctx.name().to_string(),
+            port: self.port,
+            index,
+            table_len,
+            why,
+        };
+        if index >= table_len {
+            return Err(refuse(format!(
+                "outside the table (indices 0 to {})",
+                table_len.saturating_sub(1)
+            )));
+        }
+        if index > u32::from(u8::MAX) {
+            return Err(refuse(
+                "the address vector's sgid_index has 8 bits, so a connected queue pair can \
+                 only send from indices 0 to 255"
+                    .into(),
+            ));
+        }
+        let ty = ctx.gid_type(self.port, index);
+        let gid = match ctx.gid(self.port, index) {
+            Ok(g) if g != Gid::default() => g,
+            _ => return Err(refuse("an empty entry (no GID)".into())),
+        };
+        match ty.as_deref() {
+            None | Some("RoCE v2") | Some("IB/RoCE v1") => Ok(gid),
+            Some(other) => Err(refuse(format!(
+                "GID {gid} is of type {other:?}, neither RoCE v2 nor IB/RoCE v1"
+            ))),
+        }
+    }
+
+    pub(crate) fn depths(&self) -> (u32, u32) {
+        (self.send_depth, self.recv_depth)
+    }
+
+    pub(crate) fn retry(&self) -> Retry {
+        self.retry
+    }
+
+    /// Refuses zero depths and invalid retry settings before anything is created.
+    fn check_settings(&self) -> Result<()> {
+        if self.send_depth == 0 || self.recv_depth == 0 {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                format!(
+                    "send_depth {} and recv_depth {}: each must be at least 1",
+                    self.send_depth, self.recv_depth
+                ),
+            ));
+        }
+        self.retry.check(self.rnr_forever)
+    }
+
+    /// The completion queue's size (one entry per request that may be outstanding), after
+    /// checking both depths against the device's `max_qp_wr` and their sum against its
+    /// `max_cqe`.
+    fn cq_entries(&self) -> Result<i32> {
+        let ctx = self.pd.context();
+        let dev = ctx.query_device()?;
+        let (send, recv) = (self.send_depth, self.recv_depth);
+        if send > dev.max_qp_wr || recv > dev.max_qp_wr {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                format!(
+                    "send_depth {send} and recv_depth {recv}: {} allows at most {} work \
+                     requests per queue (max_qp_wr)",
+                    ctx.name(),
+                    dev.max_qp_wr
+                ),
+            ));
+        }
+        let cqe = u64::from(send) + u64::from(recv);
+        match i32::try_from(cqe) {
+            Ok(n) if cqe <= u64::from(dev.max_cqe) => Ok(n),
+            _ => Err(Error::invalid(
+                Op::CreateCq,
+                format!(
+                    "send_depth {send} + recv_depth {recv} = {cqe} completion queue entries: \
+                     {} allows at most {} (max_cqe)",
+                    ctx.name(),
+                    dev.max_cqe
+                ),
+            )),
+        }
+    }
+}
+
+/// A 24-bit starting PSN that differs between queue pairs and runs.
+fn initial_psn(qpn: u32) -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (t ^ qpn.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_settings_are_checked_and_budgeted() {
+        let r = Retry::default();
+        assert!(r.check(false).is_ok());
+        // (6 + 1) tries of 4 × 4.096 µs × 2^16.
+        assert_eq!(
+            r.transport_budget(),
+            Duration::from_nanos(7 * 4 * (4096 << 16))
+        );
+        let bad = |r: Retry, forever: bool| r.check(forever).unwrap_err().to_string();
+        assert!(bad(
+            Retry {
+                retry_count: 8,
+                ..r
+            },
+            false
+        )
+        .contains("retry_count 8"));
+        let e = bad(Retry { rnr_retry: 7, ..r }, false);
+        assert!(e.contains("rnr_retry_forever"), "{e}");
+        assert!(Retry { rnr_retry: 7, ..r }.check(true).is_ok());
+        assert!(bad(Retry { rnr_retry: 9, ..r }, true).contains("rnr_retry 9"));
+        assert!(bad(
+            Retry {
+                ack_timeout: 0,
+                ..r
+            },
+            false
+        )
+        .contains("forever"));
+        assert!(bad(
+            Retry {
+                ack_timeout: 32,
+                ..r
+            },
+            false
+        )
+        .contains("32"));
+        assert!(bad(
+            Retry {
+                min_rnr_timer: 32,
+                ..r
+            },
+            false
+        )
+        .contains("32"));
+        assert_eq!(RNR_TIMER_US[usize::from(DEFAULT_MIN_RNR_TIMER)], 163_840);
+    }
+}

@@ -1,0 +1,198 @@
+//! Reliable-connected queue pairs: typestate bring-up ([`QueuePairBuilder`] ->
+//! [`PreparedQp`] -> [`QueuePair`]) and posts that take ownership of their buffers.
+//!
+//! A post moves a [`Local`] (a region, or a part of one) into the queue and returns a
+//! [`Pending`] handle; its completion hands the region back. Dropping a `Pending` early leaves
+//! the region with the queue until the NIC is done with it; dropping the queue pair moves it to
+//! the error state, drains the flushed requests, destroys it, and only then frees what was in
+//! flight.
+
+mod builder;
+mod connect;
+mod pending;
+mod post;
+pub(crate) mod raw;
+
+pub(crate) use builder::Retry;
+pub use builder::{
+    QueuePairBuilder, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER,
+    DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY,
+};
+pub use connect::PreparedQp;
+pub use pending::{Done, Outcome, Pending, WorkError};
+pub use post::Local;
+
+use crate::device::{Gid, Mtu};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Op, Result};
+use crate::slots::{wr_id, RawCompletion, Slots};
+use crate::wr::{WorkCompletion, WorkKind};
+use pending::completion_error;
+use raw::RawQp;
+use rdma_sys as ffi;
+use std::cell::RefCell;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// A connected RC queue pair with its own completion queue.
+///
+/// It is `Send` but not `Sync`: one thread posts and polls at a time, and no lock is taken on
+/// the hot path. [`Pending`] handles borrow it, so it outlives every one of them.
+pub struct QueuePair {
+    /// Dropped before `slots` (field order): the QP is destroyed first, after which the NIC
+    /// can reach no buffer, and only then are the buffers of abandoned requests freed.
+    raw: RawQp,
+    slots: RefCell<Slots>,
+    local: Endpoint,
+    remote: Endpoint,
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+impl QueuePair {
+    /// A connected queue pair over `raw`, with slots for the given depths.
+    pub(crate) fn new(
+        raw: RawQp,
+        send_depth: u32,
+        recv_depth: u32,
+        local: Endpoint,
+        remote: Endpoint,
+    ) -> QueuePair {
+        QueuePair {
+            raw,
+            slots: RefCell::new(Slots::new(send_depth, recv_depth)),
+            local,
+            remote,
+        }
+    }
+
+    /// A queue pair the connection manager connected. Both endpoints are read back from the
+    /// queue pair (`ibv_query_qp`), so that they describe the connection rdma_cm made:
+    /// QPNs, PSNs, GIDs and the path MTU (as both endpoints' MTU).
+    pub(crate) fn from_cm(raw: RawQp, send_depth: u32, recv_depth: u32) -> Result<QueuePair> {
+        use ffi::ibv_qp_attr_mask as M;
+        let mask = M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN | M::IBV_QP_RQ_PSN;
+        let a = raw.query((mask | M::IBV_QP_SQ_PSN).0)?;
+        let ctx = raw.pd.context().clone();
+        let mtu = Mtu::from_raw(a.path_mtu).ok_or_else(|| {
+            Error::invalid(
+                Op::Cm,
+                format!("path MTU code {} from ibv_query_qp", a.path_mtu),
+            )
+        })?;
+        let port = a.ah_attr.port_num;
+        let local = Endpoint {
+            qpn: raw.qpn(),
+            psn: a.sq_psn,
+            lid: ctx.query_port(port)?.lid,
+            gid: ctx.gid(port, u32::from(a.ah_attr.grh.sgid_index))?,
+            mtu,
+        };
+        let remote = Endpoint {
+            qpn: a.dest_qp_num,
+            psn: a.rq_psn,
+            lid: a.ah_attr.dlid,
+            // SAFETY: `ibv_gid` is a union of byte arrays and integers; any bits are valid.
+            gid: Gid(unsafe { a.ah_attr.grh.dgid.raw }),
+            mtu,
+        };
+        Ok(QueuePair::new(raw, send_depth, recv_depth, local, remote))
+    }
+
+    /// This side's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.local
+    }
+
+    /// The peer's endpoint: as given to [`PreparedQp::connect`], or, for an rdma_cm
+    /// connection, as the connection manager set up the queue pair.
+    pub fn remote_endpoint(&self) -> Endpoint {
+        self.remote
+    }
+
+    /// Requests posted and not yet completed, including those whose [`Pending`] was dropped.
+    pub fn outstanding(&self) -> usize {
+        self.slots.borrow().outstanding()
+    }
+
+    /// Polls the completion queue once, recording what arrived. Returns how many
+    /// completions were consumed. No allocation, no lock.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] if `ibv_poll_cq` fails.
+    pub fn poll(&self) -> Result<usize> {
+        self.raw.cq.poll(|wr_id, c| {
+            let released = self.slots.borrow_mut().complete(wr_id, c);
+            // An abandoned buffer whose request just completed: safe to free now (outside
+            // the borrow of the slots).
+            drop(released);
+        })
+    }
+
+    /// Sleeps until the completion queue has something, or `timeout` passes (see
+    /// [`CompletionQueue::sleep`](crate::cq::CompletionQueue::sleep)).
+    pub(crate) fn sleep_for_completion(&self, timeout: Duration) -> Result<()> {
+        self.raw.cq.sleep(timeout, || self.poll())
+    }
+
+    /// Moves the queue pair to the error state: everything in flight completes, flushed
+    /// (rdma_cm connections are disconnected, which tells the peer).
+    pub(crate) fn flush(&self) {
+        self.raw.flush();
+    }
+
+    /// The completion of slot `index` (generation `gen`), if it has arrived.
+    pub(crate) fn take_completion(&self, index: u32, gen: u32) -> Option<RawCompletion> {
+        self.slots.borrow_mut().take(index, gen)
+    }
+
+    /// A completion as a result: the work completion, or a typed error.
+    pub(crate) fn completion_result(
+        &self,
+        index: u32,
+        gen: u32,
+        kind: WorkKind,
+        c: RawCompletion,
+    ) -> Result<WorkCompletion> {
+        if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+            return Err(completion_error(index, gen, kind, c));
+        }
+        Ok(WorkCompletion {
+            wr_id: wr_id(index, gen),
+            kind,
+            byte_len: c.byte_len,
+            imm: c.imm,
+        })
+    }
+
+    /// For an rdma_cm connection: waits until the peer disconnects (the
+    /// `RDMA_CM_EVENT_DISCONNECTED` event), for at most `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a queue pair connected by endpoint exchange;
+    /// [`Error::Verbs`] with `ETIMEDOUT` or for an unexpected event.
+    pub fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
+        self.raw.wait_disconnected(timeout)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // Flush everything in flight, wait (bounded) for the flush completions; `raw` is then
+        // destroyed before `slots` drops (field order).
+        self.raw.flush();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.outstanding() > 0 && Instant::now() < deadline {
+            if self.poll().is_err() {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! A posted request's handle, and how a request ends: [`Done`] or [`WorkError`], each with
+//! the region back.
+
+use super::post::Local;
+use super::QueuePair;
+use crate::deadline::{deadline_after, time_left};
+use crate::error::Error;
+use crate::mr::{Backing, MemoryRegion};
+use crate::slots::{wr_id, RawCompletion};
+use crate::wr::{WorkCompletion, WorkKind};
+use rdma_sys as ffi;
+use std::fmt;
+use std::time::Duration;
+
+/// A finished request: the region back, and what the completion said.
+#[derive(Debug)]
+pub struct Done<B: Backing> {
+    /// The region, back with the CPU.
+    pub region: MemoryRegion<B>,
+    /// The completion.
+    pub wc: WorkCompletion,
+}
+
+/// A request that was refused or failed, with its region back.
+#[derive(Debug)]
+pub struct WorkError<B: Backing> {
+    /// What went wrong.
+    pub error: Error,
+    /// The region, back with the CPU.
+    pub region: MemoryRegion<B>,
+}
+
+impl<B: Backing> fmt::Display for WorkError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<B: Backing> std::error::Error for WorkError<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// How a posted request ended.
+pub type Outcome<B> = std::result::Result<Done<B>, WorkError<B>>;
+
+/// The error of a failed request, its region dropped: for callers that give up on the
+/// region when the request fails (`?` in a function returning [`crate::Result`]).
+impl<B: Backing> From<WorkError<B>> for Error {
+    fn from(e: WorkError<B>) -> Error {
+        e.error
+    }
+}
+
+/// A posted request; [`Pending::wait`] returns its region with the completion.
+///
+/// Dropping it before completion is safe: the region stays with the queue pair until the NIC
+/// is done with it (its completion, or the flush when the queue pair is destroyed).
+#[must_use = "dropping a Pending leaves its region with the queue until the request completes"]
+pub struct Pending<'q, B: Backing> {
+    pub(super) qp: &'q QueuePair,
+    pub(super) index: u32,
+    pub(super) gen: u32,
+    pub(super) kind: WorkKind,
+    pub(super) local: Option<Local<B>>,
+}
+
+impl<B: Backing> fmt::Debug for Pending<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("wr_id", &wr_id(self.index, self.gen))
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl<'q, B: Backing> Pending<'q, B> {
+    /// The request's `wr_id`.
+    pub fn wr_id(&self) -> u64 {
+        wr_id(self.index, self.gen)
+    }
+
+    /// Polls once; the outcome if the request has completed, else the handle back.
+    ///
+    /// # Errors
+    /// `Err(self)` while the request is still in flight.
+    pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
+        let taken = self.qp.slots.borrow_mut().take(self.index, self.gen);
+        let c = match taken {
+            Some(c) => c,
+            None => {
+                if self.qp.poll().is_err() {
+                    // A broken CQ: the request may still be in flight, so the handle (and
+                    // with it the region) stays pending.
+                    return Err(self);
+                }
+                match self.qp.slots.borrow_mut().take(self.index, self.gen) {
+                    Some(c) => c,
+                    None => return Err(self),
+                }
+            }
+        };
+        let local = self.local.take().expect("present until completion");
+        Ok(
+            match self
+                .qp
+                .completion_result(self.index, self.gen, self.kind, c)
+            {
+                Ok(wc) => Ok(Done {
+                    region: local.region,
+                    wc,
+                }),
+                Err(error) => Err(WorkError {
+                    error,
+                    region: local.region,
+                }),
+            },
+        )
+    }
+
+    /// Busy-polls until the request completes.
+    pub fn wait(self) -> Outcome<B> {
+        let mut p = self;
+        let mut spins = 0u32;
+        loop {
+            match p.try_complete() {
+                Ok(outcome) => return outcome,
+                Err(again) => p = again,
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Waits for the completion sleeping in the kernel on the completion channel (see
+    /// [`QueuePairBuilder::completion_channel`]), for at most `timeout` (`Duration::MAX`, or
+    /// any timeout past what [`Instant`] can hold, waits for as long as it takes); without a
+    /// channel it polls, yielding between polls.
+    ///
+    /// # Errors
+    /// `Err(self)` if the request is still in flight after `timeout` or the notification
+    /// cannot be armed.
+    pub fn wait_blocking(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+        let deadline = deadline_after(timeout);
+        let mut p = self;
+        loop {
+            match p.try_complete() {
+                Ok(outcome) => return Ok(outcome),
+                Err(again) => p = again,
+            }
+            let left = time_left(deadline);
+            if left.is_zero() || p.qp.sleep_for_completion(left).is_err() {
+                return Err(p);
+            }
+        }
+    }
+
+    /// As [`Pending::wait`], for at most `timeout` (`Duration::MAX` waits for as long as it
+    /// takes, as `wait` does).
+    ///
+    /// # Errors
+    /// `Err(self)` if the request is still in flight after `timeout`.
+    pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+        let deadline = deadline_after(timeout);
+        let mut p = self;
+        loop {
+            match p.try_complete() {
+                Ok(outcome) => return Ok(outcome),
+                Err(again) if time_left(deadline).is_zero() => return Err(again),
+                Err(again) => p = again,
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl<B: Backing> Drop for Pending<'_, B> {
+    fn drop(&mut self) {
+        if let Some(local) = self.local.take() {
+            let back = self
+                .qp
+                .slots
+                .borrow_mut()
+                .abandon(self.index, self.gen, Box::new(local));
+            // Completed already: the NIC is done with it, free it now (outside the borrow).
+            drop(back);
+        }
+    }
+}
+
+/// A completion with an error status as a typed error naming the request.
+pub(super) fn completion_error(index: u32, gen: u32, kind: WorkKind, c: RawCompletion) -> Error {
+    // SAFETY: ibv_wc_status_str takes any value.
+    let text = unsafe { ffi::ibv_wc_status_str(c.status) };
+    // SAFETY: it returns a static NUL-terminated string.
+    let text = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    Error::Completion {
+        wr_id: wr_id(index, gen),
+        kind,
+        status: c.status,
+        status_text: text,
+        vendor_err: c.vendor_err,
+    }
+}
