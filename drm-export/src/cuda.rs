@@ -3,8 +3,16 @@
 //! `cuMemAlloc`, then `cuMemGetHandleForAddressRange(.., CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)`
 //! (CUDA >= 11.7 with NVIDIA's open kernel modules; the device must report
 //! `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`). Address and size must be multiples of the host
-//! page size: sizes are rounded up, and `cuMemAlloc`'s addresses are at least 2 MiB aligned.
-//! libcuda is loaded at run time.
+//! page size. Sizes are rounded up to whole pages here. `cuMemAlloc` promises only an alignment
+//! fit for any variable, but places such sizes on page boundaries: on an H100 (driver 580) a
+//! 16 KiB buffer came 4 KiB after a 4 KiB one, page-aligned though not 2 MiB-aligned, and all
+//! exported. libcuda is loaded at run time.
+//!
+//! The only module besides `sys` with `unsafe` blocks: the calls that take a device address
+//! are `unsafe fn`s of `sys::cuda` (the driver checks no ownership), and [`CudaBuffer`], the
+//! owner of one allocation, is where the ranges are known to be its own.
+
+#![allow(unsafe_code)]
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
@@ -85,7 +93,11 @@ impl CudaDevice {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         if let Ok(d) = driver() {
-            d.release(self.dev);
+            // SAFETY: this gives back the retain that `open` took for `self.dev` (whose `Ctx` is
+            // `self.ctx`), once, as the device drops. Nothing binds `self.ctx` or uses memory of
+            // the context afterwards: every `CudaBuffer` holds an `Arc` of its device, so all
+            // of them, and their allocations, are gone before this runs.
+            unsafe { d.release(self.dev) };
         }
     }
 }
@@ -129,8 +141,10 @@ impl CudaBuffer {
     /// [`Error::Os`] with the CUDA error name.
     pub fn fill(&self, value: u8) -> Result<()> {
         let d = self.device.bind()?;
-        d.memset(self.ptr, value, self.size)
-            .map_err(|r| cu_err(d, "cuMemsetD8", r))
+        // SAFETY: `[ptr, ptr + size)` is this buffer's own allocation (`cuMemAlloc` of `size`
+        // bytes in `new`, freed only by its drop, which `&self` holds off), and `bind` just
+        // made its device's context current on this thread.
+        unsafe { d.memset(self.ptr, value, self.size) }.map_err(|r| cu_err(d, "cuMemsetD8", r))
     }
 
     /// `cuMemcpyHtoD` of `src` to the buffer's start.
@@ -142,8 +156,10 @@ impl CudaBuffer {
             return Err(Error::invalid(Op::Cuda, "source longer than the buffer"));
         }
         let d = self.device.bind()?;
-        d.copy_htod(self.ptr, src)
-            .map_err(|r| cu_err(d, "cuMemcpyHtoD", r))
+        // SAFETY: `[ptr, ptr + src.len())` is inside this buffer's own allocation (`src.len()`
+        // is at most `size`, checked above; the allocation lives until drop, which `&self`
+        // holds off), and `bind` just made its context current on this thread.
+        unsafe { d.copy_htod(self.ptr, src) }.map_err(|r| cu_err(d, "cuMemcpyHtoD", r))
     }
 
     /// `cuMemcpyDtoH` of the buffer's start into `dst`.
@@ -158,8 +174,10 @@ impl CudaBuffer {
             ));
         }
         let d = self.device.bind()?;
-        d.copy_dtoh(dst, self.ptr)
-            .map_err(|r| cu_err(d, "cuMemcpyDtoH", r))
+        // SAFETY: `[ptr, ptr + dst.len())` is inside this buffer's own allocation (`dst.len()`
+        // is at most `size`, checked above; the allocation lives until drop, which `&self`
+        // holds off), and `bind` just made its context current on this thread.
+        unsafe { d.copy_dtoh(dst, self.ptr) }.map_err(|r| cu_err(d, "cuMemcpyDtoH", r))
     }
 
     /// `cuMemGetHandleForAddressRange(DMA_BUF_FD)`: the whole buffer as a dma-buf.
@@ -168,20 +186,92 @@ impl CudaBuffer {
     /// [`Error::Os`] with the CUDA error name.
     pub fn export(&self) -> Result<DmaBuf> {
         let d = self.device.bind()?;
-        let fd = d
-            .dmabuf_fd(self.ptr, self.size)
+        // SAFETY: `[ptr, ptr + size)` is exactly this buffer's own allocation, live while
+        // `&self` is, with its context bound just above; handing it to importers is what this
+        // method is for. The dma-buf may outlive the buffer: NVIDIA's exporter takes its own
+        // reference to the memory (nv-dmabuf.c duplicates the allocation's handles), so the
+        // `cuMemFree` in drop does not free memory the dma-buf still names.
+        let fd = unsafe { d.dmabuf_fd(self.ptr, self.size) }
             .map_err(|r| cu_err(d, "cuMemGetHandleForAddressRange", r))?;
-        DmaBuf::try_from(cuda::owned_fd(fd))
+        DmaBuf::try_from(fd)
     }
 }
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
         if let Ok(d) = self.device.bind() {
-            let r = d.free(self.ptr);
+            // SAFETY: `ptr` is the allocation `new` made in this device's context, now bound;
+            // this drop is its only free, and nothing uses `ptr` after it. Exported dma-bufs
+            // hold their own reference to the memory (see `export`).
+            let r = unsafe { d.free(self.ptr) };
             if r != 0 {
                 eprintln!("drm-export: cuMemFree: {}", d.error_name(r));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Everything this module does, on GPU 0: allocation sizes, fills and copies (from this
+    /// thread and another), the length checks, and an export of each buffer whose memory is
+    /// then freed before its dma-buf is closed. Needs an NVIDIA GPU with dma-buf support:
+    /// `cargo test -p drm-export --features cuda -- --ignored cuda_`.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU with libcuda and dma-buf support"]
+    fn cuda_buffers_fill_copy_and_export() {
+        let dev = CudaDevice::open(0).expect("CUDA device 0");
+        let page = crate::udmabuf::page_size() as usize;
+        assert!(matches!(
+            CudaBuffer::new(&dev, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
+        let bufs = [
+            CudaBuffer::new(&dev, 1).unwrap(),
+            CudaBuffer::new(&dev, 3 * page + 1).unwrap(),
+            CudaBuffer::new(&dev, 4 << 20).unwrap(),
+        ];
+        assert_eq!(bufs[0].size(), page);
+        assert_eq!(bufs[1].size(), 4 * page);
+        assert_eq!(bufs[2].size(), 4 << 20);
+        for buf in &bufs {
+            eprintln!("cuMemAlloc({}) = {:#x}", buf.size(), buf.ptr);
+            assert_eq!(buf.ptr % page as u64, 0, "not page-aligned: {:#x}", buf.ptr);
+            // The context is bound per thread: fill from another one.
+            std::thread::scope(|s| s.spawn(|| buf.fill(0xab).unwrap()).join().unwrap());
+            let mut out = vec![0; buf.size()];
+            buf.copy_to_host(&mut out).unwrap();
+            assert!(out.iter().all(|&b| b == 0xab));
+            let pattern: Vec<u8> = (0..buf.size()).map(|i| (i % 251) as u8).collect();
+            buf.copy_from_host(&pattern).unwrap();
+            buf.copy_to_host(&mut out).unwrap();
+            assert_eq!(out, pattern);
+            buf.copy_from_host(&[1, 2, 3]).unwrap();
+            let mut head = [0; 5];
+            buf.copy_to_host(&mut head).unwrap();
+            assert_eq!(head, [1, 2, 3, pattern[3], pattern[4]]);
+            let long = vec![0; buf.size() + 1];
+            assert!(matches!(
+                buf.copy_from_host(&long),
+                Err(Error::InvalidArgument { .. })
+            ));
+            assert!(matches!(
+                buf.copy_to_host(&mut long.clone()),
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        let mut exported = Vec::new();
+        for buf in &bufs {
+            let d = buf.export().expect("export");
+            eprintln!("dma-buf of {} bytes, exporter {}", d.size(), d.exporter());
+            assert_eq!(d.size(), buf.size() as u64);
+            exported.push(d);
+        }
+        // cuMemFree first; each dma-buf holds its own reference to the memory.
+        drop(bufs);
+        drop(dev);
+        drop(exported);
     }
 }

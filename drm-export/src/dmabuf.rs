@@ -19,13 +19,15 @@ pub struct DmaBuf {
 }
 
 impl DmaBuf {
-    /// The buffer's size in bytes (`lseek(fd, 0, SEEK_END)`).
+    /// The buffer's size in bytes: the `size:` line of `/proc/self/fdinfo/<fd>`, read once
+    /// by [`DmaBuf::try_from`] (a dma-buf's size is fixed when it is exported).
     pub fn size(&self) -> u64 {
         self.size
     }
 
     /// The exporting driver's name, from `/proc/self/fdinfo` (`exp_name:`), e.g. `udmabuf`,
-    /// `vgem`, `system`.
+    /// `system` (a dma-heap), or `drm` for a buffer that a DRM driver exports through the DRM
+    /// core's PRIME helpers (vgem's dumb buffers, for one).
     pub fn exporter(&self) -> &str {
         &self.exporter
     }
@@ -58,7 +60,7 @@ impl DmaBuf {
     /// # Errors
     /// [`Error::Os`] (`ENOTTY` before kernel 6.0).
     pub fn export_sync_file(&self, access: Access) -> Result<SyncFile> {
-        sys::export_sync_file(self.fd.as_fd(), access.flags())
+        sys::export_sync_file(self, access.flags())
             .map(SyncFile::from_fd)
             .map_err(|e| Error::os(Op::ExportSyncFile, self.describe(), e))
     }
@@ -69,7 +71,7 @@ impl DmaBuf {
     /// # Errors
     /// [`Error::Os`] (`ENOTTY` before kernel 6.0).
     pub fn import_sync_file(&self, access: Access, fence: &SyncFile) -> Result<()> {
-        sys::import_sync_file(self.fd.as_fd(), access.flags(), fence.as_fd())
+        sys::import_sync_file(self, access.flags(), fence.as_fd())
             .map_err(|e| Error::os(Op::ImportSyncFile, self.describe(), e))
     }
 

@@ -7,7 +7,6 @@ use crate::dmabuf::DmaBuf;
 use crate::dumb::DumbBuffer;
 use crate::error::{Error, Op, Result};
 use crate::sys;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 
 /// Where a GPU buffer should live.
@@ -37,10 +36,12 @@ impl GemBuffer {
     /// `I915_GEM_CREATE_EXT_FLAG_NEEDS_CPU_ACCESS` so that small-BAR GPUs keep it mappable.
     ///
     /// # Errors
-    /// [`Error::Os`] from the driver (e.g. `EINVAL` for device placement on an integrated GPU).
+    /// [`Error::InvalidArgument`] for a size that is 0 or not page-aligned;
+    /// [`Error::Unsupported`] if `device`'s driver is not i915; [`Error::Os`] from the driver
+    /// (e.g. `EINVAL` for device placement on an integrated GPU).
     pub fn i915(device: &Arc<DrmDevice>, size: u64, placement: Placement) -> Result<GemBuffer> {
         check_size(size)?;
-        let fd = device.as_fd();
+        require_driver(device, "i915")?;
         let target = || device.path().display().to_string();
         let create = || match placement {
             Placement::System => {
@@ -48,7 +49,7 @@ impl GemBuffer {
                     size,
                     ..Default::default()
                 };
-                sys::i915_gem_create(fd, &mut arg)
+                sys::i915_gem_create(device, &mut arg)
                     .map_err(|e| Error::os(Op::GemCreate, target(), e))?;
                 handle(device, arg.handle)
             }
@@ -67,25 +68,14 @@ impl GemBuffer {
                         memory_instance: 0,
                     },
                 ];
-                let ext = sys::drm_i915_gem_create_ext_memory_regions {
-                    base: sys::i915_user_extension {
-                        name: sys::I915_GEM_CREATE_EXT_MEMORY_REGIONS,
-                        ..Default::default()
-                    },
-                    num_regions: regions.len() as u32,
-                    regions: regions.as_ptr() as u64,
-                    ..Default::default()
-                };
-                let mut arg = sys::drm_i915_gem_create_ext {
+                let raw = sys::i915_gem_create_in_regions(
+                    device,
                     size,
-                    flags: sys::I915_GEM_CREATE_EXT_FLAG_NEEDS_CPU_ACCESS,
-                    extensions: std::ptr::addr_of!(ext) as u64,
-                    ..Default::default()
-                };
-                // `ext` and `regions` live on this frame until after the call.
-                sys::i915_gem_create_ext(fd, &mut arg)
-                    .map_err(|e| Error::os(Op::GemCreate, target(), e))?;
-                handle(device, arg.handle)
+                    sys::I915_GEM_CREATE_EXT_FLAG_NEEDS_CPU_ACCESS,
+                    &regions,
+                )
+                .map_err(|e| Error::os(Op::GemCreate, target(), e))?;
+                handle(device, raw)
             }
         };
         GemBuffer::adopt(device, create, size)
@@ -95,9 +85,11 @@ impl GemBuffer {
     /// with `AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED`).
     ///
     /// # Errors
-    /// [`Error::Os`] from the driver.
+    /// [`Error::InvalidArgument`] for a size that is 0 or not page-aligned;
+    /// [`Error::Unsupported`] if `device`'s driver is not amdgpu; [`Error::Os`] from the driver.
     pub fn amdgpu(device: &Arc<DrmDevice>, size: u64, placement: Placement) -> Result<GemBuffer> {
         check_size(size)?;
+        require_driver(device, "amdgpu")?;
         /// `AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED` (amdgpu_drm.h).
         const CPU_ACCESS_REQUIRED: u64 = 1;
         let (domains, flags) = match placement {
@@ -113,7 +105,7 @@ impl GemBuffer {
             },
         };
         let create = || {
-            sys::amdgpu_gem_create(device.as_fd(), &mut arg)
+            sys::amdgpu_gem_create(device, &mut arg)
                 .map_err(|e| Error::os(Op::GemCreate, device.path().display(), e))?;
             handle(device, sys::amdgpu_gem_create_out_handle(&arg))
         };
@@ -189,6 +181,22 @@ fn handle(device: &DrmDevice, raw: u32) -> Result<drm::buffer::Handle> {
         )
     })?;
     Ok(drm::buffer::Handle::from(handle))
+}
+
+/// Refuses a device of another driver: the create ioctls are driver-specific numbers, which
+/// another driver would read as commands of its own.
+fn require_driver(device: &DrmDevice, driver: &str) -> Result<()> {
+    if device.driver().name == driver {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        op: Op::GemCreate,
+        target: device.path().display().to_string(),
+        why: format!(
+            "driver is {}, not {driver}: use GpuBuffer::allocate, which picks the allocator",
+            device.driver().name
+        ),
+    })
 }
 
 fn check_size(size: u64) -> Result<()> {

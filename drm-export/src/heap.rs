@@ -4,7 +4,7 @@ use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
 use crate::sys;
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 
 /// The heap folder.
@@ -21,10 +21,12 @@ impl DmaHeap {
     /// Opens `/dev/dma_heap/<name>` (`system`, `cma`, ... : see [`heaps`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a name with a `/`; [`Error::Os`] with a hint for
-    /// `ENOENT` (unknown heap).
+    /// [`Error::InvalidArgument`] for an empty name, `.`, `..` or a name with a `/`;
+    /// [`Error::Os`] with a hint for `ENOENT` (unknown heap).
     pub fn open(name: &str) -> Result<DmaHeap> {
-        if name.is_empty() || name.contains('/') {
+        // Every entry of /dev/dma_heap is a heap; these names would open something else
+        // (the folder, /dev), to which `sys::heap_alloc` must never send its ioctl.
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::invalid(
                 Op::OpenHeap,
                 format!("bad heap name {name:?}"),
@@ -67,7 +69,7 @@ impl DmaHeap {
             fd_flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32,
             heap_flags: 0,
         };
-        let fd = sys::heap_alloc(self.file.as_fd(), &mut arg).map_err(|e| {
+        let fd = sys::heap_alloc(self, &mut arg).map_err(|e| {
             Error::os(
                 Op::HeapAlloc,
                 format!("{HEAPS}/{} ({size} bytes)", self.name),
@@ -80,6 +82,11 @@ impl DmaHeap {
     /// The heap's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The heap's file, for the allocation ioctl (crate-private: only `sys` sends it ioctls).
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
     }
 }
 
@@ -146,6 +153,16 @@ mod tests {
                 assert!(e.to_string().contains(needle), "{e}")
             }
             other => panic!("size {size}: expected InvalidArgument ({needle}), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_outside_the_heap_folder_are_refused() {
+        for name in ["", ".", "..", "../zero", "a/b"] {
+            match DmaHeap::open(name) {
+                Err(Error::InvalidArgument { .. }) => {}
+                other => panic!("{name:?}: expected InvalidArgument, got {other:?}"),
+            }
         }
     }
 

@@ -19,7 +19,9 @@
 #![doc = include_str!("../examples/drm_export_quickstart.rs")]
 //! ```
 //!
-//! Only the private `sys` module uses `unsafe`.
+//! `unsafe` lives in the private `sys` module (ioctls, `mmap`, libcuda), and with feature
+//! `cuda` in `cuda` too, which owns the device addresses that `sys`'s CUDA calls take as
+//! `unsafe fn`s; `unsafe_code` is denied everywhere else.
 
 #![deny(unsafe_code)]
 

@@ -65,8 +65,7 @@ impl<'b> Mapping<'b> {
     }
 
     fn sync(&self, flags: u32) -> Result<()> {
-        sys::dmabuf_sync(self.buf.as_fd(), flags)
-            .map_err(|e| Error::os(Op::Sync, self.buf.describe(), e))
+        sys::dmabuf_sync(self.buf, flags).map_err(|e| Error::os(Op::Sync, self.buf.describe(), e))
     }
 
     fn end(&self, flags: u32) {

@@ -5,7 +5,6 @@ use crate::error::{Error, Op, Result};
 use crate::sys;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use std::fs::OpenOptions;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// The udmabuf device node.
@@ -60,19 +59,14 @@ impl Udmabuf {
         }
         let dev = open_device()?;
         let memfd = memfd.as_fd();
-        let arg = sys::udmabuf_create {
-            memfd: memfd.as_raw_fd() as u32,
-            flags: sys::UDMABUF_FLAGS_CLOEXEC,
-            offset,
-            size,
-        };
-        let fd = sys::udmabuf_create(dev.as_fd(), &arg).map_err(|e| {
-            Error::os(
-                Op::CreateUdmabuf,
-                format!("memfd fd {} [{offset}, +{size})", memfd.as_raw_fd()),
-                e,
-            )
-        })?;
+        let fd = sys::udmabuf_create(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, offset, size)
+            .map_err(|e| {
+                Error::os(
+                    Op::CreateUdmabuf,
+                    format!("memfd fd {} [{offset}, +{size})", memfd.as_raw_fd()),
+                    e,
+                )
+            })?;
         DmaBuf::try_from(fd)
     }
 
@@ -86,7 +80,6 @@ impl Udmabuf {
             return Err(Error::invalid(Op::CreateUdmabuf, "empty range list"));
         }
         let memfd = memfd.as_fd();
-        let mut items = Vec::with_capacity(ranges.len());
         for &(offset, size) in ranges {
             check_size(size)?;
             if !offset.is_multiple_of(page_size()) {
@@ -95,15 +88,9 @@ impl Udmabuf {
                     format!("offset {offset} is not a multiple of the page size"),
                 ));
             }
-            items.push(sys::udmabuf_create_item {
-                memfd: memfd.as_raw_fd() as u32,
-                __pad: 0,
-                offset,
-                size,
-            });
         }
         let dev = open_device()?;
-        let fd = sys::udmabuf_create_list(dev.as_fd(), sys::UDMABUF_FLAGS_CLOEXEC, &items)
+        let fd = sys::udmabuf_create_list(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, ranges)
             .map_err(|e| {
                 Error::os(
                     Op::CreateUdmabuf,
@@ -137,12 +124,8 @@ impl Udmabuf {
     }
 }
 
-fn open_device() -> Result<std::fs::File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(DEVICE)
-        .map_err(|e| Error::os(Op::CreateUdmabuf, DEVICE, e))
+fn open_device() -> Result<sys::UdmabufDevice> {
+    sys::UdmabufDevice::open().map_err(|e| Error::os(Op::CreateUdmabuf, DEVICE, e))
 }
 
 /// The udmabuf driver's per-buffer limit in bytes (`udmabuf.size_limit_mb`), if readable.

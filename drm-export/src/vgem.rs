@@ -4,7 +4,6 @@
 use crate::device::DrmDevice;
 use crate::error::{Error, Op, Result};
 use crate::sys;
-use std::os::fd::AsFd;
 
 /// An unsignalled vgem fence on a buffer; signalled on drop if not before (vgem itself
 /// signals stale fences after about 10 s).
@@ -34,7 +33,7 @@ impl<'d> VgemFence<'d> {
             flags: if write { sys::VGEM_FENCE_WRITE } else { 0 },
             ..Default::default()
         };
-        sys::vgem_fence_attach(device.as_fd(), &mut arg)
+        sys::vgem_fence_attach(device, &mut arg)
             .map_err(|e| Error::os(Op::VgemFence, device.path().display(), e))?;
         Ok(VgemFence {
             device,
@@ -49,7 +48,7 @@ impl<'d> VgemFence<'d> {
     /// [`Error::Os`] from the ioctl (`ETIMEDOUT` if vgem already signalled it as stale).
     pub fn signal(mut self) -> Result<()> {
         self.signalled = true;
-        sys::vgem_fence_signal(self.device.as_fd(), self.fence)
+        sys::vgem_fence_signal(self.device, self.fence)
             .map_err(|e| Error::os(Op::VgemFence, self.device.path().display(), e))
     }
 }
@@ -57,7 +56,7 @@ impl<'d> VgemFence<'d> {
 impl Drop for VgemFence<'_> {
     fn drop(&mut self) {
         if !self.signalled {
-            let _ = sys::vgem_fence_signal(self.device.as_fd(), self.fence);
+            let _ = sys::vgem_fence_signal(self.device, self.fence);
         }
     }
 }

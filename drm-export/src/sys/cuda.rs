@@ -1,6 +1,13 @@
 //! The CUDA driver API, loaded at run time from `libcuda.so.1` (nothing is needed to build).
+//!
+//! Device memory is named by bare addresses (`CUdeviceptr`), and the driver does not check
+//! who owns an address: it accepts any range it has mapped, another allocation's or, under
+//! unified addressing, pinned host memory of this process. So every call that takes a device
+//! address is an `unsafe fn` whose caller vouches for the range (`crate::cuda`, whose
+//! `CudaBuffer` owns one allocation). Signatures are cuda.h's, for 64-bit Linux.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
+use std::os::fd::OwnedFd;
 
 /// `CUresult`.
 pub type CuResult = c_int;
@@ -11,14 +18,17 @@ pub type CuDevicePtr = u64;
 /// `CUcontext`.
 pub type CuContext = *mut c_void;
 
-/// A retained primary context, as an opaque handle that may cross threads.
+/// A retained primary context, as an opaque handle that may cross threads. Made only by
+/// [`Driver::retain_and_bind`]; the retain is given back by [`Driver::release`].
 #[derive(Debug)]
 pub struct Ctx(CuContext);
 
-// SAFETY: a CUDA context handle is an opaque driver object that may be made current on any
-// thread (every use binds it first with cuCtxSetCurrent); the driver API is thread-safe.
+// SAFETY: `Ctx` holds only the context's handle, which Rust never dereferences. The driver API
+// takes a context handle from any thread (`cuCtxSetCurrent` binds it to the calling thread,
+// and a context may be current on several threads at once), and its entry points are
+// thread-safe.
 unsafe impl Send for Ctx {}
-// SAFETY: as above.
+// SAFETY: `&Ctx` only lends the handle to `Driver::bind`, which any thread may call, as above.
 unsafe impl Sync for Ctx {}
 
 /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`.
@@ -28,6 +38,7 @@ pub const HANDLE_TYPE_DMA_BUF_FD: c_int = 1;
 
 /// Entry points of libcuda used here (names as exported, with their `_v2` suffixes).
 pub struct Driver {
+    /// Keeps libcuda loaded while the function pointers below may be called.
     _lib: libloading::Library,
     init: unsafe extern "C" fn(c_uint) -> CuResult,
     device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
@@ -47,8 +58,10 @@ pub struct Driver {
 
 macro_rules! sym {
     ($lib:expr, $name:literal) => {
-        // SAFETY: the symbol is the CUDA driver API's, whose C signature (cuda.h) is the
-        // function-pointer type of the field this initialises.
+        // SAFETY: `get` asks that the type be the symbol's: `$name` is a CUDA driver API entry
+        // point, and the field this initialises has its C signature from cuda.h. The pointer
+        // is copied out of the `Symbol` and stays valid as long as the library stays loaded,
+        // which the `Driver` it is stored in ensures (its `_lib`).
         *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }.map_err(|e| e.to_string())?
     };
 }
@@ -56,7 +69,9 @@ macro_rules! sym {
 impl Driver {
     /// Loads libcuda and resolves the entry points.
     pub fn load() -> Result<Driver, String> {
-        // SAFETY: loading libcuda runs its initialisers, which have no preconditions.
+        // SAFETY: loading runs the library's initialisers. libcuda.so.1 is the NVIDIA driver's
+        // user-space library, loaded by its soname as every CUDA program loads it; its
+        // initialisers set up its own state and ask nothing of the loading program.
         let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| e.to_string())?;
         Ok(Driver {
             init: sym!(lib, "cuInit"),
@@ -79,9 +94,11 @@ impl Driver {
     /// `cuGetErrorName`.
     pub fn error_name(&self, r: CuResult) -> String {
         let mut p: *const c_char = std::ptr::null();
-        // SAFETY: `p` is a valid out-pointer; on success it points to a static C string.
+        // SAFETY: `&mut p` is a live out-pointer for one `const char *`; any `r` is accepted
+        // (an unknown one gets CUDA_ERROR_INVALID_VALUE and a null string).
         if unsafe { (self.error_name)(r, &mut p) } == 0 && !p.is_null() {
-            // SAFETY: libcuda returns a NUL-terminated string with static lifetime.
+            // SAFETY: on success `p` points to a NUL-terminated string in libcuda's static
+            // data, valid while libcuda stays loaded (as long as `self`); it is copied at once.
             return unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
         }
         format!("CUresult {r}")
@@ -89,28 +106,30 @@ impl Driver {
 
     /// `cuInit(0)`.
     pub fn init(&self) -> CuResult {
-        // SAFETY: no pointer arguments.
+        // SAFETY: cuInit takes no pointer; its only argument, the flags, must be 0, as here.
         unsafe { (self.init)(0) }
     }
 
     /// `cuDeviceGet`.
     pub fn device(&self, ordinal: c_int) -> Result<CuDevice, CuResult> {
         let mut d = 0;
-        // SAFETY: `d` is a valid out-pointer.
+        // SAFETY: `&mut d` is a live out-pointer for one `CUdevice`; a bad ordinal is refused
+        // (CUDA_ERROR_INVALID_DEVICE).
         check(unsafe { (self.device_get)(&mut d, ordinal) }).map(|()| d)
     }
 
     /// `cuDeviceGetAttribute`.
     pub fn attribute(&self, attr: c_int, dev: CuDevice) -> Result<c_int, CuResult> {
         let mut v = 0;
-        // SAFETY: `v` is a valid out-pointer.
+        // SAFETY: `&mut v` is a live out-pointer for one `int`; a bad attribute or device is
+        // refused (CUDA_ERROR_INVALID_VALUE / _DEVICE).
         check(unsafe { (self.device_get_attribute)(&mut v, attr, dev) }).map(|()| v)
     }
 
     /// `cuDevicePrimaryCtxRetain` then `cuCtxSetCurrent` on this thread.
     pub fn retain_and_bind(&self, dev: CuDevice) -> Result<Ctx, CuResult> {
         let mut ctx = std::ptr::null_mut();
-        // SAFETY: `ctx` is a valid out-pointer.
+        // SAFETY: `&mut ctx` is a live out-pointer for one `CUcontext`; a bad device is refused.
         check(unsafe { (self.primary_ctx_retain)(&mut ctx, dev) })?;
         let ctx = Ctx(ctx);
         self.bind(&ctx).map(|()| ctx)
@@ -118,51 +137,96 @@ impl Driver {
 
     /// `cuCtxSetCurrent`.
     pub fn bind(&self, ctx: &Ctx) -> Result<(), CuResult> {
-        // SAFETY: `ctx` came from cuDevicePrimaryCtxRetain and is retained by the caller.
+        // SAFETY: a `Ctx` is made only by `retain_and_bind`, from a successful retain, and
+        // `release`, the only way to give that retain back, forbids binding the `Ctx`
+        // afterwards: `ctx.0` is a live primary context.
         check(unsafe { (self.ctx_set_current)(ctx.0) })
     }
 
     /// `cuDevicePrimaryCtxRelease`.
-    pub fn release(&self, dev: CuDevice) -> CuResult {
-        // SAFETY: balances one retain by the caller.
+    ///
+    /// # Safety
+    /// Gives back one retain of `dev`'s primary context that the caller took with
+    /// [`Driver::retain_and_bind`]. The caller binds the `Ctx` of that retain no more, and
+    /// uses no memory it allocated in the context afterwards: the last release destroys the
+    /// context and frees everything allocated in it.
+    pub unsafe fn release(&self, dev: CuDevice) -> CuResult {
+        // SAFETY: no pointer argument; this balances a retain of the caller's, as its contract
+        // says, so no one's context is destroyed under them.
         unsafe { (self.primary_ctx_release)(dev) }
     }
 
     /// `cuMemAlloc` (context bound by the caller).
     pub fn alloc(&self, size: usize) -> Result<CuDevicePtr, CuResult> {
         let mut p = 0;
-        // SAFETY: `p` is a valid out-pointer.
+        // SAFETY: `&mut p` is a live out-pointer for one `CUdeviceptr`; the new allocation
+        // belongs to no one yet (the caller owns it from here).
         check(unsafe { (self.mem_alloc)(&mut p, size) }).map(|()| p)
     }
 
     /// `cuMemFree`.
-    pub fn free(&self, p: CuDevicePtr) -> CuResult {
-        // SAFETY: `p` came from `alloc` and is freed once (the owner's Drop).
+    ///
+    /// # Safety
+    /// `p` is an address that [`Driver::alloc`] returned, not freed since, and the caller owns
+    /// that allocation; the context it was made in is bound on this thread. Nothing uses `p`
+    /// afterwards: the driver may give the same addresses to the next allocation. (A dma-buf
+    /// exported from the range keeps its memory: NVIDIA's exporter holds its own reference.)
+    pub unsafe fn free(&self, p: CuDevicePtr) -> CuResult {
+        // SAFETY: `p` is a live allocation of the caller's, freed once, with its context bound,
+        // as this function's contract requires.
         unsafe { (self.mem_free)(p) }
     }
 
-    /// `cuMemsetD8`.
-    pub fn memset(&self, p: CuDevicePtr, v: u8, n: usize) -> Result<(), CuResult> {
-        // SAFETY: device pointers are checked by the driver, which fails on a bad range.
+    /// `cuMemsetD8`: sets `n` bytes from `p` to `v`.
+    ///
+    /// # Safety
+    /// `[p, p + n)` lies inside one live allocation from [`Driver::alloc`] that the caller
+    /// owns, and its context is bound on this thread. The driver does not check this: it
+    /// writes any range it has mapped, including another allocation or pinned host memory.
+    pub unsafe fn memset(&self, p: CuDevicePtr, v: u8, n: usize) -> Result<(), CuResult> {
+        // SAFETY: the caller vouches that `[p, p + n)` is memory it owns in the bound context
+        // (this function's contract); no host pointer is passed.
         check(unsafe { (self.memset_d8)(p, v, n) })
     }
 
-    /// `cuMemcpyDtoH` into `dst`.
-    pub fn copy_dtoh(&self, dst: &mut [u8], src: CuDevicePtr) -> Result<(), CuResult> {
-        // SAFETY: `dst` is a live, writable host slice of exactly the length copied.
+    /// `cuMemcpyDtoH` of `dst.len()` bytes from `src` into `dst`.
+    ///
+    /// # Safety
+    /// `[src, src + dst.len())` lies inside one live allocation from [`Driver::alloc`] that the
+    /// caller owns, and its context is bound on this thread (the driver reads any range it has
+    /// mapped, pinned host memory of this process included).
+    pub unsafe fn copy_dtoh(&self, dst: &mut [u8], src: CuDevicePtr) -> Result<(), CuResult> {
+        // SAFETY: `dst` is a live, writable host slice of exactly the length copied, borrowed
+        // mutably so nothing else reads or writes it meanwhile; the source range is the
+        // caller's (this function's contract). The copy is synchronous: it is done on return.
         check(unsafe { (self.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len()) })
     }
 
-    /// `cuMemcpyHtoD` from `src`.
-    pub fn copy_htod(&self, dst: CuDevicePtr, src: &[u8]) -> Result<(), CuResult> {
-        // SAFETY: `src` is a live host slice of exactly the length copied.
+    /// `cuMemcpyHtoD` of `src` to `dst`.
+    ///
+    /// # Safety
+    /// `[dst, dst + src.len())` lies inside one live allocation from [`Driver::alloc`] that the
+    /// caller owns, and its context is bound on this thread (the driver writes any range it
+    /// has mapped, another allocation or pinned host memory included).
+    pub unsafe fn copy_htod(&self, dst: CuDevicePtr, src: &[u8]) -> Result<(), CuResult> {
+        // SAFETY: `src` is a live host slice of exactly the length copied; the destination range
+        // is the caller's (this function's contract). The copy is synchronous: `src` is no
+        // longer read on return.
         check(unsafe { (self.memcpy_htod)(dst, src.as_ptr().cast(), src.len()) })
     }
 
     /// `cuMemGetHandleForAddressRange(DMA_BUF_FD)`: a new dma-buf fd for the range.
-    pub fn dmabuf_fd(&self, p: CuDevicePtr, size: usize) -> Result<c_int, CuResult> {
+    ///
+    /// # Safety
+    /// `[p, p + size)` lies inside one live allocation from [`Driver::alloc`] that the caller
+    /// owns, and its context is bound on this thread. The dma-buf lets whoever imports it (a
+    /// NIC, a GPU) read and write the range by DMA for as long as it is open, so the range
+    /// must be memory that the caller may hand out.
+    pub unsafe fn dmabuf_fd(&self, p: CuDevicePtr, size: usize) -> Result<OwnedFd, CuResult> {
         let mut fd: c_int = -1;
-        // SAFETY: for the DMA_BUF_FD handle type the handle out-parameter is an `int`.
+        // SAFETY: for CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD the handle out-parameter is an
+        // `int` (cuda.h), and `fd` is a live one; flags must be 0, as here; the range is the
+        // caller's (this function's contract).
         check(unsafe {
             (self.get_handle)(
                 (&mut fd as *mut c_int).cast(),
@@ -171,8 +235,11 @@ impl Driver {
                 HANDLE_TYPE_DMA_BUF_FD,
                 0,
             )
-        })
-        .map(|()| fd)
+        })?;
+        // SAFETY: the call succeeded, so libcuda has stored in `fd` the dma-buf fd that the
+        // NVIDIA kernel module has just created for it, which the caller owns and must close
+        // (cuda.h); nothing else has seen it.
+        Ok(unsafe { super::owned(fd) })
     }
 }
 
@@ -182,9 +249,4 @@ fn check(r: CuResult) -> Result<(), CuResult> {
     } else {
         Err(r)
     }
-}
-
-/// Wraps an fd libcuda just returned.
-pub fn owned_fd(fd: c_int) -> std::os::fd::OwnedFd {
-    super::owned_fd(fd)
 }
