@@ -76,7 +76,6 @@ impl AsFd for DrmDevice {
     }
 }
 
-
 impl DrmDevice {
     /// The file as the `drm` crate's device traits see it (crate-private: see the type's docs).
     pub(crate) fn ops(&self) -> FileRef<'_> {
@@ -142,7 +141,8 @@ impl DrmDevice {
     pub fn capabilities(&self) -> Result<Capabilities> {
         use drm::{Device as _, DriverCapability};
         let cap = |c| {
-            self.ops().get_driver_capability(c)
+            self.ops()
+                .get_driver_capability(c)
                 .map_err(|e| Error::os(Op::QueryDriver, self.path.display(), e))
         };
         /// `DRM_PRIME_CAP_IMPORT` and `DRM_PRIME_CAP_EXPORT` (drm.h).
@@ -152,7 +152,10 @@ impl DrmDevice {
         Ok(Capabilities {
             prime_import: prime & IMPORT != 0,
             prime_export: prime & EXPORT != 0,
-            dumb_buffers: match self.ops().get_driver_capability(DriverCapability::DumbBuffer) {
+            dumb_buffers: match self
+                .ops()
+                .get_driver_capability(DriverCapability::DumbBuffer)
+            {
                 Ok(v) => Some(v != 0),
                 Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => None,
                 Err(e) => return Err(Error::os(Op::QueryDriver, self.path.display(), e)),
@@ -201,7 +204,8 @@ impl DrmDevice {
         let Some(count) = handles.get_mut(&raw) else {
             // Not ours to close: some other owner may still use whatever has this number now.
             eprintln!(
-                "drm-export: GEM handle {raw} of {} released but not in the handle table;                  left open",
+                "drm-export: GEM handle {raw} of {} released but not in the handle table; \
+                 left open",
                 self.path.display()
             );
             return;

@@ -12,11 +12,13 @@ pub enum Op {
     OpenDevice,
     /// Listing `/dev/dri`.
     ListDevices,
-    /// `DRM_IOCTL_VERSION`.
+    /// `DRM_IOCTL_VERSION`, and `DRM_IOCTL_GET_CAP` for
+    /// [`DrmDevice::capabilities`](crate::DrmDevice::capabilities).
     QueryDriver,
     /// `DRM_IOCTL_MODE_CREATE_DUMB`.
     CreateDumb,
-    /// `DRM_IOCTL_MODE_DESTROY_DUMB`.
+    /// `DRM_IOCTL_MODE_DESTROY_DUMB` (unused: a dumb buffer's handle is closed with
+    /// `DRM_IOCTL_GEM_CLOSE`, [`Op::GemClose`], by its last owner).
     DestroyDumb,
     /// `DRM_IOCTL_PRIME_HANDLE_TO_FD`.
     PrimeExport,
@@ -87,14 +89,14 @@ impl fmt::Display for Op {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The kernel refused an operation.
+    /// The kernel (or, for [`Op::Cuda`], the CUDA driver) refused an operation.
     #[error("{op} on {target}: {source}{}", hint_text(*.hint))]
     Os {
         /// What was attempted.
         op: Op,
         /// The device path or fd it acted on.
         target: String,
-        /// The errno.
+        /// The errno (for [`Op::Cuda`], an error carrying the `CUresult`'s name).
         #[source]
         source: io::Error,
         /// The likely cause, where known.
