@@ -77,13 +77,13 @@ fn main() {
     let b = b.connect(&ea).unwrap_or_else(|e| fail(&e.to_string()));
     let inbox = b
         .post_recv(host_region(&pd, size as usize, Access::LOCAL_WRITE))
-        .unwrap_or_else(|e| fail(&e.error.to_string()));
+        .unwrap_or_else(|e| fail(&e.to_string()));
     let sent = a
-        .post_send(Local::new(staging, 0, size), None)
-        .unwrap_or_else(|e| fail(&e.error.to_string()))
+        .post_send(Local::new(staging, 0..size), None)
+        .unwrap_or_else(|e| fail(&e.to_string()))
         .wait()
-        .unwrap_or_else(|e| fail(&e.error.to_string()));
-    let got = inbox.wait().unwrap_or_else(|e| fail(&e.error.to_string()));
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let got = inbox.wait().unwrap_or_else(|e| fail(&e.to_string()));
     let arrived = &got.region.bytes().unwrap_or_else(|e| fail(&e.to_string()))[..size as usize];
     let ok = arrived == message.as_slice();
     line(

@@ -140,7 +140,7 @@ impl<'q> Messenger<'q> {
     fn new(qp: &'q QueuePair, pd: &Arc<ProtectionDomain>, timeout: Duration) -> Messenger<'q> {
         let inbox = qp
             .post_recv(host_region(pd, MSG_LEN, Access::LOCAL_WRITE))
-            .unwrap_or_else(|e| fail(&e.error.to_string()));
+            .unwrap_or_else(|e| fail(&e.to_string()));
         Messenger {
             qp,
             out: Some(host_region(pd, MSG_LEN, Access::empty())),
@@ -157,10 +157,10 @@ impl<'q> Messenger<'q> {
         m.encode(&mut out.bytes_mut().expect("local buffer")[..MSG_LEN]);
         let done = self
             .qp
-            .post_send(Local::new(out, 0, MSG_LEN as u64), None)
-            .unwrap_or_else(|e| fail(&e.error.to_string()))
+            .post_send(Local::new(out, 0..MSG_LEN as u64), None)
+            .unwrap_or_else(|e| fail(&e.to_string()))
             .wait()
-            .unwrap_or_else(|e| fail(&e.error.to_string()));
+            .unwrap_or_else(|e| fail(&e.to_string()));
         self.out = Some(done.region);
     }
 
@@ -172,13 +172,13 @@ impl<'q> Messenger<'q> {
             .expect("a receive is always posted")
             .wait_timeout(self.timeout)
             .unwrap_or_else(|_| fail("the peer went quiet"))
-            .unwrap_or_else(|e| fail(&format!("receive: {}", e.error)));
+            .unwrap_or_else(|e| fail(&format!("receive: {e}")));
         let msg = Msg::decode(&got.region.bytes().expect("local buffer")[..MSG_LEN])
             .unwrap_or_else(|| fail("the peer sent a message this program does not know"));
         self.inbox = Some(
             self.qp
                 .post_recv(got.region)
-                .unwrap_or_else(|e| fail(&e.error.to_string())),
+                .unwrap_or_else(|e| fail(&e.to_string())),
         );
         msg
     }
@@ -405,10 +405,10 @@ fn send(args: &Args, port: u16, timeout: Duration) {
         }
         let target = remote.slice(0, n).unwrap_or_else(|e| fail(&e.to_string()));
         let done = qp
-            .post_write(Local::new(src, 0, n), target, None)
-            .unwrap_or_else(|e| fail(&e.error.to_string()))
+            .post_write(Local::new(src, 0..n), target, None)
+            .unwrap_or_else(|e| fail(&e.to_string()))
             .wait()
-            .unwrap_or_else(|e| fail(&e.error.to_string()));
+            .unwrap_or_else(|e| fail(&e.to_string()));
         staging = Some(done.region);
         m.send(&Msg::Chunk { len: n });
         match m.recv() {

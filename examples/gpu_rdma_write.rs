@@ -175,10 +175,10 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     let start = Instant::now();
     let got = qp
         .post_recv(note)
-        .unwrap_or_else(|e| fail(&e.error.to_string()))
+        .unwrap_or_else(|e| fail(&e.to_string()))
         .wait_timeout(timeout)
         .unwrap_or_else(|_| fail("no write with immediate arrived in time"))
-        .unwrap_or_else(|e| fail(&e.error.to_string()));
+        .unwrap_or_else(|e| fail(&e.to_string()));
     if got.wc.imm != Some(plan.iters) {
         fail(&format!(
             "the last write's immediate is {:?}, expected {}",
@@ -229,9 +229,9 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     let mut msg = host_region(&pd, VERDICT_LEN, Access::empty());
     msg.bytes_mut().expect("local")[..VERDICT_LEN].copy_from_slice(&verdict);
     qp.post_send(msg, None)
-        .unwrap_or_else(|e| fail(&e.error.to_string()))
+        .unwrap_or_else(|e| fail(&e.to_string()))
         .wait()
-        .unwrap_or_else(|e| fail(&e.error.to_string()));
+        .unwrap_or_else(|e| fail(&e.to_string()));
     let _ = qp.wait_disconnected(timeout);
     drop(alloc);
     println!(
@@ -330,7 +330,7 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     );
     let verdict = qp
         .post_recv(host_region(&pd, VERDICT_LEN, Access::LOCAL_WRITE))
-        .unwrap_or_else(|e| fail(&e.error.to_string()));
+        .unwrap_or_else(|e| fail(&e.to_string()));
 
     let per_pass = size.div_ceil(chunk);
     let writes = per_pass * u64::from(iters);
@@ -347,7 +347,12 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
             let off = (w % per_pass) * chunk;
             let len = chunk.min(size - off);
             let imm = (w + 1 == writes).then_some(iters);
-            inflight.push_back(s.write(&qp, &src, off, len, remote.slice(off, len)?, imm)?);
+            inflight.push_back(s.write(
+                &qp,
+                src.part(off..off + len),
+                remote.slice(off, len)?,
+                imm,
+            )?);
         }
         for p in inflight {
             moved += u64::from(p.wait()?.byte_len);
@@ -372,7 +377,7 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     let got = verdict
         .wait_timeout(timeout)
         .unwrap_or_else(|_| fail("the server sent no verdict in time"))
-        .unwrap_or_else(|e| fail(&e.error.to_string()));
+        .unwrap_or_else(|e| fail(&e.to_string()));
     let v = got.region.bytes().expect("local");
     let n = u64::from_le_bytes(v[8..16].try_into().expect("8 bytes"));
     let ok = &v[..2] == b"OK";

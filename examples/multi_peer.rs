@@ -88,7 +88,7 @@ fn main() {
 
     // Multicast: the first part to every peer.
     let inboxes = post_recvs(&pd, &peers, part);
-    hub.multicast_send((&gpu_region, 0, part))
+    hub.send_to_all(gpu_region.part(0..part))
         .unwrap_or_else(|e| fail(&e.to_string()));
     let got = wait_all(inboxes, part);
     check("multicast", got.iter().all(|g| g == slice(0)));
@@ -96,7 +96,7 @@ fn main() {
     // Scatter: part i to peer i.
     let inboxes = post_recvs(&pd, &peers, part);
     let parts: Vec<_> = (0..n)
-        .map(|i| (i, (&gpu_region, i as u64 * part, part)))
+        .map(|i| (i, gpu_region.part(i as u64 * part..(i as u64 + 1) * part)))
         .collect();
     hub.scatter_send(&parts)
         .unwrap_or_else(|e| fail(&e.to_string()));
@@ -110,7 +110,11 @@ fn main() {
     let writes: Vec<_> = (0..n)
         .map(|i| {
             let remote = targets[i].remote().expect("remotely writable");
-            (i, (&gpu_region, i as u64 * part, part), remote)
+            (
+                i,
+                gpu_region.part(i as u64 * part..(i as u64 + 1) * part),
+                remote,
+            )
         })
         .collect();
     hub.scatter_write(&writes)
@@ -123,7 +127,13 @@ fn main() {
     let mut reads: Vec<_> = back
         .iter_mut()
         .enumerate()
-        .map(|(i, r)| (i, (r, 0, part), targets[i].remote().expect("readable")))
+        .map(|(i, r)| {
+            (
+                i,
+                r.part_mut(0..part),
+                targets[i].remote().expect("readable"),
+            )
+        })
         .collect();
     hub.gather_read(&mut reads)
         .unwrap_or_else(|e| fail(&e.to_string()));
@@ -144,7 +154,7 @@ fn main() {
             r.bytes_mut().expect("local")[..part as usize].copy_from_slice(slice(i));
             peers[i]
                 .post_send(r, None)
-                .unwrap_or_else(|e| fail(&e.error.to_string()))
+                .unwrap_or_else(|e| fail(&e.to_string()))
         })
         .collect();
     let mut inbox: Vec<_> = (0..n)
@@ -153,13 +163,13 @@ fn main() {
     let mut recvs: Vec<_> = inbox
         .iter_mut()
         .enumerate()
-        .map(|(i, r)| (i, (r, 0, part)))
+        .map(|(i, r)| (i, r.part_mut(0..part)))
         .collect();
     hub.gather_recv(&mut recvs)
         .unwrap_or_else(|e| fail(&e.to_string()));
     drop(recvs);
     for s in sends {
-        s.wait().unwrap_or_else(|e| fail(&e.error.to_string()));
+        s.wait().unwrap_or_else(|e| fail(&e.to_string()));
     }
     check(
         "gather",
@@ -217,7 +227,7 @@ fn post_recvs<'q>(
         .iter()
         .map(|p| {
             p.post_recv(host_region(pd, len as usize, Access::LOCAL_WRITE))
-                .unwrap_or_else(|e| fail(&e.error.to_string()))
+                .unwrap_or_else(|e| fail(&e.to_string()))
         })
         .collect()
 }
@@ -226,7 +236,7 @@ fn wait_all(pending: Vec<rdma_dmabuf::Pending<'_, HostBuffer>>, len: u64) -> Vec
     pending
         .into_iter()
         .map(|p| {
-            let done = p.wait().unwrap_or_else(|e| fail(&e.error.to_string()));
+            let done = p.wait().unwrap_or_else(|e| fail(&e.to_string()));
             done.region.bytes().expect("local")[..len as usize].to_vec()
         })
         .collect()

@@ -99,7 +99,7 @@ fn main() {
                 }
                 let src = free.pop().expect("a free buffer");
                 inflight.push_back(
-                    qp.post_write(Local::new(src, 0, len), remote, None)
+                    qp.post_write(Local::new(src, 0..len), remote, None)
                         .unwrap_or_else(|e| fail(&e.to_string())),
                 );
             }
@@ -128,7 +128,7 @@ fn main() {
             let ping = |src: &mut Option<MemoryRegion<HostBuffer>>| {
                 let p = qp
                     .post_write(
-                        Local::new(src.take().expect("source"), 0, len),
+                        Local::new(src.take().expect("source"), 0..len),
                         remote,
                         Some(1),
                     )

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Op, Result};
 use crate::mapping::Mapping;
-use crate::sync_file::{Access, SyncFile};
+use crate::sync_file::{FenceAccess, SyncFile};
 use crate::sys;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
@@ -55,11 +55,11 @@ impl DmaBuf {
     }
 
     /// `DMA_BUF_IOCTL_EXPORT_SYNC_FILE`: a sync_file that signals once the fences an access of
-    /// kind `access` would have to wait for have signalled (for [`Access::Read`]: the writers).
+    /// kind `access` would have to wait for have signalled (for [`FenceAccess::Read`]: the writers).
     ///
     /// # Errors
     /// [`Error::Os`] (`ENOTTY` before kernel 6.0).
-    pub fn export_sync_file(&self, access: Access) -> Result<SyncFile> {
+    pub fn export_sync_file(&self, access: FenceAccess) -> Result<SyncFile> {
         sys::export_sync_file(self, access.flags())
             .map(SyncFile::from_fd)
             .map_err(|e| Error::os(Op::ExportSyncFile, self.describe(), e))
@@ -70,7 +70,7 @@ impl DmaBuf {
     ///
     /// # Errors
     /// [`Error::Os`] (`ENOTTY` before kernel 6.0).
-    pub fn import_sync_file(&self, access: Access, fence: &SyncFile) -> Result<()> {
+    pub fn import_sync_file(&self, access: FenceAccess, fence: &SyncFile) -> Result<()> {
         sys::import_sync_file(self, access.flags(), fence.as_fd())
             .map_err(|e| Error::os(Op::ImportSyncFile, self.describe(), e))
     }

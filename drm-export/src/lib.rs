@@ -47,5 +47,5 @@ pub use error::{Error, Op, Result};
 pub use gem::{GemBuffer, GpuBuffer, Placement};
 pub use heap::DmaHeap;
 pub use mapping::Mapping;
-pub use sync_file::{Access, SyncFile};
+pub use sync_file::{FenceAccess, SyncFile};
 pub use udmabuf::Udmabuf;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// Which of a buffer's fences a sync_file stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
+pub enum FenceAccess {
     /// Export: the fences a reader must wait for (writers). Import: a fence for a read.
     Read,
     /// Export: the fences a writer must wait for (readers and writers). Import: a write.
@@ -17,12 +17,12 @@ pub enum Access {
     ReadWrite,
 }
 
-impl Access {
+impl FenceAccess {
     pub(crate) fn flags(self) -> u32 {
         match self {
-            Access::Read => crate::sys::DMA_BUF_SYNC_READ,
-            Access::Write => crate::sys::DMA_BUF_SYNC_WRITE,
-            Access::ReadWrite => crate::sys::DMA_BUF_SYNC_RW,
+            FenceAccess::Read => crate::sys::DMA_BUF_SYNC_READ,
+            FenceAccess::Write => crate::sys::DMA_BUF_SYNC_WRITE,
+            FenceAccess::ReadWrite => crate::sys::DMA_BUF_SYNC_RW,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! librdmacm opens the devices itself: protection domains and regions for a connection must
 //! come from the context it picked, [`CmConnector::context`] or [`CmListener::context`].
 
-use crate::cm_id::{create_id, Channel, CmId};
+use crate::cm_id::{create_id, Channel, CmId, Event};
 use crate::deadline::poll_ms;
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
@@ -100,6 +100,48 @@ fn conn_param(framed: &[u8], retry: Retry) -> Result<ffi::rdma_conn_param> {
     })
 }
 
+/// How a connection starts once its queue pair exists.
+#[derive(Clone, Copy)]
+enum Start {
+    /// The active side: `rdma_connect`.
+    Connect,
+    /// The passive side: `rdma_accept` of the request the id came from.
+    Accept,
+}
+
+/// Creates the queue pair on `id` (which it then owns), gives it the builder's ACK timeout,
+/// connects or accepts with `param`, and waits for `RDMA_CM_EVENT_ESTABLISHED`; `what` names
+/// the step in errors. On an error the queue pair and the id are destroyed as they drop.
+fn establish(
+    qp: QueuePairBuilder,
+    id: CmId,
+    param: &mut ffi::rdma_conn_param,
+    start: Start,
+    what: &str,
+    timeout: Duration,
+) -> Result<(QueuePair, Event)> {
+    let (send, recv) = qp.depths();
+    let raw = qp.create(Some(id))?;
+    let id = raw.cm().expect("created on a cm id");
+    set_ack_timeout(id, qp.retry())?;
+    let rc = match start {
+        // SAFETY: live id with its QP; `param` (and the private data it points to, which the
+        // caller keeps) is valid across the call.
+        Start::Connect => unsafe { ffi::rdma_connect(id.id(), param) },
+        // SAFETY: as above.
+        Start::Accept => unsafe { ffi::rdma_accept(id.id(), param) },
+    };
+    if rc != 0 {
+        return Err(Error::last_os(Op::Cm, what));
+    }
+    let ev = id.channel().expect(
+        ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+        timeout,
+        what,
+    )?;
+    Ok((QueuePair::from_cm(raw, send, recv)?, ev))
+}
+
 /// The active side: address and route resolved, ready to connect.
 pub struct CmConnector {
     parts: CmId,
@@ -178,21 +220,16 @@ impl CmConnector {
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
         let mut param = conn_param(&framed, qp.retry())?;
-        let (send, recv) = qp.depths();
         let peer = self.peer;
-        let raw = qp.create(Some(self.parts))?;
-        let parts = raw.cm().expect("created on a cm id");
-        set_ack_timeout(parts, qp.retry())?;
-        // SAFETY: live id with its QP; `param` and `private` live across the call.
-        if unsafe { ffi::rdma_connect(parts.id(), &mut param) } != 0 {
-            return Err(Error::last_os(Op::Cm, format!("rdma_connect {peer}")));
-        }
-        let ev = parts.channel().expect(
-            ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
-            timeout,
+        let (qp, ev) = establish(
+            qp,
+            self.parts,
+            &mut param,
+            Start::Connect,
             &format!("connect to {peer}"),
+            timeout,
         )?;
-        Ok((QueuePair::from_cm(raw, send, recv)?, unframe(ev.private)))
+        Ok((qp, unframe(ev.private)))
     }
 }
 
@@ -296,23 +333,9 @@ impl CmListener {
         // SAFETY: `child` is the request's new id, ours alone (nothing else destroys it), and
         // now reports to `channel` (migrated just above).
         let parts = unsafe { CmId::from_raw(child, channel) };
-        let (send, recv) = qp.depths();
-        let raw = qp.create(Some(parts))?;
-        let parts = raw.cm().expect("created on a cm id");
-        set_ack_timeout(parts, qp.retry())?;
-        // SAFETY: live id with its QP; `param` and `private` live across the call.
-        if unsafe { ffi::rdma_accept(parts.id(), &mut param) } != 0 {
-            return Err(Error::last_os(
-                Op::Cm,
-                format!("rdma_accept on {}", self.addr),
-            ));
-        }
-        parts.channel().expect(
-            ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
-            timeout,
-            "accept",
-        )?;
-        Ok((QueuePair::from_cm(raw, send, recv)?, unframe(req.private)))
+        let what = format!("accept on {}", self.addr);
+        let (qp, _) = establish(qp, parts, &mut param, Start::Accept, &what, timeout)?;
+        Ok((qp, unframe(req.private)))
     }
 }
 

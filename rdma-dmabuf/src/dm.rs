@@ -44,7 +44,7 @@ impl DeviceMemory {
     /// `ENOMEM` past the device's `max_dm_size`).
     pub fn alloc(ctx: &Arc<Context>, len: u64, log_align: u32) -> Result<DeviceMemory> {
         if len == 0 {
-            return Err(Error::invalid(Op::DeviceMemory, "length 0"));
+            return Err(Error::invalid(Op::AllocDm, "length 0"));
         }
         let mut attr = ffi::ibv_alloc_dm_attr {
             length: len as usize,
@@ -60,14 +60,14 @@ impl DeviceMemory {
                 .unwrap_or(libc::EIO);
             if matches!(errno, libc::EOPNOTSUPP | libc::ENOSYS) {
                 return Err(Error::Unsupported {
-                    op: Op::DeviceMemory,
+                    op: Op::AllocDm,
                     device: ctx.name().into(),
                     errno,
                     why: DM_HINT,
                 });
             }
             return Err(Error::from_errno(
-                Op::DeviceMemory,
+                Op::AllocDm,
                 format!("{} ({len} bytes)", ctx.name()),
                 errno,
             ));
@@ -92,7 +92,7 @@ impl DeviceMemory {
     fn check(&self, offset: u64, n: usize) -> Result<()> {
         if n == 0 || offset.checked_add(n as u64).is_none_or(|e| e > self.len) {
             return Err(Error::invalid(
-                Op::DeviceMemory,
+                Op::CopyDm,
                 format!("copy of {offset}+{n} outside {} bytes", self.len),
             ));
         }
@@ -111,7 +111,7 @@ impl DeviceMemory {
             ffi::ibv_memcpy_to_dm(self.dm.as_ptr(), offset, data.as_ptr().cast(), data.len())
         };
         if rc != 0 {
-            return Err(Error::from_errno(Op::DeviceMemory, self.ctx.name(), rc));
+            return Err(Error::from_errno(Op::CopyDm, self.ctx.name(), rc));
         }
         Ok(())
     }
@@ -127,7 +127,7 @@ impl DeviceMemory {
             ffi::ibv_memcpy_from_dm(out.as_mut_ptr().cast(), self.dm.as_ptr(), offset, out.len())
         };
         if rc != 0 {
-            return Err(Error::from_errno(Op::DeviceMemory, self.ctx.name(), rc));
+            return Err(Error::from_errno(Op::CopyDm, self.ctx.name(), rc));
         }
         Ok(())
     }
@@ -166,6 +166,7 @@ impl MemoryRegion<DeviceMemory> {
     ) -> Result<Self> {
         /// `IBV_ACCESS_ZERO_BASED`, which `ibv_reg_dm_mr` requires.
         const ZERO_BASED: u32 = 1 << 5;
+        access.check(Op::RegDmMr)?;
         // SAFETY: live PD and device memory; the region keeps `dm` alive until deregistered.
         let mr = unsafe {
             ffi::ibv_reg_dm_mr(
@@ -183,17 +184,13 @@ impl MemoryRegion<DeviceMemory> {
                 .unwrap_or(libc::EIO);
             if errno == libc::EOPNOTSUPP {
                 return Err(Error::Unsupported {
-                    op: Op::DeviceMemory,
+                    op: Op::RegDmMr,
                     device: pd.context().name().into(),
                     errno,
                     why: DM_HINT,
                 });
             }
-            return Err(Error::from_errno(
-                Op::DeviceMemory,
-                pd.context().name(),
-                errno,
-            ));
+            return Err(Error::from_errno(Op::RegDmMr, pd.context().name(), errno));
         };
         let len = dm.len;
         Ok(MemoryRegion::from_parts(mr, pd, dm, 0, len, access))

@@ -34,8 +34,14 @@ pub enum Op {
     RegDmabufMr,
     /// `ibv_dereg_mr`.
     DeregMr,
-    /// `ibv_alloc_dm`, `ibv_reg_dm_mr`, `ibv_memcpy_{to,from}_dm`.
-    DeviceMemory,
+    /// `ibv_alloc_dm`.
+    AllocDm,
+    /// `ibv_memcpy_to_dm` / `ibv_memcpy_from_dm`.
+    CopyDm,
+    /// `ibv_reg_dm_mr`.
+    RegDmMr,
+    /// CPU access to a region's memory (its bytes or a mapping).
+    CpuAccess,
     /// `ibv_post_send`.
     PostSend,
     /// `ibv_post_recv`.
@@ -64,7 +70,10 @@ impl fmt::Display for Op {
             Op::RegMr => "ibv_reg_mr",
             Op::RegDmabufMr => "ibv_reg_dmabuf_mr",
             Op::DeregMr => "ibv_dereg_mr",
-            Op::DeviceMemory => "ibv_alloc_dm",
+            Op::AllocDm => "ibv_alloc_dm",
+            Op::CopyDm => "ibv_memcpy_{to,from}_dm",
+            Op::RegDmMr => "ibv_reg_dm_mr",
+            Op::CpuAccess => "CPU access to a region",
             Op::PostSend => "ibv_post_send",
             Op::PostRecv => "ibv_post_recv",
             Op::PollCq => "ibv_poll_cq",

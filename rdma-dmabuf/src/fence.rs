@@ -11,10 +11,11 @@
 use crate::deadline::{deadline_after, time_left};
 use crate::error::{Error, Result};
 use crate::mr::MemoryRegion;
-use crate::qp::{Local, Pending, QueuePair, WorkError};
+use crate::part::Local;
+use crate::qp::{Pending, QueuePair, WorkError};
 use crate::remote::RemoteRegion;
 use crate::wr::WorkKind;
-use drm_export::{Access as SyncAccess, DmaBuf};
+use drm_export::{DmaBuf, FenceAccess};
 use std::time::Duration;
 
 /// What a fenced post does.
@@ -53,10 +54,10 @@ impl FencedOp {
 
     /// The fences to wait for: the NIC reading needs the writers done; the NIC writing needs
     /// everyone done.
-    fn waits_for(self) -> SyncAccess {
+    fn waits_for(self) -> FenceAccess {
         match self {
-            FencedOp::Send { .. } | FencedOp::Write { .. } => SyncAccess::Read,
-            FencedOp::Recv | FencedOp::Read { .. } => SyncAccess::Write,
+            FencedOp::Send { .. } | FencedOp::Write { .. } => FenceAccess::Read,
+            FencedOp::Recv | FencedOp::Read { .. } => FenceAccess::Write,
         }
     }
 }

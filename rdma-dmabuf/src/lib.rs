@@ -36,7 +36,7 @@
 //! # }
 //! # fn g(qp: &QueuePair, region: MemoryRegion<HostBuffer>) {
 //! scope(|s| {
-//!     let p = s.send(qp, &region, 0, 64, None).unwrap();
+//!     let p = s.send(qp, region.part(0..64), None).unwrap();
 //!     p.wait()
 //! });
 //! # }
@@ -56,6 +56,7 @@ pub mod fence;
 pub mod host;
 pub mod mr;
 pub mod multi;
+pub mod part;
 pub mod pd;
 pub mod qp;
 pub mod remote;
@@ -73,9 +74,10 @@ pub use fence::{wait_for_fences, FencedOp};
 pub use host::HostBuffer;
 pub use mr::{supports_dmabuf, Access, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
+pub use part::{Local, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
-    Done, Local, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError,
+    Done, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError,
     DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
     DEFAULT_RNR_RETRY,
 };

@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 bitflags::bitflags! {
     /// What the NIC may do with a region (`ibv_access_flags`). Only the flags valid for both
-    /// `ibv_reg_mr` and `ibv_reg_dmabuf_mr` exist here, so an invalid combination (such as
-    /// `IBV_ACCESS_ZERO_BASED` on a dma-buf) cannot be expressed.
+    /// `ibv_reg_mr` and `ibv_reg_dmabuf_mr` are named here; any other bit (such as
+    /// `IBV_ACCESS_ZERO_BASED`, made with `from_bits_retain`) is refused at registration
+    /// with a typed error, as is remote write or atomic access without `LOCAL_WRITE`.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub struct Access: u32 {
         /// The local NIC may write (receives, RDMA read targets). Required by every remote
@@ -40,7 +41,17 @@ impl Access {
         self.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
     }
 
-    fn check(self, op: Op) -> Result<()> {
+    pub(crate) fn check(self, op: Op) -> Result<()> {
+        let unknown = self.bits() & !Access::all().bits();
+        if unknown != 0 {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "access bits {unknown:#x} are not flags of this crate's Access (named: {:?})",
+                    Access::all()
+                ),
+            ));
+        }
         if self.remotely_writable() && !self.contains(Access::LOCAL_WRITE) {
             return Err(Error::invalid(
                 op,
@@ -419,7 +430,7 @@ impl<B: Backing> MemoryRegion<B> {
     fn cpu_access(&self) -> Result<()> {
         if self.access.remotely_writable() {
             return Err(Error::invalid(
-                Op::RegMr,
+                Op::CpuAccess,
                 "the region is remotely writable: a peer may change it at any time; take it \
                  back with into_inner() (deregisters) before reading it",
             ));

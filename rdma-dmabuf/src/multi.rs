@@ -10,7 +10,8 @@
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
-use crate::mr::{Backing, MemoryRegion};
+use crate::mr::Backing;
+use crate::part::{Part, PartMut};
 use crate::pd::ProtectionDomain;
 use crate::qp::{PreparedQp, QueuePair, QueuePairBuilder};
 use crate::remote::RemoteRegion;
@@ -19,26 +20,23 @@ use crate::wr::{WorkCompletion, WorkKind};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Settings of a multi-peer channel.
+/// Settings of a multi-peer channel: the peer count, the timeout of its blocking
+/// operations, and one [`QueuePairBuilder`] from which every peer's queue pair is built (so
+/// every queue pair setting, port, depths, retries, completion channel, applies to all).
 #[derive(Debug)]
 pub struct MultiChannelBuilder {
-    pd: Arc<ProtectionDomain>,
+    qp: QueuePairBuilder,
     peers: usize,
-    send_depth: u32,
-    recv_depth: u32,
-    gid_index: Option<u32>,
     timeout: Duration,
 }
 
 impl MultiChannelBuilder {
-    /// A channel to `peers` peers in `pd`, with each queue pair's defaults.
+    /// A channel to `peers` peers in `pd`, with each queue pair's defaults
+    /// ([`QueuePairBuilder::new`]).
     pub fn new(pd: &Arc<ProtectionDomain>, peers: usize) -> MultiChannelBuilder {
         MultiChannelBuilder {
-            pd: pd.clone(),
+            qp: QueuePairBuilder::new(pd),
             peers,
-            send_depth: 128,
-            recv_depth: 128,
-            gid_index: None,
             timeout: DEFAULT_DRAIN_DEADLINE,
         }
     }
@@ -52,28 +50,33 @@ impl MultiChannelBuilder {
         self
     }
 
-    /// Sends, writes and reads outstanding per peer.
-    pub fn send_depth(mut self, n: u32) -> Self {
-        self.send_depth = n;
+    /// Changes the settings every peer's queue pair is built with, e.g.
+    /// `.queue_pairs(|b| b.send_depth(16).retry_count(3))`.
+    pub fn queue_pairs(mut self, f: impl FnOnce(QueuePairBuilder) -> QueuePairBuilder) -> Self {
+        self.qp = f(self.qp);
         self
     }
 
-    /// Receives outstanding per peer.
-    pub fn recv_depth(mut self, n: u32) -> Self {
-        self.recv_depth = n;
-        self
+    /// Sends, writes and reads outstanding per peer ([`QueuePairBuilder::send_depth`]).
+    pub fn send_depth(self, n: u32) -> Self {
+        self.queue_pairs(|b| b.send_depth(n))
     }
 
-    /// The source GID index (default: the port's RoCEv2 IPv4 GID).
-    pub fn gid_index(mut self, i: u32) -> Self {
-        self.gid_index = Some(i);
-        self
+    /// Receives outstanding per peer ([`QueuePairBuilder::recv_depth`]).
+    pub fn recv_depth(self, n: u32) -> Self {
+        self.queue_pairs(|b| b.recv_depth(n))
+    }
+
+    /// The source GID index ([`QueuePairBuilder::gid_index`]).
+    pub fn gid_index(self, i: u32) -> Self {
+        self.queue_pairs(|b| b.gid_index(i))
     }
 
     /// Creates one queue pair per peer.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for zero peers; the queue pairs' errors.
+    /// [`Error::InvalidArgument`] for zero peers or more than the device's `max_qp`; the
+    /// queue pairs' errors.
     pub fn build(self) -> Result<PreparedMulti> {
         if self.peers == 0 {
             return Err(Error::invalid(
@@ -81,20 +84,23 @@ impl MultiChannelBuilder {
                 "a multi-peer channel needs at least one peer",
             ));
         }
+        let ctx = self.qp.pd().context();
+        let max_qp = ctx.query_device()?.max_qp;
+        if u64::try_from(self.peers).unwrap_or(u64::MAX) > u64::from(max_qp) {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                format!(
+                    "{} peers: {} holds at most {max_qp} queue pairs (max_qp), one per peer",
+                    self.peers,
+                    ctx.name()
+                ),
+            ));
+        }
         let qps = (0..self.peers)
-            .map(|_| {
-                let b = QueuePairBuilder::new(&self.pd)
-                    .send_depth(self.send_depth)
-                    .recv_depth(self.recv_depth);
-                match self.gid_index {
-                    Some(i) => b.gid_index(i),
-                    None => b,
-                }
-                .build()
-            })
+            .map(|_| self.qp.clone().build())
             .collect::<Result<Vec<_>>>()?;
         Ok(PreparedMulti {
-            pd: self.pd,
+            pd: self.qp.pd().clone(),
             qps,
             timeout: self.timeout,
         })
@@ -150,11 +156,6 @@ pub struct MultiChannel {
     timeout: Duration,
 }
 
-/// A part of a region: `(region, offset, len)`.
-pub type Part<'a, B> = (&'a MemoryRegion<B>, u64, u64);
-/// A writable part of a region.
-pub type PartMut<'a, B> = (&'a mut MemoryRegion<B>, u64, u64);
-
 impl MultiChannel {
     /// The number of peers.
     pub fn len(&self) -> usize {
@@ -201,22 +202,23 @@ impl MultiChannel {
         let qps = self.check_parts(
             parts
                 .iter()
-                .map(|&(peer, (r, off, len))| (peer, WorkKind::Send, r, off, len, None)),
+                .map(|&(peer, p)| (peer, WorkKind::Send, p, None)),
         )?;
         scope_with_deadline(self.timeout, |s| {
             let mut pending = Vec::with_capacity(parts.len());
-            for (&(_, (r, off, len)), qp) in parts.iter().zip(&qps) {
-                pending.push(s.send(qp, r, off, len, None)?);
+            for (&(_, p), qp) in parts.iter().zip(&qps) {
+                pending.push(s.send(qp, p, None)?);
             }
             self.finish(s, pending, false)
         })
     }
 
-    /// Sends the same bytes to every peer.
+    /// Sends the same bytes to every peer: one send per peer, all posted at once (unicast
+    /// sends on each queue pair, not InfiniBand multicast).
     ///
     /// # Errors
     /// As [`MultiChannel::scatter_send`].
-    pub fn multicast_send<B: Backing>(&self, part: Part<'_, B>) -> Result<Vec<WorkCompletion>> {
+    pub fn send_to_all<B: Backing>(&self, part: Part<'_, B>) -> Result<Vec<WorkCompletion>> {
         let parts: Vec<_> = (0..self.peers.len()).map(|i| (i, part)).collect();
         self.scatter_send(&parts)
     }
@@ -229,13 +231,15 @@ impl MultiChannel {
         &self,
         parts: &[(usize, Part<'_, B>, RemoteRegion)],
     ) -> Result<Vec<WorkCompletion>> {
-        let qps = self.check_parts(parts.iter().map(|&(peer, (r, off, len), remote)| {
-            (peer, WorkKind::Write, r, off, len, Some(remote))
-        }))?;
+        let qps = self.check_parts(
+            parts
+                .iter()
+                .map(|&(peer, p, remote)| (peer, WorkKind::Write, p, Some(remote))),
+        )?;
         scope_with_deadline(self.timeout, |s| {
             let mut pending = Vec::with_capacity(parts.len());
-            for (&(_, (r, off, len), remote), qp) in parts.iter().zip(&qps) {
-                pending.push(s.write(qp, r, off, len, remote, None)?);
+            for (&(_, p, remote), qp) in parts.iter().zip(&qps) {
+                pending.push(s.write(qp, p, remote, None)?);
             }
             self.finish(s, pending, false)
         })
@@ -257,12 +261,12 @@ impl MultiChannel {
         let qps = self.check_parts(
             parts
                 .iter()
-                .map(|(peer, (r, off, len))| (*peer, WorkKind::Recv, &**r, *off, *len, None)),
+                .map(|(peer, p)| (*peer, WorkKind::Recv, p.shared(), None)),
         )?;
         scope_with_deadline(self.timeout, |s| {
             let mut pending = Vec::with_capacity(parts.len());
-            for ((_, (r, off, len)), qp) in parts.iter_mut().zip(&qps) {
-                match s.recv(qp, r, *off, *len) {
+            for ((_, p), qp) in parts.iter_mut().zip(&qps) {
+                match s.recv(qp, p.reborrow()) {
                     Ok(p) => pending.push(p),
                     Err(e) => {
                         s.flush_at_end();
@@ -282,13 +286,15 @@ impl MultiChannel {
         &self,
         parts: &mut [(usize, PartMut<'_, B>, RemoteRegion)],
     ) -> Result<Vec<WorkCompletion>> {
-        let qps = self.check_parts(parts.iter().map(|(peer, (r, off, len), remote)| {
-            (*peer, WorkKind::Read, &**r, *off, *len, Some(*remote))
-        }))?;
+        let qps = self.check_parts(
+            parts
+                .iter()
+                .map(|(peer, p, remote)| (*peer, WorkKind::Read, p.shared(), Some(*remote))),
+        )?;
         scope_with_deadline(self.timeout, |s| {
             let mut pending = Vec::with_capacity(parts.len());
-            for ((_, (r, off, len), remote), qp) in parts.iter_mut().zip(&qps) {
-                pending.push(s.read(qp, r, *off, *len, *remote)?);
+            for ((_, p, remote), qp) in parts.iter_mut().zip(&qps) {
+                pending.push(s.read(qp, p.reborrow(), *remote)?);
             }
             self.finish(s, pending, false)
         })
@@ -298,21 +304,12 @@ impl MultiChannel {
     /// posted unless all are valid.
     fn check_parts<'r, B: Backing + 'r>(
         &self,
-        parts: impl Iterator<
-            Item = (
-                usize,
-                WorkKind,
-                &'r MemoryRegion<B>,
-                u64,
-                u64,
-                Option<RemoteRegion>,
-            ),
-        >,
+        parts: impl Iterator<Item = (usize, WorkKind, Part<'r, B>, Option<RemoteRegion>)>,
     ) -> Result<Vec<&QueuePair>> {
         parts
-            .map(|(peer, kind, region, off, len, remote)| {
+            .map(|(peer, kind, part, remote)| {
                 let qp = self.peer(peer)?;
-                qp.check(kind, region, off, len, remote)?;
+                qp.check(kind, part.region(), part.range(), remote)?;
                 Ok(qp)
             })
             .collect()

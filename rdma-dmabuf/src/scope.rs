@@ -10,7 +10,8 @@
 
 use crate::deadline::deadline_after;
 use crate::error::{Error, Op, Result};
-use crate::mr::{Backing, MemoryRegion};
+use crate::mr::Backing;
+use crate::part::{Part, PartMut};
 use crate::qp::QueuePair;
 use crate::remote::RemoteRegion;
 use crate::wr::{WorkCompletion, WorkKind};
@@ -146,84 +147,96 @@ impl Drop for Drain<'_, '_, '_> {
     }
 }
 
+/// A borrowed part as the scope posts it: shared for what the NIC reads, exclusive for what
+/// it writes.
+enum Borrowed<'scope, B: Backing> {
+    Shared(Part<'scope, B>),
+    Exclusive(PartMut<'scope, B>),
+}
+
 impl<'scope, 'env> Scope<'scope, 'env> {
-    /// Sends `region[offset..offset + len]`.
+    /// Sends `part` (a [`Part`], or `&region` for all of it).
     ///
     /// # Errors
     /// As [`QueuePair::post_send`].
     pub fn send<B: Backing>(
         &'scope self,
         qp: &'scope QueuePair,
-        region: &'scope MemoryRegion<B>,
-        offset: u64,
-        len: u64,
+        part: impl Into<Part<'scope, B>>,
         imm: Option<u32>,
     ) -> Result<ScopedPending<'scope, 'env>> {
-        self.post(qp, WorkKind::Send, region, offset, len, None, imm)
+        let part = Borrowed::Shared(part.into());
+        self.post(qp, WorkKind::Send, part, None, imm)
     }
 
-    /// Receives into `region[offset..offset + len]` (exclusively borrowed: the NIC writes it).
+    /// Receives into `part` (a [`PartMut`], or `&mut region`: exclusively borrowed, since
+    /// the NIC writes it).
     ///
     /// # Errors
     /// As [`QueuePair::post_recv`].
     pub fn recv<B: Backing>(
         &'scope self,
         qp: &'scope QueuePair,
-        region: &'scope mut MemoryRegion<B>,
-        offset: u64,
-        len: u64,
+        part: impl Into<PartMut<'scope, B>>,
     ) -> Result<ScopedPending<'scope, 'env>> {
-        self.post(qp, WorkKind::Recv, region, offset, len, None, None)
+        let part = Borrowed::Exclusive(part.into());
+        self.post(qp, WorkKind::Recv, part, None, None)
     }
 
-    /// RDMA-writes `region[offset..offset + len]` to the start of `remote`.
+    /// RDMA-writes `part` to the start of `remote`.
     ///
     /// # Errors
     /// As [`QueuePair::post_write`].
     pub fn write<B: Backing>(
         &'scope self,
         qp: &'scope QueuePair,
-        region: &'scope MemoryRegion<B>,
-        offset: u64,
-        len: u64,
+        part: impl Into<Part<'scope, B>>,
         remote: RemoteRegion,
         imm: Option<u32>,
     ) -> Result<ScopedPending<'scope, 'env>> {
-        self.post(qp, WorkKind::Write, region, offset, len, Some(remote), imm)
+        let part = Borrowed::Shared(part.into());
+        self.post(qp, WorkKind::Write, part, Some(remote), imm)
     }
 
-    /// RDMA-reads the start of `remote` into `region[offset..offset + len]` (exclusively
-    /// borrowed).
+    /// RDMA-reads the start of `remote` into `part` (exclusively borrowed).
     ///
     /// # Errors
     /// As [`QueuePair::post_read`].
     pub fn read<B: Backing>(
         &'scope self,
         qp: &'scope QueuePair,
-        region: &'scope mut MemoryRegion<B>,
-        offset: u64,
-        len: u64,
+        part: impl Into<PartMut<'scope, B>>,
         remote: RemoteRegion,
     ) -> Result<ScopedPending<'scope, 'env>> {
-        self.post(qp, WorkKind::Read, region, offset, len, Some(remote), None)
+        let part = Borrowed::Exclusive(part.into());
+        self.post(qp, WorkKind::Read, part, Some(remote), None)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn post<B: Backing>(
         &'scope self,
         qp: &'scope QueuePair,
         kind: WorkKind,
-        region: &'scope MemoryRegion<B>,
-        offset: u64,
-        len: u64,
+        part: Borrowed<'scope, B>,
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> Result<ScopedPending<'scope, 'env>> {
-        // SAFETY: `region` is borrowed for 'scope, and the scope drains every request before
-        // 'scope ends (`Drain`, also on panic), so the region outlives the request. For the
-        // kinds the NIC writes (receive, read) every caller above holds the borrow
-        // exclusively (`&'scope mut`), so the CPU cannot touch the region meanwhile.
-        let (index, gen) = unsafe { qp.post_borrowed(kind, region, offset, len, remote, imm)? };
+        let nic_writes = matches!(kind, WorkKind::Recv | WorkKind::Read);
+        let part = match part {
+            Borrowed::Exclusive(p) => p.into_shared(),
+            Borrowed::Shared(p) if !nic_writes => p,
+            Borrowed::Shared(_) => {
+                return Err(Error::invalid(
+                    Op::PostRecv,
+                    format!("{kind} into a shared borrow (the NIC writes it: needs PartMut)"),
+                ))
+            }
+        };
+        // SAFETY: the part's region is borrowed for 'scope, and the scope drains every
+        // request before 'scope ends (`Drain`, also on panic), so the region outlives the
+        // request; for what the NIC writes the borrow is exclusive (checked just above), so
+        // the CPU cannot touch the region meanwhile.
+        let (index, gen) =
+            unsafe { qp.post_borrowed(kind, part.region(), part.range(), remote, imm)? };
         let mut posted = self.posted.borrow_mut();
         posted.push(Entry {
             qp,
@@ -250,8 +263,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     fn flush_unfinished(&self) {
         let posted = self.posted.borrow();
         for (i, e) in posted.iter().enumerate() {
-            let first = posted[..i].iter().all(|o| !std::ptr::eq(o.qp, e.qp));
-            if !e.done.get() && first {
+            // Each queue pair with a request still in flight, once (whatever became of the
+            // requests posted on it before that one).
+            let unfinished = |o: &Entry<'_>| !o.done.get() && std::ptr::eq(o.qp, e.qp);
+            if unfinished(e) && !posted[..i].iter().any(unfinished) {
                 e.qp.flush();
             }
         }

@@ -2,7 +2,7 @@
 use rdma_dmabuf::*;
 fn f(qp: &QueuePair, mut region: MemoryRegion<DmaBuf>) {
     scope(|s| {
-        let p = s.send(qp, &region, 0, 64, None).unwrap();
+        let p = s.send(qp, region.part(0..64), None).unwrap();
         region.map().unwrap().write().unwrap().fill(0);
         p.wait()
     });

@@ -2,7 +2,7 @@
 use rdma_dmabuf::*;
 fn f(qp: &QueuePair, mut region: MemoryRegion<HostBuffer>) {
     scope(|s| {
-        let p = s.send(qp, &region, 0, 64, None).unwrap();
+        let p = s.send(qp, region.part(0..64), None).unwrap();
         region.bytes_mut().unwrap()[0] = 1;
         p.wait()
     });

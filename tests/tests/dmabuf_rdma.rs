@@ -51,7 +51,7 @@ fn round_trip(tb: &Testbed, exporter: Exporter, size: u64, seed: u8) {
     let n = size as usize;
     let p1 = pattern(n, seed);
     let src = host_region(&pd, &p1, n, Access::empty());
-    peer.post_write(Local::new(src, 0, size), remote, None)
+    peer.post_write(Local::new(src, 0..size), remote, None)
         .unwrap()
         .wait()
         .unwrap_or_else(|e| panic!("{what}: write: {}", e.error));
@@ -59,7 +59,7 @@ fn round_trip(tb: &Testbed, exporter: Exporter, size: u64, seed: u8) {
     // RDMA READ it back.
     let back = host_region(&pd, &[], n, Access::LOCAL_WRITE);
     let back = peer
-        .post_read(Local::new(back, 0, size), remote)
+        .post_read(Local::new(back, 0..size), remote)
         .unwrap()
         .wait()
         .unwrap_or_else(|e| panic!("{what}: read: {}", e.error));
@@ -74,7 +74,7 @@ fn round_trip(tb: &Testbed, exporter: Exporter, size: u64, seed: u8) {
         .post_recv(region)
         .unwrap_or_else(|e| panic!("{what}: post recv: {}", e.error));
     let src = host_region(&pd, &p2, n, Access::empty());
-    peer.post_send(Local::new(src, 0, size), None)
+    peer.post_send(Local::new(src, 0..size), None)
         .unwrap()
         .wait()
         .unwrap();
@@ -336,12 +336,12 @@ fn two_node_dmabuf_regions_receive_rdma_writes_across_the_wire() {
                 SIZE as usize,
                 Access::empty(),
             );
-            qp.post_write(Local::new(src, 0, SIZE), remote, None)
+            qp.post_write(Local::new(src, 0..SIZE), remote, None)
                 .unwrap()
                 .wait()
                 .expect("write across");
             let note = host_region(&pd, b"done", 4096, Access::empty());
-            qp.post_send(Local::new(note, 0, 4), Some(i as u32))
+            qp.post_send(Local::new(note, 0..4), Some(i as u32))
                 .unwrap()
                 .wait()
                 .expect("note");

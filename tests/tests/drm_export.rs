@@ -4,8 +4,8 @@
 use drm_export::vgem::VgemFence;
 use drm_export::Mapping;
 use drm_export::{
-    prime, Access, DmaBuf, DmaHeap, DrmDevice, DumbBuffer, Error, GpuBuffer, NodeKind, Placement,
-    Udmabuf,
+    prime, DmaBuf, DmaHeap, DrmDevice, DumbBuffer, Error, FenceAccess, GpuBuffer, NodeKind,
+    Placement, Udmabuf,
 };
 use integration_tests::testbed::Testbed;
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -155,7 +155,9 @@ fn sync_file_wait_times_out_until_the_vgem_fence_signals() {
     let fence = VgemFence::attach(&card, buf.handle(), true).expect("attach write fence");
 
     // A reader must wait for the writer's fence.
-    let sf = d.export_sync_file(Access::Read).expect("export sync_file");
+    let sf = d
+        .export_sync_file(FenceAccess::Read)
+        .expect("export sync_file");
     assert!(!sf.is_signalled().unwrap());
     let err = sf.wait(Duration::from_millis(200)).unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
@@ -163,9 +165,12 @@ fn sync_file_wait_times_out_until_the_vgem_fence_signals() {
     // The fence carried over to another buffer through import.
     let u = Udmabuf::new(MIB).expect("udmabuf");
     u.dmabuf()
-        .import_sync_file(Access::Write, &sf)
+        .import_sync_file(FenceAccess::Write, &sf)
         .expect("import sync_file");
-    let other = u.dmabuf().export_sync_file(Access::Read).expect("export");
+    let other = u
+        .dmabuf()
+        .export_sync_file(FenceAccess::Read)
+        .expect("export");
     assert!(!other.is_signalled().unwrap());
 
     fence.signal().expect("signal");

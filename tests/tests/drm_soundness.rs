@@ -3,7 +3,7 @@
 //! dma-heap sizes refused before the kernel. The kernel tests run in the testbed VM.
 
 use drm_export::vgem::VgemFence;
-use drm_export::{prime, Access, DmaHeap, DrmDevice, DumbBuffer, Error, SyncFile, Udmabuf};
+use drm_export::{prime, DmaHeap, DrmDevice, DumbBuffer, Error, FenceAccess, SyncFile, Udmabuf};
 use integration_tests::testbed::Testbed;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -95,7 +95,7 @@ fn a_real_sync_file_passes_the_check_and_a_dma_buf_does_not() {
     let u = Udmabuf::new(MIB).expect("udmabuf");
     let sf = u
         .dmabuf()
-        .export_sync_file(Access::Read)
+        .export_sync_file(FenceAccess::Read)
         .expect("export sync_file");
     let sf = SyncFile::try_from(sf.into_fd()).expect("a sync_file is accepted");
     assert!(sf.is_signalled().unwrap());
@@ -114,7 +114,10 @@ fn waiting_with_duration_max_on_a_signalled_sync_file_returns() {
     Testbed::get();
     // A buffer without fences: its sync_file is signalled from the start.
     let u = Udmabuf::new(MIB).expect("udmabuf");
-    let sf = u.dmabuf().export_sync_file(Access::Read).expect("export");
+    let sf = u
+        .dmabuf()
+        .export_sync_file(FenceAccess::Read)
+        .expect("export");
     sf.wait(Duration::MAX)
         .expect("an unfenced buffer's sync_file is signalled");
 
@@ -123,7 +126,9 @@ fn waiting_with_duration_max_on_a_signalled_sync_file_returns() {
     let buf = DumbBuffer::new(&card, MIB).expect("dumb buffer");
     let d = buf.export().expect("export");
     let fence = VgemFence::attach(&card, buf.handle(), true).expect("attach write fence");
-    let sf = d.export_sync_file(Access::Read).expect("export sync_file");
+    let sf = d
+        .export_sync_file(FenceAccess::Read)
+        .expect("export sync_file");
     assert!(!sf.is_signalled().unwrap());
     fence.signal().expect("signal");
     let start = Instant::now();
@@ -165,4 +170,41 @@ fn a_terabyte_from_the_system_heap_is_refused_before_the_kernel() {
 
     // The process is alive and the heap still serves a sane request.
     assert_eq!(heap.allocate(MIB).expect("1 MiB").size(), MIB);
+}
+
+/// Driver-specific ioctls are numbered per driver, so the crate checks the driver before one:
+/// an i915 or amdgpu allocation on vgem is `Unsupported`, not an ioctl vgem would misread.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn another_drivers_gem_allocation_on_vgem_is_refused_before_the_ioctl() {
+    Testbed::get();
+    let dev = card();
+    for (name, r) in [
+        (
+            "i915",
+            drm_export::GemBuffer::i915(&dev, MIB, drm_export::Placement::System),
+        ),
+        (
+            "amdgpu",
+            drm_export::GemBuffer::amdgpu(&dev, MIB, drm_export::Placement::System),
+        ),
+    ] {
+        let err = r.expect_err(name);
+        assert!(matches!(err, Error::Unsupported { .. }), "{name}: {err}");
+    }
+}
+
+/// A heap name that would leave /dev/dma_heap is refused.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn heap_names_that_leave_the_heap_folder_are_refused() {
+    Testbed::get();
+    for name in [".", "..", "../null", ""] {
+        let err = DmaHeap::open(name).expect_err(name);
+        assert!(
+            matches!(err, Error::InvalidArgument { .. }),
+            "{name:?}: {err}"
+        );
+    }
+    assert!(DmaHeap::open("system").is_ok());
 }

@@ -72,7 +72,7 @@ fn client(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
     let remote = RemoteRegion::from_bytes(&announce).expect("the server's region");
     assert_eq!(remote.len, SIZE as u64);
     let done = qp
-        .post_write(Local::new(src, 0, SIZE as u64), remote, Some(SIZE as u32))
+        .post_write(Local::new(src, 0..SIZE as u64), remote, Some(SIZE as u32))
         .unwrap()
         .wait();
     done.expect("write completes");
@@ -96,7 +96,11 @@ fn rdma_cm_connects_writes_and_disconnects_over_loopback() {
     assert_eq!(server_sees.psn, client_ep.psn);
     assert_eq!(client_sees.gid, server_ep.gid);
     let ip: std::net::Ipv4Addr = tb.local_addr.parse().unwrap();
-    assert_eq!(client_ep.gid.0[12..], ip.octets(), "the RoCEv2 GID of the address");
+    assert_eq!(
+        client_ep.gid.0[12..],
+        ip.octets(),
+        "the RoCEv2 GID of the address"
+    );
     assert_eq!(client_ep.mtu, server_ep.mtu);
 }
 

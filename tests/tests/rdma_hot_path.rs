@@ -47,7 +47,7 @@ fn post_and_poll_allocate_nothing() {
     for _ in 0..1_000 {
         let r = b.post_recv(dst.take().unwrap()).unwrap();
         let s = a
-            .post_send(Local::new(src.take().unwrap(), 0, 64), None)
+            .post_send(Local::new(src.take().unwrap(), 0..64), None)
             .unwrap();
         src = Some(s.wait().unwrap().region);
         let got = r.wait().unwrap();
@@ -56,7 +56,7 @@ fn post_and_poll_allocate_nothing() {
     }
     for _ in 0..1_000 {
         let w = a
-            .post_write(Local::new(src.take().unwrap(), 0, 64), remote, None)
+            .post_write(Local::new(src.take().unwrap(), 0..64), remote, None)
             .unwrap();
         src = Some(w.wait().unwrap().region);
     }

@@ -22,8 +22,8 @@ fn a_scope_returns_only_after_its_requests_completed() {
     let mut dst = host_region(&pd, &[], N, Access::LOCAL_WRITE);
     // Nothing is waited for inside: the scope drains on the way out.
     scope(|s| {
-        s.recv(&b, &mut dst, 0, N as u64).unwrap();
-        s.send(&a, &src, 0, N as u64, None).unwrap();
+        s.recv(&b, dst.part_mut(0..N as u64)).unwrap();
+        s.send(&a, src.part(0..N as u64), None).unwrap();
     });
     assert_eq!(&dst.bytes().unwrap()[..N], &data[..]);
     assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
@@ -39,7 +39,7 @@ fn a_panicking_scope_flushes_and_drains_before_unwinding_on() {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         scope(|s| {
             // A receive whose message never comes, then a panic.
-            s.recv(&b, &mut dst, 0, 4096).unwrap();
+            s.recv(&b, dst.part_mut(0..4096)).unwrap();
             panic!("in the scope");
         })
     }));
@@ -78,7 +78,7 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
                 .unwrap()
         })
         .collect();
-    let wcs = hub.multicast_send((&src, 0, N as u64)).unwrap();
+    let wcs = hub.send_to_all(src.part(0..N as u64)).unwrap();
     assert_eq!(wcs.len(), PEERS);
     for r in recvs {
         let got = r.wait().unwrap();
@@ -94,7 +94,7 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
         .map(|i| {
             (
                 i,
-                (&big, (i * N) as u64, N as u64),
+                big.part((i * N) as u64..((i + 1) * N) as u64),
                 targets[i].remote().unwrap(),
             )
         })
@@ -108,7 +108,7 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     let mut reads: Vec<_> = back
         .iter_mut()
         .enumerate()
-        .map(|(i, r)| (i, (r, 0, N as u64), targets[i].remote().unwrap()))
+        .map(|(i, r)| (i, r.part_mut(0..N as u64), targets[i].remote().unwrap()))
         .collect();
     hub.gather_read(&mut reads).unwrap();
     drop(reads);
@@ -137,8 +137,7 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
             p.post_send(
                 Local::new(
                     host_region(&pd, &pattern(N, 10 + i as u8), N, Access::empty()),
-                    0,
-                    N as u64,
+                    0..N as u64,
                 ),
                 None,
             )
@@ -148,7 +147,7 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     let mut parts: Vec<_> = inbox
         .iter_mut()
         .enumerate()
-        .map(|(i, r)| (i, (r, 0, N as u64)))
+        .map(|(i, r)| (i, r.part_mut(0..N as u64)))
         .collect();
     hub.gather_recv(&mut parts).unwrap();
     drop(parts);
@@ -163,4 +162,27 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
         );
     }
     assert!(hub.peer(PEERS).is_err(), "peer index past the end");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn more_peers_than_the_device_has_queue_pairs_is_refused_before_anything_is_created() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let max_qp = pd.context().query_device().unwrap().max_qp;
+    let peers = max_qp as usize + 1;
+    let err = MultiChannelBuilder::new(&pd, peers).build().unwrap_err();
+    assert!(
+        matches!(err, rdma_dmabuf::Error::InvalidArgument { .. }),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains(&format!("{peers} peers")), "{text}");
+    assert!(text.contains(&format!("at most {max_qp}")), "{text}");
+    // Within the limit the channel builds, with settings given through `queue_pairs`.
+    let hub = MultiChannelBuilder::new(&pd, 2)
+        .queue_pairs(|b| b.send_depth(3).recv_depth(5))
+        .build()
+        .unwrap();
+    assert_eq!(hub.endpoints().len(), 2);
 }

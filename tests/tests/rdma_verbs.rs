@@ -45,7 +45,7 @@ fn send_and_receive_are_byte_exact_from_1_byte_to_8_mib() {
         let dst = host_region(&pd, &[], size, Access::LOCAL_WRITE);
         let recv = b.post_recv(dst).expect("post recv");
         let send = a
-            .post_send(Local::new(src, 0, size as u64), None)
+            .post_send(Local::new(src, 0..size as u64), None)
             .expect("post send");
         let sent = send.wait().expect("send completes");
         assert_eq!(sent.wc.kind, WorkKind::Send);
@@ -70,14 +70,14 @@ fn rdma_write_then_read_back_are_byte_exact() {
         let remote = target.remote().expect("remote access granted");
         let data = pattern(size, 40 + i as u8);
         let src = host_region(&pd, &data, size, Access::empty());
-        a.post_write(Local::new(src, 0, size as u64), remote, None)
+        a.post_write(Local::new(src, 0..size as u64), remote, None)
             .unwrap()
             .wait()
             .expect("write");
         // Read it back into a third region.
         let back = host_region(&pd, &[], size, Access::LOCAL_WRITE);
         let read = a
-            .post_read(Local::new(back, 0, size as u64), remote)
+            .post_read(Local::new(back, 0..size as u64), remote)
             .unwrap()
             .wait()
             .expect("read");
@@ -105,7 +105,7 @@ fn write_with_immediate_consumes_a_receive_and_delivers_the_immediate() {
     let recv = b.post_recv(note).unwrap();
     let data = pattern(3000, 9);
     let src = host_region(&pd, &data, 4096, Access::empty());
-    a.post_write(Local::new(src, 0, 3000), remote, Some(0xfeed_beef))
+    a.post_write(Local::new(src, 0..3000), remote, Some(0xfeed_beef))
         .unwrap()
         .wait()
         .unwrap();
@@ -169,6 +169,15 @@ fn bad_input_gives_typed_errors() {
     let buf = rdma_dmabuf::HostBuffer::new(4096).unwrap();
     let err = MemoryRegion::register(&pd, buf, Access::REMOTE_WRITE).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    // Bits that are not this crate's flags (here IBV_ACCESS_ZERO_BASED and MW_BIND) are
+    // refused by us, not passed to the kernel.
+    for bits in [1 << 5, 1 << 4] {
+        let buf = rdma_dmabuf::HostBuffer::new(4096).unwrap();
+        let odd = Access::LOCAL_WRITE | Access::from_bits_retain(bits);
+        let err = MemoryRegion::register(&pd, buf, odd).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        assert!(err.to_string().contains("not flags"), "{err}");
+    }
 
     let (a, b) = loopback_pair(&pd);
     // Receive into a region without LOCAL_WRITE; length 0; part past the end.
@@ -179,10 +188,10 @@ fn bad_input_gives_typed_errors() {
         "{}",
         e.error
     );
-    let e = a.post_send(Local::new(e.region, 0, 0), None).unwrap_err();
+    let e = a.post_send(Local::new(e.region, 0..0), None).unwrap_err();
     assert!(e.error.to_string().contains("length 0"), "{}", e.error);
     let e = a
-        .post_send(Local::new(e.region, 4000, 200), None)
+        .post_send(Local::new(e.region, 4000..4200), None)
         .unwrap_err();
     assert!(e.error.to_string().contains("outside"), "{}", e.error);
 
@@ -195,7 +204,7 @@ fn bad_input_gives_typed_errors() {
     };
     let src = host_region(&pd, &[1; 16], 4096, Access::empty());
     let err = a
-        .post_write(Local::new(src, 0, 16), wrong, None)
+        .post_write(Local::new(src, 0..16), wrong, None)
         .unwrap()
         .wait()
         .unwrap_err();
@@ -212,6 +221,19 @@ fn bad_input_gives_typed_errors() {
         }
         other => panic!("expected a completion error, got {other}"),
     }
+    // The failed write moved the queue pair to the error state: it takes no more requests
+    // (rxe would queue a receive and never complete it).
+    assert!(a.is_in_error());
+    let e = a
+        .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+        .unwrap_err();
+    assert!(
+        matches!(e.error, Error::InvalidArgument { .. }),
+        "{}",
+        e.error
+    );
+    assert!(e.error.to_string().contains("error state"), "{}", e.error);
+    assert_eq!(a.outstanding(), 0);
 
     // Malformed endpoint bytes from a peer.
     let bytes = a.endpoint().to_bytes();
@@ -286,7 +308,7 @@ fn two_node_rdma_write_and_send_across_the_wire() {
             .expect("write across");
         let note = host_region(&pd, b"done", 4096, Access::empty());
         drop(done);
-        qp.post_send(Local::new(note, 0, 4), Some(SIZE as u32))
+        qp.post_send(Local::new(note, 0..4), Some(SIZE as u32))
             .unwrap()
             .wait()
             .expect("note");
@@ -318,7 +340,7 @@ fn blocking_wait_sleeps_on_the_completion_channel_until_the_message_comes() {
     let sender = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         let src = host_region(&pd2, b"wake up", 4096, Access::empty());
-        a.post_send(Local::new(src, 0, 7), None)
+        a.post_send(Local::new(src, 0..7), None)
             .unwrap()
             .wait()
             .unwrap();

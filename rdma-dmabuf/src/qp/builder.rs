@@ -115,7 +115,7 @@ impl Retry {
 /// No default waits forever: a request the peer never acknowledges fails after the retry
 /// budget ([`DEFAULT_RETRY_COUNT`] retries of [`DEFAULT_ACK_TIMEOUT`]), and a send the peer
 /// has no receive for fails after [`DEFAULT_RNR_RETRY`] RNR retries.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct QueuePairBuilder {
     pd: Arc<ProtectionDomain>,
     port: u8,
@@ -175,7 +175,7 @@ impl QueuePairBuilder {
         self
     }
 
-    /// Gives the completion queue a completion channel, so that [`Pending::wait_blocking`]
+    /// Gives the completion queue a completion channel, so that [`Pending::wait_blocking`](crate::Pending::wait_blocking)
     /// sleeps in the kernel instead of spinning (default: no channel).
     pub fn completion_channel(mut self, yes: bool) -> Self {
         self.channel = yes;
@@ -243,14 +243,15 @@ impl QueuePairBuilder {
 
     /// The longest a peer's send can wait for a receive on this queue pair before it fails
     /// with `IBV_WC_RNR_RETRY_EXC_ERR`, if the peer uses the same RNR retry count: RNR retry
-    /// count × the minimum RNR timer; `None` with [`rnr_retry_forever`].
+    /// count × the minimum RNR timer; `None` with [`rnr_retry_forever`], and for settings
+    /// [`build`](QueuePairBuilder::build) refuses (a timer code past 31, a count past 7).
     ///
     /// [`rnr_retry_forever`]: QueuePairBuilder::rnr_retry_forever
     pub fn rnr_budget(&self) -> Option<Duration> {
         if self.retry.rnr_retry >= RNR_RETRY_FOREVER {
             return None;
         }
-        let us = RNR_TIMER_US[usize::from(self.retry.min_rnr_timer & 31)];
+        let us = *RNR_TIMER_US.get(usize::from(self.retry.min_rnr_timer))?;
         Some(Duration::from_micros(
             u64::from(us) * u64::from(self.retry.rnr_retry),
         ))
@@ -398,6 +399,11 @@ impl QueuePairBuilder {
                 "GID {gid} is of type {other:?}, neither RoCE v2 nor IB/RoCE v1"
             ))),
         }
+    }
+
+    /// The protection domain the queue pair is built in.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
     }
 
     pub(crate) fn depths(&self) -> (u32, u32) {

@@ -38,7 +38,7 @@ impl PreparedQp {
     /// Moves to RTR then RTS against `remote`; the path MTU is the smaller of both ports'.
     ///
     /// # Errors
-    /// [`Error::Verbs`] from `ibv_modify_qp` (e.g. a GID index without a RoCEv2 GID).
+    /// [`Error::Verbs`](crate::Error::Verbs) from `ibv_modify_qp` (e.g. a GID index without a RoCEv2 GID).
     pub fn connect(self, remote: &Endpoint) -> Result<QueuePair> {
         use ffi::ibv_qp_attr_mask as M;
         // SAFETY: ibv_qp_attr is plain; zero is valid.

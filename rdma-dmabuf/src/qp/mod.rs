@@ -1,7 +1,7 @@
 //! Reliable-connected queue pairs: typestate bring-up ([`QueuePairBuilder`] ->
 //! [`PreparedQp`] -> [`QueuePair`]) and posts that take ownership of their buffers.
 //!
-//! A post moves a [`Local`] (a region, or a part of one) into the queue and returns a
+//! A post moves a [`Local`](crate::Local) (a region, or a part of one) into the queue and returns a
 //! [`Pending`] handle; its completion hands the region back. Dropping a `Pending` early leaves
 //! the region with the queue until the NIC is done with it; dropping the queue pair moves it to
 //! the error state, drains the flushed requests, destroys it, and only then frees what was in
@@ -20,7 +20,6 @@ pub use builder::{
 };
 pub use connect::PreparedQp;
 pub use pending::{Done, Outcome, Pending, WorkError};
-pub use post::Local;
 
 use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;
@@ -30,7 +29,7 @@ use crate::wr::{WorkCompletion, WorkKind};
 use pending::completion_error;
 use raw::RawQp;
 use rdma_sys as ffi;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -45,6 +44,11 @@ pub struct QueuePair {
     slots: RefCell<Slots>,
     local: Endpoint,
     remote: Endpoint,
+    /// Set once the queue pair is in the error state: flushed by us, or told so by a
+    /// completion with an error status (an RC queue pair moves to ERR on the first one).
+    /// Posts are refused from then on: the verbs accept them, but a provider need not ever
+    /// complete them (rxe queues a receive posted then and never flushes it).
+    in_error: Cell<bool>,
 }
 
 impl fmt::Debug for QueuePair {
@@ -70,6 +74,7 @@ impl QueuePair {
             slots: RefCell::new(Slots::new(send_depth, recv_depth)),
             local,
             remote,
+            in_error: Cell::new(false),
         }
     }
 
@@ -129,6 +134,9 @@ impl QueuePair {
     /// [`Error::Verbs`] if `ibv_poll_cq` fails.
     pub fn poll(&self) -> Result<usize> {
         self.raw.cq.poll(|wr_id, c| {
+            if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+                self.in_error.set(true);
+            }
             let released = self.slots.borrow_mut().complete(wr_id, c);
             // An abandoned buffer whose request just completed: safe to free now (outside
             // the borrow of the slots).
@@ -145,7 +153,14 @@ impl QueuePair {
     /// Moves the queue pair to the error state: everything in flight completes, flushed
     /// (rdma_cm connections are disconnected, which tells the peer).
     pub(crate) fn flush(&self) {
+        self.in_error.set(true);
         self.raw.flush();
+    }
+
+    /// Whether the queue pair is known to be in the error state (see the field): it then
+    /// takes no more requests.
+    pub fn is_in_error(&self) -> bool {
+        self.in_error.get()
     }
 
     /// The completion of slot `index` (generation `gen`), if it has arrived.
@@ -187,7 +202,7 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         // Flush everything in flight, wait (bounded) for the flush completions; `raw` is then
         // destroyed before `slots` drops (field order).
-        self.raw.flush();
+        self.flush();
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.outstanding() > 0 && Instant::now() < deadline {
             if self.poll().is_err() {

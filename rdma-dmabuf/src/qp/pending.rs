@@ -1,11 +1,11 @@
 //! A posted request's handle, and how a request ends: [`Done`] or [`WorkError`], each with
 //! the region back.
 
-use super::post::Local;
 use super::QueuePair;
 use crate::deadline::{deadline_after, time_left};
 use crate::error::Error;
 use crate::mr::{Backing, MemoryRegion};
+use crate::part::Local;
 use crate::slots::{wr_id, RawCompletion};
 use crate::wr::{WorkCompletion, WorkKind};
 use rdma_sys as ffi;
@@ -108,12 +108,12 @@ impl<'q, B: Backing> Pending<'q, B> {
                 .completion_result(self.index, self.gen, self.kind, c)
             {
                 Ok(wc) => Ok(Done {
-                    region: local.region,
+                    region: local.into_region(),
                     wc,
                 }),
                 Err(error) => Err(WorkError {
                     error,
-                    region: local.region,
+                    region: local.into_region(),
                 }),
             },
         )
@@ -138,8 +138,8 @@ impl<'q, B: Backing> Pending<'q, B> {
     }
 
     /// Waits for the completion sleeping in the kernel on the completion channel (see
-    /// [`QueuePairBuilder::completion_channel`]), for at most `timeout` (`Duration::MAX`, or
-    /// any timeout past what [`Instant`] can hold, waits for as long as it takes); without a
+    /// [`QueuePairBuilder::completion_channel`](crate::QueuePairBuilder::completion_channel)), for at most `timeout` (`Duration::MAX`, or
+    /// any timeout past what [`Instant`](std::time::Instant) can hold, waits for as long as it takes); without a
     /// channel it polls, yielding between polls.
     ///
     /// # Errors

@@ -1,55 +1,16 @@
-//! Posting: the parts of regions a request reads or writes, the checks every request
-//! passes, and the verbs calls.
+//! Posting: the owned posts, the checks every request passes, and the verbs calls.
 
 use super::pending::{Pending, WorkError};
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing, MemoryRegion};
+use crate::part::Local;
 use crate::remote::RemoteRegion;
 use crate::slots::wr_id;
 use crate::wr::WorkKind;
 use rdma_sys as ffi;
+use std::ops::Range;
 use std::sync::Arc;
-
-/// Part of a region to post: `[offset, offset + len)` of `region`.
-#[derive(Debug)]
-pub struct Local<B: Backing> {
-    pub(super) region: MemoryRegion<B>,
-    pub(super) offset: u64,
-    pub(super) len: u64,
-}
-
-impl<B: Backing> Local<B> {
-    /// `len` bytes of `region` from `offset` (checked when posted).
-    pub fn new(region: MemoryRegion<B>, offset: u64, len: u64) -> Local<B> {
-        Local {
-            region,
-            offset,
-            len,
-        }
-    }
-
-    /// The region back.
-    pub fn into_region(self) -> MemoryRegion<B> {
-        self.region
-    }
-
-    /// The region.
-    pub fn region(&self) -> &MemoryRegion<B> {
-        &self.region
-    }
-}
-
-impl<B: Backing> From<MemoryRegion<B>> for Local<B> {
-    fn from(region: MemoryRegion<B>) -> Local<B> {
-        let len = region.len();
-        Local {
-            region,
-            offset: 0,
-            len,
-        }
-    }
-}
 
 impl QueuePair {
     /// `IBV_WR_SEND` of the local bytes. The peer must have a receive posted (or post one
@@ -111,24 +72,15 @@ impl QueuePair {
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
-        let r = &local.region;
+        let r = local.region();
         let posted = self
-            .check(kind, r, local.offset, local.len, remote)
-            .and_then(|()| {
+            .check(kind, r, local.range(), remote)
+            .and_then(|(offset, len)| {
                 // SAFETY: `check` put the part inside `r`, a region of this QP's PD; `r`
                 // moves into the returned `Pending` (and, if that is dropped early, into the
                 // request's slot, which lives until the QP is destroyed), so it stays
                 // registered and out of the CPU's reach until the completion is polled.
-                unsafe {
-                    self.post_raw(
-                        kind,
-                        r.addr() + local.offset,
-                        local.len as u32,
-                        r.lkey(),
-                        remote,
-                        imm,
-                    )
-                }
+                unsafe { self.post_raw(kind, r.addr() + offset, len, r.lkey(), remote, imm) }
             });
         match posted {
             // The region moves into the Pending (or, if that is dropped early, into the
@@ -142,35 +94,47 @@ impl QueuePair {
             }),
             Err(error) => Err(WorkError {
                 error,
-                region: local.region,
+                region: local.into_region(),
             }),
         }
     }
 
-    /// Checks a request against the region, the queue pair and the verb.
+    /// Checks a request on `range` of `region` against the region, the queue pair and the
+    /// verb; returns the checked offset and length to post.
     pub(crate) fn check<B: Backing>(
         &self,
         kind: WorkKind,
         region: &MemoryRegion<B>,
-        offset: u64,
-        len: u64,
+        range: Range<u64>,
         remote: Option<RemoteRegion>,
-    ) -> Result<()> {
-        let op = if kind == WorkKind::Recv {
-            Op::PostRecv
-        } else {
-            Op::PostSend
-        };
+    ) -> Result<(u64, u32)> {
+        let op = post_op(kind);
         let refuse = |what: String| Err(Error::invalid(op, what));
-        let region_len = region.len();
-        if len == 0 {
-            return refuse(format!("{kind} of length 0"));
-        }
-        if len > u64::from(u32::MAX) || offset.checked_add(len).is_none_or(|e| e > region_len) {
+        if self.is_in_error() {
             return refuse(format!(
-                "{kind} of {offset}+{len} outside the region's {region_len} bytes"
+                "{kind} on qp {:#x}, which is in the error state (flushed, or a request \
+                 failed): it takes no more requests; connect a new one",
+                self.local.qpn
             ));
         }
+        let region_len = region.len();
+        let Range { start, end } = range;
+        if end <= start {
+            return refuse(format!(
+                "{kind} of {start}..{end}: an empty range (length 0) or a reversed one"
+            ));
+        }
+        if end > region_len {
+            return refuse(format!(
+                "{kind} of {start}..{end} outside the region's {region_len} bytes"
+            ));
+        }
+        let Ok(len) = u32::try_from(end - start) else {
+            return refuse(format!(
+                "{kind} of {start}..{end}: {} bytes, past the 4 GiB - 1 one request carries",
+                end - start
+            ));
+        };
         if matches!(kind, WorkKind::Recv | WorkKind::Read)
             && !region.access().contains(Access::LOCAL_WRITE)
         {
@@ -180,14 +144,14 @@ impl QueuePair {
             return refuse("the region belongs to another protection domain".into());
         }
         if let Some(r) = remote {
-            if r.len < len {
+            if r.len < u64::from(len) {
                 return refuse(format!(
                     "{kind} of {len} bytes to a remote region of {}",
                     r.len
                 ));
             }
         }
-        Ok(())
+        Ok((start, len))
     }
 
     /// Takes a slot and posts one work request with one SGE; returns the slot.
@@ -258,13 +222,8 @@ impl QueuePair {
         };
         if rc != 0 {
             self.slots.borrow_mut().cancel(index);
-            let op = if kind == WorkKind::Recv {
-                Op::PostRecv
-            } else {
-                Op::PostSend
-            };
             return Err(Error::from_errno(
-                op,
+                post_op(kind),
                 format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn),
                 rc,
             ));
@@ -282,23 +241,30 @@ impl QueuePair {
         &self,
         kind: WorkKind,
         region: &MemoryRegion<B>,
-        offset: u64,
-        len: u64,
+        range: Range<u64>,
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> Result<(u32, u32)> {
-        self.check(kind, region, offset, len, remote)?;
+        let (offset, len) = self.check(kind, region, range, remote)?;
         // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
         // keeps it registered and out of the CPU's reach until the completion (our contract).
         unsafe {
             self.post_raw(
                 kind,
                 region.addr() + offset,
-                len as u32,
+                len,
                 region.lkey(),
                 remote,
                 imm,
             )
         }
+    }
+}
+
+/// The verb a request of `kind` is posted with, as errors name it.
+fn post_op(kind: WorkKind) -> Op {
+    match kind {
+        WorkKind::Recv => Op::PostRecv,
+        _ => Op::PostSend,
     }
 }
