@@ -18,7 +18,10 @@ pub(crate) struct Channel(NonNull<ffi::rdma_event_channel>);
 
 // SAFETY: librdmacm event channels may be used from any thread.
 unsafe impl Send for Channel {}
-// SAFETY: waits take `&self` and librdmacm serialises channel reads internally.
+// SAFETY: shared use only reads events: each `rdma_get_cm_event` is one write(2) of a
+// GET_EVENT command to the channel's ucma file, which the kernel serialises, and the event it
+// returns belongs to the caller alone until acknowledged; the channel struct itself is not
+// written after creation.
 unsafe impl Sync for Channel {}
 
 /// A connection-manager event, already acknowledged.
