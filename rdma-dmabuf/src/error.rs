@@ -238,7 +238,11 @@ fn hint_for(op: Op, errno: i32) -> Option<&'static str> {
             Some("no permission on /dev/infiniband/uverbs*: check udev rules or group membership")
         }
         (Op::RegMr | Op::RegDmabufMr, libc::ENOMEM) => {
-            Some("pinned memory limit reached: raise `ulimit -l` (RLIMIT_MEMLOCK)")
+            Some(
+                "the pinned memory limit was reached (raise `ulimit -l`, RLIMIT_MEMLOCK), or \
+                 the driver could not allocate its table for a region this large (rxe keeps \
+                 one physically contiguous array per region: register smaller regions)",
+            )
         }
         (Op::RegMr, libc::EFAULT) => Some(
             "the address range is not ordinary memory (e.g. a dma-buf mmap, which is VM_PFNMAP): \
