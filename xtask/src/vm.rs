@@ -424,10 +424,14 @@ pub(crate) fn inner_script(
 ) -> Result<String> {
     let quote = |p: &Path| sh::quote(&p.to_string_lossy());
     let local = node_addr(node, opts.nodes);
-    let peer = if opts.nodes > 1 {
-        node_addr(if node == 'a' { 'b' } else { 'a' }, opts.nodes)
+    let other = if node == 'a' { 'b' } else { 'a' };
+    let (peer, peer_run) = if opts.nodes > 1 {
+        (
+            node_addr(other, opts.nodes),
+            quote(&dir.with_file_name(other.to_string())),
+        )
     } else {
-        local
+        (local, sh::quote(""))
     };
     let (mode, module, lib) = match patched {
         Some(p) => ("patched", quote(&p.module), quote(&p.lib)),
@@ -442,6 +446,7 @@ pub(crate) fn inner_script(
         script::INNER,
         &[
             ("RUN", &quote(dir)),
+            ("PEER_RUN", &peer_run),
             ("NODES", &opts.nodes.to_string()),
             ("NODE", &node.to_string()),
             ("LOCAL_ADDR", local),

@@ -3,6 +3,8 @@
 # root.
 set -u
 RUN=@RUN@
+# The other node's run folder, seen read-only through the host's root (two nodes).
+PEER_RUN=@PEER_RUN@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 export TESTBED_VM=1 TESTBED_NODES=@NODES@ NODE=@NODE@ RDMA_DEVICE=rxe0
 export LOCAL_ADDR=@LOCAL_ADDR@ PEER_ADDR=@PEER_ADDR@ TESTBED_MODE=@MODE@
@@ -59,7 +61,17 @@ if [ "$TESTBED_NODES" -gt 1 ]; then
     until ping -c1 -W1 "$PEER_ADDR" >/dev/null 2>&1; do
         n=$((n+1)); [ $n -gt 120 ] && fatal "peer $PEER_ADDR unreachable"
     done
+    : > "$RUN/met"
 fi
 cd @CWD@ || fatal "no working folder"
 sh "$RUN/cmd.sh"
 echo $? > "$RUN/status"
+if [ "$TESTBED_NODES" -gt 1 ]; then
+    # Stay up until the peer has reached this node (its "met" file) or is gone: a node whose
+    # command ends before the peer's ping would otherwise power off and fail the peer.
+    n=0
+    until [ -e "$PEER_RUN/met" ] || ! ping -c1 -W1 "$PEER_ADDR" >/dev/null 2>&1; do
+        n=$((n+1)); [ $n -gt 600 ] && break
+        sleep 0.1
+    done
+fi
