@@ -87,7 +87,7 @@ impl Paths {
     }
 }
 
-/// Every script xtask runs or writes (but the initramfs's `/init`, which runs busybox applets
+/// Every script xtask runs or writes (except the initramfs's `/init`, which runs busybox applets
 /// only, and `cmd.sh`, the `vm` command's caller's own), generated with sample inputs: the
 /// programs table's test checks each against the table. Filling a template in fails here when
 /// a placeholder is left unfilled or a value names none.
