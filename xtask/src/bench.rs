@@ -3,10 +3,10 @@
 
 use crate::sh::Result;
 use crate::ui::info;
-use crate::{fail, programs, vm, Paths};
+use crate::{fail, programs, script, vm, Paths};
 use std::process::ExitCode;
 
-/// Rounds (interleaved perftest/ours), message size, iterations.
+// Rounds (interleaved perftest/ours), message size, iterations.
 const ROUNDS: u32 = 3;
 const SIZE: u32 = 65536;
 const BW_ITERS: u32 = 2000;
@@ -15,11 +15,11 @@ const LAT_ITERS: u32 = 500;
 /// Builds the bench (release), runs it beside perftest in one VM, prints the ratios.
 pub fn main(paths: &Paths) -> Result<ExitCode> {
     let bench = paths.release_example("rdma_bench")?;
-    let script = paths.testbed.join("bench.sh");
-    programs::write_script(&script, include_str!("bench.sh"))?;
+    let file = paths.testbed.join("bench.sh");
+    programs::write_script(&file, script::BENCH)?;
     let argv: Vec<String> = [
         "sh".to_string(),
-        script.display().to_string(),
+        file.display().to_string(),
         bench.display().to_string(),
         ROUNDS.to_string(),
         SIZE.to_string(),

@@ -3,10 +3,10 @@
 
 use crate::sh::Result;
 use crate::ui::info;
-use crate::{programs, setup, vm, Paths};
+use crate::{programs, script, setup, vm, Paths};
 use std::process::ExitCode;
 
-/// The GPU buffer on each side, and how many times the client writes all of it.
+// The GPU buffer on each side, and how many times the client writes all of it.
 const SIZE: &str = "8M";
 const ITERS: &str = "4";
 
@@ -14,11 +14,11 @@ const ITERS: &str = "4";
 pub fn main(paths: &Paths) -> Result<ExitCode> {
     setup::packages()?;
     let binary = paths.release_example("gpu_rdma_write")?;
-    let script = paths.testbed.join("demo.sh");
-    programs::write_script(&script, include_str!("demo.sh"))?;
+    let file = paths.testbed.join("demo.sh");
+    programs::write_script(&file, script::DEMO)?;
     let argv: Vec<String> = vec![
         "sh".into(),
-        script.display().to_string(),
+        file.display().to_string(),
         binary.display().to_string(),
         SIZE.into(),
         ITERS.into(),
@@ -110,11 +110,11 @@ mod tests {
 
     #[test]
     fn keeps_the_scripts_lines_only() {
-        let console = "boot noise\n@@@ begin node a: kernel 6.12\ngpu_rdma_write server\n\
+        let console = "boot noise\n@@@ begin node a: kernel 6.1.0\ngpu_rdma_write server\n\
                        [   10.7] rxe: something\n  verified  PASSED\n@@@ end\n[ 11.0] reboot\n";
         assert_eq!(
             section(console).unwrap(),
-            "  node a: kernel 6.12\ngpu_rdma_write server\n  verified  PASSED"
+            "  node a: kernel 6.1.0\ngpu_rdma_write server\n  verified  PASSED"
         );
         assert_eq!(section("no markers"), None);
     }

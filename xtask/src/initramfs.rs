@@ -1,4 +1,5 @@
-//! The testbed's initramfs: static busybox, the guest kernel's modules, and `/init`.
+//! The testbed's initramfs: static busybox, the guest kernel's modules, and `/init`
+//! (`xtask/src/scripts/init.sh`, [`script::INIT`]).
 //!
 //! `/init` loads the modules, mounts the host's root read-only over 9p at `/host`, mounts the
 //! run's writable folder (a second 9p share) at its host path inside `/host`, adds the usual
@@ -9,7 +10,7 @@
 use crate::setup::Kernel;
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, programs, Paths};
+use crate::{fail, programs, script, Paths};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -28,52 +29,6 @@ pub const MODULES: &[&str] = &[
     "veth",
     "virtio_net",
 ];
-
-pub(crate) const INIT: &str = r#"#!/bin/sh
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev
-say() { echo "testbed: $*"; }
-RUN=
-EXPOSE=
-for x in $(cat /proc/cmdline); do
-    case "$x" in
-    testbed.run=*) RUN="${x#testbed.run=}" ;;
-    testbed.expose=*) EXPOSE="${x#testbed.expose=}" ;;
-    esac
-done
-while read -r m; do
-    insmod "/lib/modules/$m.ko" || say "insmod $m failed"
-done < /modules.order
-mkdir -p /host /hostraw
-opts=trans=virtio,version=9p2000.L,msize=512000
-mount -t 9p -o "$opts,ro" host /host || { say "cannot mount the host's root"; poweroff -f; }
-# A non-recursive bind keeps a view of the host's root without the tmpfs mounted below.
-mount --bind /host /hostraw
-mount -t proc proc /host/proc
-mount -t sysfs sysfs /host/sys
-mount -t devtmpfs devtmpfs /host/dev
-mkdir -p /host/dev/pts /host/dev/shm
-mount -t devpts devpts /host/dev/pts
-mount -t tmpfs tmpfs /host/dev/shm
-mount -t tmpfs tmpfs /host/tmp
-mount -t tmpfs tmpfs /host/run
-# Host folders under /tmp or /run that the run needs (a checkout there) come back by bind.
-for p in $(echo "$EXPOSE" | tr , ' '); do
-    mkdir -p "/host$p" && mount --bind "/hostraw$p" "/host$p" || say "cannot expose $p"
-done
-mkdir -p "/host$RUN"
-mount -t 9p -o "$opts" out "/host$RUN" || { say "cannot mount the run folder"; poweroff -f; }
-mount -t debugfs debugfs /host/sys/kernel/debug
-mount -t configfs configfs /host/sys/kernel/config
-chroot /host /bin/sh "$RUN/inner.sh" </dev/null
-dmesg > "/host$RUN/dmesg.txt"
-cat /proc/sys/kernel/tainted > "/host$RUN/tainted"
-sync
-poweroff -f
-"#;
 
 /// Builds (or reuses) the initramfs for `kernel`; returns its path.
 pub fn build(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
@@ -102,8 +57,8 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
         names.push('\n');
     }
     sh::write(&stage.join("modules.order"), &names)?;
-    sh::write(&stage.join("init"), INIT)?;
-    programs::check(INIT, true)?;
+    sh::write(&stage.join("init"), script::INIT)?;
+    programs::check(script::INIT, true)?;
     sh::run(programs::cmd("chmod").arg("755").arg(stage.join("init")))?;
     let partial = out.with_extension("partial");
     sh::run(programs::shell(&pack_script(&partial))?.current_dir(&stage))?;
@@ -113,7 +68,7 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// Packs the current folder into the gzipped cpio archive `out`.
+/// The script that packs the current folder into the gzipped cpio archive `out`.
 pub(crate) fn pack_script(out: &Path) -> String {
     format!(
         "find . | cpio -o -H newc --quiet | gzip -1 > {}",
@@ -222,8 +177,9 @@ fn cache_key(kernel: &Kernel, order: &[(String, String)]) -> u64 {
     use std::hash::{Hash, Hasher};
     // FNV-1a-like stability is not needed: a changed key only rebuilds a 5 MB file.
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    // This file's own text: any change to how the image is built rebuilds it.
+    // This file's own text and /init's: any change to how the image is built rebuilds it.
     include_str!("initramfs.rs").hash(&mut h);
+    script::INIT.hash(&mut h);
     kernel.version.hash(&mut h);
     order.hash(&mut h);
     h.finish()

@@ -72,7 +72,7 @@ fn taint_letters(t: u64) -> String {
 mod tests {
     use super::*;
 
-    /// A WARN splat as the kernel prints it (shape of a real 6.12 report).
+    /// A WARN splat as the kernel prints it (shape of a real report from the guest kernel).
     const WARN_LOG: &str = "\
 [    2.100000] rdma_rxe: loaded
 [    5.312345] ------------[ cut here ]------------
@@ -84,7 +84,7 @@ mod tests {
 ";
 
     const CLEAN_LOG: &str = "\
-[    0.000000] Linux version 6.12.117+deb12-amd64
+[    0.000000] Linux version 6.1.0-28-amd64
 [    0.100000] ACPI: Using ACPI (MADT) for SMP configuration information; BIOS bug workaround
 [    2.100000] rdma_rxe: loaded
 ";

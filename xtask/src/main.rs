@@ -7,6 +7,7 @@ mod klog;
 mod patched;
 mod programs;
 mod rdmacore;
+mod script;
 mod setup;
 mod sh;
 mod shscan;
@@ -86,8 +87,10 @@ impl Paths {
     }
 }
 
-/// Every script xtask runs or writes, generated with sample inputs: the programs table's test
-/// checks each against the table.
+/// Every script xtask runs or writes (except the initramfs's `/init`, which runs busybox applets
+/// only, and `cmd.sh`, the `vm` command's caller's own), generated with sample inputs: the
+/// programs table's test checks each against the table. Filling a template in fails here when
+/// a placeholder is left unfilled or a value names none.
 #[cfg(test)]
 pub(crate) fn scripts() -> Vec<(&'static str, String)> {
     use std::path::Path;
@@ -96,28 +99,39 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
         module: "/t/rdma_rxe.ko".into(),
         lib: "/t/lib".into(),
     };
+    let mut vm_tests = std::collections::BTreeMap::new();
+    vm_tests.insert(PathBuf::from("/t/bin-1"), vec!["a_test".to_string()]);
     let mut out = vec![
-        ("bench.sh", include_str!("bench.sh").to_string()),
-        ("demo.sh", include_str!("demo.sh").to_string()),
+        ("bench.sh", script::BENCH.to_string()),
+        ("demo.sh", script::DEMO.to_string()),
         ("self-check", testrun::SELF_CHECK.to_string()),
+        (
+            "VM tests",
+            testrun::vm_script(&vm_tests, testrun::Phase::One),
+        ),
         (
             "initramfs packing",
             initramfs::pack_script(Path::new("/t/x")),
         ),
         (
-            "rxe sources",
-            patched::source_script(Path::new("/t/x.deb"), Path::new("/t/x")),
+            "rxe-sources.sh",
+            patched::source_script(Path::new("/t/x.deb"), Path::new("/t/x")).unwrap(),
         ),
-        ("rdma-core suite", rdmacore::suite_script("/t/lib", cwd)),
+        (
+            "rdma-core-suite.sh",
+            rdmacore::suite_script("/t/lib", cwd).unwrap(),
+        ),
         ("apt install", setup::install_script(&["a", "b"])),
     ];
     for nodes in [1, 2] {
         for p in [None, Some(&patched)] {
             let opts = vm::Opts {
                 nodes,
+                env: vec![("K".into(), "v".into())],
                 ..vm::Opts::default()
             };
-            out.push(("inner.sh", vm::inner_script(dir, cwd, 'a', &opts, p)));
+            let inner = vm::inner_script(dir, cwd, 'a', &opts, p).unwrap();
+            out.push(("inner.sh", inner));
         }
     }
     out

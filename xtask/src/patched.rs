@@ -1,13 +1,15 @@
-//! The patched stack for the testbed: `rdma_rxe.ko` rebuilt from Debian's 6.12 sources with
-//! `kernel-patches/linux/*.patch` (out of tree, against Debian's headers unpacked under
-//! `target/`), and rdma-core v55 (the copy vendored in the `ibverbs-sys` package on crates.io)
-//! with `kernel-patches/rdma-core/*.patch`, built in place. Cached by a hash of the patches,
-//! the kernel version and this file.
+//! The patched stack for the testbed: `rdma_rxe.ko` rebuilt from Debian's sources of the guest
+//! kernel's series ([`KERNEL_SERIES`]) with `kernel-patches/linux/*.patch` (out of tree,
+//! against Debian's headers unpacked under `target/`), and rdma-core v55 (the copy vendored in
+//! the `ibverbs-sys` package on crates.io) with `kernel-patches/rdma-core/*.patch`, built in
+//! place. Cached by a hash of the patches, the kernel version, this file and the script it
+//! runs (`scripts/rxe-sources.sh`). `inner.sh` (`scripts/inner.sh`) puts the stack in place in
+//! the VM.
 
-use crate::setup::Kernel;
+use crate::setup::{Kernel, KERNEL_SERIES};
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, programs, Paths};
+use crate::{fail, programs, script, Paths};
 use std::path::{Path, PathBuf};
 
 /// rdma-core as vendored by this crates.io package.
@@ -72,6 +74,7 @@ fn cache_key(kernel: &Kernel, p: &Patches) -> Result<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     kernel.version.hash(&mut h);
     include_str!("patched.rs").hash(&mut h);
+    script::RXE_SOURCES.hash(&mut h);
     for f in p.linux.iter().chain(&p.rdma_core) {
         std::fs::read(f)?.hash(&mut h);
     }
@@ -177,24 +180,25 @@ fn headers(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     Ok(build)
 }
 
-/// Debian's rxe sources for the guest kernel, from the matching `linux-source-6.12` package.
+/// Debian's rxe sources for the guest kernel, from the matching `linux-source-<series>`
+/// package.
 fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     let root = paths.testbed.join("ksrc").join(&kernel.version);
     let rxe = root.join("drivers/infiniband/sw/rxe");
     if rxe.join("rxe_mr.c").is_file() {
         return Ok(root);
     }
-    let step = Step::start("downloading the kernel's rxe sources (linux-source-6.12)");
+    let source = format!("linux-source-{KERNEL_SERIES}");
+    let step = Step::start(format!("downloading the kernel's rxe sources ({source})"));
     // The source upload that built the image.
     let version = package_version(&format!("linux-image-{}", kernel.version))?;
-    let pkg = format!("linux-source-6.12={version}");
     let debs = paths.testbed.join("debs/source");
-    apt_download(&debs, &[pkg])?;
-    let deb = find_deb(&debs, "linux-source-6.12_")?;
+    apt_download(&debs, &[format!("{source}={version}")])?;
+    let deb = find_deb(&debs, &format!("{source}_"))?;
     let tmp = partial(&root)?;
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
-    sh::run(&mut programs::shell(&source_script(&deb, &tmp))?)?;
+    sh::run(&mut programs::shell(&source_script(&deb, &tmp)?)?)?;
     let _ = std::fs::remove_dir_all(&root);
     std::fs::rename(&tmp, &root)?;
     let _ = std::fs::remove_dir_all(&debs);
@@ -202,12 +206,16 @@ fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     Ok(root)
 }
 
-/// Extracts rxe's sources (and checkpatch) from the linux-source deb `deb` into `into`.
-pub(crate) fn source_script(deb: &Path, into: &Path) -> String {
-    format!(
-        "dpkg-deb --fsys-tarfile {} | tar -xO ./usr/src/linux-source-6.12.tar.xz | tar -xJ -C {} --strip-components=1 linux-source-6.12/drivers/infiniband/sw/rxe linux-source-6.12/scripts/checkpatch.pl linux-source-6.12/scripts/spelling.txt linux-source-6.12/scripts/const_structs.checkpatch",
-        sh::quote(&deb.to_string_lossy()),
-        sh::quote(&into.to_string_lossy())
+/// The script that extracts rxe's sources (and checkpatch) from the linux-source deb `deb`
+/// into `into`.
+pub(crate) fn source_script(deb: &Path, into: &Path) -> Result<String> {
+    script::fill(
+        script::RXE_SOURCES,
+        &[
+            ("DEB", &sh::quote(&deb.to_string_lossy())),
+            ("INTO", &sh::quote(&into.to_string_lossy())),
+            ("SERIES", KERNEL_SERIES),
+        ],
     )
 }
 
@@ -335,26 +343,4 @@ pub(crate) fn build_in_place(tree: &Path, pyverbs: bool) -> Result {
         }
     }
     Ok(())
-}
-
-/// Shell lines for `inner.sh`: before the rxe device exists, putting the patched stack in
-/// place of the stock one; after, checking that verbs programs really load the patched
-/// libibverbs and provider (a silent fallback to the system library would look exactly like
-/// a stock kernel's EOPNOTSUPP).
-pub fn inner_setup(p: &Patched) -> (String, String) {
-    let lib = p.lib.display();
-    let before = format!(
-        r#"rmmod rdma_rxe 2>/dev/null
-insmod {module} || fatal "cannot load the patched rdma_rxe.ko"
-export LD_LIBRARY_PATH={lib}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} TESTBED_MODE=patched
-"#,
-        module = sh::quote(&p.module.to_string_lossy()),
-    );
-    let after = format!(
-        r#"loaded=$(LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p')
-case "$loaded" in *{lib}/libibverbs.so*) ;; *) fatal "the patched libibverbs was not loaded: $loaded" ;; esac
-case "$loaded" in *{lib}/librxe-rdmav34.so*) ;; *) fatal "the patched rxe provider was not loaded: $loaded" ;; esac
-"#
-    );
-    (before, after)
 }

@@ -129,7 +129,7 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "pahole",
         "pahole",
-        "BTF for the module, run by the 6.12 headers' Makefile.modfinal (host)",
+        "BTF for the module, run by the guest kernel headers' Makefile.modfinal (host)",
     ),
     deb("ld", "binutils", "links the module, run by kbuild (host)"),
     deb("cc", "gcc", "compiles rdma-core, run by cmake (host)"),
@@ -434,7 +434,7 @@ mod tests {
                 panic!("{name}: {e}");
             }
         }
-        check(crate::initramfs::INIT, true).unwrap();
+        check(crate::script::INIT, true).unwrap();
     }
 
     #[test]

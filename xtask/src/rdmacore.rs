@@ -10,7 +10,7 @@
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, patched, programs, setup, vm, Paths};
+use crate::{fail, patched, programs, script, setup, vm, Paths};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,7 +21,7 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
     setup::packages()?;
     let (patched_tree, stock_tree) = build(paths)?;
     let suite = |mode: vm::Mode, lib_path: String| -> Result<BTreeMap<String, String>> {
-        let script = suite_script(&lib_path, &patched_tree);
+        let script = suite_script(&lib_path, &patched_tree)?;
         programs::check(&script, false)?;
         let opts = vm::Opts {
             mode,
@@ -94,24 +94,29 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
     }
 }
 
-/// The VM command that runs the suite with `lib_path` first on the library path.
-pub(crate) fn suite_script(lib_path: &str, patched_tree: &std::path::Path) -> String {
-    format!(
-        "cd /tmp && export LD_LIBRARY_PATH={lib_path} && \
-         LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p' | grep -E 'libibverbs|librxe'; \
-         PYTHONPATH={py} /usr/bin/python3 {tests}/run_tests.py --dev \"$RDMA_DEVICE\" -v 2>&1; true",
-        py = patched_tree.join("build/python").display(),
-        tests = patched_tree.join("tests").display(),
+/// The VM command that runs the suite with `lib_path` first on the library path
+/// (`scripts/rdma-core-suite.sh`).
+pub(crate) fn suite_script(lib_path: &str, patched_tree: &std::path::Path) -> Result<String> {
+    let path = |sub: &str| sh::quote(&patched_tree.join(sub).to_string_lossy());
+    script::fill(
+        script::RDMA_CORE_SUITE,
+        &[
+            ("LIB_PATH", &sh::quote(lib_path)),
+            ("PYTHONPATH", &path("build/python")),
+            ("TESTS", &path("tests")),
+        ],
     )
 }
 
-/// The two trees, built once per patch set.
+/// The two trees, built once per key: the rdma-core patches, this file and the suite's
+/// script.
 fn build(paths: &Paths) -> Result<(PathBuf, PathBuf)> {
     let patches = patched::patch_files(&paths.root)?;
     let key = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         include_str!("rdmacore.rs").hash(&mut h);
+        script::RDMA_CORE_SUITE.hash(&mut h);
         for f in &patches.rdma_core {
             std::fs::read(f)?.hash(&mut h);
         }

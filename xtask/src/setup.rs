@@ -1,13 +1,21 @@
 //! `cargo xtask setup`: system packages and the testbed's kernel.
 //!
 //! Packages come from the distribution (apt-get, as root). The guest kernel is Debian's
-//! `linux-image-6.12*-amd64`, downloaded with `apt-get download` and unpacked under
-//! `target/testbed/kernel/<version>/`; it is never installed as the host's kernel.
+//! `linux-image-<series>.*-amd64` of the series [`KERNEL_SERIES`], downloaded with
+//! `apt-get download` and unpacked under `target/testbed/kernel/<version>/`; it is never
+//! installed as the host's kernel.
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
 use crate::{fail, programs, Paths};
 use std::path::PathBuf;
+
+/// The guest kernel's series (Debian's `linux-image-<series>-amd64`), the one place it is
+/// spelled. The patched `rdma_rxe.ko` is built from the same series' `linux-source` package
+/// and must match the kernel, so changing it means a new kernel, a patch in `kernel-patches/`
+/// that applies to that series' rxe, and possibly another compiler (`gcc-12` in
+/// [`PACKAGES`] and `crate::patched`): see docs/testbed.md, "Extending it".
+pub const KERNEL_SERIES: &str = "6.12";
 
 /// Debian packages the project needs, each with why. Every program the project runs is in
 /// [`crate::programs::PROGRAMS`] with one of these as its package; most of the base system's
@@ -33,15 +41,15 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("make", "builds the patched rdma_rxe.ko"),
     (
         "gcc-12",
-        "the compiler Debian's 6.12 kernel was built with (the module must match)",
+        "the compiler Debian's guest kernel was built with (the module must match)",
     ),
     ("gcc", "cc: compiles rdma-core and links Rust programs"),
     ("libc6-dev", "C headers and start files for every C build"),
     ("binutils", "ld and objcopy, run by kbuild"),
     (
         "pahole",
-        "BTF for modules, run by the 6.12 headers' Makefile.modfinal (bookworm's dwarves is \
-         only a wrapper around this package)",
+        "BTF for modules, run by the guest kernel headers' Makefile.modfinal (bookworm's \
+         dwarves is only a wrapper around this package)",
     ),
     (
         "libelf1",
@@ -94,8 +102,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("python3-dev", "pyverbs' C extensions"),
 ];
 
-/// The meta-package whose dependency names the newest 6.12 kernel image.
-const KERNEL_META: &str = "linux-image-6.12-amd64";
+/// The meta-package whose dependency names the series' newest kernel image.
+fn kernel_meta() -> String {
+    format!("linux-image-{KERNEL_SERIES}-amd64")
+}
 
 /// Installs missing packages (as root) or says how.
 pub fn packages() -> Result {
@@ -137,7 +147,7 @@ fn installed(pkg: &str) -> bool {
 
 /// An unpacked guest kernel.
 pub struct Kernel {
-    /// `uname -r` of the guest, e.g. `6.12.117+deb12-amd64`.
+    /// `uname -r` of the guest, `<series>.<patch level>+deb12-amd64`.
     pub version: String,
     /// Root of the unpacked package (holds `boot/` and `lib/modules/`).
     pub root: PathBuf,
@@ -154,12 +164,20 @@ impl Kernel {
     }
 }
 
-/// Returns the cached guest kernel, downloading and unpacking it on first use.
+/// Returns the cached guest kernel of [`KERNEL_SERIES`] (the newest cached one), downloading
+/// and unpacking the series' newest on first use.
 ///
-/// `TESTBED_KERNEL=<version>` pins a version (e.g. `6.12.117+deb12-amd64`).
+/// `TESTBED_KERNEL=<version>` pins a version (its full `uname -r`), which must belong to the
+/// series.
 pub fn kernel(paths: &Paths) -> Result<Kernel> {
     let kdir = paths.testbed.join("kernel");
     let pinned = std::env::var("TESTBED_KERNEL").ok();
+    if let Some(p) = pinned.as_deref().filter(|p| !in_series(p)) {
+        fail!(
+            "TESTBED_KERNEL={p} is not of the guest kernel series {KERNEL_SERIES} \
+             (setup::KERNEL_SERIES)"
+        );
+    }
     if let Some(k) = cached_kernel(&kdir, pinned.as_deref()) {
         return Ok(k);
     }
@@ -204,7 +222,7 @@ fn cached_kernel(kdir: &std::path::Path, pinned: Option<&str>) -> Option<Kernel>
     let mut versions: Vec<String> = std::fs::read_dir(kdir)
         .ok()?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|v| !v.ends_with(".partial"))
+        .filter(|v| !v.ends_with(".partial") && in_series(v))
         .filter(|v| pinned.is_none_or(|p| p == v))
         .collect();
     versions.sort();
@@ -216,8 +234,15 @@ fn cached_kernel(kdir: &std::path::Path, pinned: Option<&str>) -> Option<Kernel>
     (k.vmlinuz().is_file() && k.modules().join("modules.dep").is_file()).then_some(k)
 }
 
+/// Whether the kernel version `v` belongs to [`KERNEL_SERIES`].
+fn in_series(v: &str) -> bool {
+    v.strip_prefix(KERNEL_SERIES)
+        .is_some_and(|rest| rest.starts_with('.'))
+}
+
 fn resolve_version() -> Result<String> {
-    let deps = sh::output(programs::cmd("apt-cache").args(["depends", "--important", KERNEL_META]))
+    let meta = kernel_meta();
+    let deps = sh::output(programs::cmd("apt-cache").args(["depends", "--important", &meta]))
         .map_err(|e| {
             format!("{e}\n    (is the package list current? run `apt-get update` as root)")
         })?;
@@ -226,5 +251,5 @@ fn resolve_version() -> Result<String> {
             return Ok(name.trim().to_string());
         }
     }
-    fail!("`apt-cache depends {KERNEL_META}` names no kernel image; run `apt-get update`")
+    fail!("`apt-cache depends {meta}` names no kernel image; run `apt-get update`")
 }

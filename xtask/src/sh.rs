@@ -8,7 +8,7 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// xtask's result.
 pub type Result<T = ()> = std::result::Result<T, Error>;
 
-/// Builds an [`Error`] from a formatted message.
+/// Returns early from the enclosing function with an [`Error`] built from a formatted message.
 #[macro_export]
 macro_rules! fail {
     ($($arg:tt)*) => { return Err(format!($($arg)*).into()) };

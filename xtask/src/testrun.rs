@@ -20,9 +20,9 @@ const TWO_NODE: &str = "two_node";
 /// Name fragment that sends a VM test to the stock (unpatched) stack.
 const STOCK_ONLY: &str = "stock_only";
 
-/// The VM phases: (label, nodes, mode, the tests they take).
+/// The VM phases, each with its label, node count, stack and the tests it takes.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-enum Phase {
+pub(crate) enum Phase {
     /// One VM, patched stack.
     One,
     /// One VM, stock stack.
@@ -91,7 +91,7 @@ pub enum Outcome {
 /// Outcomes keyed by (binary, test name).
 type Results = BTreeMap<(String, String), Outcome>;
 
-/// Counts of one phase.
+/// How many tests passed, failed and were ignored (on the host, or in one VM phase).
 #[derive(Default, Debug, PartialEq, Eq)]
 struct Tally {
     passed: usize,
@@ -309,7 +309,7 @@ fn test_binaries(paths: &Paths) -> Result<Vec<(String, PathBuf)>> {
 }
 
 /// Per binary: its VM tests of one phase.
-type VmSet = BTreeMap<PathBuf, Vec<String>>;
+pub(crate) type VmSet = BTreeMap<PathBuf, Vec<String>>;
 
 /// The VM tests of every binary, grouped by phase (in phase order).
 fn vm_tests(bins: &[(String, PathBuf)]) -> Result<BTreeMap<Phase, VmSet>> {
@@ -333,7 +333,7 @@ fn vm_tests(bins: &[(String, PathBuf)]) -> Result<BTreeMap<Phase, VmSet>> {
 }
 
 /// The script the VM runs: every binary's VM tests, one binary after another.
-fn vm_script(set: &VmSet, phase: Phase) -> String {
+pub(crate) fn vm_script(set: &VmSet, phase: Phase) -> String {
     let mut s = String::from("status=0\nexport RUST_BACKTRACE=1\n");
     for exe in set.keys() {
         let shown = exe

@@ -1,13 +1,15 @@
 //! `cargo xtask vm`: boots the testbed (one VM, or two joined by a virtual wire) and runs a
 //! command inside, chrooted into the host's root so host-built binaries run unchanged.
 
+use crate::patched::Patched;
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, initramfs, klog, programs, setup, Paths};
+use crate::{fail, initramfs, klog, programs, script, setup, Paths};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Which RDMA stack the testbed runs.
@@ -71,7 +73,8 @@ pub struct NodeResult {
     pub emulator_fault: Option<String>,
     /// Everything the VM printed on its console.
     pub console: String,
-    /// The run's folder (kept when the run failed).
+    /// The node's folder in the run folder: kept after a failed [`run`] (its path printed),
+    /// removed otherwise, so after a [`run_quiet`] it is gone.
     pub dir: PathBuf,
 }
 
@@ -96,7 +99,9 @@ pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult
     boot(paths, argv, opts, true)
 }
 
-/// As [`run`], but neither streams the console nor reports: for runs expected to fail.
+/// As [`run`], but neither streams the console nor reports, and removes the run folder even
+/// after a failure: for runs whose caller reads the results and speaks for itself (the
+/// harness self-check, which is meant to fail; rdma-core's suite, whose output is long).
 pub fn run_quiet(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
     boot(paths, argv, opts, false)
 }
@@ -128,139 +133,65 @@ pub fn run_past_emulator_fault(
     Ok((boot(paths, argv, opts, loud)?, true))
 }
 
+/// What every boot of a run needs before a VM starts.
+struct Stack {
+    kernel: setup::Kernel,
+    initrd: PathBuf,
+    /// `None` in stock mode.
+    patched: Option<Patched>,
+}
+
+/// One node's VM while it runs.
+struct Node {
+    /// `a` or `b`.
+    name: char,
+    /// The node's folder in the run folder.
+    dir: PathBuf,
+    child: Child,
+    /// Everything the VM printed so far, filled by `readers`.
+    console: Arc<Mutex<String>>,
+    /// The threads that copy the VM's stdout and stderr.
+    readers: [JoinHandle<()>; 2],
+    /// Its VM has not exited yet.
+    running: bool,
+    /// Its VM was killed at the deadline.
+    stopped: bool,
+}
+
+/// One boot of the testbed: builds or finds what it needs, starts a VM per node with `argv`
+/// as its command, waits for them and collects what each left; `loud` as in [`run`] and
+/// [`run_quiet`].
 fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<NodeResult>> {
-    if argv.is_empty() {
-        fail!("no command given: cargo xtask vm -- <command> [args...]");
-    }
-    if !(1..=2).contains(&opts.nodes) {
-        fail!("--nodes must be 1 or 2");
-    }
-    let kernel = setup::kernel(paths)?;
-    let initrd = initramfs::build(paths, &kernel)?;
-    let patched = match opts.mode {
-        Mode::Patched => Some(crate::patched::build(paths, &kernel)?),
-        Mode::Stock => None,
-    };
+    check_request(argv, opts)?;
+    let stack = prepare(paths, opts)?;
     let cwd = std::env::current_dir()?;
     let run_root = fresh_run_dir(paths)?;
-    let nodes: Vec<char> = ['a', 'b'][..opts.nodes as usize].to_vec();
     // Unix socket paths are limited to 108 bytes: keep them short, outside the tree.
     let sock_dir = std::env::temp_dir().join(format!("testbed-{}", std::process::id()));
     std::fs::create_dir_all(&sock_dir)?;
 
-    let step = Step::start(format!(
-        "booting {} testbed VM{} (kernel {}, {} rxe)",
-        opts.nodes,
-        if opts.nodes > 1 { "s" } else { "" },
-        kernel.version,
-        if patched.is_some() {
-            "patched"
-        } else {
-            "stock"
-        }
-    ));
-    let vmlinuz = kernel.vmlinuz();
+    let step = Step::start(banner(&stack, opts));
+    let vmlinuz = stack.kernel.vmlinuz();
     let boot = Boot {
         vmlinuz: &vmlinuz,
-        initrd: &initrd,
+        initrd: &stack.initrd,
         sock_dir: &sock_dir,
         expose: hidden_paths(&[&paths.root, &paths.target, &cwd]).join(","),
     };
-    let mut children = Vec::new();
-    for &node in &nodes {
-        let dir = run_root.join(node.to_string());
-        std::fs::create_dir_all(&dir)?;
-        sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
-        programs::write_script(
-            &dir.join("inner.sh"),
-            &inner_script(&dir, &cwd, node, opts, patched.as_ref()),
-        )?;
-        let mut cmd = qemu(&boot, &dir, node, opts);
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)")
-            })?;
-        let console = Arc::new(Mutex::new(String::new()));
-        let prefix = if opts.nodes > 1 {
-            format!("[{node}] ")
-        } else {
-            String::new()
-        };
-        let readers = [
-            pump(child.stdout.take(), prefix.clone(), console.clone(), loud),
-            pump(
-                child.stderr.take(),
-                format!("{prefix}qemu: "),
-                console.clone(),
-                loud,
-            ),
-        ];
-        children.push((node, dir, child, console, readers));
+    let mut nodes = Vec::new();
+    for name in ['a', 'b'].into_iter().take(opts.nodes.into()) {
+        let dir = run_root.join(name.to_string());
+        write_node_scripts(&dir, argv, &cwd, name, opts, stack.patched.as_ref())?;
+        nodes.push(start(&boot, dir, name, opts, loud)?);
     }
-
-    let mut deadline = Instant::now() + opts.timeout;
-    let mut stopped = vec![false; children.len()];
-    let mut running = vec![true; children.len()];
-    let mut peer_died = false;
-    while running.contains(&true) {
-        for (i, (_, dir, child, _, _)) in children.iter_mut().enumerate() {
-            if !running[i] {
-                continue;
-            }
-            if child.try_wait()?.is_some() {
-                running[i] = false;
-                // No status: the guest died (a panic) before its command finished, so a
-                // peer's command may wait on it for as long as its own timeouts allow.
-                if !dir.join("status").exists() && !peer_died {
-                    peer_died = true;
-                    deadline = deadline.min(Instant::now() + PEER_GRACE);
-                }
-            } else if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                running[i] = false;
-                stopped[i] = true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let peer_died = wait(&mut nodes, opts)?;
     step.done();
     let _ = std::fs::remove_dir_all(&sock_dir);
 
-    let mut results = Vec::new();
-    for ((node, dir, _child, console, readers), stopped) in children.into_iter().zip(stopped) {
-        for r in readers {
-            let _ = r.join();
-        }
-        let status = read_trimmed(&dir.join("status")).and_then(|s| s.parse().ok());
-        let dmesg = read_trimmed(&dir.join("dmesg.txt")).unwrap_or_default();
-        let taint = read_trimmed(&dir.join("tainted")).and_then(|s| s.parse().ok());
-        let console = console.lock().map(|c| c.clone()).unwrap_or_default();
-        let mut problems = klog::problems(&dmesg, taint);
-        // A panicked guest writes no dmesg.txt: its oops is on the console only.
-        let emulator_fault =
-            klog::emulator_fault(&dmesg).or_else(|| klog::emulator_fault(&console));
-        problems.extend(emulator_fault.clone());
-        if stopped && peer_died {
-            problems.push(format!(
-                "the run was stopped {PEER_GRACE:?} after the other node's VM died"
-            ));
-        } else if stopped {
-            problems.push(format!("the run was stopped after {:?}", opts.timeout));
-        }
-        results.push(NodeResult {
-            node,
-            status,
-            problems,
-            emulator_fault,
-            console,
-            dir,
-        });
-    }
+    let results: Vec<NodeResult> = nodes
+        .into_iter()
+        .map(|n| n.finish(opts, peer_died))
+        .collect();
     if loud {
         report(&results, opts.nodes);
     }
@@ -268,6 +199,164 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         let _ = std::fs::remove_dir_all(&run_root);
     }
     Ok(results)
+}
+
+/// Refuses an empty command and a node count other than 1 or 2.
+fn check_request(argv: &[String], opts: &Opts) -> Result {
+    if argv.is_empty() {
+        fail!("no command given: cargo xtask vm -- <command> [args...]");
+    }
+    if !(1..=2).contains(&opts.nodes) {
+        fail!("--nodes must be 1 or 2");
+    }
+    Ok(())
+}
+
+/// The guest kernel, its initramfs and, in patched mode, the patched stack (each built on
+/// first use, then cached).
+fn prepare(paths: &Paths, opts: &Opts) -> Result<Stack> {
+    let kernel = setup::kernel(paths)?;
+    let initrd = initramfs::build(paths, &kernel)?;
+    let patched = match opts.mode {
+        Mode::Patched => Some(crate::patched::build(paths, &kernel)?),
+        Mode::Stock => None,
+    };
+    Ok(Stack {
+        kernel,
+        initrd,
+        patched,
+    })
+}
+
+/// The boot step's name: how many VMs, which kernel, which stack.
+fn banner(stack: &Stack, opts: &Opts) -> String {
+    format!(
+        "booting {} testbed VM{} (kernel {}, {} rxe)",
+        opts.nodes,
+        if opts.nodes > 1 { "s" } else { "" },
+        stack.kernel.version,
+        if stack.patched.is_some() {
+            "patched"
+        } else {
+            "stock"
+        }
+    )
+}
+
+/// Creates the node's folder `dir` with the command (`cmd.sh`) and `inner.sh`.
+fn write_node_scripts(
+    dir: &Path,
+    argv: &[String],
+    cwd: &Path,
+    node: char,
+    opts: &Opts,
+    patched: Option<&Patched>,
+) -> Result {
+    std::fs::create_dir_all(dir)?;
+    // The caller's own command: whatever it runs is the caller's choice, not xtask's, so it is
+    // not held to the programs table.
+    sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
+    let inner = inner_script(dir, cwd, node, opts, patched)?;
+    programs::write_script(&dir.join("inner.sh"), &inner)
+}
+
+/// Starts the node's VM, its console copied by two threads (and streamed to stderr when
+/// `loud`).
+fn start(boot: &Boot<'_>, dir: PathBuf, name: char, opts: &Opts, loud: bool) -> Result<Node> {
+    let mut cmd = qemu(boot, &dir, name, opts);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)"))?;
+    let console = Arc::new(Mutex::new(String::new()));
+    let prefix = if opts.nodes > 1 {
+        format!("[{name}] ")
+    } else {
+        String::new()
+    };
+    let readers = [
+        pump(child.stdout.take(), prefix.clone(), console.clone(), loud),
+        pump(
+            child.stderr.take(),
+            format!("{prefix}qemu: "),
+            console.clone(),
+            loud,
+        ),
+    ];
+    Ok(Node {
+        name,
+        dir,
+        child,
+        console,
+        readers,
+        running: true,
+        stopped: false,
+    })
+}
+
+/// Waits until every node's VM has exited; kills those still running at the deadline:
+/// `opts.timeout`, or [`PEER_GRACE`] after a VM died without recording an exit status,
+/// whichever comes first. Returns whether a VM died so.
+fn wait(nodes: &mut [Node], opts: &Opts) -> Result<bool> {
+    let mut deadline = Instant::now() + opts.timeout;
+    let mut peer_died = false;
+    while nodes.iter().any(|n| n.running) {
+        for n in nodes.iter_mut().filter(|n| n.running) {
+            if n.child.try_wait()?.is_some() {
+                n.running = false;
+                // No status: the guest died (a panic) before its command finished, so a
+                // peer's command may wait on it for as long as its own timeouts allow.
+                if !n.dir.join("status").exists() && !peer_died {
+                    peer_died = true;
+                    deadline = deadline.min(Instant::now() + PEER_GRACE);
+                }
+            } else if Instant::now() >= deadline {
+                let _ = n.child.kill();
+                let _ = n.child.wait();
+                n.running = false;
+                n.stopped = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(peer_died)
+}
+
+impl Node {
+    /// What the exited VM left in its folder and on its console. `peer_died`: whether a
+    /// node's VM died without an exit status (from [`wait`]).
+    fn finish(self, opts: &Opts, peer_died: bool) -> NodeResult {
+        for r in self.readers {
+            let _ = r.join();
+        }
+        let dir = self.dir;
+        let status = read_trimmed(&dir.join("status")).and_then(|s| s.parse().ok());
+        let dmesg = read_trimmed(&dir.join("dmesg.txt")).unwrap_or_default();
+        let taint = read_trimmed(&dir.join("tainted")).and_then(|s| s.parse().ok());
+        let console = self.console.lock().map(|c| c.clone()).unwrap_or_default();
+        let mut problems = klog::problems(&dmesg, taint);
+        // A panicked guest writes no dmesg.txt: its oops is on the console only.
+        let emulator_fault =
+            klog::emulator_fault(&dmesg).or_else(|| klog::emulator_fault(&console));
+        problems.extend(emulator_fault.clone());
+        if self.stopped && peer_died {
+            problems.push(format!(
+                "the run was stopped {PEER_GRACE:?} after the other node's VM died"
+            ));
+        } else if self.stopped {
+            problems.push(format!("the run was stopped after {:?}", opts.timeout));
+        }
+        NodeResult {
+            node: self.name,
+            status,
+            problems,
+            emulator_fault,
+            console,
+            dir,
+        }
+    }
 }
 
 /// Prints each node's verdict; on a kernel problem, the kernel log too.
@@ -299,6 +388,9 @@ fn report(results: &[NodeResult], nodes: u8) {
     }
 }
 
+/// A new folder for this run under `target/testbed/runs/`, refused when its path has a space,
+/// a quote or a comma (it goes unquoted into QEMU's comma-separated options and the kernel
+/// command line).
 fn fresh_run_dir(paths: &Paths) -> Result<PathBuf> {
     let runs = paths.testbed.join("runs");
     std::fs::create_dir_all(&runs)?;
@@ -315,79 +407,56 @@ fn fresh_run_dir(paths: &Paths) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// `cmd.sh`: the command, each word quoted, run by `exec`.
 fn cmd_script(argv: &[String]) -> String {
     let words: Vec<String> = argv.iter().map(|a| sh::quote(a)).collect();
     format!("exec {}\n", words.join(" "))
 }
 
+/// The node's `inner.sh`: `scripts/inner.sh` filled in for the run folder `dir` (the node's),
+/// the command's working folder `cwd`, and the stack (`None`: stock).
 pub(crate) fn inner_script(
     dir: &Path,
     cwd: &Path,
     node: char,
     opts: &Opts,
-    patched: Option<&crate::patched::Patched>,
-) -> String {
-    let (stack, check) = match patched {
-        Some(p) => crate::patched::inner_setup(p),
-        None => ("export TESTBED_MODE=stock\n".to_string(), String::new()),
-    };
-    let run = dir.to_string_lossy();
+    patched: Option<&Patched>,
+) -> Result<String> {
+    let quote = |p: &Path| sh::quote(&p.to_string_lossy());
     let local = node_addr(node, opts.nodes);
-    let peer = if opts.nodes > 1 {
-        node_addr(if node == 'a' { 'b' } else { 'a' }, opts.nodes)
+    let other = if node == 'a' { 'b' } else { 'a' };
+    let (peer, peer_run) = if opts.nodes > 1 {
+        (
+            node_addr(other, opts.nodes),
+            quote(&dir.with_file_name(other.to_string())),
+        )
     } else {
-        local
+        (local, sh::quote(""))
     };
-    let mut env = String::new();
-    for (k, v) in &opts.env {
-        env.push_str(&format!("export {k}={}\n", sh::quote(v)));
-    }
-    let netdev = if opts.nodes > 1 {
-        "NETDEV=eth0\n".to_string()
-    } else {
-        "NETDEV=veth0\nip link add veth0 type veth peer name veth1 && ip link set veth1 up\n".into()
+    let (mode, module, lib) = match patched {
+        Some(p) => ("patched", quote(&p.module), quote(&p.lib)),
+        None => ("stock", sh::quote(""), sh::quote("")),
     };
-    let wait_peer = if opts.nodes > 1 {
-        "n=0\nuntil ping -c1 -W1 \"$PEER_ADDR\" >/dev/null 2>&1; do\n    n=$((n+1)); [ $n -gt 120 ] && fatal \"peer $PEER_ADDR unreachable\"\ndone\n"
-    } else {
-        ""
-    };
-    format!(
-        r#"# Generated by cargo xtask vm: network, rxe device, then the command.
-set -u
-RUN={run}
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
-export TESTBED_VM=1 TESTBED_NODES={nodes} NODE={node} RDMA_DEVICE=rxe0
-export LOCAL_ADDR={local} PEER_ADDR={peer}
-{env}say() {{ echo "testbed[$NODE]: $*"; }}
-fatal() {{ say "$*"; echo 125 > "$RUN/status"; exit 125; }}
-ip link set lo up
-{netdev}ip addr add "$LOCAL_ADDR/24" dev "$NETDEV" || fatal "no $NETDEV"
-ip link set "$NETDEV" up
-{stack}rdma link add rxe0 type rxe netdev "$NETDEV" || fatal "rdma link add failed"
-P=/sys/class/infiniband/rxe0/ports/1
-gid_index() {{
-    for g in "$P"/gids/*; do
-        i=${{g##*/}}
-        case "$(cat "$g")" in
-        0000:0000:0000:0000:0000:ffff:*)
-            [ "$(cat "$P/gid_attrs/types/$i" 2>/dev/null)" = "RoCE v2" ] && {{ echo "$i"; return 0; }} ;;
-        esac
-    done
-    return 1
-}}
-n=0
-until grep -q ACTIVE "$P/state" 2>/dev/null && RDMA_GID_INDEX=$(gid_index); do
-    n=$((n+1)); [ $n -gt 200 ] && fatal "rxe0 did not become ACTIVE with a RoCE v2 IPv4 GID"
-    sleep 0.05
-done
-export RDMA_GID_INDEX NETDEV
-{check}{wait_peer}cd {cwd} || fatal "no working folder"
-sh "$RUN/cmd.sh"
-echo $? > "$RUN/status"
-"#,
-        nodes = opts.nodes,
-        cwd = sh::quote(&cwd.to_string_lossy()),
+    let env: Vec<String> = opts
+        .env
+        .iter()
+        .map(|(k, v)| format!("export {k}={}", sh::quote(v)))
+        .collect();
+    script::fill(
+        script::INNER,
+        &[
+            ("RUN", &quote(dir)),
+            ("PEER_RUN", &peer_run),
+            ("NODES", &opts.nodes.to_string()),
+            ("NODE", &node.to_string()),
+            ("LOCAL_ADDR", local),
+            ("PEER_ADDR", peer),
+            ("MODE", mode),
+            ("RXE_MODULE", &module),
+            ("RDMA_LIB", &lib),
+            ("ENV", &env.join("\n")),
+            ("CWD", &quote(cwd)),
+        ],
     )
 }
 
@@ -412,6 +481,8 @@ struct Boot<'a> {
     expose: String,
 }
 
+/// The QEMU command for `node`, whose run folder is `dir`: the second 9p share, and (two
+/// nodes) the wire to the other node's unix socket.
 fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
     let Boot {
         vmlinuz,
@@ -463,13 +534,13 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
     c
 }
 
-/// Copies a child's output to stderr (with `prefix`) and into `sink`.
+/// Copies a child's output into `sink`, and to stderr (with `prefix`) when `loud`.
 fn pump(
     stream: Option<impl std::io::Read + Send + 'static>,
     prefix: String,
     sink: Arc<Mutex<String>>,
     loud: bool,
-) -> std::thread::JoinHandle<()> {
+) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let Some(stream) = stream else { return };
         let mut reader = BufReader::new(stream);
@@ -489,7 +560,7 @@ fn pump(
     })
 }
 
-/// Waits for `child` until `deadline`; kills it then. Returns whether it timed out.
+/// The text of the file at `path` without surrounding whitespace, if it can be read.
 fn read_trimmed(path: &Path) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()

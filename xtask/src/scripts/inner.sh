@@ -1,0 +1,77 @@
+# cargo xtask vm, on each node: network, rxe device, then the command (cmd.sh in the run
+# folder). xtask/src/vm.rs fills in the placeholders; /init runs this chrooted into the host's
+# root.
+set -u
+RUN=@RUN@
+# The other node's run folder, seen read-only through the host's root (two nodes).
+PEER_RUN=@PEER_RUN@
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
+export TESTBED_VM=1 TESTBED_NODES=@NODES@ NODE=@NODE@ RDMA_DEVICE=rxe0
+export LOCAL_ADDR=@LOCAL_ADDR@ PEER_ADDR=@PEER_ADDR@ TESTBED_MODE=@MODE@
+# The patched stack (unused with TESTBED_MODE=stock).
+RXE_MODULE=@RXE_MODULE@ RDMA_LIB=@RDMA_LIB@
+# The caller's environment (vm::Opts::env).
+@ENV@
+say() { echo "testbed[$NODE]: $*"; }
+fatal() { say "$*"; echo 125 > "$RUN/status"; exit 125; }
+ip link set lo up
+if [ "$TESTBED_NODES" -gt 1 ]; then
+    NETDEV=eth0
+else
+    NETDEV=veth0
+    ip link add veth0 type veth peer name veth1 && ip link set veth1 up
+fi
+ip addr add "$LOCAL_ADDR/24" dev "$NETDEV" || fatal "no $NETDEV"
+ip link set "$NETDEV" up
+if [ "$TESTBED_MODE" = patched ]; then
+    # Before the rxe device exists: the patched module in place of Debian's, and the patched
+    # libibverbs and rxe provider first on the library path of every command.
+    rmmod rdma_rxe 2>/dev/null
+    insmod "$RXE_MODULE" || fatal "cannot load the patched rdma_rxe.ko"
+    export LD_LIBRARY_PATH="$RDMA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+rdma link add rxe0 type rxe netdev "$NETDEV" || fatal "rdma link add failed"
+P=/sys/class/infiniband/rxe0/ports/1
+# The index of the RoCE v2 GID that holds an IPv4 address (::ffff:a.b.c.d).
+gid_index() {
+    for g in "$P"/gids/*; do
+        i=${g##*/}
+        case "$(cat "$g")" in
+        0000:0000:0000:0000:0000:ffff:*)
+            [ "$(cat "$P/gid_attrs/types/$i" 2>/dev/null)" = "RoCE v2" ] && { echo "$i"; return 0; } ;;
+        esac
+    done
+    return 1
+}
+n=0
+until grep -q ACTIVE "$P/state" 2>/dev/null && RDMA_GID_INDEX=$(gid_index); do
+    n=$((n+1)); [ $n -gt 200 ] && fatal "rxe0 did not become ACTIVE with a RoCE v2 IPv4 GID"
+    sleep 0.05
+done
+export RDMA_GID_INDEX NETDEV
+if [ "$TESTBED_MODE" = patched ]; then
+    # Verbs programs must really load the patched libibverbs and provider: a silent fallback
+    # to the system's library would look exactly like a stock kernel's EOPNOTSUPP.
+    loaded=$(LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p')
+    case "$loaded" in *"$RDMA_LIB"/libibverbs.so*) ;; *) fatal "the patched libibverbs was not loaded: $loaded" ;; esac
+    case "$loaded" in *"$RDMA_LIB"/librxe-rdmav34.so*) ;; *) fatal "the patched rxe provider was not loaded: $loaded" ;; esac
+fi
+if [ "$TESTBED_NODES" -gt 1 ]; then
+    n=0
+    until ping -c1 -W1 "$PEER_ADDR" >/dev/null 2>&1; do
+        n=$((n+1)); [ $n -gt 120 ] && fatal "peer $PEER_ADDR unreachable"
+    done
+    : > "$RUN/met"
+fi
+cd @CWD@ || fatal "no working folder"
+sh "$RUN/cmd.sh"
+echo $? > "$RUN/status"
+if [ "$TESTBED_NODES" -gt 1 ]; then
+    # Stay up until the peer has reached this node (its "met" file) or is gone: a node whose
+    # command ends before the peer's ping would otherwise power off and fail the peer.
+    n=0
+    until [ -e "$PEER_RUN/met" ] || ! ping -c1 -W1 "$PEER_ADDR" >/dev/null 2>&1; do
+        n=$((n+1)); [ $n -gt 600 ] && break
+        sleep 0.1
+    done
+fi
