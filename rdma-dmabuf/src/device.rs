@@ -167,25 +167,43 @@ impl Context {
         self.ctx.as_ptr()
     }
 
-    /// `ibv_query_device`: the device's limits.
+    /// `ibv_query_device_ex` (falling back to `ibv_query_device` where the provider lacks
+    /// the extended query): the device's limits and capabilities, which the crate's checks
+    /// use instead of guesses.
     ///
     /// # Errors
     /// [`Error::Verbs`].
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        // SAFETY: ibv_device_attr is a plain C struct for which all-zero is a valid value.
-        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the context is open and `attr` is a valid out-pointer of the right type.
-        let rc = unsafe { ffi::ibv_query_device(self.as_ptr(), &mut attr) };
+        // SAFETY: ibv_device_attr_ex is a plain C struct for which all-zero is a valid value
+        // (the fallback path fills only `orig_attr`, so the rest must start zeroed).
+        let mut ex: ffi::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; a null input asks for no extended input; `ex` is a
+        // valid out-pointer of the type whose size the call passes.
+        let rc = unsafe { ffi::ibv_query_device_ex(self.as_ptr(), std::ptr::null(), &mut ex) };
         if rc != 0 {
             return Err(Error::from_errno(Op::QueryDevice, &self.name, rc));
         }
+        let attr = &ex.orig_attr;
         let count = |v: i32| u32::try_from(v).unwrap_or(0);
+        let odp = ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT.0;
         Ok(DeviceAttr {
             max_qp: count(attr.max_qp),
             max_qp_wr: count(attr.max_qp_wr),
             max_sge: count(attr.max_sge),
             max_cqe: count(attr.max_cqe),
             phys_port_cnt: attr.phys_port_cnt,
+            max_mr_size: attr.max_mr_size,
+            max_sge_rd: count(attr.max_sge_rd),
+            max_qp_rd_atom: count(attr.max_qp_rd_atom),
+            atomics: match attr.atomic_cap {
+                ffi::ibv_atomic_cap::IBV_ATOMIC_HCA => AtomicCap::Device,
+                ffi::ibv_atomic_cap::IBV_ATOMIC_GLOB => AtomicCap::Global,
+                _ => AtomicCap::None,
+            },
+            max_srq: count(attr.max_srq),
+            max_srq_wr: count(attr.max_srq_wr),
+            odp: u64::from(odp) & ex.odp_caps.general_caps != 0,
+            max_dm_size: ex.max_dm_size,
         })
     }
 
@@ -290,7 +308,7 @@ impl Drop for Context {
     }
 }
 
-/// A device's limits (`ibv_device_attr`).
+/// A device's limits and capabilities (`ibv_device_attr_ex`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceAttr {
@@ -298,12 +316,39 @@ pub struct DeviceAttr {
     pub max_qp: u32,
     /// Work requests one send or receive queue can hold.
     pub max_qp_wr: u32,
-    /// Scatter/gather entries per work request.
+    /// Scatter/gather entries per send or receive work request.
     pub max_sge: u32,
     /// Entries one completion queue can hold.
     pub max_cqe: u32,
     /// Physical ports (numbered from 1).
     pub phys_port_cnt: u8,
+    /// The largest memory region, in bytes.
+    pub max_mr_size: u64,
+    /// Scatter/gather entries per RDMA read.
+    pub max_sge_rd: u32,
+    /// RDMA reads and atomics a queue pair may have outstanding as responder.
+    pub max_qp_rd_atom: u32,
+    /// Whether and how the device does remote atomics.
+    pub atomics: AtomicCap,
+    /// Shared receive queues the device can hold (0: none).
+    pub max_srq: u32,
+    /// Work requests one shared receive queue can hold.
+    pub max_srq_wr: u32,
+    /// Whether the device supports on-demand paging.
+    pub odp: bool,
+    /// The most device memory (`ibv_alloc_dm`) the device has, in bytes (0: none).
+    pub max_dm_size: u64,
+}
+
+/// A device's remote atomic capability (`ibv_atomic_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicCap {
+    /// No remote atomics.
+    None,
+    /// Atomic among the device's own operations (`IBV_ATOMIC_HCA`).
+    Device,
+    /// Atomic also against the CPU and other devices (`IBV_ATOMIC_GLOB`).
+    Global,
 }
 
 /// A port's attributes.

@@ -65,7 +65,7 @@ mod slots;
 pub mod wr;
 
 pub use cm::{CmConnector, CmListener};
-pub use device::{Context, DeviceAttr, Gid, Mtu};
+pub use device::{AtomicCap, Context, DeviceAttr, Gid, Mtu};
 pub use dm::DeviceMemory;
 pub use drm_export::DmaBuf;
 pub use endpoint::Endpoint;
@@ -77,8 +77,8 @@ pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
-    Done, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError,
-    DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
+    AtomicOp, Done, InlinePending, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder,
+    WorkError, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
     DEFAULT_RNR_RETRY,
 };
 pub use remote::RemoteRegion;

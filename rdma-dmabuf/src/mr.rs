@@ -274,27 +274,36 @@ impl MemoryRegion<DmaBuf> {
     }
 }
 
+/// The kernel-internal "operation not supported" errno (524), which some kernels (GB200
+/// systems, among others) let through to user space for an unsupported dma-buf registration
+/// instead of `EOPNOTSUPP`.
+pub const ENOTSUPP: i32 = 524;
+
+/// Why a dma-buf registration failed with `errno`, if that errno means "not supported here".
+fn dmabuf_unsupported(errno: i32) -> Option<&'static str> {
+    match errno {
+        libc::EOPNOTSUPP | ENOTSUPP => Some(DMABUF_HINT),
+        libc::EPROTONOSUPPORT => Some("the kernel is older than 5.12 and has no dma-buf MRs"),
+        _ => None,
+    }
+}
+
 fn dmabuf_error(pd: &ProtectionDomain, e: std::io::Error, target: String) -> Error {
-    match e.raw_os_error().unwrap_or(libc::EIO) {
-        libc::EOPNOTSUPP => Error::Unsupported {
+    let errno = e.raw_os_error().unwrap_or(libc::EIO);
+    match dmabuf_unsupported(errno) {
+        Some(why) => Error::Unsupported {
             op: Op::RegDmabufMr,
             device: pd.context().name().to_string(),
-            errno: libc::EOPNOTSUPP,
-            why: DMABUF_HINT,
+            errno,
+            why,
         },
-        libc::EPROTONOSUPPORT => Error::Unsupported {
-            op: Op::RegDmabufMr,
-            device: pd.context().name().to_string(),
-            errno: libc::EPROTONOSUPPORT,
-            why: "the kernel is older than 5.12 and has no dma-buf MRs",
-        },
-        errno => Error::from_errno(Op::RegDmabufMr, target, errno),
+        None => Error::from_errno(Op::RegDmabufMr, target, errno),
     }
 }
 
 /// Whether the device behind `pd` can register dma-bufs: the zero-length probe that NCCL
 /// uses, `ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0)`. `EBADF` (the fd was looked at) means yes;
-/// `EOPNOTSUPP` or `EPROTONOSUPPORT` mean no.
+/// `EOPNOTSUPP`, [`ENOTSUPP`] (524) or `EPROTONOSUPPORT` mean no.
 ///
 /// # Errors
 /// [`Error::Verbs`] for any other answer.
@@ -308,7 +317,7 @@ pub fn supports_dmabuf(pd: &ProtectionDomain) -> Result<bool> {
     }
     match std::io::Error::last_os_error().raw_os_error() {
         Some(libc::EBADF) => Ok(true),
-        Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT) => Ok(false),
+        Some(errno) if dmabuf_unsupported(errno).is_some() => Ok(false),
         other => Err(Error::from_errno(
             Op::RegDmabufMr,
             format!("{} (capability probe)", pd.context().name()),
@@ -446,6 +455,21 @@ impl<B: Backing> Drop for MemoryRegion<B> {
             Ok(()) => unsafe { ManuallyDrop::drop(&mut self.backing) },
             // The NIC may still reach the memory: leak it rather than free it.
             Err(e) => eprintln!("rdma-dmabuf: {e}; leaking the region's memory"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_not_supported_errno_is_unsupported_with_a_hint() {
+        assert_eq!(dmabuf_unsupported(libc::EOPNOTSUPP), Some(DMABUF_HINT));
+        assert_eq!(dmabuf_unsupported(ENOTSUPP), Some(DMABUF_HINT));
+        assert!(dmabuf_unsupported(libc::EPROTONOSUPPORT).is_some_and(|w| w.contains("5.12")));
+        for errno in [libc::EINVAL, libc::EBADF, libc::ENOMEM, libc::EFAULT] {
+            assert_eq!(dmabuf_unsupported(errno), None, "errno {errno}");
         }
     }
 }

@@ -220,7 +220,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> Result<ScopedPending<'scope, 'env>> {
-        let nic_writes = matches!(kind, WorkKind::Recv | WorkKind::Read);
+        let nic_writes = kind.writes_local();
         let part = match part {
             Borrowed::Exclusive(p) => p.into_shared(),
             Borrowed::Shared(p) if !nic_writes => p,

@@ -4,6 +4,7 @@ use std::fmt;
 
 /// What a work request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WorkKind {
     /// `IBV_WR_SEND`.
     Send,
@@ -13,6 +14,21 @@ pub enum WorkKind {
     Write,
     /// `IBV_WR_RDMA_READ`.
     Read,
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd,
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
+    CompareSwap,
+}
+
+impl WorkKind {
+    /// Whether the NIC writes the request's local bytes (receives, reads, and the old value
+    /// of an atomic), so that the CPU must keep off them and the region needs `LOCAL_WRITE`.
+    pub fn writes_local(self) -> bool {
+        matches!(
+            self,
+            WorkKind::Recv | WorkKind::Read | WorkKind::FetchAdd | WorkKind::CompareSwap
+        )
+    }
 }
 
 impl fmt::Display for WorkKind {
@@ -22,6 +38,8 @@ impl fmt::Display for WorkKind {
             WorkKind::Recv => "receive",
             WorkKind::Write => "RDMA write",
             WorkKind::Read => "RDMA read",
+            WorkKind::FetchAdd => "atomic fetch-and-add",
+            WorkKind::CompareSwap => "atomic compare-and-swap",
         })
     }
 }

@@ -1,10 +1,10 @@
 //! The post and poll hot path allocates nothing: a counting global allocator watches 1,000
-//! send/receive round trips and 1,000 RDMA writes. Alone in its binary (the allocator counts
+//! send/receive round trips, 1,000 RDMA writes, 1,000 inline writes and 1,000 atomics. Alone in its binary (the allocator counts
 //! the whole process). Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, loopback_pair, pd};
-use rdma_dmabuf::{Access, Local};
+use integration_tests::verbs::{connect_pair, host_region, pd};
+use rdma_dmabuf::{Access, AtomicOp, Local, QueuePairBuilder};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -37,10 +37,18 @@ static GLOBAL: Counting = Counting;
 fn post_and_poll_allocate_nothing() {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let (a, b) = loopback_pair(&pd);
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd).max_inline_data(64),
+        QueuePairBuilder::new(&pd),
+    );
     let mut src = Some(host_region(&pd, &[7; 64], 4096, Access::empty()));
     let mut dst = Some(host_region(&pd, &[], 4096, Access::LOCAL_WRITE));
-    let target = host_region(&pd, &[], 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let target = host_region(
+        &pd,
+        &[],
+        4096,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+    );
     let remote = target.remote().unwrap();
 
     let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -59,6 +67,24 @@ fn post_and_poll_allocate_nothing() {
             .post_write(Local::new(src.take().unwrap(), 0..64), remote, None)
             .unwrap();
         src = Some(w.wait().unwrap().region);
+    }
+    // Inline writes (nothing lent) and atomics (the old value comes back in an 8-byte part).
+    for i in 0..1_000u64 {
+        a.post_write_inline(&i.to_ne_bytes(), remote, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let add = AtomicOp::FetchAdd { add: 1 };
+        let old = a
+            .post_atomic(
+                Local::new(dst.take().unwrap(), 0..8),
+                remote.slice(8, 8).unwrap(),
+                add,
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        dst = Some(old.region);
     }
     let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert_eq!(allocations, 0, "allocations on the hot path");

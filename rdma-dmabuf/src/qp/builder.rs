@@ -4,7 +4,7 @@ use super::connect::PreparedQp;
 use super::raw::{Origin, RawQp};
 use crate::cm_id::CmId;
 use crate::cq::CompletionQueue;
-use crate::device::{Context, Gid};
+use crate::device::{Context, DeviceAttr, Gid};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::mr::Access;
@@ -126,6 +126,7 @@ pub struct QueuePairBuilder {
     retry: Retry,
     rnr_forever: bool,
     hop_limit: u8,
+    max_inline: u32,
 }
 
 impl QueuePairBuilder {
@@ -143,7 +144,16 @@ impl QueuePairBuilder {
             retry: Retry::default(),
             rnr_forever: false,
             hop_limit: DEFAULT_HOP_LIMIT,
+            max_inline: 0,
         }
+    }
+
+    /// The inline data the queue pair must take per send or write
+    /// ([`QueuePair::post_send_inline`](crate::QueuePair::post_send_inline); default 0:
+    /// none). The provider may grant more; creation fails if it cannot take this much.
+    pub fn max_inline_data(mut self, bytes: u32) -> Self {
+        self.max_inline = bytes;
+        self
     }
 
     /// The hop limit of the packets' global route header (the IP TTL on RoCEv2; default
@@ -317,7 +327,8 @@ impl QueuePairBuilder {
     pub(crate) fn create(&self, cm: Option<CmId>) -> Result<RawQp> {
         let ctx = self.pd.context().clone();
         self.check_settings()?;
-        let cq = CompletionQueue::new(&ctx, self.cq_entries()?, self.channel)?;
+        let dev = ctx.query_device()?;
+        let cq = CompletionQueue::new(&ctx, self.cq_entries(&dev)?, self.channel)?;
         // SAFETY: ibv_qp_init_attr is a plain C struct; all-zero is valid.
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
@@ -326,6 +337,7 @@ impl QueuePairBuilder {
         init.cap.max_recv_wr = self.recv_depth;
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
+        init.cap.max_inline_data = self.max_inline;
         init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         let qp = match &cm {
             // SAFETY: live PD; `init` is valid for the call and names a live CQ.
@@ -347,20 +359,24 @@ impl QueuePairBuilder {
             return Err(Error::last_os(
                 Op::CreateQp,
                 format!(
-                    "{} (send {} / recv {})",
+                    "{} (send {} / recv {}, {} bytes inline: a provider refuses more inline \
+                     data than it can take)",
                     ctx.name(),
                     self.send_depth,
-                    self.recv_depth
+                    self.recv_depth,
+                    self.max_inline
                 ),
             ));
         };
+        // The provider wrote back what it granted (at least what was asked).
+        let caps = (init.cap.max_inline_data, dev.atomics);
         let origin = match cm {
             Some(id) => Origin::Cm(id),
             None => Origin::Verbs,
         };
         // SAFETY: `qp` was just created in `self.pd` on `cq`, by ibv_create_qp for
         // `Origin::Verbs` and by rdma_create_qp on the id of `Origin::Cm`; nothing else owns it.
-        Ok(unsafe { RawQp::from_parts(qp, cq, origin, self.pd.clone()) })
+        Ok(unsafe { RawQp::from_parts(qp, cq, origin, self.pd.clone(), caps) })
     }
 
     /// GID `index` of the port, if a queue pair can send from it: inside the port's table of
@@ -431,9 +447,8 @@ impl QueuePairBuilder {
     /// The completion queue's size (one entry per request that may be outstanding), after
     /// checking both depths against the device's `max_qp_wr` and their sum against its
     /// `max_cqe`.
-    fn cq_entries(&self) -> Result<i32> {
+    fn cq_entries(&self, dev: &DeviceAttr) -> Result<i32> {
         let ctx = self.pd.context();
-        let dev = ctx.query_device()?;
         let (send, recv) = (self.send_depth, self.recv_depth);
         if send > dev.max_qp_wr || recv > dev.max_qp_wr {
             return Err(Error::invalid(

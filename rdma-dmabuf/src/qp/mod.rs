@@ -7,18 +7,22 @@
 //! the error state, drains the flushed requests, destroys it, and only then frees what was in
 //! flight.
 
+mod atomic;
 mod builder;
 mod connect;
+mod inline;
 mod pending;
 mod post;
 pub(crate) mod raw;
 
+pub use atomic::AtomicOp;
 pub(crate) use builder::Retry;
 pub use builder::{
     QueuePairBuilder, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER,
     DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY,
 };
 pub use connect::PreparedQp;
+pub use inline::InlinePending;
 pub use pending::{Done, Outcome, Pending, WorkError};
 
 use crate::device::{Gid, Mtu};
@@ -122,6 +126,12 @@ impl QueuePair {
         self.remote
     }
 
+    /// The most bytes one inline send or write may carry (what the provider granted; see
+    /// [`QueuePairBuilder::max_inline_data`]).
+    pub fn max_inline_data(&self) -> u32 {
+        self.raw.max_inline
+    }
+
     /// Requests posted and not yet completed, including those whose [`Pending`] was dropped.
     pub fn outstanding(&self) -> usize {
         self.slots.borrow().outstanding()
@@ -161,6 +171,17 @@ impl QueuePair {
     /// takes no more requests.
     pub fn is_in_error(&self) -> bool {
         self.in_error.get()
+    }
+
+    /// The completion of slot `index` (generation `gen`): taken if it has arrived, else
+    /// after one poll of the completion queue; `None` while in flight (or if the queue
+    /// cannot be polled, when the request may still be in flight).
+    pub(crate) fn poll_for(&self, index: u32, gen: u32) -> Option<RawCompletion> {
+        if let Some(c) = self.take_completion(index, gen) {
+            return Some(c);
+        }
+        self.poll().ok()?;
+        self.take_completion(index, gen)
     }
 
     /// The completion of slot `index` (generation `gen`), if it has arrived.

@@ -86,20 +86,8 @@ impl<'q, B: Backing> Pending<'q, B> {
     /// # Errors
     /// `Err(self)` while the request is still in flight.
     pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
-        let taken = self.qp.slots.borrow_mut().take(self.index, self.gen);
-        let c = match taken {
-            Some(c) => c,
-            None => {
-                if self.qp.poll().is_err() {
-                    // A broken CQ: the request may still be in flight, so the handle (and
-                    // with it the region) stays pending.
-                    return Err(self);
-                }
-                match self.qp.slots.borrow_mut().take(self.index, self.gen) {
-                    Some(c) => c,
-                    None => return Err(self),
-                }
-            }
+        let Some(c) = self.qp.poll_for(self.index, self.gen) else {
+            return Err(self);
         };
         let local = self.local.take().expect("present until completion");
         Ok(
@@ -121,43 +109,20 @@ impl<'q, B: Backing> Pending<'q, B> {
 
     /// Busy-polls until the request completes.
     pub fn wait(self) -> Outcome<B> {
-        let mut p = self;
-        let mut spins = 0u32;
-        loop {
-            match p.try_complete() {
-                Ok(outcome) => return outcome,
-                Err(again) => p = again,
-            }
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+        busy_wait(self)
     }
 
     /// Waits for the completion sleeping in the kernel on the completion channel (see
-    /// [`QueuePairBuilder::completion_channel`](crate::QueuePairBuilder::completion_channel)), for at most `timeout` (`Duration::MAX`, or
-    /// any timeout past what [`Instant`](std::time::Instant) can hold, waits for as long as it takes); without a
+    /// [`QueuePairBuilder::completion_channel`](crate::QueuePairBuilder::completion_channel)),
+    /// for at most `timeout` (`Duration::MAX`, or any timeout past what
+    /// [`Instant`](std::time::Instant) can hold, waits for as long as it takes); without a
     /// channel it polls, yielding between polls.
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout` or the notification
     /// cannot be armed.
     pub fn wait_blocking(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
-        let deadline = deadline_after(timeout);
-        let mut p = self;
-        loop {
-            match p.try_complete() {
-                Ok(outcome) => return Ok(outcome),
-                Err(again) => p = again,
-            }
-            let left = time_left(deadline);
-            if left.is_zero() || p.qp.sleep_for_completion(left).is_err() {
-                return Err(p);
-            }
-        }
+        blocking_wait(self, timeout)
     }
 
     /// As [`Pending::wait`], for at most `timeout` (`Duration::MAX` waits for as long as it
@@ -166,15 +131,77 @@ impl<'q, B: Backing> Pending<'q, B> {
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`.
     pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
-        let deadline = deadline_after(timeout);
-        let mut p = self;
-        loop {
-            match p.try_complete() {
-                Ok(outcome) => return Ok(outcome),
-                Err(again) if time_left(deadline).is_zero() => return Err(again),
-                Err(again) => p = again,
-            }
+        timed_wait(self, timeout)
+    }
+}
+
+impl<'q, B: Backing> Handle<'q> for Pending<'q, B> {
+    type Out = Outcome<B>;
+    fn try_complete(self) -> std::result::Result<Self::Out, Self> {
+        Pending::try_complete(self)
+    }
+    fn qp(&self) -> &'q QueuePair {
+        self.qp
+    }
+}
+
+/// A handle to one posted request: the waits below work on any.
+pub(super) trait Handle<'q>: Sized {
+    /// What the request ends with.
+    type Out;
+    /// Polls once: the outcome, or the handle back.
+    fn try_complete(self) -> std::result::Result<Self::Out, Self>;
+    /// The queue pair it was posted on.
+    fn qp(&self) -> &'q QueuePair;
+}
+
+/// Busy-polls `h` until its request completes (yielding now and then).
+pub(super) fn busy_wait<'q, H: Handle<'q>>(mut h: H) -> H::Out {
+    let mut spins = 0u32;
+    loop {
+        match h.try_complete() {
+            Ok(out) => return out,
+            Err(again) => h = again,
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
             std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Polls `h`, yielding between polls, for at most `timeout`.
+pub(super) fn timed_wait<'q, H: Handle<'q>>(
+    mut h: H,
+    timeout: Duration,
+) -> std::result::Result<H::Out, H> {
+    let deadline = deadline_after(timeout);
+    loop {
+        match h.try_complete() {
+            Ok(out) => return Ok(out),
+            Err(again) if time_left(deadline).is_zero() => return Err(again),
+            Err(again) => h = again,
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Waits for `h` sleeping on the completion channel, for at most `timeout`.
+pub(super) fn blocking_wait<'q, H: Handle<'q>>(
+    mut h: H,
+    timeout: Duration,
+) -> std::result::Result<H::Out, H> {
+    let deadline = deadline_after(timeout);
+    loop {
+        match h.try_complete() {
+            Ok(out) => return Ok(out),
+            Err(again) => h = again,
+        }
+        let left = time_left(deadline);
+        if left.is_zero() || h.qp().sleep_for_completion(left).is_err() {
+            return Err(h);
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Posting: the owned posts, the checks every request passes, and the verbs calls.
 
+use super::atomic::AtomicOp;
 use super::pending::{Pending, WorkError};
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
@@ -80,8 +81,19 @@ impl QueuePair {
                 // moves into the returned `Pending` (and, if that is dropped early, into the
                 // request's slot, which lives until the QP is destroyed), so it stays
                 // registered and out of the CPU's reach until the completion is polled.
-                unsafe { self.post_raw(kind, r.addr() + offset, len, r.lkey(), remote, imm) }
+                unsafe { self.post_raw(Request::new(kind, r, offset, len, remote, imm)) }
             });
+        self.pending_or_back(posted, kind, local)
+    }
+
+    /// The `Pending` of a posted request, which takes `local` (so that it outlives the
+    /// request), or the error with the region back.
+    pub(super) fn pending_or_back<B: Backing>(
+        &self,
+        posted: Result<(u32, u32)>,
+        kind: WorkKind,
+        local: Local<B>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
         match posted {
             // The region moves into the Pending (or, if that is dropped early, into the
             // slot), so it outlives the request.
@@ -135,9 +147,7 @@ impl QueuePair {
                 end - start
             ));
         };
-        if matches!(kind, WorkKind::Recv | WorkKind::Read)
-            && !region.access().contains(Access::LOCAL_WRITE)
-        {
+        if kind.writes_local() && !region.access().contains(Access::LOCAL_WRITE) {
             return refuse(format!("{kind} into a region without LOCAL_WRITE access"));
         }
         if !Arc::ptr_eq(region.pd(), &self.raw.pd) {
@@ -157,26 +167,16 @@ impl QueuePair {
     /// Takes a slot and posts one work request with one SGE; returns the slot.
     ///
     /// # Safety
-    /// `addr..addr + len` lies in a region of this queue pair's protection domain registered
-    /// with `lkey`, and that memory stays registered, allocated and untouched by the CPU
-    /// (for what the NIC writes) until the request's completion has been polled: the owned
-    /// layer moves the region into the `Pending` (or its slot), the scoped layer borrows it
-    /// for a scope that drains before the borrow ends.
-    unsafe fn post_raw(
-        &self,
-        kind: WorkKind,
-        addr: u64,
-        len: u32,
-        lkey: u32,
-        remote: Option<RemoteRegion>,
-        imm: Option<u32>,
-    ) -> Result<(u32, u32)> {
+    /// The SGE's bytes lie in a region of this queue pair's protection domain registered with
+    /// its lkey, and that memory stays registered, allocated and untouched by the CPU (for
+    /// what the NIC writes) until the request's completion has been polled: the owned layer
+    /// moves the region into the `Pending` (or its slot), the scoped layer borrows it for a
+    /// scope that drains before the borrow ends. For an inline request the SGE instead points
+    /// to bytes valid for the call only (the provider copies them before it returns).
+    pub(super) unsafe fn post_raw(&self, req: Request) -> Result<(u32, u32)> {
+        let kind = req.kind;
         let (index, gen) = self.slots.borrow_mut().acquire(kind)?;
-        let mut sge = ffi::ibv_sge {
-            addr,
-            length: len,
-            lkey,
-        };
+        let mut sge = req.sge;
         let id = wr_id(index, gen);
         let rc = if kind == WorkKind::Recv {
             let mut wr = ffi::ibv_recv_wr {
@@ -190,34 +190,12 @@ impl QueuePair {
             // them); the SGE's memory outlives the request (this function's contract).
             unsafe { ffi::ibv_post_recv(self.raw.as_ptr(), &mut wr, &mut bad) }
         } else {
-            // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero
-            // is valid.
-            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.wr_id = id;
-            wr.sg_list = &mut sge;
-            wr.num_sge = 1;
-            wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            wr.opcode = match (kind, imm) {
-                (WorkKind::Send, None) => ffi::ibv_wr_opcode::IBV_WR_SEND,
-                (WorkKind::Send, Some(_)) => ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
-                (WorkKind::Write, None) => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                (WorkKind::Write, Some(_)) => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                _ => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            };
-            if let Some(v) = imm {
-                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
-            }
-            if let Some(r) = remote {
-                wr.wr.rdma = ffi::rdma_t {
-                    remote_addr: r.addr,
-                    rkey: r.rkey,
-                };
-            }
+            let mut wr = req.send_wr(id, &mut sge);
             let mut bad = std::ptr::null_mut();
             // SAFETY: live QP; `wr` and `sge` are valid for the call (the provider copies
-            // them); the SGE's memory outlives the request (this function's contract). The
-            // remote address and rkey need no trust: the peer's NIC checks them against its
-            // registrations and fails the request otherwise.
+            // them, and inline data too); the SGE's memory outlives the request (this
+            // function's contract). The remote address and rkey need no trust: the peer's NIC
+            // checks them against its registrations and fails the request otherwise.
             unsafe { ffi::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) }
         };
         if rc != 0 {
@@ -248,16 +226,7 @@ impl QueuePair {
         let (offset, len) = self.check(kind, region, range, remote)?;
         // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
         // keeps it registered and out of the CPU's reach until the completion (our contract).
-        unsafe {
-            self.post_raw(
-                kind,
-                region.addr() + offset,
-                len,
-                region.lkey(),
-                remote,
-                imm,
-            )
-        }
+        unsafe { self.post_raw(Request::new(kind, region, offset, len, remote, imm)) }
     }
 }
 
@@ -266,5 +235,89 @@ fn post_op(kind: WorkKind) -> Op {
     match kind {
         WorkKind::Recv => Op::PostRecv,
         _ => Op::PostSend,
+    }
+}
+
+/// One work request as the verbs take it, before it has a slot.
+pub(super) struct Request {
+    pub kind: WorkKind,
+    pub sge: ffi::ibv_sge,
+    pub remote: Option<RemoteRegion>,
+    pub imm: Option<u32>,
+    pub atomic: Option<AtomicOp>,
+    pub inline: bool,
+}
+
+impl Request {
+    /// A request on `len` bytes at `offset` of `region` (checked by the caller).
+    pub fn new<B: Backing>(
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        offset: u64,
+        len: u32,
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> Request {
+        Request {
+            kind,
+            sge: ffi::ibv_sge {
+                addr: region.addr() + offset,
+                length: len,
+                lkey: region.lkey(),
+            },
+            remote,
+            imm,
+            atomic: None,
+            inline: false,
+        }
+    }
+
+    /// The send-queue work request, its SGE list pointing to `sge`.
+    fn send_wr(&self, id: u64, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
+        // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero is
+        // valid.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = id;
+        wr.sg_list = sge;
+        wr.num_sge = 1;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if self.inline {
+            wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        use ffi::ibv_wr_opcode as W;
+        wr.opcode = match (self.kind, self.imm) {
+            (WorkKind::Send, None) => W::IBV_WR_SEND,
+            (WorkKind::Send, Some(_)) => W::IBV_WR_SEND_WITH_IMM,
+            (WorkKind::Write, None) => W::IBV_WR_RDMA_WRITE,
+            (WorkKind::Write, Some(_)) => W::IBV_WR_RDMA_WRITE_WITH_IMM,
+            (WorkKind::FetchAdd, _) => W::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            (WorkKind::CompareSwap, _) => W::IBV_WR_ATOMIC_CMP_AND_SWP,
+            _ => W::IBV_WR_RDMA_READ,
+        };
+        if let Some(v) = self.imm {
+            wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+        }
+        match (self.atomic, self.remote) {
+            (Some(op), Some(r)) => {
+                let (compare_add, swap) = match op {
+                    AtomicOp::FetchAdd { add } => (add, 0),
+                    AtomicOp::CompareSwap { compare, swap } => (compare, swap),
+                };
+                wr.wr.atomic = ffi::atomic_t {
+                    remote_addr: r.addr,
+                    compare_add,
+                    swap,
+                    rkey: r.rkey,
+                };
+            }
+            (None, Some(r)) => {
+                wr.wr.rdma = ffi::rdma_t {
+                    remote_addr: r.addr,
+                    rkey: r.rkey,
+                };
+            }
+            _ => {}
+        }
+        wr
     }
 }

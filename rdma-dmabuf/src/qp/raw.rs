@@ -2,6 +2,7 @@
 
 use crate::cm_id::CmId;
 use crate::cq::CompletionQueue;
+use crate::device::AtomicCap;
 use crate::error::{Error, Op, Result};
 use crate::pd::ProtectionDomain;
 use rdma_sys as ffi;
@@ -29,6 +30,10 @@ pub(crate) struct RawQp {
     origin: Origin,
     /// Dropped last: every object above lives in this PD's context.
     pub(crate) pd: Arc<ProtectionDomain>,
+    /// The inline data size the provider granted at creation.
+    pub(crate) max_inline: u32,
+    /// The device's remote atomic capability.
+    pub(crate) atomics: AtomicCap,
 }
 
 // SAFETY: libibverbs lets a QP be posted to, modified and destroyed from any thread; the
@@ -39,7 +44,8 @@ impl RawQp {
     /// Takes ownership of a created queue pair.
     ///
     /// # Safety
-    /// `qp` is a live QP in `pd`, using `cq` for both queues, that nothing else destroys:
+    /// `qp` is a live QP in `pd`, using `cq` for both queues, that nothing else destroys
+    /// (`caps`: the inline size granted at its creation and the device's atomics):
     /// created by `ibv_create_qp` for [`Origin::Verbs`], or by `rdma_create_qp` on the cm id
     /// of [`Origin::Cm`].
     pub(crate) unsafe fn from_parts(
@@ -47,8 +53,16 @@ impl RawQp {
         cq: CompletionQueue,
         origin: Origin,
         pd: Arc<ProtectionDomain>,
+        caps: (u32, AtomicCap),
     ) -> RawQp {
-        RawQp { qp, cq, origin, pd }
+        RawQp {
+            qp,
+            cq,
+            origin,
+            pd,
+            max_inline: caps.0,
+            atomics: caps.1,
+        }
     }
 
     /// The raw QP, for posting.

@@ -1,0 +1,193 @@
+//! Inline sends and writes: small payloads the provider copies into the work request at post
+//! time, so they need no registered region and nothing is lent to the NIC.
+
+use super::pending::{blocking_wait, busy_wait, timed_wait, Handle};
+use super::post::Request;
+use super::QueuePair;
+use crate::error::{Error, Op, Result};
+use crate::remote::RemoteRegion;
+use crate::slots::wr_id;
+use crate::wr::{WorkCompletion, WorkKind};
+use rdma_sys as ffi;
+use std::fmt;
+use std::time::Duration;
+
+impl QueuePair {
+    /// `IBV_WR_SEND` of `data` inline: the bytes are copied at post time, so `data` is only
+    /// borrowed for the call. At most the queue pair's inline size
+    /// ([`QueuePairBuilder::max_inline_data`](crate::QueuePairBuilder::max_inline_data)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for empty data or data past the inline size (the message
+    /// gives both); the queue's and the provider's errors.
+    pub fn post_send_inline(&self, data: &[u8], imm: Option<u32>) -> Result<InlinePending<'_>> {
+        self.post_inline(WorkKind::Send, data, None, imm)
+    }
+
+    /// `IBV_WR_RDMA_WRITE` (with `imm`: `_WITH_IMM`) of `data` inline to the start of
+    /// `remote`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send_inline`], and an invalid argument if `remote` is shorter.
+    pub fn post_write_inline(
+        &self,
+        data: &[u8],
+        remote: RemoteRegion,
+        imm: Option<u32>,
+    ) -> Result<InlinePending<'_>> {
+        self.post_inline(WorkKind::Write, data, Some(remote), imm)
+    }
+
+    fn post_inline(
+        &self,
+        kind: WorkKind,
+        data: &[u8],
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> Result<InlinePending<'_>> {
+        let refuse = |why: String| Err(Error::invalid(Op::PostSend, why));
+        if self.is_in_error() {
+            return refuse(format!("inline {kind} on a queue pair in the error state"));
+        }
+        let len = data.len();
+        if len == 0 {
+            return refuse(format!("inline {kind} of 0 bytes"));
+        }
+        let max = self.raw.max_inline as usize;
+        if len > max {
+            return refuse(format!(
+                "inline {kind} of {len} bytes: this queue pair takes at most {max} inline \
+                 (QueuePairBuilder::max_inline_data)"
+            ));
+        }
+        if let Some(r) = remote {
+            if r.len < len as u64 {
+                return refuse(format!(
+                    "inline {kind} of {len} bytes to a remote region of {}",
+                    r.len
+                ));
+            }
+        }
+        let req = Request {
+            kind,
+            sge: ffi::ibv_sge {
+                addr: data.as_ptr() as u64,
+                // At most max_inline, a u32.
+                length: len as u32,
+                lkey: 0,
+            },
+            remote,
+            imm,
+            atomic: None,
+            inline: true,
+        };
+        // SAFETY: an inline request: the provider copies `data` (valid for this call) into
+        // the work request before ibv_post_send returns, so the NIC never reads it later and
+        // no lkey is needed.
+        let (index, gen) = unsafe { self.post_raw(req)? };
+        Ok(InlinePending {
+            qp: self,
+            index,
+            gen,
+            kind,
+            open: true,
+        })
+    }
+}
+
+/// A posted inline request: nothing was lent, so it resolves to the completion alone.
+/// Dropping it early is fine (its slot is freed when the completion arrives).
+#[must_use = "an inline request's completion tells whether it arrived"]
+pub struct InlinePending<'q> {
+    qp: &'q QueuePair,
+    index: u32,
+    gen: u32,
+    kind: WorkKind,
+    /// Until the completion is taken.
+    open: bool,
+}
+
+impl fmt::Debug for InlinePending<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InlinePending")
+            .field("wr_id", &wr_id(self.index, self.gen))
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl InlinePending<'_> {
+    /// The request's `wr_id`.
+    pub fn wr_id(&self) -> u64 {
+        wr_id(self.index, self.gen)
+    }
+
+    /// Polls once; the completion if the request has completed, else the handle back.
+    ///
+    /// # Errors
+    /// `Err(self)` while the request is still in flight.
+    pub fn try_complete(mut self) -> std::result::Result<Result<WorkCompletion>, Self> {
+        let Some(c) = self.qp.poll_for(self.index, self.gen) else {
+            return Err(self);
+        };
+        self.open = false;
+        Ok(self
+            .qp
+            .completion_result(self.index, self.gen, self.kind, c))
+    }
+
+    /// Busy-polls until the request completes.
+    ///
+    /// # Errors
+    /// The completion's error.
+    pub fn wait(self) -> Result<WorkCompletion> {
+        busy_wait(self)
+    }
+
+    /// As [`InlinePending::wait`], for at most `timeout`.
+    ///
+    /// # Errors
+    /// `Err(self)` if the request is still in flight after `timeout`.
+    pub fn wait_timeout(
+        self,
+        timeout: Duration,
+    ) -> std::result::Result<Result<WorkCompletion>, Self> {
+        timed_wait(self, timeout)
+    }
+
+    /// As [`Pending::wait_blocking`](crate::Pending::wait_blocking).
+    ///
+    /// # Errors
+    /// `Err(self)` if the request is still in flight after `timeout`.
+    pub fn wait_blocking(
+        self,
+        timeout: Duration,
+    ) -> std::result::Result<Result<WorkCompletion>, Self> {
+        blocking_wait(self, timeout)
+    }
+}
+
+impl<'q> Handle<'q> for InlinePending<'q> {
+    type Out = Result<WorkCompletion>;
+    fn try_complete(self) -> std::result::Result<Self::Out, Self> {
+        InlinePending::try_complete(self)
+    }
+    fn qp(&self) -> &'q QueuePair {
+        self.qp
+    }
+}
+
+impl Drop for InlinePending<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            // Nothing to keep alive: the slot only has to know that nobody will take the
+            // completion (a zero-sized box does not allocate).
+            let back = self
+                .qp
+                .slots
+                .borrow_mut()
+                .abandon(self.index, self.gen, Box::new(()));
+            drop(back);
+        }
+    }
+}
