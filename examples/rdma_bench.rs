@@ -9,14 +9,16 @@
 //! bw: the client keeps `--window` (default 128, perftest's tx depth) writes in flight, each
 //! from its own registered buffer (a posted buffer belongs to the NIC until it completes), and
 //! reports MB/s (2^20 bytes) over all iterations. lat: a write-with-immediate ping-pong; the
-//! one-way latency is half the average round trip. The last line is machine-readable:
-//! `RESULT bw_MBps=...` or `RESULT lat_usec=...`.
+//! one-way latency is half the average round trip. `--inline yes` sends the latency pings
+//! inline (copied at post time, as perftest does for small messages; sizes up to what the
+//! queue pair grants). The last line is machine-readable: `RESULT bw_MBps=...` or
+//! `RESULT lat_usec=...`.
 
 use examples::{fail, Args, SideChannel};
 
 const USAGE: &str = "\
 usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--size 65536]
-                         [--iters 1000] [--window 128] [--device rxe0]
+                         [--iters 1000] [--window 128] [--inline yes|no] [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]";
 use rdma_dmabuf::{
     Access, Context, HostBuffer, Local, MemoryRegion, ProtectionDomain, QueuePairBuilder,
@@ -27,7 +29,9 @@ use std::time::{Duration, Instant};
 fn main() {
     let args = Args::parse(
         USAGE,
-        &["bind", "port", "mode", "size", "iters", "window", "device"],
+        &[
+            "bind", "port", "mode", "size", "iters", "window", "inline", "device",
+        ],
     );
     let role = args
         .words
@@ -43,12 +47,22 @@ fn main() {
     let size: usize = args.get("size", 65536);
     let iters: usize = args.get("iters", 1000);
     let window: usize = args.get("window", 128);
+    let inline = match args.text("inline").as_deref() {
+        None | Some("no") => false,
+        Some("yes") => true,
+        Some(other) => fail(&format!("--inline is yes or no, not {other:?}")),
+    };
 
     let ctx = Context::open(&device).unwrap_or_else(|e| fail(&e.to_string()));
     let pd = ProtectionDomain::new(&ctx).unwrap_or_else(|e| fail(&e.to_string()));
     let qp = QueuePairBuilder::new(&pd)
         .send_depth(window as u32)
         .recv_depth(window as u32)
+        .max_inline_data(if inline {
+            u32::try_from(size).unwrap_or(u32::MAX)
+        } else {
+            0
+        })
         .build()
         .unwrap_or_else(|e| fail(&e.to_string()));
     let mut side = match role {
@@ -125,7 +139,14 @@ fn main() {
                 .collect();
             let mut src = Some(region(Access::empty()));
             let client = role == "client";
+            let payload = vec![0x5au8; size];
             let ping = |src: &mut Option<MemoryRegion<HostBuffer>>| {
+                if inline {
+                    qp.post_write_inline(&payload, remote, Some(1))
+                        .and_then(|p| p.wait())
+                        .unwrap_or_else(|e| fail(&e.to_string()));
+                    return;
+                }
                 let p = qp
                     .post_write(
                         Local::new(src.take().expect("source"), 0..len),
