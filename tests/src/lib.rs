@@ -9,5 +9,6 @@ pub mod counts;
 pub mod exporters;
 pub mod oob;
 pub mod process;
+pub mod test_exporter;
 pub mod testbed;
 pub mod verbs;

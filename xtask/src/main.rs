@@ -97,6 +97,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
     let (dir, cwd) = (Path::new("/t/run/a"), Path::new("/t/src"));
     let patched = patched::Patched {
         module: "/t/rdma_rxe.ko".into(),
+        exporter: "/t/dmabuf_test_exporter.ko".into(),
         lib: "/t/lib".into(),
     };
     let mut vm_tests = std::collections::BTreeMap::new();

@@ -2,9 +2,11 @@
 //! kernel's series ([`KERNEL_SERIES`]) with `kernel-patches/linux/*.patch` (out of tree,
 //! against Debian's headers unpacked under `target/`), and rdma-core v55 (the copy vendored in
 //! the `ibverbs-sys` package on crates.io) with `kernel-patches/rdma-core/*.patch`, built in
-//! place. Cached by a hash of the patches, the kernel version, this file and the script it
-//! runs (`scripts/rxe-sources.sh`). `inner.sh` (`scripts/inner.sh`) puts the stack in place in
-//! the VM.
+//! place. With them, the test exporter `dmabuf_test_exporter.ko` (`kernel-patches/test-exporter/`,
+//! a dma-buf exporter whose sg_tables carry poisoned page pointers), built out of tree the same
+//! way. Cached by a hash of the patches, the exporter's sources, the kernel version, this file
+//! and the script it runs (`scripts/rxe-sources.sh`). `inner.sh` (`scripts/inner.sh`) puts the
+//! stack in place in the VM.
 
 use crate::setup::{Kernel, KERNEL_SERIES};
 use crate::sh::{self, Result};
@@ -20,6 +22,8 @@ const RDMA_CORE_CRATE: (&str, &str) = ("ibverbs-sys", "=0.3.2");
 pub struct Patched {
     /// The patched `rdma_rxe.ko`.
     pub module: PathBuf,
+    /// The test exporter, `dmabuf_test_exporter.ko` (`/dev/dmabuf_test_exporter` once loaded).
+    pub exporter: PathBuf,
     /// rdma-core's in-place build `lib/` (libibverbs and the providers).
     pub lib: PathBuf,
 }
@@ -31,15 +35,18 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<Patched> {
     let dir = paths.testbed.join(format!("patched-{key:016x}"));
     let out = Patched {
         module: dir.join("rdma_rxe.ko"),
+        exporter: dir.join(format!("{TEST_EXPORTER}.ko")),
         lib: dir.join("rdma-core/build/lib"),
     };
-    if out.module.is_file() && out.lib.join("librxe-rdmav34.so").is_file() {
+    if out.module.is_file() && out.exporter.is_file() && out.lib.join("librxe-rdmav34.so").is_file()
+    {
         return Ok(out);
     }
     remove_stale(&paths.testbed, "patched-", &dir);
     std::fs::create_dir_all(&dir)?;
     let headers = headers(paths, kernel)?;
     build_module(paths, kernel, &headers, &patches.linux, &dir)?;
+    build_test_exporter(&headers, &patches.test_exporter, &dir)?;
     build_rdma_core(paths, &patches.rdma_core, &dir)?;
     Ok(out)
 }
@@ -47,25 +54,32 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<Patched> {
 pub(crate) struct Patches {
     pub(crate) linux: Vec<PathBuf>,
     pub(crate) rdma_core: Vec<PathBuf>,
+    /// The test exporter's sources (`kernel-patches/test-exporter/`, every file).
+    pub(crate) test_exporter: Vec<PathBuf>,
 }
+
+/// The test exporter module's name (its source folder is `kernel-patches/test-exporter/`).
+pub const TEST_EXPORTER: &str = "dmabuf_test_exporter";
 
 pub(crate) fn patch_files(root: &Path) -> Result<Patches> {
     let list = |sub: &str| -> Result<Vec<PathBuf>> {
         let dir = root.join("kernel-patches").join(sub);
+        let all = sub == "test-exporter";
         let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
             .map_err(|e| format!("{}: {e}", dir.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "patch"))
+            .filter(|p| all || p.extension().is_some_and(|x| x == "patch"))
             .collect();
         v.sort();
         if v.is_empty() {
-            fail!("no patches in {}", dir.display());
+            fail!("no sources in {}", dir.display());
         }
         Ok(v)
     };
     Ok(Patches {
         linux: list("linux")?,
         rdma_core: list("rdma-core")?,
+        test_exporter: list("test-exporter")?,
     })
 }
 
@@ -75,7 +89,7 @@ fn cache_key(kernel: &Kernel, p: &Patches) -> Result<u64> {
     kernel.version.hash(&mut h);
     include_str!("patched.rs").hash(&mut h);
     script::RXE_SOURCES.hash(&mut h);
-    for f in p.linux.iter().chain(&p.rdma_core) {
+    for f in p.linux.iter().chain(&p.rdma_core).chain(&p.test_exporter) {
         std::fs::read(f)?.hash(&mut h);
     }
     Ok(h.finish())
@@ -253,6 +267,29 @@ fn build_module(
             .args(["CC=gcc-12", "-j2", "-s", "modules"]),
     )?;
     std::fs::copy(rxe.join("rdma_rxe.ko"), dir.join("rdma_rxe.ko"))?;
+    step.done();
+    Ok(())
+}
+
+/// Builds the test exporter module from `sources` (its folder's files) against `headers`, as
+/// `dir/<TEST_EXPORTER>.ko`.
+fn build_test_exporter(headers: &Path, sources: &[PathBuf], dir: &Path) -> Result {
+    let step = Step::start(format!("building the test exporter {TEST_EXPORTER}.ko"));
+    let tree = dir.join("test-exporter");
+    let _ = std::fs::remove_dir_all(&tree);
+    std::fs::create_dir_all(&tree)?;
+    for f in sources {
+        std::fs::copy(f, tree.join(f.file_name().ok_or("no file name")?))?;
+    }
+    sh::run(
+        programs::cmd("make")
+            .arg("-C")
+            .arg(headers)
+            .arg(format!("M={}", tree.display()))
+            .args(["CC=gcc-12", "-s", "modules"]),
+    )?;
+    let ko = format!("{TEST_EXPORTER}.ko");
+    std::fs::copy(tree.join(&ko), dir.join(&ko))?;
     step.done();
     Ok(())
 }

@@ -88,7 +88,11 @@ pub const PROGRAMS: &[Program] = &[
         "kmod",
         "indexes the unpacked guest kernel's modules (host)",
     ),
-    deb("insmod", "kmod", "loads the patched rdma_rxe.ko (VM)"),
+    deb(
+        "insmod",
+        "kmod",
+        "loads the patched rdma_rxe.ko and the test exporter (VM)",
+    ),
     deb("rmmod", "kmod", "unloads Debian's rdma_rxe (VM)"),
     deb("sh", "dash", "runs the project's scripts (host and VM)"),
     deb("cp", "coreutils", "copies source trees (host)"),
@@ -120,7 +124,11 @@ pub const PROGRAMS: &[Program] = &[
     deb("find", "findutils", "lists the initramfs's files (host)"),
     deb("cpio", "cpio", "packs the initramfs (host)"),
     deb("patch", "patch", "applies kernel-patches/ (host)"),
-    deb("make", "make", "builds the patched rdma_rxe.ko (host)"),
+    deb(
+        "make",
+        "make",
+        "builds the patched rdma_rxe.ko and the test exporter (host)",
+    ),
     deb(
         "gcc-12",
         "gcc-12",

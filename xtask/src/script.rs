@@ -14,7 +14,7 @@ pub const INIT: &str = include_str!("scripts/init.sh");
 
 /// Each node's `inner.sh`: network, rxe device (and the patched stack), then the command.
 /// Placeholders: `RUN`, `PEER_RUN`, `NODES`, `NODE`, `LOCAL_ADDR`, `PEER_ADDR`, `MODE`,
-/// `RXE_MODULE`, `RDMA_LIB`, `ENV`, `CWD` (see [`crate::vm`]).
+/// `RXE_MODULE`, `EXPORTER_MODULE`, `RDMA_LIB`, `ENV`, `CWD` (see [`crate::vm`]).
 pub const INNER: &str = include_str!("scripts/inner.sh");
 
 /// `cargo xtask bench`'s command in the VM (arguments, no placeholders).

@@ -433,9 +433,14 @@ pub(crate) fn inner_script(
     } else {
         (local, sh::quote(""))
     };
-    let (mode, module, lib) = match patched {
-        Some(p) => ("patched", quote(&p.module), quote(&p.lib)),
-        None => ("stock", sh::quote(""), sh::quote("")),
+    let (mode, module, exporter, lib) = match patched {
+        Some(p) => (
+            "patched",
+            quote(&p.module),
+            quote(&p.exporter),
+            quote(&p.lib),
+        ),
+        None => ("stock", sh::quote(""), sh::quote(""), sh::quote("")),
     };
     let env: Vec<String> = opts
         .env
@@ -453,6 +458,7 @@ pub(crate) fn inner_script(
             ("PEER_ADDR", peer),
             ("MODE", mode),
             ("RXE_MODULE", &module),
+            ("EXPORTER_MODULE", &exporter),
             ("RDMA_LIB", &lib),
             ("ENV", &env.join("\n")),
             ("CWD", &quote(cwd)),

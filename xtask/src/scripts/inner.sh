@@ -8,8 +8,8 @@ PEER_RUN=@PEER_RUN@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 export TESTBED_VM=1 TESTBED_NODES=@NODES@ NODE=@NODE@ RDMA_DEVICE=rxe0
 export LOCAL_ADDR=@LOCAL_ADDR@ PEER_ADDR=@PEER_ADDR@ TESTBED_MODE=@MODE@
-# The patched stack (unused with TESTBED_MODE=stock).
-RXE_MODULE=@RXE_MODULE@ RDMA_LIB=@RDMA_LIB@
+# The patched stack and the test exporter module (unused with TESTBED_MODE=stock).
+RXE_MODULE=@RXE_MODULE@ EXPORTER_MODULE=@EXPORTER_MODULE@ RDMA_LIB=@RDMA_LIB@
 # The caller's environment (vm::Opts::env).
 @ENV@
 say() { echo "testbed[$NODE]: $*"; }
@@ -28,6 +28,8 @@ if [ "$TESTBED_MODE" = patched ]; then
     # libibverbs and rxe provider first on the library path of every command.
     rmmod rdma_rxe 2>/dev/null
     insmod "$RXE_MODULE" || fatal "cannot load the patched rdma_rxe.ko"
+    # /dev/dmabuf_test_exporter: dma-bufs whose sg_tables carry poisoned page pointers.
+    insmod "$EXPORTER_MODULE" || fatal "cannot load the test exporter"
     export LD_LIBRARY_PATH="$RDMA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 rdma link add rxe0 type rxe netdev "$NETDEV" || fatal "rdma link add failed"
