@@ -276,10 +276,10 @@ impl MemoryRegion<DmaBuf> {
 
 fn dmabuf_error(pd: &ProtectionDomain, e: std::io::Error, target: String) -> Error {
     match e.raw_os_error().unwrap_or(libc::EIO) {
-        libc::EOPNOTSUPP => Error::Unsupported {
+        errno @ (libc::EOPNOTSUPP | crate::error::ENOTSUPP) => Error::Unsupported {
             op: Op::RegDmabufMr,
             device: pd.context().name().to_string(),
-            errno: libc::EOPNOTSUPP,
+            errno,
             why: DMABUF_HINT,
         },
         libc::EPROTONOSUPPORT => Error::Unsupported {
@@ -294,27 +294,39 @@ fn dmabuf_error(pd: &ProtectionDomain, e: std::io::Error, target: String) -> Err
 
 /// Whether the device behind `pd` can register dma-bufs: the zero-length probe that NCCL
 /// uses, `ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0)`. `EBADF` (the fd was looked at) means yes;
-/// `EOPNOTSUPP` or `EPROTONOSUPPORT` mean no.
+/// `EOPNOTSUPP`, [`ENOTSUPP`](crate::error::ENOTSUPP) or `EPROTONOSUPPORT` mean no.
 ///
 /// # Errors
 /// [`Error::Verbs`] for any other answer.
 pub fn supports_dmabuf(pd: &ProtectionDomain) -> Result<bool> {
+    match dmabuf_probe_errno(pd) {
+        0 | libc::EBADF => Ok(true),
+        libc::EOPNOTSUPP | crate::error::ENOTSUPP | libc::EPROTONOSUPPORT => Ok(false),
+        other => Err(Error::from_errno(
+            Op::RegDmabufMr,
+            format!("{} (capability probe)", pd.context().name()),
+            other,
+        )),
+    }
+}
+
+/// The raw answer of [`supports_dmabuf`]'s probe: the errno of
+/// `ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0)`, or 0 if a region came back (it is deregistered at
+/// once). For tools that explain each answer (`EBADF`: the kernel looked at the fd, so the
+/// provider and kernel register dma-bufs; `EOPNOTSUPP` or [`ENOTSUPP`](crate::error::ENOTSUPP):
+/// the provider or kernel driver has no dma-buf MRs; `EPROTONOSUPPORT`: the kernel predates
+/// 5.12).
+pub fn dmabuf_probe_errno(pd: &ProtectionDomain) -> i32 {
     // SAFETY: fd -1 and length 0 reference no memory; a (never expected) MR is deregistered.
     let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd.as_ptr(), 0, 0, 0, -1, 0) };
     if !mr.is_null() {
         // SAFETY: `mr` was just returned and is deregistered once.
         unsafe { ffi::ibv_dereg_mr(mr) };
-        return Ok(true);
+        return 0;
     }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::EBADF) => Ok(true),
-        Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT) => Ok(false),
-        other => Err(Error::from_errno(
-            Op::RegDmabufMr,
-            format!("{} (capability probe)", pd.context().name()),
-            other.unwrap_or(libc::EIO),
-        )),
-    }
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 impl<B: Backing> MemoryRegion<B> {
