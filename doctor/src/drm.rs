@@ -83,8 +83,7 @@ fn permission_problem(path: &Path) -> Option<(String, String)> {
     let member = getegid().as_raw() == m.gid() || mine.iter().any(|g| g.as_raw() == m.gid());
     let uid = geteuid();
     let found = format!(
-        "{}: {}; you (uid {uid}) may not open it read-write{}",
-        path.display(),
+        "{}; you (uid {uid}) may not open it read-write{}",
         describe_node(path),
         if member {
             String::new()
@@ -146,17 +145,17 @@ pub fn inspect(sysfs: &Path) -> Gpus {
     let mut chosen: Vec<Option<PathBuf>> = Vec::new();
     let mut opened = Vec::new();
     for (kind, path) in &all {
-        if let Some((found, detail)) = permission_problem(path) {
-            out.checks.push(
-                Check::problem(
-                    SECTION,
-                    path.display().to_string(),
-                    Status::Fail,
-                    found,
-                    &problems::DRI_EACCES,
-                )
-                .with_detail(detail),
+        if let Some((found, fix)) = permission_problem(path) {
+            let mut c = Check::problem(
+                SECTION,
+                path.display().to_string(),
+                Status::Fail,
+                found,
+                &problems::DRI_EACCES,
             );
+            // The table's fix names both groups; this one names the node's own.
+            c.fix = Some(fix);
+            out.checks.push(c);
             continue;
         }
         let dev = match DrmDevice::open(path) {

@@ -36,7 +36,7 @@ pub const PROVIDER_NO_DMABUF: Problem = p(
     "provider-no-dmabuf",
     "`Unsupported ... ibv_reg_dmabuf_mr ... EOPNOTSUPP`",
     "the provider (rxe, siw, an old rdma-core) or the kernel has no dma-buf MRs",
-    "use a NIC whose driver has them (table above), rdma-core v34 or later, and kernel 5.12 \
+    "use a NIC whose driver has them (mlx5, efa, irdma, bnxt_re, mana, ionic), rdma-core v34 or later, and kernel 5.12 \
      or later. For rxe, see `kernel-patches/`",
 );
 

@@ -40,7 +40,10 @@ fn a_gpu_and_a_nic_under_one_switch_are_peer_to_peer_capable() {
     };
     assert_eq!(
         v.bridges,
-        [("0000:02:00.0".to_string(), acs_ok), ("0000:02:01.0".into(), acs_ok)]
+        [
+            ("0000:02:00.0".to_string(), acs_ok),
+            ("0000:02:01.0".into(), acs_ok)
+        ]
     );
     assert_eq!(v.check.status, Status::Ok, "{:?}", v.check);
     let all = checks(&root, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 iommu=pt");
@@ -62,8 +65,17 @@ fn acs_redirect_on_a_bridge_in_between_is_a_warning_naming_the_bridge() {
     let c = find(&all, "card1 <-> mlx5_0");
     assert_eq!(c.status, Status::Warn);
     assert_eq!(c.problem, Some(problems::ACS_REDIRECT.id));
-    assert!(c.found.contains("request redirect, completion redirect"), "{c:?}");
-    assert!(c.fix.as_deref().unwrap_or("").contains("bridge 0000:02:01.0"), "{c:?}");
+    assert!(
+        c.found.contains("request redirect, completion redirect"),
+        "{c:?}"
+    );
+    assert!(
+        c.fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("bridge 0000:02:01.0"),
+        "{c:?}"
+    );
 }
 
 #[test]
@@ -73,29 +85,42 @@ fn different_root_ports_and_host_bridges_meet_only_at_the_cpu() {
     let same_rc = find(&all, "card0 <-> mlx5_0");
     assert_eq!(same_rc.status, Status::Warn);
     assert_eq!(same_rc.problem, Some(problems::P2P_ROOT_COMPLEX.id));
-    assert!(same_rc.found.contains("only at the root complex pci0000:00"), "{same_rc:?}");
+    assert!(
+        same_rc
+            .found
+            .contains("only at the root complex pci0000:00"),
+        "{same_rc:?}"
+    );
     assert!(same_rc.found.contains("ACS unknown"), "{same_rc:?}");
     let other = find(&all, "card0 <-> mlx5_1");
     assert_eq!(other.status, Status::Warn);
-    assert!(other.found.contains("different PCI host bridges"), "{other:?}");
+    assert!(
+        other.found.contains("different PCI host bridges"),
+        "{other:?}"
+    );
     let bars = find(&all, "card0 BARs");
     assert_eq!(bars.problem, Some(problems::SMALL_BAR.id));
     assert!(bars.found.contains("the largest is 256 MiB"), "{bars:?}");
     let iommu = find(&all, "IOMMU");
     assert_eq!(iommu.problem, Some(problems::IOMMU_TRANSLATED.id));
     assert!(iommu.found.contains("card0: DMA-FQ") && iommu.found.contains("amd_iommu=on"));
-    assert_eq!(topology::endpoint(&root, "infiniband", "mlx5_1").chain[0], "pci0000:80");
+    assert_eq!(
+        topology::endpoint(&root, "infiniband", "mlx5_1").chain[0],
+        "pci0000:80"
+    );
 }
 
 #[test]
 fn hardware_md_carries_the_doctors_table_of_common_errors() {
-    let doc = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/hardware.md"),
-    )
-    .expect("docs/hardware.md");
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/hardware.md"))
+            .expect("docs/hardware.md");
     let begin = "<!-- common-errors: generated from gpu_rdma_doctor::problems; regenerate with `gpu-rdma-doctor --common-errors` -->\n";
     let end = "<!-- end of common-errors -->";
-    let start = doc.find(begin).expect("the begin marker in docs/hardware.md") + begin.len();
+    let start = doc
+        .find(begin)
+        .expect("the begin marker in docs/hardware.md")
+        + begin.len();
     let stop = doc[start..].find(end).expect("the end marker") + start;
     assert_eq!(
         &doc[start..stop],

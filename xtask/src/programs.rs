@@ -376,6 +376,7 @@ mod tests {
             "examples",
             "drm-export",
             "rdma-dmabuf",
+            "doctor",
         ] {
             rust_files(&workspace().join(d), &mut files);
         }
