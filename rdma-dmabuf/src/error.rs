@@ -87,6 +87,11 @@ impl fmt::Display for Op {
 pub const DMABUF_HINT: &str = "this provider/kernel lacks dma-buf MR support (stock rxe and \
     siw have none; mlx5, efa, irdma, bnxt_re, mana and ionic do); see kernel-patches/README.md";
 
+/// `ENOTSUPP` (524), the kernel-internal "not supported" that some drivers let reach user
+/// space (seen from `ibv_reg_dmabuf_mr` on GB200 kernels). libc has no constant for it, and
+/// `strerror` calls it "Unknown error 524".
+pub const ENOTSUPP: i32 = 524;
+
 /// Errors of `rdma-dmabuf`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

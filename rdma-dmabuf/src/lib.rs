@@ -72,7 +72,7 @@ pub use endpoint::Endpoint;
 pub use error::{Error, Op, Result};
 pub use fence::{wait_for_fences, FencedOp};
 pub use host::HostBuffer;
-pub use mr::{supports_dmabuf, Access, MemoryRegion};
+pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, Part, PartMut};
 pub use pd::ProtectionDomain;

@@ -274,15 +274,10 @@ impl MemoryRegion<DmaBuf> {
     }
 }
 
-/// The kernel-internal "operation not supported" errno (524), which some kernels (GB200
-/// systems, among others) let through to user space for an unsupported dma-buf registration
-/// instead of `EOPNOTSUPP`.
-pub const ENOTSUPP: i32 = 524;
-
 /// Why a dma-buf registration failed with `errno`, if that errno means "not supported here".
 fn dmabuf_unsupported(errno: i32) -> Option<&'static str> {
     match errno {
-        libc::EOPNOTSUPP | ENOTSUPP => Some(DMABUF_HINT),
+        libc::EOPNOTSUPP | crate::error::ENOTSUPP => Some(DMABUF_HINT),
         libc::EPROTONOSUPPORT => Some("the kernel is older than 5.12 and has no dma-buf MRs"),
         _ => None,
     }
@@ -303,27 +298,39 @@ fn dmabuf_error(pd: &ProtectionDomain, e: std::io::Error, target: String) -> Err
 
 /// Whether the device behind `pd` can register dma-bufs: the zero-length probe that NCCL
 /// uses, `ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0)`. `EBADF` (the fd was looked at) means yes;
-/// `EOPNOTSUPP`, [`ENOTSUPP`] (524) or `EPROTONOSUPPORT` mean no.
+/// `EOPNOTSUPP`, [`ENOTSUPP`](crate::error::ENOTSUPP) or `EPROTONOSUPPORT` mean no.
 ///
 /// # Errors
 /// [`Error::Verbs`] for any other answer.
 pub fn supports_dmabuf(pd: &ProtectionDomain) -> Result<bool> {
+    match dmabuf_probe_errno(pd) {
+        0 | libc::EBADF => Ok(true),
+        errno if dmabuf_unsupported(errno).is_some() => Ok(false),
+        other => Err(Error::from_errno(
+            Op::RegDmabufMr,
+            format!("{} (capability probe)", pd.context().name()),
+            other,
+        )),
+    }
+}
+
+/// The raw answer of [`supports_dmabuf`]'s probe: the errno of
+/// `ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0)`, or 0 if a region came back (it is deregistered at
+/// once). For tools that explain each answer (`EBADF`: the kernel looked at the fd, so the
+/// provider and kernel register dma-bufs; `EOPNOTSUPP` or [`ENOTSUPP`](crate::error::ENOTSUPP):
+/// the provider or kernel driver has no dma-buf MRs; `EPROTONOSUPPORT`: the kernel predates
+/// 5.12).
+pub fn dmabuf_probe_errno(pd: &ProtectionDomain) -> i32 {
     // SAFETY: fd -1 and length 0 reference no memory; a (never expected) MR is deregistered.
     let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd.as_ptr(), 0, 0, 0, -1, 0) };
     if !mr.is_null() {
         // SAFETY: `mr` was just returned and is deregistered once.
         unsafe { ffi::ibv_dereg_mr(mr) };
-        return Ok(true);
+        return 0;
     }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::EBADF) => Ok(true),
-        Some(errno) if dmabuf_unsupported(errno).is_some() => Ok(false),
-        other => Err(Error::from_errno(
-            Op::RegDmabufMr,
-            format!("{} (capability probe)", pd.context().name()),
-            other.unwrap_or(libc::EIO),
-        )),
-    }
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 impl<B: Backing> MemoryRegion<B> {
@@ -466,7 +473,10 @@ mod tests {
     #[test]
     fn every_not_supported_errno_is_unsupported_with_a_hint() {
         assert_eq!(dmabuf_unsupported(libc::EOPNOTSUPP), Some(DMABUF_HINT));
-        assert_eq!(dmabuf_unsupported(ENOTSUPP), Some(DMABUF_HINT));
+        assert_eq!(
+            dmabuf_unsupported(crate::error::ENOTSUPP),
+            Some(DMABUF_HINT)
+        );
         assert!(dmabuf_unsupported(libc::EPROTONOSUPPORT).is_some_and(|w| w.contains("5.12")));
         for errno in [libc::EINVAL, libc::EBADF, libc::ENOMEM, libc::EFAULT] {
             assert_eq!(dmabuf_unsupported(errno), None, "errno {errno}");
