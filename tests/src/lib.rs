@@ -9,6 +9,7 @@ pub mod counts;
 pub mod exporters;
 pub mod oob;
 pub mod process;
+pub mod roundtrip;
 pub mod test_exporter;
 pub mod testbed;
 pub mod verbs;

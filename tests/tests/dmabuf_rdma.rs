@@ -5,8 +5,9 @@
 
 use integration_tests::exporters::{Exporter, ALL};
 use integration_tests::oob;
+use integration_tests::roundtrip::{dmabuf_round_trip, IOVA, PAGE};
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
+use integration_tests::verbs::{host_region, pattern, pd};
 use rdma_dmabuf::{
     supports_dmabuf, Access, Endpoint, Local, MemoryRegion, QueuePairBuilder, RemoteRegion,
 };
@@ -15,9 +16,6 @@ use std::time::Duration;
 const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
-const PAGE: u64 = 4096;
-/// The registered range starts one page into the buffer, at an iova with the same page offset.
-const IOVA: u64 = 0x7f00_0000_1000;
 
 #[test]
 #[ignore = "needs the testbed VM"]
@@ -30,104 +28,15 @@ fn patched_rxe_supports_dmabuf_regions() {
     );
 }
 
-/// One exporter, one size: write, read back, receive into the region, send out of it.
-fn round_trip(tb: &Testbed, exporter: Exporter, size: u64, seed: u8) {
-    let pd = pd(tb);
-    let (peer, owner) = loopback_pair(&pd);
-    let what = format!("{exporter:?} {size} bytes");
-    let buf = exporter.allocate(size + 2 * PAGE);
-    let total = buf.size() as usize;
-    let region = MemoryRegion::register_dmabuf(&pd, buf, PAGE, size, Some(IOVA), RW)
-        .unwrap_or_else(|e| panic!("{what}: register: {e}"));
-    assert_eq!(region.addr(), IOVA, "work requests use the iova");
-    let remote = region.remote().unwrap();
-    assert_eq!(
-        (remote.addr, remote.len),
-        (IOVA, size),
-        "peers are told the iova"
-    );
-
-    // RDMA WRITE from a host region into the dma-buf region.
-    let n = size as usize;
-    let p1 = pattern(n, seed);
-    let src = host_region(&pd, &p1, n, Access::empty());
-    peer.post_write(Local::new(src, 0..size), remote, None)
-        .unwrap()
-        .wait()
-        .unwrap_or_else(|e| panic!("{what}: write: {}", e.error));
-
-    // RDMA READ it back.
-    let back = host_region(&pd, &[], n, Access::LOCAL_WRITE);
-    let back = peer
-        .post_read(Local::new(back, 0..size), remote)
-        .unwrap()
-        .wait()
-        .unwrap_or_else(|e| panic!("{what}: read: {}", e.error));
-    assert!(
-        back.region.bytes().unwrap()[..n] == p1[..],
-        "{what}: read back"
-    );
-
-    // SEND into a receive posted on the dma-buf region.
-    let p2 = pattern(n, seed.wrapping_add(100));
-    let recv = owner
-        .post_recv(region)
-        .unwrap_or_else(|e| panic!("{what}: post recv: {}", e.error));
-    let src = host_region(&pd, &p2, n, Access::empty());
-    peer.post_send(Local::new(src, 0..size), None)
-        .unwrap()
-        .wait()
-        .unwrap();
-    let got = recv
-        .wait()
-        .unwrap_or_else(|e| panic!("{what}: recv: {}", e.error));
-    assert_eq!(got.wc.byte_len as u64, size);
-
-    // The owner checks every byte through the exporter's mapping (after deregistration: no
-    // peer can write any more), and that nothing outside the registered range moved.
-    let mut buf = got.region.into_inner().unwrap();
-    let seen = Exporter::read(&mut buf);
-    assert_eq!(seen.len(), total);
-    assert!(
-        seen[PAGE as usize..PAGE as usize + n] == p2[..],
-        "{what}: received bytes"
-    );
-    assert!(
-        seen[..PAGE as usize].iter().all(|&b| b == 0),
-        "{what}: the page before is untouched"
-    );
-    assert!(
-        seen[PAGE as usize + n..].iter().all(|&b| b == 0),
-        "{what}: the bytes after are untouched"
-    );
-
-    // SEND out of a dma-buf region: the CPU fills it through the mapping, the NIC sends it.
-    let p3 = pattern(n, seed.wrapping_add(200));
-    Exporter::fill(&mut buf, PAGE as usize, &p3);
-    let out =
-        MemoryRegion::register_dmabuf(&pd, buf, PAGE, size, Some(IOVA), Access::empty()).unwrap();
-    let inbox = peer
-        .post_recv(host_region(&pd, &[], n, Access::LOCAL_WRITE))
-        .unwrap();
-    owner
-        .post_send(out, None)
-        .unwrap()
-        .wait()
-        .unwrap_or_else(|e| panic!("{what}: send out: {}", e.error));
-    let got = inbox.wait().unwrap();
-    assert!(
-        got.region.bytes().unwrap()[..n] == p3[..],
-        "{what}: sent from the dma-buf"
-    );
-}
-
 #[test]
 #[ignore = "needs the testbed VM"]
 fn dmabuf_regions_write_read_send_and_receive_for_every_exporter() {
     let tb = Testbed::get();
     for (i, exporter) in ALL.into_iter().enumerate() {
         for (j, size) in [PAGE, 1 << 20, 16 << 20].into_iter().enumerate() {
-            round_trip(&tb, exporter, size, (i * 3 + j) as u8);
+            let buf = exporter.allocate(size + 2 * PAGE);
+            let what = format!("{exporter:?} {size} bytes");
+            dmabuf_round_trip(&tb, buf, size, (i * 3 + j) as u8, &what);
         }
     }
 }
