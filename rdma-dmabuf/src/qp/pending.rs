@@ -174,24 +174,31 @@ pub(super) fn busy_wait<'q, H: Handle<'q>>(mut h: H) -> H::Out {
 
 /// Polls `h`, yielding between polls, for at most `timeout`.
 pub(super) fn timed_wait<'q, H: Handle<'q>>(
-    mut h: H,
+    h: H,
     timeout: Duration,
 ) -> std::result::Result<H::Out, H> {
-    let deadline = deadline_after(timeout);
-    loop {
-        match h.try_complete() {
-            Ok(out) => return Ok(out),
-            Err(again) if time_left(deadline).is_zero() => return Err(again),
-            Err(again) => h = again,
-        }
+    wait_with(h, timeout, |_, _| {
         std::thread::yield_now();
-    }
+        true
+    })
 }
 
 /// Waits for `h` sleeping on the completion channel, for at most `timeout`.
 pub(super) fn blocking_wait<'q, H: Handle<'q>>(
+    h: H,
+    timeout: Duration,
+) -> std::result::Result<H::Out, H> {
+    wait_with(h, timeout, |h, left| {
+        h.qp().sleep_for_completion(left).is_ok()
+    })
+}
+
+/// Polls `h` until its request completes or `timeout` passes; between polls, `pause(h, time
+/// left)` waits, or says (`false`) that waiting cannot go on.
+fn wait_with<'q, H: Handle<'q>>(
     mut h: H,
     timeout: Duration,
+    mut pause: impl FnMut(&H, Duration) -> bool,
 ) -> std::result::Result<H::Out, H> {
     let deadline = deadline_after(timeout);
     loop {
@@ -200,7 +207,7 @@ pub(super) fn blocking_wait<'q, H: Handle<'q>>(
             Err(again) => h = again,
         }
         let left = time_left(deadline);
-        if left.is_zero() || h.qp().sleep_for_completion(left).is_err() {
+        if left.is_zero() || !pause(&h, left) {
             return Err(h);
         }
     }
