@@ -57,33 +57,15 @@ fn a_send_nobody_acknowledges_fails_within_the_retry_budget() {
         "the default budget is finite and short: {budget:?}"
     );
     let qp = connected_to_nobody(&pd, builder);
-    let src = host_region(&pd, b"anyone?", 4096, Access::empty());
-    let t = Instant::now();
-    let outcome = qp
-        .post_send(src, None)
-        .unwrap()
-        .wait_timeout(budget + SLACK)
-        .unwrap_or_else(|_| {
-            panic!(
-                "no completion within {:?}: the send retries forever",
-                budget + SLACK
-            )
-        });
-    let took = t.elapsed();
-    let err = outcome.expect_err("nobody acknowledged the send");
-    match err.error {
+    let err = send_fails_within(&qp, &pd, budget, "the send retries forever");
+    match err {
         Error::Completion {
             status,
             kind: WorkKind::Send,
             ..
-        } => assert_eq!(status, RETRY_EXC, "{}", err.error),
+        } => assert_eq!(status, RETRY_EXC, "{err}"),
         ref other => panic!("expected a completion error, got {other}"),
     }
-    assert!(
-        took <= budget + SLACK,
-        "{took:?} past the budget {budget:?}"
-    );
-    eprintln!("retry exceeded after {took:?} (budget {budget:?})");
 }
 
 #[test]
@@ -95,29 +77,36 @@ fn a_send_the_peer_never_posts_a_receive_for_fails_within_the_rnr_budget() {
         .rnr_budget()
         .expect("finite by default");
     let (a, _b) = loopback_pair(&pd);
-    let src = host_region(&pd, b"hello?", 4096, Access::empty());
+    let err = send_fails_within(&a, &pd, budget, "RNR retries forever");
+    match err {
+        Error::Completion { status, .. } => assert_eq!(status, RNR_RETRY_EXC, "{err}"),
+        ref other => panic!("expected a completion error, got {other}"),
+    }
+}
+
+/// Sends on `qp` and waits for the completion, which must be an error within `budget` (plus
+/// [`SLACK`]); `forever` says what a missing completion would mean. Returns the error.
+fn send_fails_within(
+    qp: &QueuePair,
+    pd: &Arc<ProtectionDomain>,
+    budget: Duration,
+    forever: &str,
+) -> Error {
+    let src = host_region(pd, b"anyone?", 4096, Access::empty());
     let t = Instant::now();
-    let outcome = a
+    let outcome = qp
         .post_send(src, None)
         .unwrap()
         .wait_timeout(budget + SLACK)
-        .unwrap_or_else(|_| {
-            panic!(
-                "no completion within {:?}: RNR retries forever",
-                budget + SLACK
-            )
-        });
+        .unwrap_or_else(|_| panic!("no completion within {:?}: {forever}", budget + SLACK));
     let took = t.elapsed();
-    let err = outcome.expect_err("the peer never posted a receive");
-    match err.error {
-        Error::Completion { status, .. } => assert_eq!(status, RNR_RETRY_EXC, "{}", err.error),
-        ref other => panic!("expected a completion error, got {other}"),
-    }
+    let err = outcome.expect_err("the send cannot succeed").error;
     assert!(
         took <= budget + SLACK,
         "{took:?} past the budget {budget:?}"
     );
-    eprintln!("RNR retry exceeded after {took:?} (budget {budget:?})");
+    eprintln!("failed after {took:?} (budget {budget:?}): {err}");
+    err
 }
 
 #[test]
