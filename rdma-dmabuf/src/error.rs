@@ -52,6 +52,8 @@ pub enum Op {
     Parse,
     /// A connection-manager step (`rdma_resolve_addr`, `rdma_connect`, ...).
     Cm,
+    /// Splitting a region into shards, or joining them back.
+    Split,
 }
 
 impl fmt::Display for Op {
@@ -79,6 +81,7 @@ impl fmt::Display for Op {
             Op::PollCq => "ibv_poll_cq",
             Op::Parse => "parse peer data",
             Op::Cm => "rdma_cm",
+            Op::Split => "split or join a region",
         })
     }
 }

@@ -7,6 +7,11 @@
 //!   exchanging [`Endpoint`]s out of band.
 //! * Posts take ownership: a region (or a [`Local`] part of one) moves into the request, and
 //!   [`Pending::wait`] hands it back with the completion.
+//! * Several parts per request: [`QueuePair::post_write_parts`] and its siblings gather from
+//!   or scatter into up to [`QueuePairBuilder::max_sge`] owned parts, all handed back
+//!   together; [`MemoryRegion::split`] cuts one registration into disjoint [`Shard`]s that
+//!   are posted independently (many requests in flight from one GPU buffer) and
+//!   [`Shard::join`]ed back.
 //!
 //! The crate's example `rdma_dmabuf_quickstart`, which `cargo xtask test` runs in the testbed
 //! VM (`RDMA_DEVICE=mlx5_0 cargo run -p rdma-dmabuf --example rdma_dmabuf_quickstart` on a
@@ -61,6 +66,7 @@ pub mod pd;
 pub mod qp;
 pub mod remote;
 pub mod scope;
+pub mod shard;
 mod slots;
 pub mod wr;
 
@@ -74,13 +80,14 @@ pub use fence::{wait_for_fences, FencedOp};
 pub use host::HostBuffer;
 pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
-pub use part::{Local, Part, PartMut};
+pub use part::{Local, OwnedPart, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
-    AtomicOp, Done, InlinePending, Outcome, Pending, PreparedQp, QueuePair, QueuePairBuilder,
-    WorkError, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
-    DEFAULT_RNR_RETRY,
+    AtomicOp, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
+    Pending, PreparedQp, QueuePair, QueuePairBuilder, WorkError, DEFAULT_ACK_TIMEOUT,
+    DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY,
 };
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
+pub use shard::{JoinError, Shard, SplitError};
 pub use wr::{WorkCompletion, WorkKind};

@@ -245,6 +245,52 @@ impl MultiChannel {
         })
     }
 
+    /// Sends to each listed peer one message gathered from its parts (up to the queue
+    /// pairs' [`max_sge`](crate::QueuePairBuilder::max_sge)), all at once.
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send`], and a count of parts past `max_sge`.
+    pub fn scatter_send_parts<B: Backing, const N: usize>(
+        &self,
+        parts: &[(usize, [Part<'_, B>; N])],
+    ) -> Result<Vec<WorkCompletion>> {
+        let qps = self.check_many(
+            parts
+                .iter()
+                .map(|(peer, p)| (*peer, WorkKind::Send, p, None)),
+        )?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for ((_, p), qp) in parts.iter().zip(&qps) {
+                pending.push(s.send_parts(qp, *p, None)?);
+            }
+            self.finish(s, pending, false)
+        })
+    }
+
+    /// RDMA-writes to each listed peer's remote region the parts gathered in order, all at
+    /// once: several scattered blocks per peer in one request each.
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send_parts`].
+    pub fn scatter_write_parts<B: Backing, const N: usize>(
+        &self,
+        parts: &[(usize, [Part<'_, B>; N], RemoteRegion)],
+    ) -> Result<Vec<WorkCompletion>> {
+        let qps = self.check_many(
+            parts
+                .iter()
+                .map(|(peer, p, remote)| (*peer, WorkKind::Write, p, Some(*remote))),
+        )?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for ((_, p, remote), qp) in parts.iter().zip(&qps) {
+                pending.push(s.write_parts(qp, *p, *remote, None)?);
+            }
+            self.finish(s, pending, false)
+        })
+    }
+
     /// Receives one message from each listed peer into its part, all at once.
     ///
     /// Every peer index and part is checked before anything is posted. If a receive cannot be
@@ -310,6 +356,24 @@ impl MultiChannel {
             .map(|(peer, kind, part, remote)| {
                 let qp = self.peer(peer)?;
                 qp.check(kind, part.region(), part.range(), remote)?;
+                Ok(qp)
+            })
+            .collect()
+    }
+
+    /// As `check_parts`, for requests of several parts each.
+    fn check_many<'p, 'r: 'p, B: Backing + 'r, const N: usize>(
+        &self,
+        requests: impl Iterator<Item = (usize, WorkKind, &'p [Part<'r, B>; N], Option<RemoteRegion>)>,
+    ) -> Result<Vec<&QueuePair>> {
+        requests
+            .map(|(peer, kind, parts, remote)| {
+                let qp = self.peer(peer)?;
+                qp.check_parts::<B, N>(
+                    kind,
+                    parts.iter().map(|p| (p.region(), p.range())),
+                    remote,
+                )?;
                 Ok(qp)
             })
             .collect()

@@ -8,6 +8,11 @@
 //!   writes) in the scoped and multi-peer layers: [`MemoryRegion::part`], or `&region`.
 //! * [`PartMut`]: an exclusive borrow and a range, for what the NIC writes (receives,
 //!   reads): [`MemoryRegion::part_mut`], or `&mut region`.
+//! * [`Shard`](crate::Shard): one of several disjoint owned parts of one region
+//!   ([`MemoryRegion::split`]), each posted on its own and joined back afterwards.
+//!
+//! The owned posts of several parts (`QueuePair::post_write_parts` and the rest) take an
+//! array of any [`OwnedPart`]: regions, `Local`s or shards.
 //!
 //! Ranges are byte offsets within the region (`start..end`, `end` exclusive). They are
 //! checked when posted: an empty or reversed range, or one past the region's end, is an
@@ -17,6 +22,45 @@
 use crate::mr::{Backing, MemoryRegion};
 use std::fmt;
 use std::ops::Range;
+
+/// What an owned post can lend to the NIC and get back with the completion: a whole
+/// [`MemoryRegion`], a [`Local`] range of one, or a [`Shard`](crate::Shard). Implemented by
+/// the crate's types only.
+pub trait OwnedPart: Send + 'static + sealed::Sealed {
+    /// The region's backing.
+    type Backing: Backing;
+
+    /// The registration and the range of it the part stands for (checked when posted).
+    /// Callable inside the crate only: a shard must not hand out its whole region.
+    #[doc(hidden)]
+    fn lent(&self, _: sealed::Token) -> (&MemoryRegion<Self::Backing>, Range<u64>);
+}
+
+/// Keeps [`OwnedPart`] closed, and its accessor out of reach of other crates.
+pub(crate) mod sealed {
+    /// Implemented by the crate's owned parts only.
+    pub trait Sealed {}
+    /// Proof that the caller is this crate: nothing outside can build one.
+    pub struct Token(());
+    /// The crate's token.
+    pub(crate) const TOKEN: Token = Token(());
+}
+
+impl<B: Backing> sealed::Sealed for MemoryRegion<B> {}
+impl<B: Backing> OwnedPart for MemoryRegion<B> {
+    type Backing = B;
+    fn lent(&self, _: sealed::Token) -> (&MemoryRegion<B>, Range<u64>) {
+        (self, 0..self.len())
+    }
+}
+
+impl<B: Backing> sealed::Sealed for Local<B> {}
+impl<B: Backing> OwnedPart for Local<B> {
+    type Backing = B;
+    fn lent(&self, _: sealed::Token) -> (&MemoryRegion<B>, Range<u64>) {
+        (&self.region, self.range())
+    }
+}
 
 /// An owned region and the range of it a request uses (the owned layer's part).
 #[derive(Debug)]

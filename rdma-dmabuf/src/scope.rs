@@ -235,8 +235,92 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // request before 'scope ends (`Drain`, also on panic), so the region outlives the
         // request; for what the NIC writes the borrow is exclusive (checked just above), so
         // the CPU cannot touch the region meanwhile.
-        let (index, gen) =
-            unsafe { qp.post_borrowed(kind, part.region(), part.range(), remote, imm)? };
+        let slot = unsafe { qp.post_borrowed(kind, part.region(), part.range(), remote, imm)? };
+        Ok(self.record(qp, kind, slot))
+    }
+
+    /// Sends the parts, gathered in order into one message (up to the queue pair's
+    /// [`max_sge`](crate::QueuePairBuilder::max_sge); parts of one region may repeat or
+    /// overlap, since the NIC only reads them).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send_parts`].
+    pub fn send_parts<B: Backing, const N: usize>(
+        &'scope self,
+        qp: &'scope QueuePair,
+        parts: [Part<'scope, B>; N],
+        imm: Option<u32>,
+    ) -> Result<ScopedPending<'scope, 'env>> {
+        self.post_parts(qp, WorkKind::Send, parts, None, imm)
+    }
+
+    /// Receives, scattered in order into the parts (exclusively borrowed).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_recv_parts`].
+    pub fn recv_parts<B: Backing, const N: usize>(
+        &'scope self,
+        qp: &'scope QueuePair,
+        parts: [PartMut<'scope, B>; N],
+    ) -> Result<ScopedPending<'scope, 'env>> {
+        let parts = parts.map(PartMut::into_shared);
+        self.post_parts(qp, WorkKind::Recv, parts, None, None)
+    }
+
+    /// RDMA-writes the parts, gathered in order, to the start of `remote`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_write_parts`].
+    pub fn write_parts<B: Backing, const N: usize>(
+        &'scope self,
+        qp: &'scope QueuePair,
+        parts: [Part<'scope, B>; N],
+        remote: RemoteRegion,
+        imm: Option<u32>,
+    ) -> Result<ScopedPending<'scope, 'env>> {
+        self.post_parts(qp, WorkKind::Write, parts, Some(remote), imm)
+    }
+
+    /// RDMA-reads the start of `remote`, scattered in order into the parts (exclusively
+    /// borrowed).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_read_parts`].
+    pub fn read_parts<B: Backing, const N: usize>(
+        &'scope self,
+        qp: &'scope QueuePair,
+        parts: [PartMut<'scope, B>; N],
+        remote: RemoteRegion,
+    ) -> Result<ScopedPending<'scope, 'env>> {
+        let parts = parts.map(PartMut::into_shared);
+        self.post_parts(qp, WorkKind::Read, parts, Some(remote), None)
+    }
+
+    /// Posts a request of several borrowed parts; for what the NIC writes, the callers
+    /// passed exclusive borrows (made shared only for the checks and the SGEs).
+    fn post_parts<B: Backing, const N: usize>(
+        &'scope self,
+        qp: &'scope QueuePair,
+        kind: WorkKind,
+        parts: [Part<'scope, B>; N],
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> Result<ScopedPending<'scope, 'env>> {
+        // SAFETY: every part's region is borrowed for 'scope, and the scope drains every
+        // request before 'scope ends (`Drain`, also on panic), so the regions outlive the
+        // request; for what the NIC writes, `recv_parts` and `read_parts` took exclusive
+        // borrows, so the CPU cannot touch those regions meanwhile.
+        let slot = unsafe { qp.post_borrowed_parts(kind, &parts, remote, imm)? };
+        Ok(self.record(qp, kind, slot))
+    }
+
+    /// Records a posted request, so that the scope waits for it.
+    fn record(
+        &'scope self,
+        qp: &'scope QueuePair,
+        kind: WorkKind,
+        (index, gen): (u32, u32),
+    ) -> ScopedPending<'scope, 'env> {
         let mut posted = self.posted.borrow_mut();
         posted.push(Entry {
             qp,
@@ -246,10 +330,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             taken: Cell::new(None),
             done: Cell::new(false),
         });
-        Ok(ScopedPending {
+        ScopedPending {
             scope: self,
             entry: posted.len() - 1,
-        })
+        }
     }
 
     /// Moves the queue pairs of the requests still in flight to the error state when the

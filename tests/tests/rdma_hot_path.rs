@@ -1,10 +1,11 @@
 //! The post and poll hot path allocates nothing: a counting global allocator watches 1,000
-//! send/receive round trips, 1,000 RDMA writes, 1,000 inline writes and 1,000 atomics. Alone in its binary (the allocator counts
-//! the whole process). Runs in the testbed VM.
+//! send/receive round trips, 1,000 RDMA writes, 1,000 inline writes, 1,000 atomics, and 1,000
+//! gather writes and scattered receives of four shards each. Alone in its binary (the
+//! allocator counts the whole process). Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pd};
-use rdma_dmabuf::{Access, AtomicOp, Local, QueuePairBuilder};
+use rdma_dmabuf::{Access, AtomicOp, HostBuffer, Local, QueuePairBuilder, Shard};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -38,8 +39,8 @@ fn post_and_poll_allocate_nothing() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = connect_pair(
-        QueuePairBuilder::new(&pd).max_inline_data(64),
-        QueuePairBuilder::new(&pd),
+        QueuePairBuilder::new(&pd).max_inline_data(64).max_sge(4),
+        QueuePairBuilder::new(&pd).max_sge(4),
     );
     let mut src = Some(host_region(&pd, &[7; 64], 4096, Access::empty()));
     let mut dst = Some(host_region(&pd, &[], 4096, Access::LOCAL_WRITE));
@@ -50,6 +51,13 @@ fn post_and_poll_allocate_nothing() {
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
     );
     let remote = target.remote().unwrap();
+    let shards = |len| {
+        host_region(&pd, &[3; 4096], 4096, Access::LOCAL_WRITE)
+            .split_into_chunks(len)
+            .unwrap()
+    };
+    let mut gather: Option<[Shard<HostBuffer>; 4]> = Some(take4(shards(16)));
+    let mut scatter: Option<[Shard<HostBuffer>; 4]> = Some(take4(shards(1024)));
 
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..1_000 {
@@ -86,6 +94,26 @@ fn post_and_poll_allocate_nothing() {
             .unwrap();
         dst = Some(old.region);
     }
+    // Several parts per request: a gather write of four shards of one region, and a send of
+    // them into a receive scattered over four shards of another.
+    for _ in 0..1_000 {
+        let w = a
+            .post_write_parts(gather.take().unwrap(), remote, None)
+            .unwrap();
+        let parts = w.wait().unwrap().parts;
+        let r = b.post_recv_parts(scatter.take().unwrap()).unwrap();
+        let s = a.post_send_parts(parts, None).unwrap();
+        gather = Some(s.wait().unwrap().parts);
+        let got = r.wait().unwrap();
+        assert_eq!(got.wc.byte_len, 64);
+        scatter = Some(got.parts);
+    }
     let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert_eq!(allocations, 0, "allocations on the hot path");
+}
+
+/// The first four shards (the rest are dropped; the region stays registered for these).
+fn take4(shards: Vec<Shard<HostBuffer>>) -> [Shard<HostBuffer>; 4] {
+    let four: Vec<_> = shards.into_iter().take(4).collect();
+    four.try_into().expect("four shards")
 }

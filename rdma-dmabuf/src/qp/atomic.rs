@@ -2,7 +2,7 @@
 //! value landing in an 8-byte part of a local region.
 
 use super::pending::{Pending, WorkError};
-use super::post::Request;
+use super::post::{sge, Request};
 use super::QueuePair;
 use crate::device::AtomicCap;
 use crate::error::{Error, Op};
@@ -63,7 +63,7 @@ impl QueuePair {
                 region: local.into_region(),
             })
         };
-        if self.raw.atomics == AtomicCap::None {
+        if self.raw.caps.atomics == AtomicCap::None {
             let error = Error::Unsupported {
                 op: Op::PostSend,
                 device: self.raw.pd.context().name().to_string(),
@@ -89,7 +89,8 @@ impl QueuePair {
         }
         let checked = self.check(kind, local.region(), range, Some(remote));
         let posted = checked.and_then(|(offset, len)| {
-            let mut req = Request::new(kind, local.region(), offset, len, Some(remote), None);
+            let sges = [sge(local.region(), offset, len)];
+            let mut req = Request::new(kind, &sges, Some(remote), None);
             req.atomic = Some(op);
             // SAFETY: `check` put the 8 bytes inside the region, of this QP's PD; the region
             // moves into the returned `Pending` (or the request's slot), so it stays

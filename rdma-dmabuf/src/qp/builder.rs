@@ -1,7 +1,7 @@
 //! Settings of a new queue pair, checked before anything is created, and its creation.
 
 use super::connect::PreparedQp;
-use super::raw::{Origin, RawQp};
+use super::raw::{Origin, QpCaps, RawQp};
 use crate::cm_id::CmId;
 use crate::cq::CompletionQueue;
 use crate::device::{Context, DeviceAttr, Gid};
@@ -127,6 +127,7 @@ pub struct QueuePairBuilder {
     rnr_forever: bool,
     hop_limit: u8,
     max_inline: u32,
+    max_sge: u32,
 }
 
 impl QueuePairBuilder {
@@ -145,7 +146,18 @@ impl QueuePairBuilder {
             rnr_forever: false,
             hop_limit: DEFAULT_HOP_LIMIT,
             max_inline: 0,
+            max_sge: 1,
         }
+    }
+
+    /// The most parts (scatter/gather entries) one request may have, on both queues
+    /// ([`QueuePair::post_write_parts`](crate::QueuePair::post_write_parts) and the other
+    /// `*_parts` posts; default 1). Each part costs work-queue memory, so ask for what the
+    /// program posts. Checked against the device's `max_sge` at creation; RDMA reads are
+    /// also held to its `max_sge_rd` when posted.
+    pub fn max_sge(mut self, parts: u32) -> Self {
+        self.max_sge = parts;
+        self
     }
 
     /// The inline data the queue pair must take per send or write
@@ -335,8 +347,9 @@ impl QueuePairBuilder {
         init.recv_cq = cq.as_ptr();
         init.cap.max_send_wr = self.send_depth;
         init.cap.max_recv_wr = self.recv_depth;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
+        let sge = self.checked_sge(&dev)?;
+        init.cap.max_send_sge = sge;
+        init.cap.max_recv_sge = sge;
         init.cap.max_inline_data = self.max_inline;
         init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         let qp = match &cm {
@@ -369,7 +382,13 @@ impl QueuePairBuilder {
             ));
         };
         // The provider wrote back what it granted (at least what was asked).
-        let caps = (init.cap.max_inline_data, dev.atomics);
+        let caps = QpCaps {
+            max_inline: init.cap.max_inline_data,
+            atomics: dev.atomics,
+            send_sge: init.cap.max_send_sge,
+            recv_sge: init.cap.max_recv_sge,
+            read_sge: init.cap.max_send_sge.min(dev.max_sge_rd.max(1)),
+        };
         let origin = match cm {
             Some(id) => Origin::Cm(id),
             None => Origin::Verbs,
@@ -442,6 +461,22 @@ impl QueuePairBuilder {
             ));
         }
         self.retry.check(self.rnr_forever)
+    }
+
+    /// The parts per request asked for, checked against the device's `max_sge`.
+    fn checked_sge(&self, dev: &DeviceAttr) -> Result<u32> {
+        let n = self.max_sge;
+        if n == 0 || n > dev.max_sge {
+            return Err(Error::invalid(
+                Op::CreateQp,
+                format!(
+                    "max_sge {n}: {} takes 1 to {} parts per request (max_sge)",
+                    self.pd.context().name(),
+                    dev.max_sge
+                ),
+            ));
+        }
+        Ok(n)
     }
 
     /// The completion queue's size (one entry per request that may be outstanding), after

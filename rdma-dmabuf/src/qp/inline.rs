@@ -53,7 +53,7 @@ impl QueuePair {
         if len == 0 {
             return refuse(format!("inline {kind} of 0 bytes"));
         }
-        let max = self.raw.max_inline as usize;
+        let max = self.raw.caps.max_inline as usize;
         if len > max {
             return refuse(format!(
                 "inline {kind} of {len} bytes: this queue pair takes at most {max} inline \
@@ -68,19 +68,14 @@ impl QueuePair {
                 ));
             }
         }
-        let req = Request {
-            kind,
-            sge: ffi::ibv_sge {
-                addr: data.as_ptr() as u64,
-                // At most max_inline, a u32.
-                length: len as u32,
-                lkey: 0,
-            },
-            remote,
-            imm,
-            atomic: None,
-            inline: true,
-        };
+        let sges = [ffi::ibv_sge {
+            addr: data.as_ptr() as u64,
+            // At most max_inline, a u32.
+            length: len as u32,
+            lkey: 0,
+        }];
+        let mut req = Request::new(kind, &sges, remote, imm);
+        req.inline = true;
         // SAFETY: an inline request: the provider copies `data` (valid for this call) into
         // the work request before ibv_post_send returns, so the NIC never reads it later and
         // no lkey is needed.

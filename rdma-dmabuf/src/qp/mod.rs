@@ -11,6 +11,7 @@ mod atomic;
 mod builder;
 mod connect;
 mod inline;
+mod parts;
 mod pending;
 mod post;
 pub(crate) mod raw;
@@ -23,6 +24,7 @@ pub use builder::{
 };
 pub use connect::PreparedQp;
 pub use inline::InlinePending;
+pub use parts::{PartsDone, PartsError, PartsOutcome, PartsPending};
 pub use pending::{Done, Outcome, Pending, WorkError};
 
 use crate::device::{Gid, Mtu};
@@ -129,7 +131,19 @@ impl QueuePair {
     /// The most bytes one inline send or write may carry (what the provider granted; see
     /// [`QueuePairBuilder::max_inline_data`]).
     pub fn max_inline_data(&self) -> u32 {
-        self.raw.max_inline
+        self.raw.caps.max_inline
+    }
+
+    /// The most parts one send, write or atomic may gather from, and one receive may
+    /// scatter into (what the provider granted; see [`QueuePairBuilder::max_sge`]).
+    pub fn max_sge(&self) -> (u32, u32) {
+        (self.raw.caps.send_sge, self.raw.caps.recv_sge)
+    }
+
+    /// The most parts one RDMA read may scatter into: the send queue's parts, held to the
+    /// device's `max_sge_rd`.
+    pub fn max_read_sge(&self) -> u32 {
+        self.raw.caps.read_sge
     }
 
     /// Requests posted and not yet completed, including those whose [`Pending`] was dropped.

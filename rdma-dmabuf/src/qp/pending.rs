@@ -59,26 +59,19 @@ impl<B: Backing> From<WorkError<B>> for Error {
 /// is done with it (its completion, or the flush when the queue pair is destroyed).
 #[must_use = "dropping a Pending leaves its region with the queue until the request completes"]
 pub struct Pending<'q, B: Backing> {
-    pub(super) qp: &'q QueuePair,
-    pub(super) index: u32,
-    pub(super) gen: u32,
-    pub(super) kind: WorkKind,
-    pub(super) local: Option<Local<B>>,
+    pub(super) ticket: Ticket<'q, Local<B>>,
 }
 
 impl<B: Backing> fmt::Debug for Pending<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pending")
-            .field("wr_id", &wr_id(self.index, self.gen))
-            .field("kind", &self.kind)
-            .finish()
+        self.ticket.fmt("Pending", f)
     }
 }
 
 impl<'q, B: Backing> Pending<'q, B> {
     /// The request's `wr_id`.
     pub fn wr_id(&self) -> u64 {
-        wr_id(self.index, self.gen)
+        self.ticket.wr_id()
     }
 
     /// Polls once; the outcome if the request has completed, else the handle back.
@@ -86,25 +79,14 @@ impl<'q, B: Backing> Pending<'q, B> {
     /// # Errors
     /// `Err(self)` while the request is still in flight.
     pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
-        let Some(c) = self.qp.poll_for(self.index, self.gen) else {
+        let Some((local, result)) = self.ticket.try_finish() else {
             return Err(self);
         };
-        let local = self.local.take().expect("present until completion");
-        Ok(
-            match self
-                .qp
-                .completion_result(self.index, self.gen, self.kind, c)
-            {
-                Ok(wc) => Ok(Done {
-                    region: local.into_region(),
-                    wc,
-                }),
-                Err(error) => Err(WorkError {
-                    error,
-                    region: local.into_region(),
-                }),
-            },
-        )
+        let region = local.into_region();
+        Ok(match result {
+            Ok(wc) => Ok(Done { region, wc }),
+            Err(error) => Err(WorkError { error, region }),
+        })
     }
 
     /// Busy-polls until the request completes.
@@ -141,7 +123,7 @@ impl<'q, B: Backing> Handle<'q> for Pending<'q, B> {
         Pending::try_complete(self)
     }
     fn qp(&self) -> &'q QueuePair {
-        self.qp
+        self.ticket.qp
     }
 }
 
@@ -213,14 +195,50 @@ fn wait_with<'q, H: Handle<'q>>(
     }
 }
 
-impl<B: Backing> Drop for Pending<'_, B> {
+/// What every owned post's handle holds: the request's slot and what it lent to the NIC,
+/// which stays here until the completion has been polled. Dropped before that, it leaves what
+/// was lent in the slot, where the completion (or the queue pair's destruction) frees it.
+pub(super) struct Ticket<'q, T: Send + 'static> {
+    pub(super) qp: &'q QueuePair,
+    pub(super) index: u32,
+    pub(super) gen: u32,
+    pub(super) kind: WorkKind,
+    pub(super) lent: Option<T>,
+}
+
+impl<'q, T: Send + 'static> Ticket<'q, T> {
+    /// The request's `wr_id`.
+    pub(super) fn wr_id(&self) -> u64 {
+        wr_id(self.index, self.gen)
+    }
+
+    /// Polls once: if the request has completed, what was lent and how it ended.
+    pub(super) fn try_finish(&mut self) -> Option<(T, crate::Result<WorkCompletion>)> {
+        let c = self.qp.poll_for(self.index, self.gen)?;
+        let lent = self.lent.take().expect("present until completion");
+        let result = self
+            .qp
+            .completion_result(self.index, self.gen, self.kind, c);
+        Some((lent, result))
+    }
+
+    /// The handle's `Debug`, named `name`.
+    pub(super) fn fmt(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("wr_id", &self.wr_id())
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl<T: Send + 'static> Drop for Ticket<'_, T> {
     fn drop(&mut self) {
-        if let Some(local) = self.local.take() {
+        if let Some(lent) = self.lent.take() {
             let back = self
                 .qp
                 .slots
                 .borrow_mut()
-                .abandon(self.index, self.gen, Box::new(local));
+                .abandon(self.index, self.gen, Box::new(lent));
             // Completed already: the NIC is done with it, free it now (outside the borrow).
             drop(back);
         }

@@ -1,7 +1,7 @@
 //! Posting: the owned posts, the checks every request passes, and the verbs calls.
 
 use super::atomic::AtomicOp;
-use super::pending::{Pending, WorkError};
+use super::pending::{Pending, Ticket, WorkError};
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing, MemoryRegion};
@@ -77,11 +77,12 @@ impl QueuePair {
         let posted = self
             .check(kind, r, local.range(), remote)
             .and_then(|(offset, len)| {
+                let sges = [sge(r, offset, len)];
                 // SAFETY: `check` put the part inside `r`, a region of this QP's PD; `r`
                 // moves into the returned `Pending` (and, if that is dropped early, into the
                 // request's slot, which lives until the QP is destroyed), so it stays
                 // registered and out of the CPU's reach until the completion is polled.
-                unsafe { self.post_raw(Request::new(kind, r, offset, len, remote, imm)) }
+                unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
             });
         self.pending_or_back(posted, kind, local)
     }
@@ -98,11 +99,13 @@ impl QueuePair {
             // The region moves into the Pending (or, if that is dropped early, into the
             // slot), so it outlives the request.
             Ok((index, gen)) => Ok(Pending {
-                qp: self,
-                index,
-                gen,
-                kind,
-                local: Some(local),
+                ticket: Ticket {
+                    qp: self,
+                    index,
+                    gen,
+                    kind,
+                    lent: Some(local),
+                },
             }),
             Err(error) => Err(WorkError {
                 error,
@@ -164,37 +167,42 @@ impl QueuePair {
         Ok((start, len))
     }
 
-    /// Takes a slot and posts one work request with one SGE; returns the slot.
+    /// Takes a slot and posts one work request; returns the slot.
     ///
     /// # Safety
-    /// The SGE's bytes lie in a region of this queue pair's protection domain registered with
-    /// its lkey, and that memory stays registered, allocated and untouched by the CPU (for
-    /// what the NIC writes) until the request's completion has been polled: the owned layer
-    /// moves the region into the `Pending` (or its slot), the scoped layer borrows it for a
-    /// scope that drains before the borrow ends. For an inline request the SGE instead points
-    /// to bytes valid for the call only (the provider copies them before it returns).
-    pub(super) unsafe fn post_raw(&self, req: Request) -> Result<(u32, u32)> {
+    /// Each SGE's bytes lie in a region of this queue pair's protection domain registered
+    /// with its lkey, and that memory stays registered, allocated and untouched by the CPU
+    /// (for what the NIC writes) until the request's completion has been polled: the owned
+    /// layer moves the regions into the `Pending` (or its slot), the scoped layer borrows them
+    /// for a scope that drains before the borrow ends. For an inline request the SGE instead
+    /// points to bytes valid for the call only (the provider copies them before it returns).
+    /// There are at most as many SGEs as the queue pair was granted for the request's queue
+    /// (the provider refuses more, and the request then fails cleanly; the checks of the
+    /// `*_parts` posts keep that from happening).
+    pub(super) unsafe fn post_raw(&self, req: Request<'_>) -> Result<(u32, u32)> {
         let kind = req.kind;
         let (index, gen) = self.slots.borrow_mut().acquire(kind)?;
-        let mut sge = req.sge;
         let id = wr_id(index, gen);
+        // At most the granted max_sge (a u32 from the provider), so it fits an i32.
+        let num_sge = req.sges.len() as i32;
         let rc = if kind == WorkKind::Recv {
             let mut wr = ffi::ibv_recv_wr {
                 wr_id: id,
                 next: std::ptr::null_mut(),
-                sg_list: &mut sge,
-                num_sge: 1,
+                sg_list: req.sges.as_ptr().cast_mut(),
+                num_sge,
             };
             let mut bad = std::ptr::null_mut();
-            // SAFETY: live QP; `wr` and `sge` are valid for the call (the provider copies
-            // them); the SGE's memory outlives the request (this function's contract).
+            // SAFETY: live QP; `wr` and the SGE list are valid for the call (the provider
+            // copies them, and never writes the list); the SGEs' memory outlives the request
+            // (this function's contract).
             unsafe { ffi::ibv_post_recv(self.raw.as_ptr(), &mut wr, &mut bad) }
         } else {
-            let mut wr = req.send_wr(id, &mut sge);
+            let mut wr = req.send_wr(id, num_sge);
             let mut bad = std::ptr::null_mut();
-            // SAFETY: live QP; `wr` and `sge` are valid for the call (the provider copies
-            // them, and inline data too); the SGE's memory outlives the request (this
-            // function's contract). The remote address and rkey need no trust: the peer's NIC
+            // SAFETY: live QP; `wr` and the SGE list are valid for the call (the provider
+            // copies them, and inline data too, and never writes the list); the SGEs' memory
+            // outlives the request (this function's contract). The remote address and rkey need no trust: the peer's NIC
             // checks them against its registrations and fails the request otherwise.
             unsafe { ffi::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) }
         };
@@ -224,47 +232,52 @@ impl QueuePair {
         imm: Option<u32>,
     ) -> Result<(u32, u32)> {
         let (offset, len) = self.check(kind, region, range, remote)?;
+        let sges = [sge(region, offset, len)];
         // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
         // keeps it registered and out of the CPU's reach until the completion (our contract).
-        unsafe { self.post_raw(Request::new(kind, region, offset, len, remote, imm)) }
+        unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
     }
 }
 
 /// The verb a request of `kind` is posted with, as errors name it.
-fn post_op(kind: WorkKind) -> Op {
+pub(super) fn post_op(kind: WorkKind) -> Op {
     match kind {
         WorkKind::Recv => Op::PostRecv,
         _ => Op::PostSend,
     }
 }
 
+/// The SGE of `len` bytes at `offset` of `region` (checked by the caller).
+pub(super) fn sge<B: Backing>(region: &MemoryRegion<B>, offset: u64, len: u32) -> ffi::ibv_sge {
+    ffi::ibv_sge {
+        addr: region.addr() + offset,
+        length: len,
+        lkey: region.lkey(),
+    }
+}
+
 /// One work request as the verbs take it, before it has a slot.
-pub(super) struct Request {
+pub(super) struct Request<'s> {
     pub kind: WorkKind,
-    pub sge: ffi::ibv_sge,
+    /// The parts, in order (one for most requests; never empty).
+    pub sges: &'s [ffi::ibv_sge],
     pub remote: Option<RemoteRegion>,
     pub imm: Option<u32>,
     pub atomic: Option<AtomicOp>,
     pub inline: bool,
 }
 
-impl Request {
-    /// A request on `len` bytes at `offset` of `region` (checked by the caller).
-    pub fn new<B: Backing>(
+impl<'s> Request<'s> {
+    /// A request on the parts `sges` (checked by the caller).
+    pub fn new(
         kind: WorkKind,
-        region: &MemoryRegion<B>,
-        offset: u64,
-        len: u32,
+        sges: &'s [ffi::ibv_sge],
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
-    ) -> Request {
+    ) -> Request<'s> {
         Request {
             kind,
-            sge: ffi::ibv_sge {
-                addr: region.addr() + offset,
-                length: len,
-                lkey: region.lkey(),
-            },
+            sges,
             remote,
             imm,
             atomic: None,
@@ -272,14 +285,15 @@ impl Request {
         }
     }
 
-    /// The send-queue work request, its SGE list pointing to `sge`.
-    fn send_wr(&self, id: u64, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
+    /// The send-queue work request, its SGE list pointing to `self.sges`.
+    fn send_wr(&self, id: u64, num_sge: i32) -> ffi::ibv_send_wr {
         // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero is
         // valid.
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = id;
-        wr.sg_list = sge;
-        wr.num_sge = 1;
+        // The provider only reads the list (ibv_post_send copies what it needs).
+        wr.sg_list = self.sges.as_ptr().cast_mut();
+        wr.num_sge = num_sge;
         wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         if self.inline {
             wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;

@@ -30,10 +30,24 @@ pub(crate) struct RawQp {
     origin: Origin,
     /// Dropped last: every object above lives in this PD's context.
     pub(crate) pd: Arc<ProtectionDomain>,
-    /// The inline data size the provider granted at creation.
-    pub(crate) max_inline: u32,
+    /// What the provider granted at creation, and the device's limits posts are checked
+    /// against.
+    pub(crate) caps: QpCaps,
+}
+
+/// A queue pair's limits, as granted at creation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QpCaps {
+    /// The inline data size per send or write.
+    pub max_inline: u32,
     /// The device's remote atomic capability.
-    pub(crate) atomics: AtomicCap,
+    pub atomics: AtomicCap,
+    /// Parts (SGEs) per send, write, read or atomic.
+    pub send_sge: u32,
+    /// Parts (SGEs) per receive.
+    pub recv_sge: u32,
+    /// Parts per RDMA read: the send queue's and the device's `max_sge_rd`, the lower.
+    pub read_sge: u32,
 }
 
 // SAFETY: libibverbs lets a QP be posted to, modified and destroyed from any thread; the
@@ -45,7 +59,7 @@ impl RawQp {
     ///
     /// # Safety
     /// `qp` is a live QP in `pd`, using `cq` for both queues, that nothing else destroys
-    /// (`caps`: the inline size granted at its creation and the device's atomics):
+    /// (`caps`: what was granted at its creation; posts within them are valid):
     /// created by `ibv_create_qp` for [`Origin::Verbs`], or by `rdma_create_qp` on the cm id
     /// of [`Origin::Cm`].
     pub(crate) unsafe fn from_parts(
@@ -53,15 +67,14 @@ impl RawQp {
         cq: CompletionQueue,
         origin: Origin,
         pd: Arc<ProtectionDomain>,
-        caps: (u32, AtomicCap),
+        caps: QpCaps,
     ) -> RawQp {
         RawQp {
             qp,
             cq,
             origin,
             pd,
-            max_inline: caps.0,
-            atomics: caps.1,
+            caps,
         }
     }
 
