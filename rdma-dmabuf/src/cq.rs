@@ -135,6 +135,7 @@ impl CompletionQueue {
                 byte_len: wc.byte_len,
                 imm,
                 vendor_err: wc.vendor_err,
+                qp_num: wc.qp_num,
             };
             each(wc.wr_id, c);
         }

@@ -202,6 +202,7 @@ impl Context {
             },
             max_srq: count(attr.max_srq),
             max_srq_wr: count(attr.max_srq_wr),
+            max_srq_sge: count(attr.max_srq_sge),
             odp: u64::from(odp) & ex.odp_caps.general_caps != 0,
             max_dm_size: ex.max_dm_size,
         })
@@ -334,6 +335,8 @@ pub struct DeviceAttr {
     pub max_srq: u32,
     /// Work requests one shared receive queue can hold.
     pub max_srq_wr: u32,
+    /// Scatter/gather entries per shared receive queue work request.
+    pub max_srq_sge: u32,
     /// Whether the device supports on-demand paging.
     pub odp: bool,
     /// The most device memory (`ibv_alloc_dm`) the device has, in bytes (0: none).

@@ -54,6 +54,10 @@ pub enum Op {
     Cm,
     /// Splitting a region into shards, or joining them back.
     Split,
+    /// `ibv_create_srq`, `ibv_modify_srq`, `ibv_query_srq`.
+    CreateSrq,
+    /// `ibv_post_srq_recv`.
+    PostSrqRecv,
 }
 
 impl fmt::Display for Op {
@@ -82,6 +86,8 @@ impl fmt::Display for Op {
             Op::Parse => "parse peer data",
             Op::Cm => "rdma_cm",
             Op::Split => "split or join a region",
+            Op::CreateSrq => "ibv_create_srq",
+            Op::PostSrqRecv => "ibv_post_srq_recv",
         })
     }
 }

@@ -11,6 +11,8 @@ pub(crate) struct RawCompletion {
     pub byte_len: u32,
     pub imm: Option<u32>,
     pub vendor_err: u32,
+    /// The local queue pair the request ran on.
+    pub qp_num: u32,
 }
 
 pub(crate) enum State {
@@ -173,6 +175,7 @@ mod tests {
             byte_len: 1,
             imm: None,
             vendor_err: 0,
+            qp_num: 1,
         }
     }
 

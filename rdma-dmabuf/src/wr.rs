@@ -55,4 +55,9 @@ pub struct WorkCompletion {
     pub byte_len: u32,
     /// Immediate data (host byte order) of a send or write with immediate.
     pub imm: Option<u32>,
+    /// The local queue pair's number: for a receive through a
+    /// [`SharedReceiveQueue`](crate::SharedReceiveQueue), the queue pair the message arrived
+    /// on (compare with [`Endpoint::qpn`](crate::Endpoint) of
+    /// [`QueuePair::endpoint`](crate::QueuePair::endpoint)).
+    pub qp_num: u32,
 }

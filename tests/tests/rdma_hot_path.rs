@@ -1,13 +1,17 @@
 //! The post and poll hot path allocates nothing: a counting global allocator watches 1,000
 //! send/receive round trips, 1,000 RDMA writes, 1,000 inline writes, 1,000 atomics, and 1,000
-//! gather writes and scattered receives of four shards each. Alone in its binary (the
-//! allocator counts the whole process). Runs in the testbed VM.
+//! gather writes and scattered receives of four shards each, and 1,000 sends into receives
+//! posted on a shared receive queue. Alone in its binary (the allocator counts the whole
+//! process). Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pd};
-use rdma_dmabuf::{Access, AtomicOp, HostBuffer, Local, QueuePairBuilder, Shard};
+use rdma_dmabuf::{
+    Access, AtomicOp, HostBuffer, Local, QueuePairBuilder, Shard, SharedReceiveQueue,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 struct Counting;
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
@@ -51,6 +55,11 @@ fn post_and_poll_allocate_nothing() {
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
     );
     let remote = target.remote().unwrap();
+    let srq = SharedReceiveQueue::new(&pd, 4).unwrap();
+    let (c, d) = connect_pair(
+        QueuePairBuilder::new(&pd),
+        QueuePairBuilder::new(&pd).srq(&srq),
+    );
     let shards = |len| {
         host_region(&pd, &[3; 4096], 4096, Access::LOCAL_WRITE)
             .split_into_chunks(len)
@@ -107,6 +116,17 @@ fn post_and_poll_allocate_nothing() {
         let got = r.wait().unwrap();
         assert_eq!(got.wc.byte_len, 64);
         scatter = Some(got.parts);
+    }
+    // Receives through a shared receive queue.
+    for _ in 0..1_000 {
+        let r = srq.post_recv(dst.take().unwrap()).unwrap();
+        let s = c
+            .post_send(Local::new(src.take().unwrap(), 0..64), None)
+            .unwrap();
+        src = Some(s.wait().unwrap().region);
+        let got = r.wait_timeout(Duration::MAX).unwrap().unwrap();
+        assert_eq!(got.wc.qp_num, d.endpoint().qpn);
+        dst = Some(got.region);
     }
     let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert_eq!(allocations, 0, "allocations on the hot path");

@@ -2,6 +2,7 @@
 
 use super::connect::PreparedQp;
 use super::raw::{Origin, QpCaps, RawQp};
+use super::srq::{SharedReceiveQueue, SrqCore};
 use crate::cm_id::CmId;
 use crate::cq::CompletionQueue;
 use crate::device::{Context, DeviceAttr, Gid};
@@ -128,6 +129,7 @@ pub struct QueuePairBuilder {
     hop_limit: u8,
     max_inline: u32,
     max_sge: u32,
+    srq: Option<Arc<SrqCore>>,
 }
 
 impl QueuePairBuilder {
@@ -147,7 +149,17 @@ impl QueuePairBuilder {
             hop_limit: DEFAULT_HOP_LIMIT,
             max_inline: 0,
             max_sge: 1,
+            srq: None,
         }
+    }
+
+    /// Receives through `srq` (of the same protection domain) instead of a receive queue of
+    /// its own: post receives with [`SharedReceiveQueue::post_recv`], and the queue pair's
+    /// own `post_recv` is refused. The queue pair keeps the shared queue's verbs objects
+    /// alive.
+    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
+        self.srq = Some(srq.core().clone());
+        self
     }
 
     /// The most parts (scatter/gather entries) one request may have, on both queues
@@ -345,11 +357,23 @@ impl QueuePairBuilder {
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
+        if let Some(srq) = &self.srq {
+            if !Arc::ptr_eq(srq.pd(), &self.pd) {
+                return Err(Error::invalid(
+                    Op::CreateQp,
+                    "the shared receive queue belongs to another protection domain",
+                ));
+            }
+            (init.srq, init.recv_cq) = srq.raw();
+        }
         init.cap.max_send_wr = self.send_depth;
         init.cap.max_recv_wr = self.recv_depth;
         let sge = self.checked_sge(&dev)?;
         init.cap.max_send_sge = sge;
-        init.cap.max_recv_sge = sge;
+        init.cap.max_recv_sge = if self.srq.is_some() { 0 } else { sge };
+        if self.srq.is_some() {
+            init.cap.max_recv_wr = 0;
+        }
         init.cap.max_inline_data = self.max_inline;
         init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         let qp = match &cm {
@@ -395,7 +419,7 @@ impl QueuePairBuilder {
         };
         // SAFETY: `qp` was just created in `self.pd` on `cq`, by ibv_create_qp for
         // `Origin::Verbs` and by rdma_create_qp on the id of `Origin::Cm`; nothing else owns it.
-        Ok(unsafe { RawQp::from_parts(qp, cq, origin, self.pd.clone(), caps) })
+        Ok(unsafe { RawQp::from_parts(qp, cq, origin, self.pd.clone(), caps, self.srq.clone()) })
     }
 
     /// GID `index` of the port, if a queue pair can send from it: inside the port's table of

@@ -15,6 +15,7 @@ mod parts;
 mod pending;
 mod post;
 pub(crate) mod raw;
+mod srq;
 
 pub use atomic::AtomicOp;
 pub(crate) use builder::Retry;
@@ -26,6 +27,7 @@ pub use connect::PreparedQp;
 pub use inline::InlinePending;
 pub use parts::{PartsDone, PartsError, PartsOutcome, PartsPending};
 pub use pending::{Done, Outcome, Pending, WorkError};
+pub use srq::{SharedReceiveQueue, SrqPending};
 
 use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;
@@ -219,6 +221,7 @@ impl QueuePair {
             kind,
             byte_len: c.byte_len,
             imm: c.imm,
+            qp_num: c.qp_num,
         })
     }
 

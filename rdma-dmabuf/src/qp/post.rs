@@ -132,6 +132,13 @@ impl QueuePair {
                 self.local.qpn
             ));
         }
+        if kind == WorkKind::Recv && self.raw.srq.is_some() {
+            return refuse(format!(
+                "receive on qp {:#x}, which receives through a shared receive queue: post it \
+                 there (SharedReceiveQueue::post_recv)",
+                self.local.qpn
+            ));
+        }
         let region_len = region.len();
         let Range { start, end } = range;
         if end <= start {

@@ -1,5 +1,6 @@
 //! The queue pair's verbs objects and their teardown, whoever created them.
 
+use super::srq::SrqCore;
 use crate::cm_id::CmId;
 use crate::cq::CompletionQueue;
 use crate::device::AtomicCap;
@@ -26,6 +27,9 @@ pub(crate) struct RawQp {
     qp: NonNull<ffi::ibv_qp>,
     /// Dropped after the QP (Drop below).
     pub(crate) cq: CompletionQueue,
+    /// The shared receive queue it receives through, if any (its receive CQ): dropped after
+    /// the QP, so the SRQ is destroyed only after every queue pair using it.
+    pub(crate) srq: Option<Arc<SrqCore>>,
     /// Dropped after the CQ and before `pd` (field order).
     origin: Origin,
     /// Dropped last: every object above lives in this PD's context.
@@ -59,7 +63,8 @@ impl RawQp {
     ///
     /// # Safety
     /// `qp` is a live QP in `pd`, using `cq` for both queues, that nothing else destroys
-    /// (`caps`: what was granted at its creation; posts within them are valid):
+    /// (`caps`: what was granted at its creation; posts within them are valid; `srq`: the
+    /// shared receive queue it was created with, whose CQ takes its receive completions):
     /// created by `ibv_create_qp` for [`Origin::Verbs`], or by `rdma_create_qp` on the cm id
     /// of [`Origin::Cm`].
     pub(crate) unsafe fn from_parts(
@@ -68,10 +73,12 @@ impl RawQp {
         origin: Origin,
         pd: Arc<ProtectionDomain>,
         caps: QpCaps,
+        srq: Option<Arc<SrqCore>>,
     ) -> RawQp {
         RawQp {
             qp,
             cq,
+            srq,
             origin,
             pd,
             caps,

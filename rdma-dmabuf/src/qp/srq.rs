@@ -1,0 +1,427 @@
+//! Shared receive queues: one pool of posted receives that several queue pairs receive
+//! through (`ibv_create_srq`), so that a server with many peers keeps one set of receive
+//! buffers instead of one per connection.
+//!
+//! Queue pairs join it at creation ([`QueuePairBuilder::srq`](crate::QueuePairBuilder::srq),
+//! also through [`MultiChannelBuilder::queue_pairs`](crate::MultiChannelBuilder::queue_pairs)
+//! and rdma_cm). Their receive completions land on the shared queue's own completion queue,
+//! polled through [`SharedReceiveQueue`]; each says which queue pair the message arrived on
+//! ([`WorkCompletion::qp_num`](crate::WorkCompletion::qp_num)). Receives are owned posts
+//! like a queue pair's: the region moves in and comes back with the completion.
+
+use super::pending::completion_error;
+use super::{Done, Outcome, WorkError};
+use crate::cq::CompletionQueue;
+use crate::deadline::{deadline_after, time_left};
+use crate::error::{Error, Op, Result};
+use crate::mr::{Access, Backing};
+use crate::part::Local;
+use crate::pd::ProtectionDomain;
+use crate::slots::{wr_id, RawCompletion, Slots};
+use crate::wr::{WorkCompletion, WorkKind};
+use rdma_sys as ffi;
+use std::cell::RefCell;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A shared receive queue and the table of its posted receives.
+///
+/// `Send` but not `Sync`, like a [`QueuePair`](crate::QueuePair): one thread posts and polls
+/// at a time, without a lock. The queue pairs that joined it keep its verbs objects alive, so
+/// it may be dropped before them: receives still posted then stay with those objects (their
+/// buffers are freed only once the shared queue is destroyed, after its last queue pair).
+pub struct SharedReceiveQueue {
+    core: Arc<SrqCore>,
+    slots: RefCell<Slots>,
+}
+
+/// The verbs objects, shared with the queue pairs that receive through them.
+pub(crate) struct SrqCore {
+    srq: NonNull<ffi::ibv_srq>,
+    /// Every joined queue pair's receive completions. Dropped after the SRQ (Drop below),
+    /// which is destroyed after every queue pair using it (they hold this core).
+    cq: CompletionQueue,
+    /// The slot table of a dropped handle that still had receives posted: their buffers,
+    /// freed after the SRQ is destroyed (field order), when the NIC can no longer fill them.
+    orphans: Mutex<Option<Slots>>,
+    /// Dropped last: the SRQ lives in this PD.
+    pd: Arc<ProtectionDomain>,
+    depth: u32,
+    max_sge: u32,
+}
+
+// SAFETY: libibverbs lets an SRQ be posted to and destroyed from any thread. The CQ is polled
+// only through the one `SharedReceiveQueue` handle, which is `!Sync`; queue pairs use only its
+// pointer, at creation. `orphans` is behind a mutex.
+unsafe impl Send for SrqCore {}
+// SAFETY: as above: shared references to the core are used only for the raw pointers (at QP
+// creation) and the mutex.
+unsafe impl Sync for SrqCore {}
+
+impl SrqCore {
+    /// The raw SRQ and its CQ, for `ibv_create_qp`.
+    pub(crate) fn raw(&self) -> (*mut ffi::ibv_srq, *mut ffi::ibv_cq) {
+        (self.srq.as_ptr(), self.cq.as_ptr())
+    }
+
+    /// The protection domain it was created in.
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+}
+
+impl fmt::Debug for SrqCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SrqCore")
+            .field("device", &self.pd.context().name())
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+impl Drop for SrqCore {
+    fn drop(&mut self) {
+        // SAFETY: every queue pair that joined holds this core and destroyed its QP before
+        // releasing it, so none is attached; destroyed once. Its CQ and the orphaned buffers
+        // drop after this (fields).
+        let rc = unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "rdma-dmabuf: ibv_destroy_srq on {} failed: {rc}",
+                self.pd.context().name()
+            );
+        }
+    }
+}
+
+impl fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedReceiveQueue")
+            .field("device", &self.core.pd.context().name())
+            .field("depth", &self.core.depth)
+            .field("max_sge", &self.core.max_sge)
+            .finish()
+    }
+}
+
+impl SharedReceiveQueue {
+    /// A shared receive queue in `pd` holding up to `depth` posted receives.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a device without shared receive queues;
+    /// [`Error::InvalidArgument`] for a depth of 0 or past the device's `max_srq_wr`;
+    /// [`Error::Verbs`] from the provider.
+    pub fn new(pd: &Arc<ProtectionDomain>, depth: u32) -> Result<SharedReceiveQueue> {
+        let ctx = pd.context();
+        let dev = ctx.query_device()?;
+        if dev.max_srq == 0 {
+            return Err(Error::Unsupported {
+                op: Op::CreateSrq,
+                device: ctx.name().to_string(),
+                errno: libc::EOPNOTSUPP,
+                why: "the device has no shared receive queues (max_srq is 0)",
+            });
+        }
+        if depth == 0 || depth > dev.max_srq_wr {
+            return Err(Error::invalid(
+                Op::CreateSrq,
+                format!(
+                    "depth {depth}: {} takes 1 to {} receives per shared queue (max_srq_wr)",
+                    ctx.name(),
+                    dev.max_srq_wr
+                ),
+            ));
+        }
+        let entries = i32::try_from(depth).map_err(|_| {
+            Error::invalid(Op::CreateSrq, format!("depth {depth} past a CQ's i32 size"))
+        })?;
+        let cq = CompletionQueue::new(ctx, entries, false)?;
+        // SAFETY: ibv_srq_init_attr is a plain C struct; all-zero is valid.
+        let mut init: ffi::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        init.attr.max_wr = depth;
+        init.attr.max_sge = 1;
+        // SAFETY: live PD; `init` is valid for the call.
+        let srq = unsafe { ffi::ibv_create_srq(pd.as_ptr(), &mut init) };
+        let srq = NonNull::new(srq).ok_or_else(|| {
+            Error::last_os(Op::CreateSrq, format!("{} (depth {depth})", ctx.name()))
+        })?;
+        Ok(SharedReceiveQueue {
+            core: Arc::new(SrqCore {
+                srq,
+                cq,
+                orphans: Mutex::new(None),
+                pd: pd.clone(),
+                depth,
+                max_sge: init.attr.max_sge,
+            }),
+            slots: RefCell::new(Slots::new(0, depth)),
+        })
+    }
+
+    /// The verbs objects, for queue pairs joining it.
+    pub(crate) fn core(&self) -> &Arc<SrqCore> {
+        &self.core
+    }
+
+    /// The most receives it holds.
+    pub fn depth(&self) -> u32 {
+        self.core.depth
+    }
+
+    /// Receives posted and not yet completed (including those whose handle was dropped):
+    /// when this runs low, post more.
+    pub fn outstanding(&self) -> usize {
+        self.slots.borrow().outstanding()
+    }
+
+    /// Posts a receive into the local bytes (which need [`Access::LOCAL_WRITE`]); whichever
+    /// joined queue pair gets the next message fills it.
+    ///
+    /// # Errors
+    /// A [`WorkError`] with the region back: an empty or out-of-range part, a region of
+    /// another protection domain or without `LOCAL_WRITE`, a full queue, or the provider's
+    /// refusal.
+    pub fn post_recv<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+    ) -> std::result::Result<SrqPending<'_, B>, WorkError<B>> {
+        let local = local.into();
+        match self.post(&local) {
+            Ok((index, gen)) => Ok(SrqPending {
+                srq: self,
+                index,
+                gen,
+                local: Some(local),
+            }),
+            Err(error) => Err(WorkError {
+                error,
+                region: local.into_region(),
+            }),
+        }
+    }
+
+    fn post<B: Backing>(&self, local: &Local<B>) -> Result<(u32, u32)> {
+        let region = local.region();
+        let range = local.range();
+        let refuse = |what: String| Err(Error::invalid(Op::PostSrqRecv, what));
+        if range.end <= range.start || range.end > region.len() {
+            return refuse(format!(
+                "receive into {}..{} of a region of {} bytes (empty, reversed or outside)",
+                range.start,
+                range.end,
+                region.len()
+            ));
+        }
+        let Ok(len) = u32::try_from(range.end - range.start) else {
+            return refuse("a receive of 4 GiB or more".into());
+        };
+        if !region.access().contains(Access::LOCAL_WRITE) {
+            return refuse("receive into a region without LOCAL_WRITE access".into());
+        }
+        if !Arc::ptr_eq(region.pd(), &self.core.pd) {
+            return refuse("the region belongs to another protection domain".into());
+        }
+        let (index, gen) = self.slots.borrow_mut().acquire(WorkKind::Recv)?;
+        let mut sge = ffi::ibv_sge {
+            addr: region.addr() + range.start,
+            length: len,
+            lkey: region.lkey(),
+        };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: wr_id(index, gen),
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live SRQ; `wr` and `sge` are valid for the call (the provider copies them).
+        // The SGE lies inside `region` (checked above), of this SRQ's PD, with its lkey; the
+        // caller moves the region into the returned handle (or, dropped early, into the slot,
+        // which lives until the SRQ is destroyed: `Drop` below), so it stays registered and
+        // out of the CPU's reach until the completion is polled.
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.core.srq.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            self.slots.borrow_mut().cancel(index);
+            let target = format!("{} shared receive queue", self.core.pd.context().name());
+            return Err(Error::from_errno(Op::PostSrqRecv, target, rc));
+        }
+        Ok((index, gen))
+    }
+
+    /// Polls the shared completion queue once, recording what arrived; returns how many
+    /// completions were consumed. No allocation, no lock.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] if `ibv_poll_cq` fails.
+    pub fn poll(&self) -> Result<usize> {
+        self.core.cq.poll(|id, c| {
+            let released = self.slots.borrow_mut().complete(id, c);
+            // An abandoned buffer whose receive just completed: free it outside the borrow.
+            drop(released);
+        })
+    }
+
+    /// Sets the limit: when the posted receives fall below `limit`, the device raises its
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` async event once (then the limit must be set again).
+    /// `0` disarms it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a limit past the depth; [`Error::Verbs`].
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        if limit > self.core.depth {
+            return Err(Error::invalid(
+                Op::CreateSrq,
+                format!("limit {limit} past the depth {}", self.core.depth),
+            ));
+        }
+        // SAFETY: ibv_srq_attr is a plain C struct; all-zero is valid.
+        let mut attr: ffi::ibv_srq_attr = unsafe { std::mem::zeroed() };
+        attr.srq_limit = limit;
+        let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32;
+        // SAFETY: live SRQ; `attr` valid for the call; the mask names the one field set.
+        let rc = unsafe { ffi::ibv_modify_srq(self.core.srq.as_ptr(), &mut attr, mask) };
+        if rc != 0 {
+            let target = format!(
+                "{} shared receive queue limit",
+                self.core.pd.context().name()
+            );
+            return Err(Error::from_errno(Op::CreateSrq, target, rc));
+        }
+        Ok(())
+    }
+
+    /// The current limit (`ibv_query_srq`): 0 once the limit event has fired.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`].
+    pub fn limit(&self) -> Result<u32> {
+        // SAFETY: as in `arm_limit`.
+        let mut attr: ffi::ibv_srq_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live SRQ; valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_srq(self.core.srq.as_ptr(), &mut attr) };
+        if rc != 0 {
+            let target = format!("{} ibv_query_srq", self.core.pd.context().name());
+            return Err(Error::from_errno(Op::CreateSrq, target, rc));
+        }
+        Ok(attr.srq_limit)
+    }
+
+    fn poll_for(&self, index: u32, gen: u32) -> Option<RawCompletion> {
+        if let Some(c) = self.slots.borrow_mut().take(index, gen) {
+            return Some(c);
+        }
+        self.poll().ok()?;
+        self.slots.borrow_mut().take(index, gen)
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // Receives still posted may yet be filled through a queue pair that outlives this
+        // handle: their buffers go to the core, freed after the SRQ is destroyed.
+        let slots = std::mem::replace(self.slots.get_mut(), Slots::new(0, 0));
+        if slots.outstanding() > 0 {
+            let mut orphans = self
+                .core
+                .orphans
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            *orphans = Some(slots);
+        }
+    }
+}
+
+/// A receive posted on a [`SharedReceiveQueue`]; [`SrqPending::wait_timeout`] returns the region with
+/// the completion, whose [`qp_num`](WorkCompletion::qp_num) names the queue pair the message
+/// came through. Dropping it early is safe: the region stays with the shared queue until the
+/// NIC is done with it.
+#[must_use = "dropping an SrqPending leaves its region with the queue until a message fills it"]
+pub struct SrqPending<'s, B: Backing> {
+    srq: &'s SharedReceiveQueue,
+    index: u32,
+    gen: u32,
+    local: Option<Local<B>>,
+}
+
+impl<B: Backing> fmt::Debug for SrqPending<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SrqPending")
+            .field("wr_id", &self.wr_id())
+            .finish()
+    }
+}
+
+impl<B: Backing> SrqPending<'_, B> {
+    /// The receive's `wr_id`.
+    pub fn wr_id(&self) -> u64 {
+        wr_id(self.index, self.gen)
+    }
+
+    /// Polls once; the outcome if a message has filled the receive, else the handle back.
+    ///
+    /// # Errors
+    /// `Err(self)` while the receive is still posted.
+    pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
+        let Some(c) = self.srq.poll_for(self.index, self.gen) else {
+            return Err(self);
+        };
+        let region = self
+            .local
+            .take()
+            .expect("present until completion")
+            .into_region();
+        if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+            let error = completion_error(self.index, self.gen, WorkKind::Recv, c);
+            return Ok(Err(WorkError { error, region }));
+        }
+        let wc = WorkCompletion {
+            wr_id: self.wr_id(),
+            kind: WorkKind::Recv,
+            byte_len: c.byte_len,
+            imm: c.imm,
+            qp_num: c.qp_num,
+        };
+        Ok(Ok(Done { region, wc }))
+    }
+
+    /// Busy-polls until a message fills the receive, for at most `timeout` (`Duration::MAX`
+    /// waits for as long as it takes), yielding now and then.
+    ///
+    /// # Errors
+    /// `Err(self)` if the receive is still posted after `timeout`.
+    pub fn wait_timeout(mut self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+        let deadline = deadline_after(timeout);
+        let mut spins = 0u32;
+        loop {
+            match self.try_complete() {
+                Ok(out) => return Ok(out),
+                Err(again) => self = again,
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                if time_left(deadline).is_zero() {
+                    return Err(self);
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+impl<B: Backing> Drop for SrqPending<'_, B> {
+    fn drop(&mut self) {
+        if let Some(local) = self.local.take() {
+            let back = self
+                .srq
+                .slots
+                .borrow_mut()
+                .abandon(self.index, self.gen, Box::new(local));
+            // Completed already: the NIC is done with it, free it now (outside the borrow).
+            drop(back);
+        }
+    }
+}
