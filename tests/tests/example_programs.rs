@@ -64,6 +64,7 @@ fn examples_answer_bad_usage_with_status_2_and_the_usage() {
         "file_transfer",
         "device_memory",
         "multi_peer",
+        "kv_blocks",
         "rdma_bench",
     ] {
         let out = run(example(name).arg("--no-such-option").arg("1"), T);
@@ -245,6 +246,30 @@ fn multi_peer_multicasts_scatters_and_gathers_a_gpu_buffer() {
             "{step}: {t}"
         );
     }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn kv_blocks_gathers_scattered_blocks_of_one_gpu_buffer_to_several_readers() {
+    Testbed::get();
+    let out = run(
+        example("kv_blocks").args(["--readers", "3", "--blocks", "22", "--block", "8K"]),
+        T,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(field(&out, "ok"), "yes");
+    let t = text(&out);
+    // 22 blocks over 3 readers: 8, 7 and 7, each announced through the shared queue.
+    for (r, n) in [(0, 8), (1, 7), (2, 7)] {
+        let want = format!("reader {r}");
+        let l = t
+            .lines()
+            .find(|l| l.trim_start().starts_with(&want))
+            .unwrap_or_else(|| panic!("{want}: {t}"));
+        assert!(l.contains(&format!("{n} blocks via connection")), "{l}");
+        assert!(l.ends_with("every byte arrived"), "{l}");
+    }
+    assert!(t.contains("the cache is unchanged"), "{t}");
 }
 
 #[test]
