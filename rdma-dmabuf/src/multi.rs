@@ -257,7 +257,7 @@ impl MultiChannel {
         let qps = self.check_many(
             parts
                 .iter()
-                .map(|(peer, p)| (*peer, WorkKind::Send, p, None)),
+                .map(|(peer, p)| (*peer, WorkKind::Send, *p, None)),
         )?;
         scope_with_deadline(self.timeout, |s| {
             let mut pending = Vec::with_capacity(parts.len());
@@ -280,7 +280,7 @@ impl MultiChannel {
         let qps = self.check_many(
             parts
                 .iter()
-                .map(|(peer, p, remote)| (*peer, WorkKind::Write, p, Some(*remote))),
+                .map(|(peer, p, remote)| (*peer, WorkKind::Write, *p, Some(*remote))),
         )?;
         scope_with_deadline(self.timeout, |s| {
             let mut pending = Vec::with_capacity(parts.len());
@@ -361,10 +361,64 @@ impl MultiChannel {
             .collect()
     }
 
-    /// As `check_parts`, for requests of several parts each.
-    fn check_many<'p, 'r: 'p, B: Backing + 'r, const N: usize>(
+    /// Receives one message from each listed peer, scattered in order into its parts, all at
+    /// once (flushing as [`MultiChannel::gather_recv`] does on failure).
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send_parts`].
+    pub fn gather_recv_parts<B: Backing, const N: usize>(
         &self,
-        requests: impl Iterator<Item = (usize, WorkKind, &'p [Part<'r, B>; N], Option<RemoteRegion>)>,
+        parts: &mut [(usize, [PartMut<'_, B>; N])],
+    ) -> Result<Vec<WorkCompletion>> {
+        let qps = self.check_many(parts.iter().map(|(peer, p)| {
+            (
+                *peer,
+                WorkKind::Recv,
+                p.each_ref().map(PartMut::shared),
+                None,
+            )
+        }))?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for ((_, p), qp) in parts.iter_mut().zip(&qps) {
+                match s.recv_parts(qp, p.each_mut().map(PartMut::reborrow)) {
+                    Ok(p) => pending.push(p),
+                    Err(e) => {
+                        s.flush_at_end();
+                        return Err(e);
+                    }
+                }
+            }
+            self.finish(s, pending, true)
+        })
+    }
+
+    /// RDMA-reads each listed peer's remote region, scattered in order into its parts, all at
+    /// once.
+    ///
+    /// # Errors
+    /// As [`MultiChannel::scatter_send_parts`].
+    pub fn gather_read_parts<B: Backing, const N: usize>(
+        &self,
+        parts: &mut [(usize, [PartMut<'_, B>; N], RemoteRegion)],
+    ) -> Result<Vec<WorkCompletion>> {
+        let qps = self.check_many(parts.iter().map(|(peer, p, remote)| {
+            let shared = p.each_ref().map(PartMut::shared);
+            (*peer, WorkKind::Read, shared, Some(*remote))
+        }))?;
+        scope_with_deadline(self.timeout, |s| {
+            let mut pending = Vec::with_capacity(parts.len());
+            for ((_, p, remote), qp) in parts.iter_mut().zip(&qps) {
+                pending.push(s.read_parts(qp, p.each_mut().map(PartMut::reborrow), *remote)?);
+            }
+            self.finish(s, pending, false)
+        })
+    }
+
+    /// As `check_parts`, for requests of several parts each.
+    fn check_many<'r, B: Backing + 'r, const N: usize>(
+        &self,
+        requests: impl Iterator<Item = (usize, WorkKind, [Part<'r, B>; N], Option<RemoteRegion>)>,
     ) -> Result<Vec<&QueuePair>> {
         requests
             .map(|(peer, kind, parts, remote)| {

@@ -347,7 +347,7 @@ fn scoped_and_multi_peer_parts_gather_and_scatter() {
 
     // One gather write per peer, all at once.
     let hub = MultiChannelBuilder::new(&pd, 2).queue_pairs(|q| q.max_sge(2));
-    let (hub, _peers) = hub_and_peers(&pd, hub, 2);
+    let (hub, peers) = hub_and_peers(&pd, hub, 2);
     let targets = [0, 1].map(|_| host_region(&pd, &[], 4096, RW));
     let requests = [0, 1].map(|peer| {
         let at = 1000 * peer as u64;
@@ -359,6 +359,37 @@ fn scoped_and_multi_peer_parts_gather_and_scatter() {
     let three = [source.part(0..1), source.part(1..2), source.part(2..3)];
     let e = hub.scatter_write_parts(&[(0, three, remote)]).unwrap_err();
     assert!(e.to_string().contains("takes 1 to 2"), "{e}");
+
+    // Read each peer's 16 bytes back, scattered over two regions; then each peer sends 12
+    // bytes that land scattered the same way.
+    let mut low = host_region(&pd, &[], 64, Access::LOCAL_WRITE);
+    let mut high = host_region(&pd, &[], 64, Access::LOCAL_WRITE);
+    {
+        let (l0, l1) = (low.part_mut(0..6), high.part_mut(0..10));
+        let mut reads = [(0, [l0, l1], targets[0].remote().unwrap())];
+        assert_eq!(hub.gather_read_parts(&mut reads).unwrap().len(), 1);
+    }
+    let want0 = [&data[0..8], &data[500..508]].concat();
+    assert_eq!(&low.bytes().unwrap()[..6], &want0[..6]);
+    assert_eq!(&high.bytes().unwrap()[..10], &want0[6..]);
+    for (i, peer) in peers.iter().enumerate() {
+        let r = host_region(&pd, &[i as u8 + 1; 12], 64, Access::empty());
+        drop(peer.post_send(r.into_part(0..12), None).unwrap());
+    }
+    let mut more = [0, 1].map(|_| host_region(&pd, &[], 64, Access::LOCAL_WRITE));
+    {
+        let [m0, m1] = &mut more;
+        let mut recvs = [
+            (0, [low.part_mut(0..4), high.part_mut(0..8)]),
+            (1, [m0.part_mut(32..36), m1.part_mut(32..40)]),
+        ];
+        let wcs = hub.gather_recv_parts(&mut recvs).unwrap();
+        assert_eq!(wcs.iter().map(|w| w.byte_len).collect::<Vec<_>>(), [12, 12]);
+    }
+    assert_eq!(&low.bytes().unwrap()[..4], &[1; 4]);
+    assert_eq!(&high.bytes().unwrap()[..8], &[1; 8]);
+    assert_eq!(&more[0].bytes().unwrap()[32..36], &[2; 4]);
+    assert_eq!(&more[1].bytes().unwrap()[32..40], &[2; 8]);
     drop(hub);
     for (peer, t) in targets.into_iter().enumerate() {
         let at = 1000 * peer;
