@@ -181,10 +181,26 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     let mut nodes = Vec::new();
     for name in ['a', 'b'].into_iter().take(opts.nodes.into()) {
         let dir = run_root.join(name.to_string());
-        write_node_scripts(&dir, argv, &cwd, name, opts, stack.patched.as_ref())?;
-        nodes.push(start(&boot, dir, name, opts, loud)?);
+        let started = write_node_scripts(&dir, argv, &cwd, name, opts, stack.patched.as_ref())
+            .and_then(|()| start(&boot, dir, name, opts, loud));
+        match started {
+            Ok(node) => nodes.push(node),
+            Err(e) => {
+                // Node b could not start: node a's VM would otherwise wait for its peer until
+                // the deadline, and outlive this process.
+                stop_all(&mut nodes);
+                let _ = std::fs::remove_dir_all(&sock_dir);
+                return Err(e);
+            }
+        }
     }
-    let peer_died = wait(&mut nodes, opts)?;
+    let peer_died = match wait(&mut nodes, opts) {
+        Ok(died) => died,
+        Err(e) => {
+            stop_all(&mut nodes);
+            return Err(e);
+        }
+    };
     step.done();
     let _ = std::fs::remove_dir_all(&sock_dir);
 
@@ -199,6 +215,14 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         let _ = std::fs::remove_dir_all(&run_root);
     }
     Ok(results)
+}
+
+/// Kills and reaps the VMs already started, after a failure that ends the boot.
+fn stop_all(nodes: &mut [Node]) {
+    for n in nodes {
+        let _ = n.child.kill();
+        let _ = n.child.wait();
+    }
 }
 
 /// Refuses an empty command and a node count other than 1 or 2.
@@ -571,4 +595,29 @@ fn read_trimmed(path: &Path) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
         .map(|s| s.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_boot_stops_the_vms_already_started() {
+        let child = crate::programs::cmd("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep stands in for a VM");
+        let mut nodes = vec![Node {
+            name: 'a',
+            dir: PathBuf::new(),
+            child,
+            console: Arc::new(Mutex::new(String::new())),
+            readers: [std::thread::spawn(|| {}), std::thread::spawn(|| {})],
+            running: true,
+            stopped: false,
+        }];
+        stop_all(&mut nodes);
+        let exited = nodes[0].child.try_wait().expect("try_wait");
+        assert!(exited.is_some(), "the started VM is still running");
+    }
 }
