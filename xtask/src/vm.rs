@@ -466,11 +466,15 @@ pub(crate) fn inner_script(
         ),
         None => ("stock", sh::quote(""), sh::quote(""), sh::quote("")),
     };
-    let env: Vec<String> = opts
-        .env
-        .iter()
-        .map(|(k, v)| format!("export {k}={}", sh::quote(v)))
-        .collect();
+    let mut env = Vec::new();
+    for (k, v) in &opts.env {
+        let shell_name = k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !shell_name {
+            fail!("environment name {k:?}: letters, digits and _ only, not starting with a digit");
+        }
+        env.push(format!("export {k}={}", sh::quote(v)));
+    }
     script::fill(
         script::INNER,
         &[
@@ -600,6 +604,24 @@ fn read_trimmed(path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn environment_names_must_be_shell_names() {
+        for bad in ["", "1A", "A B", "A;rm", "A=B"] {
+            let opts = Opts {
+                env: vec![(bad.into(), "v".into())],
+                ..Opts::default()
+            };
+            let e = inner_script(Path::new("/r"), Path::new("/c"), 'a', &opts, None);
+            assert!(e.is_err(), "{bad:?} accepted");
+        }
+        let opts = Opts {
+            env: vec![("_OK_1".into(), "a b".into())],
+            ..Opts::default()
+        };
+        let s = inner_script(Path::new("/r"), Path::new("/c"), 'a', &opts, None).unwrap();
+        assert!(s.contains("export _OK_1='a b'"), "{s}");
+    }
 
     #[test]
     fn a_failed_boot_stops_the_vms_already_started() {
