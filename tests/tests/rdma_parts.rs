@@ -82,7 +82,7 @@ fn owned_gather_write_and_scatter_read_on_host_regions() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn owned_gather_send_into_scattered_receive_on_dmabuf_regions() {
+fn gather_and_scatter_on_dmabuf_regions_owned_and_scoped() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair_with_parts(&pd, 3);
@@ -122,6 +122,33 @@ fn owned_gather_send_into_scattered_receive_on_dmabuf_regions() {
             b1[3000..].iter().all(|&x| x == 0),
             "{what}: past the message"
         );
+
+        // Scoped: two borrowed parts of one dma-buf region gathered into one write, and a
+        // read scattered back into two dma-buf regions.
+        let mut buf = exporter.allocate(4096);
+        Exporter::fill(&mut buf, 0, &data[0]);
+        let source =
+            MemoryRegion::register_dmabuf(&pd, buf, 0, 4096, None, Access::empty()).unwrap();
+        let target = host_region(&pd, &[], 4096, RW);
+        let remote = target.remote().unwrap();
+        let mut into = [0, 1].map(|_| {
+            let buf = exporter.allocate(4096);
+            MemoryRegion::register_dmabuf(&pd, buf, 0, 4096, None, Access::LOCAL_WRITE).unwrap()
+        });
+        scope(|s| {
+            let parts = [source.part(3000..3100), source.part(10..60)];
+            s.write_parts(&a, parts, remote, None)
+                .unwrap()
+                .wait()
+                .unwrap();
+            let [i0, i1] = &mut into;
+            let scatter = [i0.part_mut(0..100), i1.part_mut(500..550)];
+            s.read_parts(&a, scatter, remote).unwrap().wait().unwrap();
+        });
+        let want = [&data[0][3000..3100], &data[0][10..60]].concat();
+        let [i0, i1] = into.map(|r| Exporter::read(&mut r.into_inner().unwrap()));
+        assert_eq!(&i0[..100], &want[..100], "{what}: scoped, first part");
+        assert_eq!(&i1[500..550], &want[100..], "{what}: scoped, second part");
     }
 }
 
