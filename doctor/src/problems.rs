@@ -35,9 +35,13 @@ const fn p(
 pub const PROVIDER_NO_DMABUF: Problem = p(
     "provider-no-dmabuf",
     "`Unsupported ... ibv_reg_dmabuf_mr ... EOPNOTSUPP`",
-    "the provider (rxe, siw, an old rdma-core) or the kernel has no dma-buf MRs",
+    "the provider (rxe, siw, an old rdma-core) or the kernel has no dma-buf MRs; or, where \
+     the device does register dma-bufs (the fd -1 probe answers `EBADF`), its driver cannot \
+     take this buffer: the patched rxe of `kernel-patches/` refuses a dma-buf whose kernel \
+     mapping is I/O memory (VRAM behind a PCIe BAR) and one whose exporter has no vmap",
     "use a NIC whose driver has them (mlx5, efa, irdma, bnxt_re, mana, ionic), rdma-core v34 or later, and kernel 5.12 \
-     or later. For rxe, see `kernel-patches/`",
+     or later. For rxe, see `kernel-patches/`; with the patched rxe, use buffers in system \
+     memory (udmabuf, the system heap, vgem, a GPU buffer placed in system memory)",
 );
 
 /// enotsupp-524.

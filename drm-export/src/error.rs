@@ -212,6 +212,10 @@ fn hint_for(op: Op, errno: Option<i32>) -> Option<&'static str> {
              offset and size, and size within udmabuf.size_limit_mb",
         ),
         (Op::CreateUdmabuf, libc::ENOENT) => Some("/dev/udmabuf is missing: CONFIG_UDMABUF"),
+        (Op::CreateUdmabuf, libc::ENOMEM) => Some(
+            "out of memory; over a hugetlb memfd: too few free huge pages of its size \
+             (HugePages_Free in /proc/meminfo; reserve more with vm.nr_hugepages)",
+        ),
         (Op::PrimeImport, libc::EINVAL | libc::EBADF) => Some("the fd is not a dma-buf"),
         (Op::InspectSyncFile, libc::ENOENT) => {
             Some("/proc/self/fd is unreadable: is /proc mounted?")

@@ -1,4 +1,8 @@
 //! udmabuf: host memory (a sealed memfd) exported as a dma-buf through `/dev/udmabuf`.
+//!
+//! The memfd is ordinary shared memory ([`Backing::Shmem`]) or 2 MiB hugetlb pages
+//! ([`Backing::Hugetlb2M`]); the dma-buf may start at any page-aligned offset of it, inside a
+//! huge page or across several ([`Udmabuf::with_backing`]).
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
@@ -10,6 +14,67 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 /// The udmabuf device node.
 pub const DEVICE: &str = "/dev/udmabuf";
 
+/// The memory behind a udmabuf's memfd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backing {
+    /// Shared memory in CPU pages (a plain `memfd_create`).
+    Shmem,
+    /// hugetlbfs pages of 2 MiB (`MFD_HUGETLB | MFD_HUGE_2MB`), taken from the huge page pool
+    /// (`vm.nr_hugepages`, or `hugepages=` on the kernel command line) when the udmabuf is
+    /// created.
+    Hugetlb2M,
+}
+
+impl Backing {
+    /// The unit of the memfd's size: the CPU page size, or 2 MiB.
+    pub fn page_size(self) -> u64 {
+        match self {
+            Backing::Shmem => page_size(),
+            Backing::Hugetlb2M => 2 << 20,
+        }
+    }
+
+    fn flags(self) -> MFdFlags {
+        let base = MFdFlags::MFD_ALLOW_SEALING | MFdFlags::MFD_CLOEXEC;
+        match self {
+            Backing::Shmem => base,
+            Backing::Hugetlb2M => base | MFdFlags::MFD_HUGETLB | MFdFlags::MFD_HUGE_2MB,
+        }
+    }
+}
+
+/// A memfd that udmabuf accepts: `memfd_create` (`MFD_ALLOW_SEALING`, plus the hugetlb flags
+/// of `backing`), `ftruncate` to `size`, `F_ADD_SEALS(F_SEAL_SHRINK)`.
+///
+/// Its pages are allocated when they are first used; for [`Backing::Hugetlb2M`] that is when
+/// a udmabuf is created over them, which fails with `ENOMEM` if the huge page pool has too few
+/// free pages.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `size` is 0 or not a multiple of [`Backing::page_size`];
+/// [`Error::Os`] ([`Op::PrepareMemfd`]) if the kernel refuses, e.g. `EINVAL` from
+/// `memfd_create` on a kernel without hugetlbfs.
+pub fn sealed_memfd(backing: Backing, size: u64) -> Result<OwnedFd> {
+    let unit = backing.page_size();
+    if size == 0 || !size.is_multiple_of(unit) {
+        return Err(Error::invalid(
+            Op::PrepareMemfd,
+            format!("memfd size {size} must be a non-zero multiple of {unit} ({backing:?})"),
+        ));
+    }
+    let target = format!("{backing:?} memfd");
+    let memfd = memfd_create(c"drm-export-udmabuf", backing.flags())
+        .map_err(|e| Error::os(Op::PrepareMemfd, &target, e.into()))?;
+    let len = i64::try_from(size)
+        .map_err(|_| Error::invalid(Op::PrepareMemfd, format!("memfd size {size} is too large")))?;
+    nix::unistd::ftruncate(&memfd, len)
+        .map_err(|e| Error::os(Op::PrepareMemfd, &target, e.into()))?;
+    fcntl(&memfd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK))
+        .map_err(|e| Error::os(Op::PrepareMemfd, &target, e.into()))?;
+    Ok(memfd)
+}
+
 /// A udmabuf and the memfd whose pages back it.
 ///
 /// The memfd stays open so that the CPU can reach the same pages through it (e.g. to fill the
@@ -17,6 +82,7 @@ pub const DEVICE: &str = "/dev/udmabuf";
 #[derive(Debug)]
 pub struct Udmabuf {
     memfd: OwnedFd,
+    offset: u64,
     dmabuf: DmaBuf,
 }
 
@@ -30,18 +96,40 @@ impl Udmabuf {
     /// [`Error::InvalidArgument`] if `size` is 0 or not page-aligned, or over the driver's
     /// `size_limit_mb`; [`Error::Os`] if the kernel refuses.
     pub fn new(size: u64) -> Result<Udmabuf> {
-        check_size(size)?;
-        let memfd = memfd_create(
-            c"drm-export-udmabuf",
-            MFdFlags::MFD_ALLOW_SEALING | MFdFlags::MFD_CLOEXEC,
-        )
-        .map_err(|e| Error::os(Op::PrepareMemfd, "memfd", e.into()))?;
-        nix::unistd::ftruncate(&memfd, size as i64)
-            .map_err(|e| Error::os(Op::PrepareMemfd, "memfd", e.into()))?;
-        fcntl(&memfd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK))
-            .map_err(|e| Error::os(Op::PrepareMemfd, "memfd", e.into()))?;
-        let dmabuf = Self::export(&memfd, 0, size)?;
-        Ok(Udmabuf { memfd, dmabuf })
+        Self::with_backing(Backing::Shmem, size, 0, size)
+    }
+
+    /// Allocates a sealed memfd of `memfd_size` bytes backed by `backing` ([`sealed_memfd`])
+    /// and exports `size` bytes of it at `offset` as a dma-buf (`UDMABUF_CREATE`).
+    ///
+    /// `offset` and `size` need only be multiples of the CPU page size, also with huge pages:
+    /// the dma-buf may start inside a huge page and span several.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `offset` or `size` is not page-aligned, `size` is 0 or
+    /// over `udmabuf.size_limit_mb`, `memfd_size` is not a multiple of
+    /// [`Backing::page_size`], or the range ends past `memfd_size`; [`Error::Os`] if the
+    /// kernel refuses (`ENOMEM` with a hint when the huge page pool is short).
+    pub fn with_backing(
+        backing: Backing,
+        memfd_size: u64,
+        offset: u64,
+        size: u64,
+    ) -> Result<Udmabuf> {
+        check_range(offset, size)?;
+        if offset.checked_add(size).is_none_or(|end| end > memfd_size) {
+            return Err(Error::invalid(
+                Op::CreateUdmabuf,
+                format!("range [{offset}, +{size}) ends past the memfd's {memfd_size} bytes"),
+            ));
+        }
+        let memfd = sealed_memfd(backing, memfd_size)?;
+        let dmabuf = Self::export(&memfd, offset, size)?;
+        Ok(Udmabuf {
+            memfd,
+            offset,
+            dmabuf,
+        })
     }
 
     /// Exports `size` bytes at `offset` of an existing memfd (which must carry
@@ -50,13 +138,7 @@ impl Udmabuf {
     /// # Errors
     /// As [`Udmabuf::new`]; `EINVAL` with a hint when the memfd lacks the seal.
     pub fn export(memfd: impl AsFd, offset: u64, size: u64) -> Result<DmaBuf> {
-        check_size(size)?;
-        if !offset.is_multiple_of(page_size()) {
-            return Err(Error::invalid(
-                Op::CreateUdmabuf,
-                format!("offset {offset} is not a multiple of the page size"),
-            ));
-        }
+        check_range(offset, size)?;
         let dev = open_device()?;
         let memfd = memfd.as_fd();
         let fd = sys::udmabuf_create(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, offset, size)
@@ -81,13 +163,7 @@ impl Udmabuf {
         }
         let memfd = memfd.as_fd();
         for &(offset, size) in ranges {
-            check_size(size)?;
-            if !offset.is_multiple_of(page_size()) {
-                return Err(Error::invalid(
-                    Op::CreateUdmabuf,
-                    format!("offset {offset} is not a multiple of the page size"),
-                ));
-            }
+            check_range(offset, size)?;
         }
         let dev = open_device()?;
         let fd = sys::udmabuf_create_list(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, ranges)
@@ -109,6 +185,11 @@ impl Udmabuf {
     /// The dma-buf, exclusively (to map it: [`DmaBuf::map`]).
     pub fn dmabuf_mut(&mut self) -> &mut DmaBuf {
         &mut self.dmabuf
+    }
+
+    /// Where the dma-buf's first byte lies in [`Udmabuf::memfd`].
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 
     /// The memfd behind the buffer. Writes through it (`pwrite`, a second mapping) change the
@@ -136,6 +217,18 @@ pub fn size_limit() -> Option<u64> {
         .parse::<u64>()
         .ok()
         .map(|mb| mb << 20)
+}
+
+/// A udmabuf range's checks: a page-aligned offset, and [`check_size`].
+fn check_range(offset: u64, size: u64) -> Result<()> {
+    check_size(size)?;
+    if !offset.is_multiple_of(page_size()) {
+        return Err(Error::invalid(
+            Op::CreateUdmabuf,
+            format!("offset {offset} is not a multiple of the page size"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_size(size: u64) -> Result<()> {
@@ -179,5 +272,42 @@ mod tests {
             let err = check_size(size).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
         }
+    }
+
+    #[test]
+    fn hugetlb_memfd_sizes_and_ranges_past_the_memfd_are_refused_before_the_kernel() {
+        let huge = Backing::Hugetlb2M.page_size();
+        assert_eq!(huge, 2 << 20);
+        for size in [0, 4096, huge + 4096] {
+            let err = sealed_memfd(Backing::Hugetlb2M, size).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidArgument {
+                        op: Op::PrepareMemfd,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert!(err.to_string().contains("multiple of 2097152"), "{err}");
+        }
+        let page = page_size();
+        for (offset, size) in [(huge - page, 2 * page), (u64::MAX - page + 1, page)] {
+            let err = Udmabuf::with_backing(Backing::Hugetlb2M, huge, offset, size).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidArgument {
+                        op: Op::CreateUdmabuf,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert!(err.to_string().contains("ends past"), "{err}");
+        }
+        let err = Udmabuf::with_backing(Backing::Hugetlb2M, huge, 100, page).unwrap_err();
+        assert!(err.to_string().contains("offset 100"), "{err}");
     }
 }

@@ -92,9 +92,16 @@ impl fmt::Display for Op {
     }
 }
 
-/// Where to read about dma-buf support for soft-RoCE.
-pub const DMABUF_HINT: &str = "this provider/kernel lacks dma-buf MR support (stock rxe and \
-    siw have none; mlx5, efa, irdma, bnxt_re, mana and ionic do); see kernel-patches/README.md";
+/// Why a dma-buf registration is "not supported", and where to read on: either the
+/// provider or its kernel driver has no dma-buf MRs at all, or it has them and cannot take
+/// this particular buffer (the patched soft-RoCE of `kernel-patches/` refuses a buffer whose
+/// kernel mapping is I/O memory, or whose exporter has no vmap). [`crate::supports_dmabuf`]
+/// tells the two apart.
+pub const DMABUF_HINT: &str = "either the provider or its kernel driver has no dma-buf MRs \
+    (stock rxe and siw have none; mlx5, efa, irdma, bnxt_re, mana and ionic do; for rxe see \
+    kernel-patches/README.md), or it has them but cannot take this buffer: the patched rxe \
+    refuses a dma-buf whose kernel mapping (vmap) is I/O memory, such as VRAM behind a PCIe \
+    BAR, and one whose exporter has no vmap; supports_dmabuf() tells which (true: the buffer)";
 
 /// `ENOTSUPP` (524), the kernel-internal "not supported" that some drivers let reach user
 /// space (seen from `ibv_reg_dmabuf_mr` on GB200 kernels). libc has no constant for it, and
@@ -321,6 +328,16 @@ mod tests {
             "{s}"
         );
         assert!(e.is_unsupported());
+    }
+
+    #[test]
+    fn the_dmabuf_hint_names_both_causes_of_eopnotsupp() {
+        // No dma-buf MRs at all (stock providers, stock rxe)...
+        assert!(DMABUF_HINT.contains("has no dma-buf MRs"), "{DMABUF_HINT}");
+        // ...or a driver that has them and refuses this buffer (the patched rxe).
+        for what in ["I/O memory", "no vmap", "supports_dmabuf()"] {
+            assert!(DMABUF_HINT.contains(what), "{what}: {DMABUF_HINT}");
+        }
     }
 
     #[test]

@@ -44,7 +44,11 @@ fn a_dmabuf_whose_vmap_is_io_memory_is_refused_with_eopnotsupp() {
             access,
         ) {
             Err(e @ Error::Unsupported { .. }) => {
-                assert_eq!(e.errno(), Some(libc::EOPNOTSUPP), "{access:?}: {e}")
+                assert_eq!(e.errno(), Some(libc::EOPNOTSUPP), "{access:?}: {e}");
+                assert!(
+                    e.to_string().contains("I/O memory"),
+                    "the hint says why: {e}"
+                );
             }
             other => panic!("{access:?}: expected EOPNOTSUPP, got {other:?}"),
         }

@@ -56,6 +56,11 @@ pub const EXTRA_CMDLINE: &str = "TESTBED_KERNEL_ARGS";
 /// (for example a newer QEMU, which avoids the emulator fault described in docs/testbed.md).
 pub const QEMU_BINARY: &str = "TESTBED_QEMU";
 
+/// 2 MiB huge pages every guest reserves at boot (`hugepages=` on its command line), for the
+/// tests of udmabufs over hugetlb memfds. Reserved at boot, the pool cannot be short because
+/// memory got fragmented by earlier tests; 16 MiB of the guest's memory.
+pub const HUGE_PAGES: u32 = 8;
+
 /// How long a node may run on after the other node's VM died without recording an exit
 /// status (a kernel panic): its command is then most likely waiting on a peer that is gone.
 const PEER_GRACE: Duration = Duration::from_secs(30);
@@ -535,8 +540,8 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
         .arg(initrd)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 loglevel=1 panic=-1 testbed.node={node} testbed.run={} \
-             testbed.expose={} {}",
+            "console=ttyS0 loglevel=1 panic=-1 hugepages={HUGE_PAGES} testbed.node={node} \
+             testbed.run={} testbed.expose={} {}",
             dir.display(),
             boot.expose,
             std::env::var(EXTRA_CMDLINE).unwrap_or_default()
