@@ -95,7 +95,7 @@ fn dmabuf_registration_refuses_bad_input_with_typed_errors() {
 /// free ones the test fails.
 #[test]
 #[ignore = "needs the testbed VM"]
-fn hugetlb_udmabufs_at_offsets_inside_huge_pages_write_read_send() {
+fn hugetlb_udmabufs_at_offsets_land_where_the_exporters_vmap_puts_them() {
     let tb = Testbed::get();
     let huge = Backing::Hugetlb2M.page_size();
     // (memfd size, the udmabuf's offset in it, bytes registered one page into the udmabuf)
