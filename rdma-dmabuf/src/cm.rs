@@ -220,6 +220,8 @@ impl CmConnector {
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
         let mut param = conn_param(&framed, qp.retry())?;
+        // Tell the peer's CM that this side receives through a shared receive queue.
+        param.srq = u8::from(qp.uses_srq());
         let peer = self.peer;
         let (qp, ev) = establish(
             qp,
@@ -303,6 +305,8 @@ impl CmListener {
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
         let mut param = conn_param(&framed, qp.retry())?;
+        // Tell the peer's CM that this side receives through a shared receive queue.
+        param.srq = u8::from(qp.uses_srq());
         let req = self.channel.expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
             timeout,

@@ -54,8 +54,10 @@ pub enum Op {
     Cm,
     /// Splitting a region into shards, or joining them back.
     Split,
-    /// `ibv_create_srq`, `ibv_modify_srq`, `ibv_query_srq`.
+    /// `ibv_create_srq`.
     CreateSrq,
+    /// `ibv_modify_srq`, `ibv_query_srq`.
+    ModifySrq,
     /// `ibv_post_srq_recv`.
     PostSrqRecv,
 }
@@ -87,6 +89,7 @@ impl fmt::Display for Op {
             Op::Cm => "rdma_cm",
             Op::Split => "split or join a region",
             Op::CreateSrq => "ibv_create_srq",
+            Op::ModifySrq => "ibv_modify_srq",
             Op::PostSrqRecv => "ibv_post_srq_recv",
         })
     }

@@ -465,6 +465,11 @@ impl QueuePairBuilder {
         &self.pd
     }
 
+    /// Whether the queue pair will receive through a shared receive queue.
+    pub(crate) fn uses_srq(&self) -> bool {
+        self.srq.is_some()
+    }
+
     pub(crate) fn depths(&self) -> (u32, u32) {
         (self.send_depth, self.recv_depth)
     }

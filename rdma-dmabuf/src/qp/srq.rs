@@ -8,6 +8,16 @@
 //! polled through [`SharedReceiveQueue`]; each says which queue pair the message arrived on
 //! ([`WorkCompletion::qp_num`](crate::WorkCompletion::qp_num)). Receives are owned posts
 //! like a queue pair's: the region moves in and comes back with the completion.
+//!
+//! A receive belongs to the queue pair whose message began to fill it. If that queue pair
+//! fails or is dropped before the message is complete, the receive completes with a flush
+//! error (`IBV_WC_WR_FLUSH_ERR`) and its region comes back (hardware does this; soft-RoCE
+//! needs `kernel-patches/linux/0002-*`, without which such a receive is never completed and
+//! its region stays with the shared queue until the queue and its last queue pair are gone).
+//! If the sending peer dies mid-message, the receiving queue pair stays connected and keeps
+//! the receive until it is dropped or fails. Receive errors of a queue pair that joined a
+//! shared queue arrive here, not on the queue pair, so its
+//! [`is_in_error`](crate::QueuePair::is_in_error) learns of them only from its own sends.
 
 use super::pending::completion_error;
 use super::{Done, Outcome, WorkError};
@@ -124,13 +134,18 @@ impl SharedReceiveQueue {
                 why: "the device has no shared receive queues (max_srq is 0)",
             });
         }
-        if depth == 0 || depth > dev.max_srq_wr {
+        // Each receive completes on the shared queue's own CQ, so the depth is held to both
+        // limits.
+        let max = dev.max_srq_wr.min(dev.max_cqe);
+        if depth == 0 || depth > max {
             return Err(Error::invalid(
                 Op::CreateSrq,
                 format!(
-                    "depth {depth}: {} takes 1 to {} receives per shared queue (max_srq_wr)",
+                    "depth {depth}: {} takes 1 to {max} receives per shared queue (max_srq_wr \
+                     {}, and max_cqe {} for its completion queue)",
                     ctx.name(),
-                    dev.max_srq_wr
+                    dev.max_srq_wr,
+                    dev.max_cqe
                 ),
             ));
         }
@@ -223,7 +238,17 @@ impl SharedReceiveQueue {
         if !Arc::ptr_eq(region.pd(), &self.core.pd) {
             return refuse("the region belongs to another protection domain".into());
         }
-        let (index, gen) = self.slots.borrow_mut().acquire(WorkKind::Recv)?;
+        let (index, gen) =
+            self.slots
+                .borrow_mut()
+                .acquire(WorkKind::Recv)
+                .map_err(|e| match e {
+                    Error::QueueFull { depth, .. } => Error::QueueFull {
+                        op: Op::PostSrqRecv,
+                        depth,
+                    },
+                    other => other,
+                })?;
         let mut sge = ffi::ibv_sge {
             addr: region.addr() + range.start,
             length: len,
@@ -272,7 +297,7 @@ impl SharedReceiveQueue {
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
         if limit > self.core.depth {
             return Err(Error::invalid(
-                Op::CreateSrq,
+                Op::ModifySrq,
                 format!("limit {limit} past the depth {}", self.core.depth),
             ));
         }
@@ -287,7 +312,7 @@ impl SharedReceiveQueue {
                 "{} shared receive queue limit",
                 self.core.pd.context().name()
             );
-            return Err(Error::from_errno(Op::CreateSrq, target, rc));
+            return Err(Error::from_errno(Op::ModifySrq, target, rc));
         }
         Ok(())
     }
@@ -303,7 +328,7 @@ impl SharedReceiveQueue {
         let rc = unsafe { ffi::ibv_query_srq(self.core.srq.as_ptr(), &mut attr) };
         if rc != 0 {
             let target = format!("{} ibv_query_srq", self.core.pd.context().name());
-            return Err(Error::from_errno(Op::CreateSrq, target, rc));
+            return Err(Error::from_errno(Op::ModifySrq, target, rc));
         }
         Ok(attr.srq_limit)
     }
