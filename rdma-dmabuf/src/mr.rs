@@ -72,8 +72,9 @@ pub(crate) mod sealed {
 }
 
 /// What can back a [`MemoryRegion`]: [`HostBuffer`], [`DmaBuf`] or
-/// [`DeviceMemory`](crate::DeviceMemory) (whose impl lives in its own module).
-pub trait Backing: sealed::Sealed + fmt::Debug + Send + 'static {}
+/// [`DeviceMemory`](crate::DeviceMemory) (whose impl lives in its own module). Each is
+/// `Send + Sync`, so a region's [shards](crate::Shard) may go to other threads.
+pub trait Backing: sealed::Sealed + fmt::Debug + Send + Sync + 'static {}
 impl Backing for HostBuffer {}
 impl Backing for DmaBuf {}
 
@@ -94,7 +95,7 @@ pub struct MemoryRegion<B: Backing> {
 // keys; the backing is Send.
 unsafe impl<B: Backing> Send for MemoryRegion<B> {}
 // SAFETY: `&MemoryRegion` exposes only the keys, and shared access to the backing where safe.
-unsafe impl<B: Backing + Sync> Sync for MemoryRegion<B> {}
+unsafe impl<B: Backing> Sync for MemoryRegion<B> {}
 
 impl<B: Backing> fmt::Debug for MemoryRegion<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

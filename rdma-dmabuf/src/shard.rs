@@ -29,14 +29,9 @@ pub struct Shard<B: Backing> {
     end: u64,
 }
 
-/// The region behind its shards.
+/// The region behind its shards. `Sync` exactly when the region is (its backing is), so a
+/// shard crosses threads under the region's own rules.
 struct Shared<B: Backing>(MemoryRegion<B>);
-
-// SAFETY: shards read only the region's keys, address, length, access and protection domain
-// through a shared reference (all plain values, and the PD is `Sync`), and each shard touches
-// only its own disjoint bytes; the region is dropped (deregistered) once, by whichever thread
-// drops the last shard, which `MemoryRegion: Send` allows.
-unsafe impl<B: Backing> Sync for Shared<B> {}
 
 impl<B: Backing> fmt::Debug for Shard<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
