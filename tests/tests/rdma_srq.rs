@@ -4,6 +4,10 @@
 //! safe. Host and dma-buf regions. Runs in the testbed VM.
 
 use integration_tests::counts::rdma_resources;
+
+/// The test that counts MRs (device-wide) runs alone: it takes this for writing, every other
+/// test of the file for reading (libtest runs a file's tests on several threads).
+static COUNTING: std::sync::RwLock<()> = std::sync::RwLock::new(());
 use integration_tests::exporters::{self, Exporter};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, hub_and_peers, pd};
@@ -36,6 +40,7 @@ fn pairs_on(
 #[test]
 #[ignore = "needs the testbed VM"]
 fn three_queue_pairs_receive_through_one_shared_queue() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let srq = SharedReceiveQueue::new(&pd, 16).unwrap();
@@ -94,6 +99,7 @@ fn three_queue_pairs_receive_through_one_shared_queue() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn dmabuf_regions_receive_through_a_shared_queue() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let srq = SharedReceiveQueue::new(&pd, 4).unwrap();
@@ -125,6 +131,7 @@ fn dmabuf_regions_receive_through_a_shared_queue() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_multi_peer_channel_receives_through_a_shared_queue() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let srq = SharedReceiveQueue::new(&pd, 8).unwrap();
@@ -161,6 +168,7 @@ fn a_multi_peer_channel_receives_through_a_shared_queue() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn srq_bad_inputs_are_typed_errors() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let dev = pd.context().query_device().unwrap();
@@ -224,6 +232,7 @@ fn srq_bad_inputs_are_typed_errors() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn the_limit_fires_when_posted_receives_run_low() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let srq = SharedReceiveQueue::new(&pd, 8).unwrap();
@@ -263,6 +272,7 @@ fn the_limit_fires_when_posted_receives_run_low() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn dropping_the_shared_queue_before_its_queue_pairs_is_safe() {
+    let _alone = COUNTING.write().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let mrs = rdma_resources("mr");
@@ -304,6 +314,7 @@ fn dropping_the_shared_queue_before_its_queue_pairs_is_safe() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn two_node_two_connections_share_one_receive_queue() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     use integration_tests::oob;
     let tb = Testbed::get();
     let pd = pd(&tb);
@@ -365,6 +376,7 @@ fn connect_both(prepared: [rdma_dmabuf::PreparedQp; 2], theirs: &[u8]) -> Vec<Qu
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_receive_a_dying_queue_pair_was_filling_comes_back_flushed() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     const BIG: usize = 32 << 20;
