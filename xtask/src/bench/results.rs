@@ -177,6 +177,14 @@ fn values(
                 .get(at)
                 .and_then(|c| c.parse().ok())
                 .ok_or_else(|| format!("{program}'s row has no number in column {at}: {row:?}"))?;
+            if !x.is_finite() {
+                // perftest times with the CPU's cycle counter, calibrated at start; under load
+                // the calibration can fail ("Correlation coefficient r^2: ... < 0.9").
+                return Err(format!(
+                    "{program} printed {x} for {name} (its CPU-clock calibration failed, as \
+                     happens under load)"
+                ));
+            }
             v.insert(name.to_string(), x);
         }
     } else {
@@ -284,6 +292,9 @@ RESULT reg_usec=31.5 dereg_usec=12.25 region=heap
 RESULT nothing=1
 ### step 1n/r1/bw/ours/gpu/8 end client=0 server=0
 ### step 1n/r1/lat/ours/heap/8 begin
+### step 1n/r1/lat/ours/udmabuf/8 begin
+ 8       40          inf            inf          inf      	       inf         	-nan
+### step 1n/r1/lat/ours/udmabuf/8 end client=0 server=0 secs=9.84
 ";
 
     #[test]
@@ -322,6 +333,14 @@ RESULT nothing=1
             why("1n/r1/lat/ours/heap/8").unwrap(),
             "did not finish (the VM stopped first)"
         );
+        // (A perftest row under an rdma_bench step's id: read as rdma_bench's, no RESULT.)
+        assert_eq!(
+            why("1n/r1/lat/ours/udmabuf/8").unwrap(),
+            "no RESULT line in rdma_bench's output"
+        );
+        let inf = [" 8 40 1.0 2.0 inf inf".to_string()];
+        let e = values(Metric::Latency, "ib_write_lat", 8, &inf).unwrap_err();
+        assert!(e.contains("printed inf for typ_usec"), "{e}");
         // Every step is a sample or a failure.
         assert_eq!(samples.len() + failures.len(), wanted.len());
     }
