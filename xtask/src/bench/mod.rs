@@ -201,14 +201,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     for p in &profiles {
         for m in Metric::ALL {
             for value in json::value_names(m) {
-                let unit = if value.ends_with("usec") {
-                    "usec"
-                } else if *value == "mpps" {
-                    "Mpps"
-                } else {
-                    m.unit()
-                };
-                let t = table::values(&samples, m, p.nodes, value, unit);
+                let t = table::values(&samples, m, p.nodes, value);
                 if !t.is_empty() {
                     println!("{t}");
                 }

@@ -34,6 +34,19 @@ pub fn nodes_name(nodes: u8) -> &'static str {
     }
 }
 
+/// What a figure is, with its unit, for titles.
+pub fn label(value: &str) -> &'static str {
+    match value {
+        "bw_MBps" => "RDMA write bandwidth, MiB/s",
+        "mpps" => "RDMA write message rate, millions of messages/s",
+        "lat_usec" => "RDMA write latency, one way, mean, usec",
+        "typ_usec" => "RDMA write latency, one way, median (perftest's t_typical), usec",
+        "reg_usec" => "registration time, median of the step's calls, usec",
+        "dereg_usec" => "deregistration time, median of the step's calls, usec",
+        _ => "figure",
+    }
+}
+
 /// `median (min-max)`.
 fn cell(s: &Spread) -> String {
     if s.n < 2 {
@@ -43,7 +56,7 @@ fn cell(s: &Spread) -> String {
 }
 
 /// A table of `value` for `metric` on `nodes` nodes: a row per size, a column per series.
-pub fn values(samples: &[Sample], metric: Metric, nodes: u8, value: &str, unit: &str) -> String {
+pub fn values(samples: &[Sample], metric: Metric, nodes: u8, value: &str) -> String {
     let sp = spreads(samples, metric, nodes, value);
     if sp.is_empty() {
         return String::new();
@@ -61,8 +74,8 @@ pub fn values(samples: &[Sample], metric: Metric, nodes: u8, value: &str, unit: 
     };
     let rounds = sp.values().map(|s| s.n).max().unwrap_or(0);
     let mut t = format!(
-        "{} ({value}, {unit}), {}: median (min-max) of {rounds} rounds\n",
-        metric.title(),
+        "{} [{value}], {}: median (min-max) of {rounds} rounds\n",
+        label(value),
         nodes_name(nodes)
     );
     let w = 24;
@@ -190,14 +203,18 @@ mod tests {
             sample("perftest", bw, 1 << 20, 1, 50.0),
             sample("ours/host", bw, 1 << 20, 1, 55.0),
         ];
-        let t = values(&s, bw, 1, "bw_MBps", "MiB/s");
+        let t = values(&s, bw, 1, "bw_MBps");
         assert!(t.contains("11.00 (10.00-12.00)"), "{t}");
         assert!(t.contains("1 MiB"), "{t}");
         let g = goals(&s, 1);
         assert!(g.contains("0.82!"), "{g}");
         assert!(g.contains("1.10 "), "{g}");
         assert!(g.contains("NOT met at 1 of 2 sizes: 8 B (0.82)"), "{g}");
-        assert_eq!(values(&s, Metric::Latency, 1, "lat_usec", "usec"), "");
+        assert_eq!(values(&s, Metric::Latency, 1, "lat_usec"), "");
+        assert!(
+            t.starts_with("RDMA write bandwidth, MiB/s [bw_MBps], one node"),
+            "{t}"
+        );
     }
 
     #[test]
