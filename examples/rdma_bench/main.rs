@@ -14,9 +14,11 @@
 //! (a write-with-immediate ping-pong; the one-way latency is half the round trip) and `reg.rs`
 //! (registration and deregistration of one region, no peer). `--region` picks what backs every
 //! region on this side (`host`, `udmabuf`, `heap`, `gpu`); `--inline yes` sends the latency
-//! pings inline (copied at post time), `auto` does so up to 220 bytes as perftest's
-//! `ib_write_lat` does. The hot paths allocate nothing: every buffer and sample slot exists
-//! before the clock starts. The last line is machine-readable: `RESULT key=value ...`.
+//! pings inline (copied at post time), `auto` up to 220 bytes, perftest's default for
+//! `ib_write_lat` (on rxe perftest reports `Max inline data : 0[B]` and sends nothing inline,
+//! so `cargo xtask bench` compares with `--inline no`). The hot paths allocate nothing: every
+//! buffer and sample slot exists before the clock starts. The last line is machine-readable:
+//! `RESULT key=value ...`.
 
 mod bw;
 mod lat;
@@ -36,7 +38,7 @@ usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--region 
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
 KIND: host (default), udmabuf, heap (the system dma-heap) or gpu (vgem in the testbed)";
 
-/// perftest's `ib_write_lat` sends messages up to this size inline by default.
+/// perftest's `ib_write_lat` asks for messages up to this size to be sent inline by default.
 const PERFTEST_INLINE: usize = 220;
 
 /// How a mode is run: the same on both sides.
