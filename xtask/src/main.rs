@@ -37,6 +37,7 @@ cargo xtask <command>
       --nodes 1|2|both    which testbeds (default: both; --quick: 1)
       --rounds N          rounds of every step (default 3)
       --sizes 8,64K,1M    message sizes (default: 2 B to 8 MiB, powers of two)
+      --replot FILE       draw the plots of a run's bench.json again, into target/bench/
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
   rdma-core-tests       rdma-core's own test suite on the patched and the stock rxe, compared
 ";

@@ -107,6 +107,52 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
     })
 }
 
+/// The samples and profiles of a document written by [`document`] (for `--replot`).
+///
+/// # Errors
+/// A field is missing or names no series of [`SERIES`].
+pub fn read(doc: &Value) -> Result<(Vec<Sample>, Vec<Profile>), String> {
+    let mut samples = Vec::new();
+    for s in doc["samples"].as_array().ok_or("no samples")? {
+        let text = |k: &str| s[k].as_str().ok_or_else(|| format!("a sample has no {k}"));
+        let int = |k: &str| s[k].as_u64().ok_or_else(|| format!("a sample has no {k}"));
+        let (name, metric) = (text("series")?, text("metric")?);
+        let series = SERIES
+            .iter()
+            .position(|x| x.name == name && x.metric.key() == metric)
+            .ok_or_else(|| format!("no series {metric} {name}"))?;
+        let values = s["values"]
+            .as_object()
+            .ok_or("a sample has no values")?
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
+            .collect();
+        samples.push(Sample {
+            id: text("id")?.to_string(),
+            series,
+            nodes: u8::try_from(int("nodes")?).map_err(|e| e.to_string())?,
+            size: int("size")?,
+            round: u32::try_from(int("round")?).map_err(|e| e.to_string())?,
+            iters: int("iters")?,
+            values,
+        });
+    }
+    let mut profiles = Vec::new();
+    for p in doc["profiles"].as_array().ok_or("no profiles")? {
+        let nodes = p["nodes"]
+            .as_u64()
+            .and_then(|n| u8::try_from(n).ok())
+            .ok_or("nodes")?;
+        let mut profile = Profile::full(nodes);
+        profile.rounds = p["rounds"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or("rounds")?;
+        profiles.push(profile);
+    }
+    Ok((samples, profiles))
+}
+
 /// The figures each metric's steps report.
 pub fn value_names(m: Metric) -> &'static [&'static str] {
     match m {
@@ -172,5 +218,9 @@ mod tests {
         let text = serde_json::to_string_pretty(&d).unwrap();
         let back: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(back["samples"], d["samples"]);
+        let (again, profiles) = read(&back).unwrap();
+        assert_eq!(again, samples);
+        assert_eq!((profiles[0].nodes, profiles[0].rounds), (1, 3));
+        assert!(read(&json!({"samples": [{"series": "nope"}]})).is_err());
     }
 }

@@ -24,6 +24,7 @@ use crate::{fail, programs, script, vm, Paths};
 use plan::{Metric, Profile, GOALS, SERIES};
 use results::{spreads, Failure, Sample, Spread};
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ struct Request {
     nodes: Vec<u8>,
     rounds: Option<u32>,
     sizes: Option<Vec<u64>>,
+    /// Redraw the plots of a run's JSON file instead of running.
+    replot: Option<PathBuf>,
 }
 
 /// `--quick`, `--nodes 1|2|both`, `--rounds N`, `--sizes 8,64K,1M`.
@@ -44,6 +47,7 @@ fn parse_args(args: &[String]) -> Result<Request> {
         nodes: Vec::new(),
         rounds: None,
         sizes: None,
+        replot: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -70,9 +74,10 @@ fn parse_args(args: &[String]) -> Result<Request> {
                 }
             }
             "--sizes" => r.sizes = Some(plan::parse_sizes(&value("a list like 8,64K,1M")?)?),
+            "--replot" => r.replot = Some(PathBuf::from(value("a bench.json")?)),
             other => fail!(
                 "unknown bench option {other:?} (--quick, --nodes 1|2|both, --rounds N, \
-                 --sizes 8,64K,1M)"
+                 --sizes 8,64K,1M, --replot FILE)"
             ),
         }
     }
@@ -112,6 +117,9 @@ impl Request {
 /// prints the tables and goals, writes the JSON file and the plots under `target/bench/`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let req = parse_args(args)?;
+    if let Some(file) = &req.replot {
+        return replot(file, &paths.target.join("bench"));
+    }
     let profiles = req.profiles();
     let bench = paths.release_example("rdma_bench")?;
     let script_file = paths.testbed.join("bench.sh");
@@ -230,8 +238,26 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let json_file = out.join("bench.json");
     std::fs::write(&json_file, serde_json::to_string_pretty(&doc)?)?;
     info(format!("every sample: {}", json_file.display()));
-    for p in &profiles {
-        for (name, chart) in charts(&samples, p) {
+    failures.extend(draw_all(&samples, &profiles, &out));
+    if failures.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!();
+    for f in &failures {
+        println!("FAILED {}: {}", f.id, f.why);
+    }
+    println!(
+        "bench: {} step(s) or part(s) failed; the figures above are from the rest",
+        failures.len()
+    );
+    Ok(ExitCode::FAILURE)
+}
+
+/// Draws every chart of `profiles` into `out`; says where, and returns what failed.
+fn draw_all(samples: &[Sample], profiles: &[Profile], out: &Path) -> Vec<Failure> {
+    let mut failures = Vec::new();
+    for p in profiles {
+        for (name, chart) in charts(samples, p) {
             match plot::draw(&chart, &out.join(format!("{name}-{}node", p.nodes))) {
                 Ok(files) => info(format!(
                     "plot: {}",
@@ -248,18 +274,25 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             }
         }
     }
-    if failures.is_empty() {
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!();
+    failures
+}
+
+/// `--replot FILE`: the plots of a run's JSON file, drawn again into `out`.
+fn replot(file: &Path, out: &Path) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    let (samples, profiles) = json::read(&doc).map_err(|e| format!("{}: {e}", file.display()))?;
+    std::fs::create_dir_all(out)?;
+    let failures = draw_all(&samples, &profiles, out);
     for f in &failures {
         println!("FAILED {}: {}", f.id, f.why);
     }
-    println!(
-        "bench: {} step(s) or part(s) failed; the figures above are from the rest",
-        failures.len()
-    );
-    Ok(ExitCode::FAILURE)
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// The host's load average (`/proc/loadavg`'s first three figures).
@@ -390,9 +423,12 @@ mod tests {
             size,
             round: 1,
             iters: 5,
-            values: [(SERIES[series].metric.value().to_string(), x)]
-                .into_iter()
-                .collect(),
+            values: [
+                (SERIES[series].metric.value().to_string(), x),
+                ("mpps".to_string(), x / size as f64),
+            ]
+            .into_iter()
+            .collect(),
         };
         let s = [mk(0, 8, 1.0), mk(1, 8, 1.1), mk(0, 64, 2.0), mk(1, 64, 2.2)];
         let c = charts(&s, &Profile::quick(1));

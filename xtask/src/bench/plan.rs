@@ -229,6 +229,17 @@ pub struct Goal {
 }
 
 impl Goal {
+    /// The figure compared at `size`. For bandwidth below 4 KiB, the message rate: at one
+    /// size it is the same ratio, and perftest prints it to six decimals where its MB/s has
+    /// two (0.01 MB/s steps for the smallest messages); from 4 KiB on, MB/s, whose two decimals
+    /// are then finer than the message rate's six (one message a second is 0.000001 Mpps).
+    pub fn value(&self, size: u64) -> &'static str {
+        match self.metric {
+            Metric::Bandwidth if size < 4096 => "mpps",
+            m => m.value(),
+        }
+    }
+
     /// Whether `ratio` meets it.
     pub fn met(&self, ratio: f64) -> bool {
         if self.at_least {
@@ -542,6 +553,13 @@ mod tests {
         assert!(text.contains("local 1n/r1/reg/ours/gpu/8 60 rdma_bench 8 5 reg --region gpu"));
         assert!(!text.contains("udmabuf"));
         assert!(plan_text(&Profile::full(1), &steps(&Profile::full(1))).contains("udmabuf"));
+    }
+
+    #[test]
+    fn bandwidth_goals_compare_the_finer_figure() {
+        assert_eq!(GOALS[0].value(8), "mpps");
+        assert_eq!(GOALS[0].value(8 << 20), "bw_MBps");
+        assert_eq!(GOALS[1].value(8), "lat_usec");
     }
 
     #[test]

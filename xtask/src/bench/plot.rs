@@ -82,8 +82,12 @@ fn size_label(x: f64) -> String {
 fn y_range(chart: &Chart) -> Option<(f64, f64)> {
     let mut lo = f64::INFINITY;
     let mut hi = f64::NEG_INFINITY;
+    // A log axis has no room for 0 (perftest prints 0.00 MB/s for its smallest messages):
+    // the floor is the smallest positive figure, and lower ones are drawn on it.
     for (_, s) in chart.lines.iter().flat_map(|l| &l.points) {
-        lo = lo.min(s.min);
+        for x in [s.min, s.median, s.max].into_iter().filter(|x| *x > 0.0) {
+            lo = lo.min(x);
+        }
         hi = hi.max(s.max);
     }
     if let Some(r) = chart.reference {
@@ -99,6 +103,7 @@ where
 {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let (y0, y1) = y_range(c).ok_or_else(|| format!("{}: nothing to draw", c.title))?;
+    let on = |y: f64| y.max(y0);
     let sizes = c
         .lines
         .iter()
@@ -132,7 +137,7 @@ where
     }
     for (i, l) in c.lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let points = l.points.iter().map(|(s, sp)| (*s as f64, sp.median));
+        let points = l.points.iter().map(|(s, sp)| (*s as f64, on(sp.median)));
         let style = color.stroke_width(2);
         let drawn = if l.dashed {
             ch.draw_series(DashedLineSeries::new(points, 8, 5, style))
@@ -148,14 +153,15 @@ where
                 .iter()
                 .filter(|(_, sp)| sp.max > sp.min)
                 .map(|(s, sp)| {
-                    ErrorBar::new_vertical(*s as f64, sp.min, sp.median, sp.max, color, 6)
+                    let (min, med, max) = (on(sp.min), on(sp.median), on(sp.max));
+                    ErrorBar::new_vertical(*s as f64, min, med, max, color, 6)
                 }),
         )
         .map_err(e)?;
         ch.draw_series(
             l.points
                 .iter()
-                .map(|(s, sp)| Circle::new((*s as f64, sp.median), 3, color.filled())),
+                .map(|(s, sp)| Circle::new((*s as f64, on(sp.median)), 3, color.filled())),
         )
         .map_err(e)?;
     }
@@ -210,6 +216,18 @@ mod tests {
             ..chart
         };
         assert!(draw(&empty, &dir.join("none")).is_err());
+        // A zero (perftest's 0.00 MB/s) sits on the axis' floor.
+        let zero = Chart {
+            lines: vec![Line {
+                label: "zero".into(),
+                points: vec![(2, sp(0.0)), (8, sp(1.0))],
+                dashed: false,
+            }],
+            reference: None,
+            ..empty
+        };
+        assert_eq!(y_range(&zero).map(|r| r.0), Some(0.9 / 1.5));
+        draw(&zero, &dir.join("zero")).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

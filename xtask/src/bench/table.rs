@@ -97,15 +97,20 @@ pub fn values(samples: &[Sample], metric: Metric, nodes: u8, value: &str) -> Str
 
 /// The ratio of `goal` at each size (where both series have samples).
 pub fn ratios(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64, f64> {
-    let sp = spreads(samples, goal.metric, nodes, goal.metric.value());
+    let by_value: BTreeMap<&str, _> = [goal.value(1), goal.value(u64::MAX)]
+        .into_iter()
+        .map(|v| (v, spreads(samples, goal.metric, nodes, v)))
+        .collect();
     let mut out = BTreeMap::new();
-    for (&(name, size), s) in &sp {
-        if name != goal.series {
-            continue;
-        }
-        if let Some(b) = sp.get(&(goal.base, size)) {
-            if b.median > 0.0 {
-                out.insert(size, s.median / b.median);
+    for (v, sp) in &by_value {
+        for (&(name, size), s) in sp {
+            if name != goal.series || goal.value(size) != *v {
+                continue;
+            }
+            if let Some(b) = sp.get(&(goal.base, size)) {
+                if b.median > 0.0 {
+                    out.insert(size, s.median / b.median);
+                }
             }
         }
     }
@@ -186,7 +191,12 @@ mod tests {
             size,
             round,
             iters: 5,
-            values: [(metric.value().to_string(), x)].into_iter().collect(),
+            values: [
+                (metric.value().to_string(), x),
+                ("mpps".to_string(), x / size as f64),
+            ]
+            .into_iter()
+            .collect(),
         }
     }
 
