@@ -2,6 +2,7 @@
 //!
 //! * [`args`]: `--name value` options and sizes like `16M`;
 //! * [`gpu`]: finding a GPU (i915, xe, amdgpu, else vgem) and exporting a buffer from it;
+//! * [`kinds`]: buffers of each kind a region can have (host, udmabuf, dma-heap, GPU);
 //! * [`net`]: finding the RDMA device and its address, rdma_cm connects that wait for the
 //!   server;
 //! * [`side`]: a TCP side channel for examples that connect queue pairs by hand;
@@ -10,6 +11,7 @@
 
 pub mod args;
 pub mod gpu;
+pub mod kinds;
 pub mod net;
 pub mod pattern;
 pub mod report;

@@ -296,21 +296,77 @@ fn the_crates_quickstarts_run_as_their_docs_show_them() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn rdma_bench_reports_bandwidth_and_latency() {
+fn rdma_bench_reports_bandwidth_latency_and_registration_over_every_region_kind() {
     let tb = Testbed::get();
-    for (mode, port, key) in [("bw", "18616", "bw_MBps"), ("lat", "18617", "lat_usec")] {
-        let opts = [
-            "--mode", mode, "--port", port, "--size", "65536", "--iters", "200",
-        ];
-        let (s, c) = pair(
-            example("rdma_bench").arg("server").args(opts),
-            example("rdma_bench")
-                .args(["client", &tb.local_addr])
-                .args(opts),
+    let mut port = 18616;
+    for region in ["host", "udmabuf", "heap", "gpu"] {
+        for (mode, key, inline) in [("bw", "bw_MBps", "no"), ("lat", "lat_usec", "auto")] {
+            port += 1;
+            let port = port.to_string();
+            let opts = [
+                "--mode", mode, "--port", &port, "--size", "4096", "--iters", "20", "--region",
+                region, "--inline", inline,
+            ];
+            let (s, c) = pair(
+                example("rdma_bench").arg("server").args(opts),
+                example("rdma_bench")
+                    .args(["client", &tb.local_addr])
+                    .args(opts),
+            );
+            assert!(s.status.success(), "{mode} {region} server:\n{}", text(&s));
+            assert!(c.status.success(), "{mode} {region} client:\n{}", text(&c));
+            let v: f64 = field(&c, key).parse().expect("a number");
+            assert!(v > 0.0 && v.is_finite(), "{mode} {region}: {key}={v}");
+            assert_eq!(field(&c, "region"), region);
+        }
+        let out = run(
+            example("rdma_bench").args(["reg", "--region", region, "--size", "8K", "--iters", "3"]),
+            T,
         );
-        assert!(s.status.success(), "{mode} server:\n{}", text(&s));
-        assert!(c.status.success(), "{mode} client:\n{}", text(&c));
-        let v: f64 = field(&c, key).parse().expect("a number");
-        assert!(v > 0.0 && v.is_finite(), "{mode}: {key}={v}");
+        assert!(out.status.success(), "reg {region}:\n{}", text(&out));
+        for key in ["reg_usec", "dereg_usec"] {
+            let v: f64 = field(&out, key).parse().expect("a number");
+            assert!(v > 0.0 && v.is_finite(), "reg {region}: {key}={v}");
+        }
     }
+}
+
+/// `cargo xtask bench`'s script over a tiny plan: perftest and rdma_bench steps run in
+/// order, and a step whose server never listens fails by name, within its limit, while the
+/// steps after it still run.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn the_bench_script_runs_its_plan_and_names_a_failed_step() {
+    let _tb = Testbed::get();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../xtask/src/scripts/bench.sh");
+    let bench = example("rdma_bench").get_program().to_owned();
+    let plan = std::env::temp_dir().join("bench-smoke-plan.txt");
+    std::fs::write(
+        &plan,
+        "# kind id limit program size iters args\n\
+         pair pt 60 ib_write_bw 8 5\n\
+         pair never-ready 3 rdma_bench 8 5 --mode nope\n\
+         pair ours 60 rdma_bench 8 5 --mode lat --inline auto --region gpu\n\
+         local reg 60 rdma_bench 4096 2 reg --region heap\n",
+    )
+    .expect("plan");
+    let start = std::time::Instant::now();
+    let out = run(
+        Command::new("sh").arg(script).arg(&plan).arg(&bench),
+        Duration::from_secs(240),
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for line in [
+        "### step pt end client=0 server=0",
+        "### step never-ready end client=ready server=1",
+        "### step ours end client=0 server=0",
+        "### step reg end client=0 server=-",
+        "RESULT lat_usec=",
+        "RESULT reg_usec=",
+        "BW average",
+    ] {
+        assert!(t.contains(line), "no {line:?} in:\n{t}");
+    }
+    assert!(start.elapsed() < Duration::from_secs(200), "{t}");
 }

@@ -30,7 +30,14 @@ cargo xtask <command>
       --mode patched|stock  rxe and rdma-core with kernel-patches/ (default) or Debian's
   test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
                         `N passed, N failed, N skipped`
-  bench                 RDMA write bandwidth/latency against perftest, as ratios
+  bench [opts]          RDMA write bandwidth, message rate and latency beside perftest, over
+                        host and dma-buf regions, and registration time; one node and two;
+                        a table, target/bench/bench.json and plots (docs/performance.md)
+      --quick             two sizes, three rounds, one node: a few minutes
+      --nodes 1|2|both    which testbeds (default: both; --quick: 1)
+      --rounds N          rounds of every step (default 3)
+      --sizes 8,64K,1M    message sizes (default: 2 B to 8 MiB, powers of two)
+      --replot FILE       draw the plots of a run's bench.json again, into target/bench/
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
   rdma-core-tests       rdma-core's own test suite on the patched and the stock rxe, compared
 ";
@@ -174,7 +181,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         "rdma-core-tests" => rdmacore::main(&paths),
         "bench" => {
             setup::packages()?;
-            bench::main(&paths)
+            bench::main(&paths, rest)
         }
         "help" | "-h" | "--help" => {
             eprint!("{HELP}");

@@ -103,6 +103,11 @@ pub const PROGRAMS: &[Program] = &[
         "reads sysfs in the VM's set-up script (VM)",
     ),
     deb("sleep", "coreutils", "polls in scripts (VM)"),
+    deb(
+        "timeout",
+        "coreutils",
+        "bounds every step of cargo xtask bench (VM)",
+    ),
     deb("uname", "coreutils", "reports the guest kernel (VM)"),
     deb("sed", "sed", "reads which libraries the loader loaded (VM)"),
     deb(

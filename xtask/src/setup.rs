@@ -31,7 +31,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "dpkg-query and dpkg-deb: what is installed; unpacks debs",
     ),
     ("dash", "sh, for the project's scripts"),
-    ("coreutils", "cp, chmod, cat, sleep, uname"),
+    ("coreutils", "cp, chmod, cat, sleep, uname, timeout"),
     ("sed", "reads the loader's log in the VM"),
     ("grep", "checks port state and loaded libraries in the VM"),
     ("tar", "extracts the rxe sources from linux-source"),
@@ -100,6 +100,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "pyverbs, for rdma-core's own tests (cargo xtask rdma-core-tests)",
     ),
     ("python3-dev", "pyverbs' C extensions"),
+    (
+        "fonts-dejavu-core",
+        "DejaVuSans.ttf, the text of cargo xtask bench's plots",
+    ),
 ];
 
 /// The meta-package whose dependency names the series' newest kernel image.

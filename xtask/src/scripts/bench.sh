@@ -1,31 +1,135 @@
-# cargo xtask bench, inside the VM: perftest and rdma_bench on the same rxe device, over its
-# loopback, interleaved so that both see the same conditions. $1: rdma_bench; $2: rounds;
-# $3: size; $4: bandwidth iterations; $5: latency iterations.
-# Each server starts in the background; its client follows half a second later.
+# cargo xtask bench, inside the VM: runs a plan of steps in order, each under `timeout`. A
+# failed step is reported and the plan goes on. $1: the plan; $2: rdma_bench.
+#
+# Plan lines (words; `#` starts a comment line):
+#   pair  ID LIMIT PROGRAM SIZE ITERS [ARGS...]   a server, then its client once it listens
+#   local ID LIMIT rdma_bench SIZE ITERS [ARGS...]   one process (e.g. `reg --region heap`)
+# PROGRAM is ib_write_bw, ib_write_lat or rdma_bench; ARGS go to both sides; LIMIT (seconds)
+# bounds the wait for the server and each process.
+# Each step prints `### step ID begin`, its client's output, then
+# `### step ID end client=RC server=RC secs=S` (RC 124: timed out; `ready`: the server never
+# listened; S: the step's wall time).
+#
+# One node: server and client run here, the server's readiness is its listening TCP port.
+# Two nodes: node a runs every server, node b every client; node a says that a server listens
+# with a file in its run folder, which node b sees through the host's root.
 set -u
-B=$1 ROUNDS=$2 SIZE=$3 BW_N=$4 LAT_N=$5
-D=$RDMA_DEVICE G=$RDMA_GID_INDEX A=$LOCAL_ADDR
-r=0
-while [ $r -lt "$ROUNDS" ]; do
-    r=$((r + 1))
-    echo "### round $r perftest bw"
-    ib_write_bw -d "$D" -x "$G" -s "$SIZE" -n "$BW_N" -p 18800 > /tmp/server.out 2>&1 &
-    sleep 0.5
-    ib_write_bw -d "$D" -x "$G" -s "$SIZE" -n "$BW_N" -p 18800 "$A" 2>&1
-    wait
-    echo "### round $r ours bw"
-    "$B" server --port 18801 --size "$SIZE" --iters "$BW_N" --mode bw > /tmp/server.out 2>&1 &
-    sleep 0.5
-    "$B" client "$A" --port 18801 --size "$SIZE" --iters "$BW_N" --mode bw 2>&1
-    wait
-    echo "### round $r perftest lat"
-    ib_write_lat -d "$D" -x "$G" -s "$SIZE" -n "$LAT_N" -p 18802 > /tmp/server.out 2>&1 &
-    sleep 0.5
-    ib_write_lat -d "$D" -x "$G" -s "$SIZE" -n "$LAT_N" -p 18802 "$A" 2>&1
-    wait
-    echo "### round $r ours lat"
-    "$B" server --port 18803 --size "$SIZE" --iters "$LAT_N" --mode lat > /tmp/server.out 2>&1 &
-    sleep 0.5
-    "$B" client "$A" --port 18803 --size "$SIZE" --iters "$LAT_N" --mode lat 2>&1
-    wait
-done
+PLAN=$1
+# rdma_bench from the VM's memory: it starts faster than over 9p, and a rebuild on the host
+# during the run cannot change it.
+B=/tmp/rdma_bench
+cp "$2" "$B" || exit 1
+D=$RDMA_DEVICE G=$RDMA_GID_INDEX SERVER=$PEER_ADDR
+SERVER_OUT=/tmp/bench-server.out
+PORT_BASE=18800
+
+# Whether a socket listens on TCP port $1, given in hexadecimal (one grep: in the emulated
+# VM every process started costs milliseconds that the server being waited for needs).
+listening() {
+    grep -q -E ":$1 [0-9A-F]+:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# Centiseconds since boot, without starting a process.
+now() {
+    read -r up _ < /proc/uptime
+    echo "${up%.*}${up#*.}"
+}
+
+# Whether node a has said that step $1's server listens.
+peer_ready() {
+    [ -e "$TESTBED_PEER_RUN/ready-$1" ]
+}
+
+# Runs "$@" (after $1, a number of seconds) every 100 ms until it succeeds (0) or $1 seconds
+# have passed (1).
+wait_until() {
+    n=0 most=$(($1 * 10))
+    shift
+    until "$@"; do
+        n=$((n + 1))
+        [ $n -gt $most ] && return 1
+        sleep 0.1
+    done
+}
+
+# One side of a step: $1 server, client or local; $2 program; $3 port; $4 size; $5 iters;
+# the rest is passed on. Bounded by $LIMIT.
+side() {
+    role=$1 prog=$2 port=$3 size=$4 iters=$5
+    shift 5
+    case "$prog:$role" in
+    ib_write_*:server) timeout "$LIMIT" "$prog" -d "$D" -x "$G" -F -s "$size" -n "$iters" -p "$port" "$@" ;;
+    ib_write_*:client) timeout "$LIMIT" "$prog" -d "$D" -x "$G" -F -s "$size" -n "$iters" -p "$port" "$@" "$SERVER" ;;
+    rdma_bench:server) timeout "$LIMIT" "$B" server --port "$port" --size "$size" --iters "$iters" "$@" ;;
+    rdma_bench:client) timeout "$LIMIT" "$B" client "$SERVER" --port "$port" --size "$size" --iters "$iters" "$@" ;;
+    rdma_bench:local) timeout "$LIMIT" "$B" "$@" --size "$size" --iters "$iters" ;;
+    *) echo "bench.sh: no $role side for $prog"; return 2 ;;
+    esac
+}
+
+# Server side of step number $1 (the rest: program, port, size, iters, args); prints its status.
+serve() {
+    i=$1
+    shift
+    side server "$@" > "$SERVER_OUT" 2>&1 < /dev/null &
+    spid=$!
+    if wait_until "$LIMIT" listening "$(printf '%04X' "$2")"; then
+        [ "$TESTBED_NODES" -gt 1 ] && : > "$TESTBED_RUN/ready-$i"
+    else
+        kill "$spid" 2>/dev/null
+    fi
+    wait "$spid"
+}
+
+echo "### kernel $(uname -r)"
+i=0
+while read -r kind id LIMIT prog size iters rest; do
+    case "$kind" in '' | '#'*) continue ;; esac
+    i=$((i + 1))
+    port=$((PORT_BASE + i % 1000))
+    echo "### step $id begin"
+    client=- server=- t0=$(now)
+    case "$kind:${TESTBED_NODES}${NODE}" in
+    local:*)
+        # shellcheck disable=SC2086 # ARGS are words
+        side local "$prog" "$port" "$size" "$iters" $rest < /dev/null 2>&1
+        client=$?
+        ;;
+    pair:1*)
+        # shellcheck disable=SC2086
+        side server "$prog" "$port" "$size" "$iters" $rest > "$SERVER_OUT" 2>&1 < /dev/null &
+        spid=$!
+        if wait_until "$LIMIT" listening "$(printf '%04X' "$port")"; then
+            # shellcheck disable=SC2086
+            side client "$prog" "$port" "$size" "$iters" $rest < /dev/null 2>&1
+            client=$?
+            [ $client -eq 0 ] || kill "$spid" 2>/dev/null
+        else
+            client=ready
+            kill "$spid" 2>/dev/null
+        fi
+        wait "$spid"
+        server=$?
+        ;;
+    pair:2a)
+        # shellcheck disable=SC2086
+        serve "$i" "$prog" "$port" "$size" "$iters" $rest
+        server=$?
+        ;;
+    pair:2b)
+        if wait_until $((LIMIT + 10)) peer_ready "$i"; then
+            # shellcheck disable=SC2086
+            side client "$prog" "$port" "$size" "$iters" $rest < /dev/null 2>&1
+            client=$?
+        else
+            client=ready
+        fi
+        ;;
+    *) echo "bench.sh: unknown step kind $kind" ;;
+    esac
+    if [ "$server" != 0 ] && [ "$server" != - ] && [ -s "$SERVER_OUT" ]; then
+        sed 's/^/  server| /' "$SERVER_OUT"
+    fi
+    t=$(($(now) - t0))
+    echo "### step $id end client=$client server=$server secs=$((t / 100)).$((t / 10 % 10))$((t % 10))"
+done < "$PLAN"

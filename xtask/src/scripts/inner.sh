@@ -8,6 +8,8 @@ PEER_RUN=@PEER_RUN@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 export TESTBED_VM=1 TESTBED_NODES=@NODES@ NODE=@NODE@ RDMA_DEVICE=rxe0
 export LOCAL_ADDR=@LOCAL_ADDR@ PEER_ADDR=@PEER_ADDR@ TESTBED_MODE=@MODE@
+# This node's run folder (writable) and the peer's (read-only), e.g. for readiness files.
+export TESTBED_RUN="$RUN" TESTBED_PEER_RUN="$PEER_RUN"
 # The patched stack and the test exporter module (unused with TESTBED_MODE=stock).
 RXE_MODULE=@RXE_MODULE@ EXPORTER_MODULE=@EXPORTER_MODULE@ RDMA_LIB=@RDMA_LIB@
 # The caller's environment (vm::Opts::env).

@@ -1,0 +1,198 @@
+//! RDMA write bandwidth, message rate and latency between two processes, in the manner of
+//! perftest's `ib_write_bw` and `ib_write_lat`, and the time a registration takes, through
+//! rdma-dmabuf's ownership-based posts, over regions of any kind: host memory or a dma-buf
+//! (udmabuf, the system dma-heap, a GPU buffer).
+//!
+//! ```text
+//! rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--region host] [--size 65536] [--iters 1000] [--device rxe0]
+//! rdma_bench client SERVER_ADDR [same options]
+//! rdma_bench reg [--region host] [--size 65536] [--iters 1000] [--device rxe0]
+//! ```
+//!
+//! Each mode is a file: `bw.rs` (the client keeps `--window` writes in flight, each from its
+//! own registered buffer, since a posted buffer belongs to the NIC until it completes), `lat.rs`
+//! (a write-with-immediate ping-pong; the one-way latency is half the round trip) and `reg.rs`
+//! (registration and deregistration of one region, no peer). `--region` picks what backs every
+//! region on this side (`host`, `udmabuf`, `heap`, `gpu`); `--inline yes` sends the latency
+//! pings inline (copied at post time), `auto` up to 220 bytes, perftest's default for
+//! `ib_write_lat` (on rxe perftest reports `Max inline data : 0[B]` and sends nothing inline,
+//! so `cargo xtask bench` compares with `--inline no`). The hot paths allocate nothing: every
+//! buffer and sample slot exists before the clock starts. The last line is machine-readable:
+//! `RESULT key=value ...`.
+
+mod bw;
+mod lat;
+mod reg;
+
+use examples::kinds::{Allocator, RegionKind};
+use examples::{fail, Args, SideChannel};
+use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::{Access, Context, MemoryRegion, PreparedQp, ProtectionDomain, QueuePairBuilder};
+use std::time::Duration;
+
+const USAGE: &str = "\
+usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--region KIND]
+                         [--size 65536] [--iters 1000] [--window 128] [--inline yes|no|auto]
+                         [--device rxe0]
+       rdma_bench client SERVER_ADDR [the same options]
+       rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
+KIND: host (default), udmabuf, heap (the system dma-heap) or gpu (vgem in the testbed)";
+
+/// perftest's `ib_write_lat` asks for messages up to this size to be sent inline by default.
+const PERFTEST_INLINE: usize = 220;
+
+/// How a mode is run: the same on both sides.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    /// Bytes per message (and per region).
+    pub size: usize,
+    /// Messages (bw), round trips (lat) or registrations (reg).
+    pub iters: usize,
+    /// Writes kept in flight (bw).
+    pub window: usize,
+    /// Whether latency pings are sent inline.
+    pub inline: bool,
+    /// What backs the regions.
+    pub kind: RegionKind,
+}
+
+fn main() {
+    let args = Args::parse(
+        USAGE,
+        &[
+            "bind", "port", "mode", "size", "iters", "window", "inline", "device", "region",
+        ],
+    );
+    let role = args
+        .words
+        .first()
+        .map(String::as_str)
+        .unwrap_or_else(|| fail("usage: rdma_bench server|client ADDR|reg [--mode bw|lat]"));
+    let device = args
+        .text("device")
+        .or_else(|| std::env::var("RDMA_DEVICE").ok())
+        .unwrap_or_else(|| "rxe0".into());
+    let size =
+        usize::try_from(args.size("size", 65536)).unwrap_or_else(|_| fail("--size: too large"));
+    let kind: RegionKind = args.get("region", RegionKind::Host);
+    let inline = match args.text("inline").as_deref() {
+        None | Some("no") => false,
+        Some("yes") => true,
+        Some("auto") => size <= PERFTEST_INLINE,
+        Some(other) => fail(&format!("--inline is yes, no or auto, not {other:?}")),
+    };
+    let run = Run {
+        size,
+        iters: args.get("iters", 1000),
+        window: args.get("window", 128),
+        inline,
+        kind,
+    };
+    if run.size == 0 || run.iters == 0 || run.window == 0 {
+        fail("--size, --iters and --window must be at least 1");
+    }
+    let mode = args.text("mode").unwrap_or_else(|| "bw".into());
+    if !matches!(mode.as_str(), "bw" | "lat") {
+        fail("--mode is bw or lat");
+    }
+    let client = match role {
+        "server" => false,
+        "client" => true,
+        "reg" => false,
+        _ => fail("the role is server, client or reg"),
+    };
+
+    let alloc = Allocator::new(kind).unwrap_or_else(|e| fail(&e));
+    let ctx = Context::open(&device).unwrap_or_else(|e| fail(&e.to_string()));
+    let pd = ProtectionDomain::new(&ctx).unwrap_or_else(|e| fail(&e.to_string()));
+    if role == "reg" {
+        return reg::run(&pd, &alloc, &run);
+    }
+    let qp = QueuePairBuilder::new(&pd)
+        .send_depth(run.window as u32)
+        .recv_depth(run.window as u32)
+        .max_inline_data(if inline { run.size as u32 } else { 0 })
+        .build()
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let port: u16 = args.get("port", 18700);
+    let side = if client {
+        let server = args
+            .words
+            .get(1)
+            .unwrap_or_else(|| fail("client needs the server's address"));
+        SideChannel::connect(server, port, Duration::from_secs(30))
+    } else {
+        SideChannel::serve(&args.text("bind").unwrap_or_else(|| "0.0.0.0".into()), port)
+    }
+    .unwrap_or_else(|e| fail(&format!("side channel: {e}")));
+
+    if kind == RegionKind::Host {
+        connected(qp, side, &mode, client, &run, |a| {
+            alloc
+                .host_region(&pd, run.size, a)
+                .unwrap_or_else(|e| fail(&e))
+        });
+    } else {
+        connected(qp, side, &mode, client, &run, |a| {
+            alloc
+                .dmabuf_region(&pd, run.size, a)
+                .unwrap_or_else(|e| fail(&e))
+        });
+    }
+}
+
+/// Swaps endpoints and target regions with the peer, connects, and runs `mode`; `region`
+/// makes every region of this side.
+fn connected<B: Backing>(
+    qp: PreparedQp,
+    mut side: SideChannel,
+    mode: &str,
+    client: bool,
+    run: &Run,
+    region: impl Fn(Access) -> MemoryRegion<B>,
+) {
+    let target = region(Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (peer_ep, peer_region) = side
+        .exchange(qp.endpoint(), target.remote())
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let remote = peer_region.unwrap_or_else(|| fail("the peer announced no region"));
+    let qp = qp
+        .connect(&peer_ep)
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let kind = run.kind.name();
+    match (mode, client) {
+        ("bw", true) => {
+            let r = bw::client(&qp, remote, &region, run);
+            println!(
+                " #bytes  #iterations  BW average[MB/sec]  MsgRate[Mpps]\n {:<7} {:<12} {:<19.2} {:.6}",
+                run.size, run.iters, r.mbps, r.mpps
+            );
+            side.swap(b"done").ok();
+            println!(
+                "RESULT bw_MBps={:.3} mpps={:.6} region={kind}",
+                r.mbps, r.mpps
+            );
+        }
+        ("bw", false) => {
+            // The client writes into `target`; its "done" ends the test.
+            side.swap(b"ready").ok();
+        }
+        _ => {
+            let r = lat::run(&qp, remote, &region, run, client);
+            if let Some(r) = r {
+                println!(
+                    " #bytes  #iterations  t_typical[usec]  t_avg[usec]\n {:<7} {:<12} {:<16.2} {:.2}",
+                    run.size, run.iters, r.typical_usec, r.avg_usec
+                );
+                println!(
+                    "RESULT lat_usec={:.3} typ_usec={:.3} inline={} region={kind}",
+                    r.avg_usec,
+                    r.typical_usec,
+                    if run.inline { "yes" } else { "no" }
+                );
+            }
+            side.swap(b"done").ok();
+        }
+    }
+    drop(target);
+}

@@ -1,0 +1,441 @@
+//! `cargo xtask bench`: RDMA write bandwidth, message rate and latency of rdma-dmabuf beside
+//! perftest (`ib_write_bw`, `ib_write_lat`) on the same rxe device in the same boot, over
+//! host, udmabuf, system-heap and GPU (vgem) regions, and what registering each kind costs;
+//! on one node (rxe loopback) and across the two-node testbed's wire.
+//!
+//! * [`plan`]: the series, goals, sizes and budgets, and the plan `bench.sh` runs;
+//! * [`results`]: reading the consoles into samples and failures; min/median/max;
+//! * [`table`]: the terminal report and the goals as ratios;
+//! * [`json`]: the JSON file with every sample;
+//! * [`plot`]: PNG and SVG plots.
+//!
+//! Every step runs under its own time limit inside the VM; a failed step is named, and
+//! everything else is still reported (and the command then exits non-zero).
+
+mod json;
+mod plan;
+mod plot;
+mod results;
+mod table;
+
+use crate::sh::Result;
+use crate::ui::info;
+use crate::{fail, programs, script, vm, Paths};
+use plan::{Metric, Profile, GOALS, SERIES};
+use results::{spreads, Failure, Sample, Spread};
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// What `cargo xtask bench` was asked.
+#[derive(Debug, PartialEq)]
+struct Request {
+    quick: bool,
+    /// Node counts to boot, in order.
+    nodes: Vec<u8>,
+    rounds: Option<u32>,
+    sizes: Option<Vec<u64>>,
+    /// Redraw the plots of a run's JSON file instead of running.
+    replot: Option<PathBuf>,
+}
+
+/// `--quick`, `--nodes 1|2|both`, `--rounds N`, `--sizes 8,64K,1M`.
+fn parse_args(args: &[String]) -> Result<Request> {
+    let mut r = Request {
+        quick: false,
+        nodes: Vec::new(),
+        rounds: None,
+        sizes: None,
+        replot: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |what: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs {what}"))
+        };
+        match a.as_str() {
+            "--quick" => r.quick = true,
+            "--nodes" => {
+                r.nodes = match value("1, 2 or both")?.as_str() {
+                    "1" => vec![1],
+                    "2" => vec![2],
+                    "both" => vec![1, 2],
+                    other => fail!("--nodes {other:?}: 1, 2 or both"),
+                }
+            }
+            "--rounds" => {
+                let v = value("a count")?;
+                match v.parse::<u32>() {
+                    Ok(n) if (1..=100).contains(&n) => r.rounds = Some(n),
+                    _ => fail!("--rounds {v:?}: a count from 1 to 100"),
+                }
+            }
+            "--sizes" => r.sizes = Some(plan::parse_sizes(&value("a list like 8,64K,1M")?)?),
+            "--replot" => r.replot = Some(PathBuf::from(value("a bench.json")?)),
+            other => fail!(
+                "unknown bench option {other:?} (--quick, --nodes 1|2|both, --rounds N, \
+                 --sizes 8,64K,1M, --replot FILE)"
+            ),
+        }
+    }
+    if r.nodes.is_empty() {
+        r.nodes = if r.quick { vec![1] } else { vec![1, 2] };
+    }
+    Ok(r)
+}
+
+impl Request {
+    /// The profile of each boot.
+    fn profiles(&self) -> Vec<Profile> {
+        self.nodes
+            .iter()
+            .map(|&n| {
+                let mut p = if self.quick {
+                    Profile::quick(n)
+                } else {
+                    Profile::full(n)
+                };
+                if let Some(r) = self.rounds {
+                    p.rounds = r;
+                }
+                if let Some(s) = &self.sizes {
+                    p.sizes = s.clone();
+                    if n > 1 {
+                        p.sizes.retain(|&s| s <= plan::TWO_NODE_MAX);
+                    }
+                }
+                p
+            })
+            .collect()
+    }
+}
+
+/// Builds the bench (release), runs the plan in the testbed (one boot per node count),
+/// prints the tables and goals, writes the JSON file and the plots under `target/bench/`.
+pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    let req = parse_args(args)?;
+    if let Some(file) = &req.replot {
+        return replot(file, &paths.target.join("bench"));
+    }
+    let profiles = req.profiles();
+    let bench = paths.release_example("rdma_bench")?;
+    let script_file = paths.testbed.join("bench.sh");
+    programs::write_script(&script_file, script::BENCH)?;
+    let out = paths.target.join("bench");
+    std::fs::create_dir_all(&out)?;
+    let load_start = loadavg();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut failures: Vec<Failure> = Vec::new();
+    let mut kernel = String::new();
+    for p in &profiles {
+        let steps = plan::steps(p);
+        if p.sizes.is_empty() || steps.is_empty() {
+            fail!("{}: no size to measure", table::nodes_name(p.nodes));
+        }
+        let plan_file = out.join(format!("plan-{}node.txt", p.nodes));
+        std::fs::write(&plan_file, plan::plan_text(p, &steps))?;
+        let limit: u64 = steps
+            .iter()
+            .map(|s| p.limit(SERIES[s.series].metric, s.size) + 10)
+            .sum();
+        info(format!(
+            "{}: {} steps ({} sizes, {} rounds; plan in {})",
+            table::nodes_name(p.nodes),
+            steps.len(),
+            p.sizes.len(),
+            p.rounds,
+            plan_file.display()
+        ));
+        let argv: Vec<String> = vec![
+            "sh".into(),
+            script_file.display().to_string(),
+            plan_file.display().to_string(),
+            bench.display().to_string(),
+        ];
+        let opts = vm::Opts {
+            nodes: p.nodes,
+            timeout: Duration::from_secs(limit + 300),
+            ..vm::Opts::default()
+        };
+        let (results, rebooted) = vm::run_past_emulator_fault(paths, &argv, &opts, false)?;
+        if rebooted {
+            info("(the first boot hit an emulator fault: see docs/testbed.md)");
+        }
+        let mut consoles = Vec::new();
+        for r in &results {
+            let file = out.join(format!("console-{}node-{}.txt", p.nodes, r.node));
+            std::fs::write(&file, &r.console)?;
+            consoles.push(r.console.as_str());
+            if kernel.is_empty() {
+                kernel = r
+                    .console
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("### kernel "))
+                    .unwrap_or_default()
+                    .to_string();
+            }
+            let vm_id = format!("{}n/vm/{}", p.nodes, r.node);
+            for problem in &r.problems {
+                failures.push(Failure {
+                    id: vm_id.clone(),
+                    why: format!("kernel: {problem} (console in {})", file.display()),
+                });
+            }
+            if r.status != Some(0) {
+                failures.push(Failure {
+                    id: vm_id,
+                    why: format!(
+                        "the VM's command ended with {:?} (console in {})",
+                        r.status,
+                        file.display()
+                    ),
+                });
+            }
+        }
+        let (s, f) = results::collect(&steps, &consoles);
+        samples.extend(s);
+        failures.extend(f);
+    }
+    let load_end = loadavg();
+
+    println!();
+    for p in &profiles {
+        for m in Metric::ALL {
+            for value in json::value_names(m) {
+                let t = table::values(&samples, m, p.nodes, value);
+                if !t.is_empty() {
+                    println!("{t}");
+                }
+            }
+        }
+        let g = table::goals(&samples, p.nodes);
+        if !g.is_empty() {
+            println!("{g}");
+        }
+    }
+    info(format!(
+        "host load average (1, 5, 15 min) at start {load_start}, at end {load_end}: \
+         figures taken under load are noisy"
+    ));
+
+    let doc = json::document(
+        &json::Context {
+            profiles: &profiles,
+            kernel: &kernel,
+            load: [load_start, load_end],
+            started,
+        },
+        &samples,
+        &failures,
+    );
+    let json_file = out.join("bench.json");
+    std::fs::write(&json_file, serde_json::to_string_pretty(&doc)?)?;
+    info(format!("every sample: {}", json_file.display()));
+    failures.extend(draw_all(&samples, &profiles, &out));
+    if failures.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!();
+    for f in &failures {
+        println!("FAILED {}: {}", f.id, f.why);
+    }
+    println!(
+        "bench: {} step(s) or part(s) failed; the figures above are from the rest",
+        failures.len()
+    );
+    Ok(ExitCode::FAILURE)
+}
+
+/// Draws every chart of `profiles` into `out`; says where, and returns what failed.
+fn draw_all(samples: &[Sample], profiles: &[Profile], out: &Path) -> Vec<Failure> {
+    let mut failures = Vec::new();
+    for p in profiles {
+        for (name, chart) in charts(samples, p) {
+            match plot::draw(&chart, &out.join(format!("{name}-{}node", p.nodes))) {
+                Ok(files) => info(format!(
+                    "plot: {}",
+                    files
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                Err(e) => failures.push(Failure {
+                    id: format!("{}n/plot/{name}", p.nodes),
+                    why: e,
+                }),
+            }
+        }
+    }
+    failures
+}
+
+/// `--replot FILE`: the plots of a run's JSON file, drawn again into `out`.
+fn replot(file: &Path, out: &Path) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    let (samples, profiles) = json::read(&doc).map_err(|e| format!("{}: {e}", file.display()))?;
+    std::fs::create_dir_all(out)?;
+    let failures = draw_all(&samples, &profiles, out);
+    for f in &failures {
+        println!("FAILED {}: {}", f.id, f.why);
+    }
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The host's load average (`/proc/loadavg`'s first three figures).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The charts of one node count: bandwidth, latency, registration (one node) and the goals'
+/// ratios, by file name.
+fn charts(samples: &[Sample], p: &Profile) -> Vec<(&'static str, plot::Chart)> {
+    let where_ = table::nodes_name(p.nodes);
+    let lines = |m: Metric, value: &str, suffix: &str, dashed: bool| -> Vec<plot::Line> {
+        let sp = spreads(samples, m, p.nodes, value);
+        SERIES
+            .iter()
+            .filter(|s| s.metric == m)
+            .map(|s| plot::Line {
+                label: format!("{}{suffix}", s.name),
+                points: sp
+                    .iter()
+                    .filter(|((n, _), _)| *n == s.name)
+                    .map(|((_, size), sp)| (*size, *sp))
+                    .collect(),
+                dashed,
+            })
+            .filter(|l| !l.points.is_empty())
+            .collect()
+    };
+    let mut out = Vec::new();
+    let spread_note = format!("median, bars min-max of {} rounds", p.rounds);
+    for (name, m) in [("bw", Metric::Bandwidth), ("lat", Metric::Latency)] {
+        out.push((
+            name,
+            plot::Chart {
+                title: format!("{}, {where_}", m.title()),
+                y_label: format!("{} ({spread_note})", m.unit()),
+                lines: lines(m, m.value(), "", false),
+                reference: None,
+            },
+        ));
+    }
+    let mut reg = lines(Metric::Registration, "reg_usec", " reg", false);
+    reg.extend(lines(Metric::Registration, "dereg_usec", " dereg", true));
+    if !reg.is_empty() {
+        out.push((
+            "reg",
+            plot::Chart {
+                title: format!("registration and deregistration time, {where_}"),
+                y_label: format!("usec ({spread_note})"),
+                lines: reg,
+                reference: None,
+            },
+        ));
+    }
+    let ratio_lines: Vec<plot::Line> = GOALS
+        .iter()
+        .map(|g| plot::Line {
+            label: g.describe(),
+            points: table::ratios(samples, g, p.nodes)
+                .into_iter()
+                .map(|(s, r)| {
+                    (
+                        s,
+                        Spread {
+                            min: r,
+                            median: r,
+                            max: r,
+                            n: 1,
+                        },
+                    )
+                })
+                .collect(),
+            dashed: g.metric == Metric::Registration,
+        })
+        .filter(|l| !l.points.is_empty())
+        .collect();
+    out.push((
+        "ratios",
+        plot::Chart {
+            title: format!("goals as ratios of medians, {where_}"),
+            y_label: "ratio (1 = equal)".into(),
+            lines: ratio_lines,
+            reference: Some(1.0),
+        },
+    ));
+    out.retain(|(_, c)| !c.lines.is_empty());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn options_parse_and_mistakes_are_named() {
+        let r = parse_args(&words("--quick")).unwrap();
+        assert_eq!(r.nodes, [1]);
+        assert_eq!(r.profiles()[0], Profile::quick(1));
+        let r = parse_args(&[]).unwrap();
+        assert_eq!(r.nodes, [1, 2]);
+        let r = parse_args(&words("--nodes 2 --sizes 8,4M --rounds 5")).unwrap();
+        let p = &r.profiles()[0];
+        assert_eq!((p.nodes, p.rounds, p.sizes.clone()), (2, 5, vec![8]));
+        for bad in [
+            "--nodes 3",
+            "--rounds 0",
+            "--rounds",
+            "--sizes 16M",
+            "--fast",
+        ] {
+            let e = parse_args(&words(bad)).unwrap_err().to_string();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn charts_have_a_line_per_series_with_samples() {
+        let mk = |series: usize, size: u64, x: f64| Sample {
+            id: String::new(),
+            series,
+            nodes: 1,
+            size,
+            round: 1,
+            iters: 5,
+            values: [
+                (SERIES[series].metric.value().to_string(), x),
+                ("mpps".to_string(), x / size as f64),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let s = [mk(0, 8, 1.0), mk(1, 8, 1.1), mk(0, 64, 2.0), mk(1, 64, 2.2)];
+        let c = charts(&s, &Profile::quick(1));
+        let names: Vec<_> = c.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["bw", "ratios"]);
+        assert_eq!(c[0].1.lines.len(), 2);
+        assert_eq!(c[0].1.lines[1].points.len(), 2);
+        assert_eq!(c[1].1.lines[0].points[0].1.median, 1.1);
+    }
+}

@@ -1,0 +1,239 @@
+//! The terminal report: for each metric a table of medians with their spread, then the goals
+//! as ratios of medians at every size.
+
+use super::plan::{Goal, Metric, GOALS, SERIES};
+use super::results::{spreads, Sample, Spread};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// A figure in about four significant digits.
+pub fn num(x: f64) -> String {
+    match x.abs() {
+        a if a >= 1000.0 => format!("{x:.0}"),
+        a if a >= 100.0 => format!("{x:.1}"),
+        a if a >= 1.0 => format!("{x:.2}"),
+        _ => format!("{x:.4}"),
+    }
+}
+
+/// `2 B`, `64 KiB`, `8 MiB`.
+pub fn size(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+/// `one node (rxe loopback)` or `two nodes (emulated wire)`.
+pub fn nodes_name(nodes: u8) -> &'static str {
+    if nodes > 1 {
+        "two nodes (emulated wire)"
+    } else {
+        "one node (rxe loopback)"
+    }
+}
+
+/// What a figure is, with its unit, for titles.
+pub fn label(value: &str) -> &'static str {
+    match value {
+        "bw_MBps" => "RDMA write bandwidth, MiB/s",
+        "mpps" => "RDMA write message rate, millions of messages/s",
+        "lat_usec" => "RDMA write latency, one way, mean, usec",
+        "typ_usec" => "RDMA write latency, one way, median (perftest's t_typical), usec",
+        "reg_usec" => "registration time, median of the step's calls, usec",
+        "dereg_usec" => "deregistration time, median of the step's calls, usec",
+        _ => "figure",
+    }
+}
+
+/// `median (min-max)`.
+fn cell(s: &Spread) -> String {
+    if s.n < 2 {
+        return num(s.median);
+    }
+    format!("{} ({}-{})", num(s.median), num(s.min), num(s.max))
+}
+
+/// A table of `value` for `metric` on `nodes` nodes: a row per size, a column per series.
+pub fn values(samples: &[Sample], metric: Metric, nodes: u8, value: &str) -> String {
+    let sp = spreads(samples, metric, nodes, value);
+    if sp.is_empty() {
+        return String::new();
+    }
+    let names: Vec<&str> = SERIES
+        .iter()
+        .filter(|s| s.metric == metric && sp.keys().any(|(n, _)| n == &s.name))
+        .map(|s| s.name)
+        .collect();
+    let sizes: Vec<u64> = {
+        let mut v: Vec<u64> = sp.keys().map(|(_, s)| *s).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let rounds = sp.values().map(|s| s.n).max().unwrap_or(0);
+    let mut t = format!(
+        "{} [{value}], {}: median (min-max) of {rounds} rounds\n",
+        label(value),
+        nodes_name(nodes)
+    );
+    let w = 24;
+    let _ = write!(t, "  {:>8}", "size");
+    for n in &names {
+        let _ = write!(t, "  {n:<w$}");
+    }
+    t.push('\n');
+    for s in sizes {
+        let _ = write!(t, "  {:>8}", size(s));
+        for n in &names {
+            let c = sp.get(&(*n, s)).map(cell).unwrap_or_else(|| "-".into());
+            let _ = write!(t, "  {c:<w$}");
+        }
+        t.push('\n');
+    }
+    t
+}
+
+/// The ratio of `goal` at each size (where both series have samples).
+pub fn ratios(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64, f64> {
+    let by_value: BTreeMap<&str, _> = [goal.value(1), goal.value(u64::MAX)]
+        .into_iter()
+        .map(|v| (v, spreads(samples, goal.metric, nodes, v)))
+        .collect();
+    let mut out = BTreeMap::new();
+    for (v, sp) in &by_value {
+        for (&(name, size), s) in sp {
+            if name != goal.series || goal.value(size) != *v {
+                continue;
+            }
+            if let Some(b) = sp.get(&(goal.base, size)) {
+                if b.median > 0.0 {
+                    out.insert(size, s.median / b.median);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The goals on `nodes` nodes: a row per size, a column per goal (`!` marks a miss), then one
+/// line per goal saying where it is not met.
+pub fn goals(samples: &[Sample], nodes: u8) -> String {
+    let per: Vec<(&Goal, BTreeMap<u64, f64>)> = GOALS
+        .iter()
+        .map(|g| (g, ratios(samples, g, nodes)))
+        .filter(|(_, r)| !r.is_empty())
+        .collect();
+    if per.is_empty() {
+        return String::new();
+    }
+    let mut t = format!(
+        "goals, {}: ratios of medians, same boot\n",
+        nodes_name(nodes)
+    );
+    for (i, (g, _)) in per.iter().enumerate() {
+        let _ = writeln!(t, "  [{}] {}", i + 1, g.describe());
+    }
+    let _ = write!(t, "  {:>8}", "size");
+    for i in 0..per.len() {
+        let _ = write!(t, "  {:>7}", format!("[{}]", i + 1));
+    }
+    t.push('\n');
+    let mut sizes: Vec<u64> = per.iter().flat_map(|(_, r)| r.keys().copied()).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for s in sizes {
+        let _ = write!(t, "  {:>8}", size(s));
+        for (g, r) in &per {
+            let c = match r.get(&s) {
+                Some(&x) => format!("{x:.2}{}", if g.met(x) { " " } else { "!" }),
+                None => "-".into(),
+            };
+            let _ = write!(t, "  {c:>7}");
+        }
+        t.push('\n');
+    }
+    for (i, (g, r)) in per.iter().enumerate() {
+        let missed: Vec<String> = r
+            .iter()
+            .filter(|(_, &x)| !g.met(x))
+            .map(|(&s, &x)| format!("{} ({x:.2})", size(s)))
+            .collect();
+        let verdict = if missed.is_empty() {
+            format!("met at all {} sizes", r.len())
+        } else {
+            format!(
+                "NOT met at {} of {} sizes: {}",
+                missed.len(),
+                r.len(),
+                missed.join(", ")
+            )
+        };
+        let _ = writeln!(t, "  [{}] {verdict}", i + 1);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(series: &str, metric: Metric, size: u64, round: u32, x: f64) -> Sample {
+        let i = SERIES
+            .iter()
+            .position(|s| s.name == series && s.metric == metric)
+            .unwrap();
+        Sample {
+            id: format!("{series}/{size}/{round}"),
+            series: i,
+            nodes: 1,
+            size,
+            round,
+            iters: 5,
+            values: [
+                (metric.value().to_string(), x),
+                ("mpps".to_string(), x / size as f64),
+            ]
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    #[test]
+    fn tables_show_spreads_and_goals_mark_misses() {
+        let bw = Metric::Bandwidth;
+        let s = vec![
+            sample("perftest", bw, 8, 1, 10.0),
+            sample("perftest", bw, 8, 2, 12.0),
+            sample("perftest", bw, 8, 3, 11.0),
+            sample("ours/host", bw, 8, 1, 9.0),
+            sample("ours/host", bw, 8, 2, 10.0),
+            sample("ours/host", bw, 8, 3, 8.0),
+            sample("perftest", bw, 1 << 20, 1, 50.0),
+            sample("ours/host", bw, 1 << 20, 1, 55.0),
+        ];
+        let t = values(&s, bw, 1, "bw_MBps");
+        assert!(t.contains("11.00 (10.00-12.00)"), "{t}");
+        assert!(t.contains("1 MiB"), "{t}");
+        let g = goals(&s, 1);
+        assert!(g.contains("0.82!"), "{g}");
+        assert!(g.contains("1.10 "), "{g}");
+        assert!(g.contains("NOT met at 1 of 2 sizes: 8 B (0.82)"), "{g}");
+        assert_eq!(values(&s, Metric::Latency, 1, "lat_usec"), "");
+        assert!(
+            t.starts_with("RDMA write bandwidth, MiB/s [bw_MBps], one node"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn numbers_and_sizes_read_well() {
+        assert_eq!(num(1234.5), "1234");
+        assert_eq!(num(0.012345), "0.0123");
+        assert_eq!(size(8), "8 B");
+        assert_eq!(size(64 << 10), "64 KiB");
+        assert_eq!(size(8 << 20), "8 MiB");
+        assert_eq!(size(1500), "1500 B");
+    }
+}
