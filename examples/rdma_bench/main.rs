@@ -12,7 +12,9 @@
 //! Each mode is a file: `bw.rs` (the client keeps `--window` writes in flight, each from its
 //! own registered buffer, since a posted buffer belongs to the NIC until it completes), `lat.rs`
 //! (a write-with-immediate ping-pong; the one-way latency is half the round trip) and `reg.rs`
-//! (registration and deregistration of one region, no peer). `--region` picks what backs every
+//! (registration and deregistration of one region, no peer); `gather.rs` (`--mode gather`: as
+//! bw, but each write gathers 16 blocks of `--size` bytes, the shards of one region, so that
+//! it can be set beside 16 separate writes). `--region` picks what backs every
 //! region on this side (`host`, `udmabuf`, `heap`, `gpu`); `--inline yes` sends the latency
 //! pings inline (copied at post time), `auto` up to 220 bytes, perftest's default for
 //! `ib_write_lat` (on rxe perftest reports `Max inline data : 0[B]` and sends nothing inline,
@@ -21,6 +23,7 @@
 //! `RESULT key=value ...`.
 
 mod bw;
+mod gather;
 mod lat;
 mod reg;
 
@@ -31,7 +34,7 @@ use rdma_dmabuf::{Access, Context, MemoryRegion, PreparedQp, ProtectionDomain, Q
 use std::time::Duration;
 
 const USAGE: &str = "\
-usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--region KIND]
+usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather] [--region KIND]
                          [--size 65536] [--iters 1000] [--window 128] [--inline yes|no|auto]
                          [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
@@ -92,9 +95,16 @@ fn main() {
         fail("--size, --iters and --window must be at least 1");
     }
     let mode = args.text("mode").unwrap_or_else(|| "bw".into());
-    if !matches!(mode.as_str(), "bw" | "lat") {
-        fail("--mode is bw or lat");
+    if !matches!(mode.as_str(), "bw" | "lat" | "gather") {
+        fail("--mode is bw, lat or gather");
     }
+    // A gather write takes gather::PARTS blocks of --size bytes from one region.
+    let gather = mode == "gather";
+    let region_len = if gather {
+        run.size * gather::PARTS
+    } else {
+        run.size
+    };
     let client = match role {
         "server" => false,
         "client" => true,
@@ -112,6 +122,7 @@ fn main() {
         .send_depth(run.window as u32)
         .recv_depth(run.window as u32)
         .max_inline_data(if inline { run.size as u32 } else { 0 })
+        .max_sge(if gather { gather::PARTS as u32 } else { 1 })
         .build()
         .unwrap_or_else(|e| fail(&e.to_string()));
     let port: u16 = args.get("port", 18700);
@@ -129,13 +140,13 @@ fn main() {
     if kind == RegionKind::Host {
         connected(qp, side, &mode, client, &run, |a| {
             alloc
-                .host_region(&pd, run.size, a)
+                .host_region(&pd, region_len, a)
                 .unwrap_or_else(|e| fail(&e))
         });
     } else {
         connected(qp, side, &mode, client, &run, |a| {
             alloc
-                .dmabuf_region(&pd, run.size, a)
+                .dmabuf_region(&pd, region_len, a)
                 .unwrap_or_else(|e| fail(&e))
         });
     }
@@ -161,8 +172,12 @@ fn connected<B: Backing>(
         .unwrap_or_else(|e| fail(&e.to_string()));
     let kind = run.kind.name();
     match (mode, client) {
-        ("bw", true) => {
-            let r = bw::client(&qp, remote, &region, run);
+        ("bw" | "gather", true) => {
+            let r = if mode == "gather" {
+                gather::client(&qp, remote, &region, run)
+            } else {
+                bw::client(&qp, remote, &region, run)
+            };
             println!(
                 " #bytes  #iterations  BW average[MB/sec]  MsgRate[Mpps]\n {:<7} {:<12} {:<19.2} {:.6}",
                 run.size, run.iters, r.mbps, r.mpps
@@ -173,7 +188,7 @@ fn connected<B: Backing>(
                 r.mbps, r.mpps
             );
         }
-        ("bw", false) => {
+        ("bw" | "gather", false) => {
             // The client writes into `target`; its "done" ends the test.
             side.swap(b"ready").ok();
         }

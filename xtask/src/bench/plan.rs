@@ -145,6 +145,15 @@ pub const SERIES: &[Series] = &[
         "--mode bw --region gpu",
         QuickTwoNode,
     ),
+    // Each write gathers 16 blocks of the size (the shards of one region), beside one write
+    // per block (ours/host above, whose message rate counts the same blocks).
+    series(
+        "ours/host+gather16",
+        Bandwidth,
+        "rdma_bench",
+        "--mode gather --region host",
+        Quick,
+    ),
     // perftest sends nothing inline on rxe ("Max inline data : 0[B]"), so neither do we;
     // ours/host+inline shows what inline pings would change.
     series("perftest", Latency, "ib_write_lat", "", QuickTwoNode),

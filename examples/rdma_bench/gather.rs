@@ -1,0 +1,67 @@
+//! Gather writes: each RDMA write gathers [`PARTS`] blocks of `--size` bytes, the shards of one
+//! region, into one message, against `bw.rs`'s one write per block.
+
+use crate::bw::Bandwidth;
+use crate::Run;
+use examples::fail;
+use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::{Access, MemoryRegion, QueuePair, RemoteRegion, Shard};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Blocks per write.
+pub const PARTS: usize = 16;
+
+/// Writes `run.iters` messages of [`PARTS`] blocks of `run.size` bytes into `remote`, keeping
+/// `run.window` in flight, each from its own region split into [`PARTS`] shards. Bandwidth
+/// counts every byte; the message rate counts blocks, to set beside one write per block.
+pub fn client<B: Backing>(
+    qp: &QueuePair,
+    remote: RemoteRegion,
+    region: &impl Fn(Access) -> MemoryRegion<B>,
+    run: &Run,
+) -> Bandwidth {
+    let block = run.size as u64;
+    let mut free: Vec<[Shard<B>; PARTS]> = (0..run.window.min(run.iters))
+        .map(|_| blocks(region(Access::empty()), block))
+        .collect();
+    let mut inflight = VecDeque::with_capacity(free.len());
+    let start = Instant::now();
+    for _ in 0..run.iters {
+        let parts = match free.pop() {
+            Some(p) => p,
+            None => {
+                let oldest = inflight
+                    .pop_front()
+                    .unwrap_or_else(|| fail("no write in flight"));
+                rdma_dmabuf::PartsPending::wait(oldest)
+                    .unwrap_or_else(|e| fail(&e.to_string()))
+                    .parts
+            }
+        };
+        match qp.post_write_parts(parts, remote, None) {
+            Ok(p) => inflight.push_back(p),
+            Err(e) => fail(&e.to_string()),
+        }
+    }
+    for p in inflight {
+        p.wait().unwrap_or_else(|e| fail(&e.to_string()));
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let blocks = (run.iters * PARTS) as f64;
+    Bandwidth {
+        mbps: blocks * run.size as f64 / secs / (1u64 << 20) as f64,
+        mpps: blocks / secs / 1e6,
+    }
+}
+
+/// The region's first [`PARTS`] blocks of `block` bytes, as shards.
+fn blocks<B: Backing>(region: MemoryRegion<B>, block: u64) -> [Shard<B>; PARTS] {
+    let shards = region
+        .split_into_chunks(block)
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let first: Vec<_> = shards.into_iter().take(PARTS).collect();
+    first
+        .try_into()
+        .unwrap_or_else(|_| fail("a region too short for the blocks"))
+}
