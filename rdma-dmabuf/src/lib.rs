@@ -64,10 +64,13 @@ pub mod multi;
 pub mod part;
 pub mod pd;
 pub mod qp;
+pub mod reactor;
 pub mod remote;
 pub mod scope;
 pub mod shard;
 mod slots;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 pub mod wr;
 
 pub use cm::{CmConnector, CmListener};
