@@ -186,6 +186,30 @@ fn start_resolve_route(parts: &CmId, peer: SocketAddr, ms: i32) -> Result<()> {
     Ok(())
 }
 
+/// `rdma_get_devices` + `rdma_free_devices`: lets librdmacm close its own contexts of devices
+/// that have gone away (`rdma link delete`, a hot unplug). librdmacm opens the devices it
+/// routes through and closes one only when a check of the device list finds it missing and
+/// nothing of librdmacm's uses it any more; this runs that check. The kernel finishes a
+/// device's removal only when every user of it has let go (on rxe, `rdma link delete` waits
+/// for that), so a program that outlives a removed device calls this once it has dropped
+/// everything that used the device. (librdmacm v55's check gives up while no RDMA device is
+/// left at all: its context of the last device stays open until another device appears or
+/// the process exits.)
+///
+/// # Safety
+/// Nothing made from a context that [`CmConnector::context`] or [`CmListener::context`]
+/// returned for a removed device is alive: no protection domain, region, queue pair or
+/// connection (they use librdmacm's context, which this may close).
+pub unsafe fn release_removed_devices() {
+    // SAFETY: no out-parameter is needed; the list is freed just below.
+    let list = unsafe { ffi::rdma_get_devices(std::ptr::null_mut()) };
+    if !list.is_null() {
+        // SAFETY: the list came from rdma_get_devices and is freed once; nothing of ours
+        // uses a removed device's context (our contract).
+        unsafe { ffi::rdma_free_devices(list) };
+    }
+}
+
 /// The active side: address and route resolved, ready to connect.
 pub struct CmConnector {
     parts: CmId,
