@@ -3,6 +3,10 @@
 //! once on several queue pairs and threads, joined back afterwards. Runs in the testbed VM.
 
 use integration_tests::counts::rdma_resources;
+
+/// The test that counts MRs (device-wide) runs alone: it takes this for writing, every other
+/// test of the file for reading (libtest runs a file's tests on several threads).
+static COUNTING: std::sync::RwLock<()> = std::sync::RwLock::new(());
 use integration_tests::exporters::{self, Exporter};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, hub_and_peers, pattern, pd};
@@ -28,6 +32,7 @@ fn pair_with_parts(pd: &Arc<rdma_dmabuf::ProtectionDomain>, n: u32) -> (QueuePai
 #[test]
 #[ignore = "needs the testbed VM"]
 fn owned_gather_write_and_scatter_read_on_host_regions() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair_with_parts(&pd, 4);
@@ -83,6 +88,7 @@ fn owned_gather_write_and_scatter_read_on_host_regions() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn owned_gather_send_into_scattered_receive_on_dmabuf_regions() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair_with_parts(&pd, 3);
@@ -128,6 +134,7 @@ fn owned_gather_send_into_scattered_receive_on_dmabuf_regions() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn shards_of_one_region_are_in_flight_at_once_on_two_threads() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     const CHUNK: u64 = 4096;
@@ -178,6 +185,7 @@ fn shards_of_one_region_are_in_flight_at_once_on_two_threads() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_gather_of_shards_and_the_registration_lives_until_the_last_shard() {
+    let _alone = COUNTING.write().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, _b) = pair_with_parts(&pd, 4);
@@ -246,6 +254,7 @@ fn a_gather_of_shards_and_the_registration_lives_until_the_last_shard() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn parts_bad_inputs_are_typed_errors_with_the_parts_back() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let dev = pd.context().query_device().unwrap();
@@ -312,6 +321,7 @@ fn parts_bad_inputs_are_typed_errors_with_the_parts_back() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn scoped_and_multi_peer_parts_gather_and_scatter() {
+    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair_with_parts(&pd, 3);
