@@ -10,6 +10,7 @@ use crate::cm_id::{create_id, Channel, CmId, Event};
 use crate::deadline::poll_ms;
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
+use crate::qp::raw::RawQp;
 use crate::qp::{QueuePair, QueuePairBuilder, Retry};
 use nix::sys::socket::{SockaddrLike, SockaddrStorage};
 use rdma_sys as ffi;
@@ -110,16 +111,20 @@ enum Start {
 }
 
 /// Creates the queue pair on `id` (which it then owns), gives it the builder's ACK timeout,
-/// connects or accepts with `param`, and waits for `RDMA_CM_EVENT_ESTABLISHED`; `what` names
-/// the step in errors. On an error the queue pair and the id are destroyed as they drop.
-fn establish(
-    qp: QueuePairBuilder,
+/// and connects or accepts with the private data `framed` (from [`frame`]); `what` names the
+/// step in errors. Returns the queue pair's objects and depths; the caller waits for
+/// `RDMA_CM_EVENT_ESTABLISHED` on the id's channel. On an error the queue pair and the id
+/// are destroyed as they drop.
+fn begin(
+    qp: &QueuePairBuilder,
     id: CmId,
-    param: &mut ffi::rdma_conn_param,
+    framed: &[u8],
     start: Start,
     what: &str,
-    timeout: Duration,
-) -> Result<(QueuePair, Event)> {
+) -> Result<(RawQp, u32, u32)> {
+    let mut param = conn_param(framed, qp.retry())?;
+    // Tell the peer's CM that this side receives through a shared receive queue.
+    param.srq = u8::from(qp.uses_srq());
     let (send, recv) = qp.depths();
     let raw = qp.create(Some(id))?;
     let id = raw.cm().expect("created on a cm id");
@@ -127,19 +132,84 @@ fn establish(
     let rc = match start {
         // SAFETY: live id with its QP; `param` (and the private data it points to, which the
         // caller keeps) is valid across the call.
-        Start::Connect => unsafe { ffi::rdma_connect(id.id(), param) },
+        Start::Connect => unsafe { ffi::rdma_connect(id.id(), &mut param) },
         // SAFETY: as above.
-        Start::Accept => unsafe { ffi::rdma_accept(id.id(), param) },
+        Start::Accept => unsafe { ffi::rdma_accept(id.id(), &mut param) },
     };
     if rc != 0 {
         return Err(Error::last_os(Op::Cm, what));
     }
-    let ev = id.channel().expect(
+    Ok((raw, send, recv))
+}
+
+/// [`begin`], then waits (at most `timeout`) for `RDMA_CM_EVENT_ESTABLISHED`.
+fn establish(
+    qp: QueuePairBuilder,
+    id: CmId,
+    framed: &[u8],
+    start: Start,
+    what: &str,
+    timeout: Duration,
+) -> Result<(QueuePair, Event)> {
+    let (raw, send, recv) = begin(&qp, id, framed, start, what)?;
+    let ev = raw.cm().expect("created on a cm id").channel().expect(
         ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
         timeout,
         what,
     )?;
     Ok((QueuePair::from_cm(raw, send, recv)?, ev))
+}
+
+/// `rdma_resolve_addr` towards `peer` (the caller waits for `ADDR_RESOLVED`).
+fn start_resolve_addr(parts: &CmId, peer: SocketAddr, ms: i32) -> Result<()> {
+    let dst = SockaddrStorage::from(peer);
+    // SAFETY: live id; `dst` is a valid sockaddr of its family for the call (librdmacm
+    // only reads it, so the `*mut` its C signature asks for is never written through).
+    if unsafe {
+        ffi::rdma_resolve_addr(
+            parts.id(),
+            std::ptr::null_mut(),
+            dst.as_ptr().cast_mut().cast(),
+            ms,
+        )
+    } != 0
+    {
+        return Err(Error::last_os(Op::Cm, format!("rdma_resolve_addr {peer}")));
+    }
+    Ok(())
+}
+
+/// `rdma_resolve_route` (the caller waits for `ROUTE_RESOLVED`).
+fn start_resolve_route(parts: &CmId, peer: SocketAddr, ms: i32) -> Result<()> {
+    // SAFETY: live id with a resolved address.
+    if unsafe { ffi::rdma_resolve_route(parts.id(), ms) } != 0 {
+        return Err(Error::last_os(Op::Cm, format!("rdma_resolve_route {peer}")));
+    }
+    Ok(())
+}
+
+/// `rdma_get_devices` + `rdma_free_devices`: lets librdmacm close its own contexts of devices
+/// that have gone away (`rdma link delete`, a hot unplug). librdmacm opens the devices it
+/// routes through and closes one only when a check of the device list finds it missing and
+/// nothing of librdmacm's uses it any more; this runs that check. The kernel finishes a
+/// device's removal only when every user of it has let go (on rxe, `rdma link delete` waits
+/// for that), so a program that outlives a removed device calls this once it has dropped
+/// everything that used the device. (librdmacm v55's check gives up while no RDMA device is
+/// left at all: its context of the last device stays open until another device appears or
+/// the process exits.)
+///
+/// # Safety
+/// Nothing made from a context that [`CmConnector::context`] or [`CmListener::context`]
+/// returned for a removed device is alive: no protection domain, region, queue pair or
+/// connection (they use librdmacm's context, which this may close).
+pub unsafe fn release_removed_devices() {
+    // SAFETY: no out-parameter is needed; the list is freed just below.
+    let list = unsafe { ffi::rdma_get_devices(std::ptr::null_mut()) };
+    if !list.is_null() {
+        // SAFETY: the list came from rdma_get_devices and is freed once; nothing of ours
+        // uses a removed device's context (our contract).
+        unsafe { ffi::rdma_free_devices(list) };
+    }
 }
 
 /// The active side: address and route resolved, ready to connect.
@@ -164,31 +234,15 @@ impl CmConnector {
     /// route; `ETIMEDOUT`).
     pub fn resolve(peer: SocketAddr, timeout: Duration) -> Result<CmConnector> {
         let parts = CmId::new()?;
-        let dst = SockaddrStorage::from(peer);
         // librdmacm takes an `int` of milliseconds: clamped, and at least 1.
         let ms = poll_ms(timeout).max(1);
-        // SAFETY: live id; `dst` is a valid sockaddr of its family for the call (librdmacm
-        // only reads it, so the `*mut` its C signature asks for is never written through).
-        if unsafe {
-            ffi::rdma_resolve_addr(
-                parts.id(),
-                std::ptr::null_mut(),
-                dst.as_ptr().cast_mut().cast(),
-                ms,
-            )
-        } != 0
-        {
-            return Err(Error::last_os(Op::Cm, format!("rdma_resolve_addr {peer}")));
-        }
+        start_resolve_addr(&parts, peer, ms)?;
         parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
             timeout,
             &format!("resolve address {peer}"),
         )?;
-        // SAFETY: live id with a resolved address.
-        if unsafe { ffi::rdma_resolve_route(parts.id(), ms) } != 0 {
-            return Err(Error::last_os(Op::Cm, format!("rdma_resolve_route {peer}")));
-        }
+        start_resolve_route(&parts, peer, ms)?;
         parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
             timeout,
@@ -219,14 +273,11 @@ impl CmConnector {
         timeout: Duration,
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
-        let mut param = conn_param(&framed, qp.retry())?;
-        // Tell the peer's CM that this side receives through a shared receive queue.
-        param.srq = u8::from(qp.uses_srq());
         let peer = self.peer;
         let (qp, ev) = establish(
             qp,
             self.parts,
-            &mut param,
+            &framed,
             Start::Connect,
             &format!("connect to {peer}"),
             timeout,
@@ -304,42 +355,149 @@ impl CmListener {
         timeout: Duration,
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
-        let mut param = conn_param(&framed, qp.retry())?;
-        // Tell the peer's CM that this side receives through a shared receive queue.
-        param.srq = u8::from(qp.uses_srq());
+        conn_param(&framed, qp.retry())?;
         let req = self.channel.expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
             timeout,
             &format!("wait for a connect request on {}", self.addr),
         )?;
-        let child = NonNull::new(req.id)
-            .ok_or_else(|| Error::from_errno(Op::Cm, "connect request without id", libc::EIO))?;
-        let channel = match Channel::new() {
-            Ok(c) => c,
-            Err(e) => {
-                // SAFETY: the child id is ours and has no QP; rejected (so the peer hears at
-                // once) and destroyed once.
-                unsafe {
-                    ffi::rdma_reject(child.as_ptr(), std::ptr::null(), 0);
-                }
-                // SAFETY: as above.
-                unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
-                return Err(e);
+        let parts = adopt_request(&req)?;
+        let what = format!("accept on {}", self.addr);
+        let (qp, _) = establish(qp, parts, &framed, Start::Accept, &what, timeout)?;
+        Ok((qp, unframe(req.private)))
+    }
+}
+
+/// The new id of a connect request, moved to its own event channel and owned from here (the
+/// request is rejected and its id destroyed if that fails).
+fn adopt_request(req: &Event) -> Result<CmId> {
+    let child = NonNull::new(req.id)
+        .ok_or_else(|| Error::from_errno(Op::Cm, "connect request without id", libc::EIO))?;
+    let channel = match Channel::new() {
+        Ok(c) => c,
+        Err(e) => {
+            // SAFETY: the child id is ours and has no QP; rejected (so the peer hears at
+            // once) and destroyed once.
+            unsafe {
+                ffi::rdma_reject(child.as_ptr(), std::ptr::null(), 0);
             }
-        };
-        // SAFETY: `child` is the request's new id, owned from here; `channel` is live.
-        if unsafe { ffi::rdma_migrate_id(child.as_ptr(), channel.as_ptr()) } != 0 {
-            let e = Error::last_os(Op::Cm, "rdma_migrate_id");
-            // SAFETY: the child id is ours and has no QP.
+            // SAFETY: as above.
             unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
             return Err(e);
         }
-        // SAFETY: `child` is the request's new id, ours alone (nothing else destroys it), and
-        // now reports to `channel` (migrated just above).
-        let parts = unsafe { CmId::from_raw(child, channel) };
-        let what = format!("accept on {}", self.addr);
-        let (qp, _) = establish(qp, parts, &mut param, Start::Accept, &what, timeout)?;
-        Ok((qp, unframe(req.private)))
+    };
+    // SAFETY: `child` is the request's new id, owned from here; `channel` is live.
+    if unsafe { ffi::rdma_migrate_id(child.as_ptr(), channel.as_ptr()) } != 0 {
+        let e = Error::last_os(Op::Cm, "rdma_migrate_id");
+        // SAFETY: the child id is ours and has no QP.
+        unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
+        return Err(e);
+    }
+    // SAFETY: `child` is the request's new id, ours alone (nothing else destroys it), and
+    // now reports to `channel` (migrated just above).
+    Ok(unsafe { CmId::from_raw(child, channel) })
+}
+
+#[cfg(feature = "tokio")]
+mod with_tokio {
+    use super::*;
+
+    impl CmConnector {
+        /// As [`CmConnector::resolve`], awaiting each step's event on the reactor instead of
+        /// blocking the thread (the `tokio` feature).
+        ///
+        /// # Errors
+        /// As [`CmConnector::resolve`].
+        pub async fn resolve_async(peer: SocketAddr, timeout: Duration) -> Result<CmConnector> {
+            let parts = CmId::new()?;
+            let ms = poll_ms(timeout).max(1);
+            start_resolve_addr(&parts, peer, ms)?;
+            parts
+                .channel()
+                .expect_async(
+                    ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
+                    timeout,
+                    &format!("resolve address {peer}"),
+                )
+                .await?;
+            start_resolve_route(&parts, peer, ms)?;
+            parts
+                .channel()
+                .expect_async(
+                    ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
+                    timeout,
+                    &format!("resolve route {peer}"),
+                )
+                .await?;
+            Ok(CmConnector { parts, peer })
+        }
+
+        /// As [`CmConnector::connect`], awaiting the establishment on the reactor (the
+        /// `tokio` feature). Dropping the future before it resolves destroys the queue
+        /// pair and the id (the peer sees the connection fail).
+        ///
+        /// # Errors
+        /// As [`CmConnector::connect`].
+        pub async fn connect_async(
+            self,
+            qp: QueuePairBuilder,
+            private: &[u8],
+            timeout: Duration,
+        ) -> Result<(QueuePair, Vec<u8>)> {
+            let framed = frame(private);
+            let what = format!("connect to {}", self.peer);
+            let (raw, send, recv) = begin(&qp, self.parts, &framed, Start::Connect, &what)?;
+            let ev = raw
+                .cm()
+                .expect("created on a cm id")
+                .channel()
+                .expect_async(
+                    ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+                    timeout,
+                    &what,
+                )
+                .await?;
+            Ok((QueuePair::from_cm(raw, send, recv)?, unframe(ev.private)))
+        }
+    }
+
+    impl CmListener {
+        /// As [`CmListener::accept`], awaiting the connect request and the establishment on
+        /// the reactor (the `tokio` feature). Dropping the future while it waits for a
+        /// request takes none; dropping it later rejects that one connection.
+        ///
+        /// # Errors
+        /// As [`CmListener::accept`].
+        pub async fn accept_async(
+            &self,
+            qp: QueuePairBuilder,
+            private: &[u8],
+            timeout: Duration,
+        ) -> Result<(QueuePair, Vec<u8>)> {
+            let framed = frame(private);
+            conn_param(&framed, qp.retry())?;
+            let req = self
+                .channel
+                .expect_async(
+                    ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
+                    timeout,
+                    &format!("wait for a connect request on {}", self.addr),
+                )
+                .await?;
+            let parts = adopt_request(&req)?;
+            let what = format!("accept on {}", self.addr);
+            let (raw, send, recv) = begin(&qp, parts, &framed, Start::Accept, &what)?;
+            raw.cm()
+                .expect("created on a cm id")
+                .channel()
+                .expect_async(
+                    ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+                    timeout,
+                    &what,
+                )
+                .await?;
+            Ok((QueuePair::from_cm(raw, send, recv)?, unframe(req.private)))
+        }
     }
 }
 

@@ -54,8 +54,9 @@ impl Channel {
         Ok(ch)
     }
 
-    /// The channel's fd, borrowed from the channel.
-    fn fd(&self) -> BorrowedFd<'_> {
+    /// The channel's fd (non-blocking), borrowed from the channel: readable when an event
+    /// is queued.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         // SAFETY: the channel is live; `fd` is a plain field.
         let raw = unsafe { self.0.as_ref() }.fd;
         // SAFETY: librdmacm opened this fd for the channel and closes it only in
@@ -76,24 +77,92 @@ impl Channel {
         step: &str,
     ) -> Result<Event> {
         let ev = self.next(timeout, step)?;
-        if ev.0.kind != expect || ev.1 != 0 {
-            // A rejection's status is the peer's reason code, not an errno.
-            let errno = match ev.1 {
-                s if s < 0 && ev.0.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => -s,
-                _ => libc::ECONNREFUSED,
-            };
-            return Err(Error::from_errno(
+        check_event(ev, expect, step)
+    }
+
+    /// Waits on tokio's reactor (at most `timeout`) for the next event; fails unless it is
+    /// `expect` with status 0. The fd is registered for the wait only.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn expect_async(
+        &self,
+        expect: ffi::rdma_cm_event_type::Type,
+        timeout: Duration,
+        step: &str,
+    ) -> Result<Event> {
+        use crate::deadline::{reactor_error, register};
+        let wait = async {
+            // SAFETY: the registration is a local of this block, which the channel
+            // (borrowed for the whole call) outlives.
+            let fd = unsafe { register(self.fd()) }.map_err(|e| reactor_error(Op::Cm, step, &e))?;
+            loop {
+                if let Some(ev) = self.try_next(step)? {
+                    return check_event(ev, expect, step);
+                }
+                let mut ready = fd
+                    .readable()
+                    .await
+                    .map_err(|e| reactor_error(Op::Cm, step, &e))?;
+                match self.try_next(step)? {
+                    Some(ev) => return check_event(ev, expect, step),
+                    None => ready.clear_ready(),
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::from_errno(
                 Op::Cm,
-                format!(
-                    "{step}: got {} (status {}), expected {}",
-                    event_name(ev.0.kind),
-                    ev.1,
-                    event_name(expect)
-                ),
-                errno,
-            ));
+                format!("{step}: no event within {timeout:?}"),
+                libc::ETIMEDOUT,
+            )),
         }
-        Ok(ev.0)
+    }
+
+    /// The next event and its status, if one is queued (never blocks).
+    pub(crate) fn try_next(&self, step: &str) -> Result<Option<(Event, i32)>> {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: live channel, valid out-pointer; the fd is non-blocking.
+        if unsafe { ffi::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } != 0 {
+            let err = std::io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+                e => Err(Error::from_errno(Op::Cm, step, e.unwrap_or(libc::EIO))),
+            };
+        }
+        // SAFETY: on success `ev` is a live event until acknowledged below.
+        let e = unsafe { &*ev };
+        let private = if e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
+            || e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
+        {
+            // SAFETY: for these events the union holds connection parameters.
+            let conn = unsafe { e.param.conn };
+            if conn.private_data.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: librdmacm guarantees `private_data_len` readable bytes until
+                // the event is acknowledged; they are copied before that.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        conn.private_data.cast::<u8>(),
+                        conn.private_data_len as usize,
+                    )
+                }
+                .to_vec()
+            }
+        } else {
+            Vec::new()
+        };
+        let out = (
+            Event {
+                id: e.id,
+                kind: e.event,
+                private,
+            },
+            e.status,
+        );
+        // SAFETY: acknowledged once; nothing of it is used afterwards.
+        unsafe { ffi::rdma_ack_cm_event(ev) };
+        Ok(Some(out))
     }
 
     /// The next event and its status.
@@ -101,51 +170,8 @@ impl Channel {
         // `Duration::MAX` (or any timeout past what `Instant` holds) means no deadline.
         let deadline = deadline_after(timeout);
         loop {
-            let mut ev = std::ptr::null_mut();
-            // SAFETY: live channel, valid out-pointer.
-            if unsafe { ffi::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } == 0 {
-                // SAFETY: on success `ev` is a live event until acknowledged below.
-                let e = unsafe { &*ev };
-                let private = if e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
-                    || e.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
-                {
-                    // SAFETY: for these events the union holds connection parameters.
-                    let conn = unsafe { e.param.conn };
-                    if conn.private_data.is_null() {
-                        Vec::new()
-                    } else {
-                        // SAFETY: librdmacm guarantees `private_data_len` readable bytes until
-                        // the event is acknowledged; they are copied before that.
-                        unsafe {
-                            std::slice::from_raw_parts(
-                                conn.private_data.cast::<u8>(),
-                                conn.private_data_len as usize,
-                            )
-                        }
-                        .to_vec()
-                    }
-                } else {
-                    Vec::new()
-                };
-                let out = (
-                    Event {
-                        id: e.id,
-                        kind: e.event,
-                        private,
-                    },
-                    e.status,
-                );
-                // SAFETY: acknowledged once; nothing of it is used afterwards.
-                unsafe { ffi::rdma_ack_cm_event(ev) };
+            if let Some(out) = self.try_next(step)? {
                 return Ok(out);
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(Error::from_errno(
-                    Op::Cm,
-                    step,
-                    err.raw_os_error().unwrap_or(libc::EIO),
-                ));
             }
             let left = time_left(deadline);
             if left.is_zero() {
@@ -162,6 +188,32 @@ impl Channel {
     }
 }
 
+/// `ev` if it is `expect` with status 0, else the error naming `step`.
+pub(crate) fn check_event(
+    ev: (Event, i32),
+    expect: ffi::rdma_cm_event_type::Type,
+    step: &str,
+) -> Result<Event> {
+    if ev.0.kind != expect || ev.1 != 0 {
+        // A rejection's status is the peer's reason code, not an errno.
+        let errno = match ev.1 {
+            s if s < 0 && ev.0.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => -s,
+            _ => libc::ECONNREFUSED,
+        };
+        return Err(Error::from_errno(
+            Op::Cm,
+            format!(
+                "{step}: got {} (status {}), expected {}",
+                event_name(ev.0.kind),
+                ev.1,
+                event_name(expect)
+            ),
+            errno,
+        ));
+    }
+    Ok(ev.0)
+}
+
 impl Drop for Channel {
     fn drop(&mut self) {
         // SAFETY: every id on this channel was destroyed first (owners drop ids before it).
@@ -175,6 +227,19 @@ impl Drop for Channel {
 pub(crate) struct CmId {
     id: NonNull<ffi::rdma_cm_id>,
     channel: Channel,
+    /// What an event drained by [`CmId::take_events`] said about the connection, so that
+    /// a later [`CmId::wait_disconnected`] does not wait for an event already taken.
+    ended: std::cell::Cell<Option<ConnectionEnd>>,
+}
+
+/// How an rdma_cm connection ended, as its events said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionEnd {
+    /// `RDMA_CM_EVENT_DISCONNECTED`: the peer (or we) disconnected.
+    Disconnected,
+    /// `RDMA_CM_EVENT_DEVICE_REMOVAL`: the RDMA device is going away (e.g. `rdma link
+    /// delete`); the queue pair must be destroyed for the removal to finish.
+    DeviceRemoval,
 }
 
 // SAFETY: cm ids may be used from any thread; the owner serialises use.
@@ -185,7 +250,11 @@ impl CmId {
     pub(crate) fn new() -> Result<CmId> {
         let channel = Channel::new()?;
         let id = create_id(&channel)?;
-        Ok(CmId { id, channel })
+        Ok(CmId {
+            id,
+            channel,
+            ended: std::cell::Cell::new(None),
+        })
     }
 
     /// Takes ownership of `id`, which must already report to `channel`.
@@ -194,7 +263,30 @@ impl CmId {
     /// `id` is a live cm id that nothing else will destroy, whose events go to `channel`
     /// (created there, or moved there with `rdma_migrate_id`).
     pub(crate) unsafe fn from_raw(id: NonNull<ffi::rdma_cm_id>, channel: Channel) -> CmId {
-        CmId { id, channel }
+        CmId {
+            id,
+            channel,
+            ended: std::cell::Cell::new(None),
+        }
+    }
+
+    /// Takes the events queued for the established connection without blocking; returns
+    /// how the connection ended, if an event (now or earlier) said so.
+    pub(crate) fn take_events(&self) -> Result<Option<ConnectionEnd>> {
+        use ffi::rdma_cm_event_type as E;
+        while let Some((ev, _)) = self.channel.try_next("connection events")? {
+            let end = match ev.kind {
+                E::RDMA_CM_EVENT_DISCONNECTED => Some(ConnectionEnd::Disconnected),
+                E::RDMA_CM_EVENT_DEVICE_REMOVAL => Some(ConnectionEnd::DeviceRemoval),
+                _ => None,
+            };
+            if let Some(end) = end {
+                if self.ended.get() != Some(ConnectionEnd::DeviceRemoval) {
+                    self.ended.set(Some(end));
+                }
+            }
+        }
+        Ok(self.ended.get())
     }
 
     /// The id's event channel.
@@ -215,6 +307,9 @@ impl CmId {
 
     /// Waits, for at most `timeout`, for `RDMA_CM_EVENT_DISCONNECTED`.
     pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
+        if self.ended.get().is_some() {
+            return Ok(());
+        }
         self.channel
             .expect(
                 ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED,

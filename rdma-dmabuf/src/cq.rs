@@ -2,11 +2,12 @@
 //! libibverbs requires, polling in batches without allocating, and sleeping in the kernel
 //! until a completion arrives.
 
-use crate::deadline::wait_readable;
+use crate::deadline::{set_nonblocking, wait_readable};
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
 use crate::slots::RawCompletion;
 use rdma_sys as ffi;
+use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
@@ -33,10 +34,20 @@ impl CompChannel {
         let ch = NonNull::new(ch).ok_or_else(|| {
             Error::last_os(Op::CreateCq, format!("{} (completion channel)", ctx.name()))
         })?;
-        Ok(CompChannel {
+        let ch = CompChannel {
             ch,
             ctx: ctx.clone(),
-        })
+        };
+        // Non-blocking, so that taking an event never blocks a reactor's thread (the
+        // blocking waits poll(2) first).
+        set_nonblocking(ch.fd()).map_err(|e| {
+            Error::from_errno(
+                Op::CreateCq,
+                format!("{} (O_NONBLOCK on the completion channel)", ctx.name()),
+                e as i32,
+            )
+        })?;
+        Ok(ch)
     }
 
     /// The channel's fd, borrowed from the channel.
@@ -52,7 +63,7 @@ impl CompChannel {
 impl Drop for CompChannel {
     fn drop(&mut self) {
         // SAFETY: the CQ using it was destroyed first (`CompletionQueue::drop` runs before its
-        // fields drop), every event taken from it was acknowledged (`sleep` acks each one),
+        // fields drop, and acknowledges every event taken first),
         // and the context is open (`self.ctx` is released only after this).
         let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ch.as_ptr()) };
         if rc != 0 {
@@ -71,6 +82,11 @@ pub(crate) struct CompletionQueue {
     cq: NonNull<ffi::ibv_cq>,
     /// Dropped after the CQ (Drop below).
     channel: Option<CompChannel>,
+    /// Events taken from the channel and not yet acknowledged: acknowledged in batches
+    /// (`ibv_ack_cq_events` takes the CQ's mutex), and all of them before the CQ is destroyed.
+    unacked: Cell<u32>,
+    /// Whether the notification is armed and its event not yet taken.
+    armed: Cell<bool>,
     /// Dropped last: the CQ and the channel live in this context.
     ctx: Arc<Context>,
 }
@@ -103,6 +119,8 @@ impl CompletionQueue {
         Ok(CompletionQueue {
             cq,
             channel,
+            unacked: Cell::new(0),
+            armed: Cell::new(false),
             ctx: ctx.clone(),
         })
     }
@@ -144,8 +162,8 @@ impl CompletionQueue {
 
     /// Sleeps until the CQ has something or `timeout` passes: arms the notification, calls
     /// `poll_again` (a completion may have come before arming; if it took any, returns at
-    /// once), then waits on the channel's fd and acknowledges the event. Without a channel
-    /// it yields once.
+    /// once), then waits on the channel's fd and takes the event. Without a channel it
+    /// yields once.
     pub(crate) fn sleep(
         &self,
         timeout: Duration,
@@ -155,11 +173,7 @@ impl CompletionQueue {
             std::thread::yield_now();
             return Ok(());
         };
-        // SAFETY: live CQ created with a channel.
-        let rc = unsafe { ffi::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
-        if rc != 0 {
-            return Err(Error::from_errno(Op::PollCq, "ibv_req_notify_cq", rc));
-        }
+        self.arm()?;
         if poll_again()? > 0 {
             return Ok(());
         }
@@ -167,24 +181,96 @@ impl CompletionQueue {
             Error::from_errno(Op::PollCq, "poll on the completion channel", e as i32)
         })?;
         if readable {
-            let mut cq = std::ptr::null_mut();
-            let mut ctx = std::ptr::null_mut();
-            // SAFETY: live channel; the fd is readable, so an event is queued and this does
-            // not block; valid out-pointers.
-            if unsafe { ffi::ibv_get_cq_event(ch.ch.as_ptr(), &mut cq, &mut ctx) } == 0 {
-                // SAFETY: acknowledges the one event just taken, on the CQ it named (ours).
-                unsafe { ffi::ibv_ack_cq_events(cq, 1) };
-            }
+            self.take_events()?;
         }
         Ok(())
     }
+
+    /// The completion channel's fd (non-blocking), if the CQ has a channel: readable when
+    /// an armed CQ got a completion. Borrowed from the CQ, which closes it on drop.
+    pub(crate) fn channel_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.channel.as_ref().map(CompChannel::fd)
+    }
+
+    /// `ibv_req_notify_cq(cq, 0)`: the next completion makes the channel readable. The
+    /// caller polls the CQ once more afterwards (what arrived before arming raises no event).
+    pub(crate) fn arm(&self) -> Result<()> {
+        if self.channel.is_none() {
+            return Err(Error::invalid(
+                Op::PollCq,
+                "the queue pair has no completion channel (QueuePairBuilder::completion_channel)",
+            ));
+        }
+        // SAFETY: live CQ created with a channel (checked above).
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(Error::from_errno(Op::PollCq, "ibv_req_notify_cq", rc));
+        }
+        self.armed.set(true);
+        Ok(())
+    }
+
+    /// Whether the notification is armed and has not fired into an event taken since.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.get()
+    }
+
+    /// Takes every event queued on the channel without blocking (`ibv_get_cq_event` until
+    /// `EAGAIN`); returns how many. They are acknowledged in batches (see `unacked`).
+    pub(crate) fn take_events(&self) -> Result<u32> {
+        let Some(ch) = &self.channel else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: live channel, valid out-pointers; the fd is non-blocking, so this
+            // returns -1 (EAGAIN) at once when no event is queued.
+            if unsafe { ffi::ibv_get_cq_event(ch.ch.as_ptr(), &mut cq, &mut ctx) } != 0 {
+                let err = std::io::Error::last_os_error();
+                match err.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::EINTR) | None => break,
+                    Some(e) => {
+                        return Err(Error::from_errno(Op::PollCq, "ibv_get_cq_event", e));
+                    }
+                }
+            }
+            // The channel serves this CQ alone, so `cq` is ours.
+            n += 1;
+        }
+        if n > 0 {
+            self.armed.set(false);
+        }
+        let unacked = self.unacked.get() + n;
+        if unacked >= ACK_BATCH {
+            self.ack(unacked);
+        } else {
+            self.unacked.set(unacked);
+        }
+        Ok(n)
+    }
+
+    /// Acknowledges `n` events taken from the channel.
+    fn ack(&self, n: u32) {
+        if n > 0 {
+            // SAFETY: live CQ; `n` events were taken for it and not acknowledged yet.
+            unsafe { ffi::ibv_ack_cq_events(self.cq.as_ptr(), n) };
+        }
+        self.unacked.set(0);
+    }
 }
+
+/// Completion events acknowledged at once.
+const ACK_BATCH: u32 = 64;
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        // ibv_destroy_cq waits for every event taken to be acknowledged.
+        self.ack(self.unacked.get());
         // SAFETY: the owner destroyed every QP using this CQ before dropping it (`RawQp`'s
         // Drop runs before its fields drop); the context is open (`self.ctx`, released after
-        // this); destroyed once.
+        // this); every event taken was acknowledged (just above); destroyed once.
         let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
         if rc != 0 {
             eprintln!(

@@ -44,6 +44,56 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> nix::Result<()> {
     fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map(drop)
 }
 
+/// An fd borrowed from the object that owns it, as registered with tokio's reactor: the
+/// `AsyncFd` holding it is always dropped before that object closes the fd (see
+/// [`register`]).
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub(crate) struct Borrowed(std::os::fd::RawFd);
+
+#[cfg(feature = "tokio")]
+impl std::os::fd::AsRawFd for Borrowed {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
+    }
+}
+
+/// `fd` registered for readability with the current runtime's reactor (which must exist:
+/// callers check, or are async functions, which run inside one).
+///
+/// # Safety
+/// The returned value is dropped before `fd` is closed (tokio's contract for
+/// `register_with_interest`: the fd stays open, the same file, while registered).
+#[cfg(feature = "tokio")]
+pub(crate) unsafe fn register(
+    fd: BorrowedFd<'_>,
+) -> std::io::Result<tokio::io::unix::AsyncFd<Borrowed>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `fd` is open now, and stays open until the value is dropped (our contract);
+    // `Borrowed` returns the same fd on every call.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(
+            Borrowed(fd.as_raw_fd()),
+            tokio::io::Interest::READABLE,
+        )
+    }
+    .map_err(|e| e.into_parts().1)
+}
+
+/// A reactor error as the crate's error, naming `op` and `what`.
+#[cfg(feature = "tokio")]
+pub(crate) fn reactor_error(
+    op: crate::error::Op,
+    what: &str,
+    e: &std::io::Error,
+) -> crate::error::Error {
+    crate::error::Error::from_errno(
+        op,
+        format!("{what}: the reactor"),
+        e.raw_os_error().unwrap_or(libc::EIO),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use crate::part::Local;
 use crate::qp::{Pending, QueuePair, WorkError};
 use crate::remote::RemoteRegion;
 use crate::wr::WorkKind;
-use drm_export::{DmaBuf, FenceAccess};
+use drm_export::{DmaBuf, FenceAccess, SyncFile};
 use std::time::Duration;
 
 /// What a fenced post does.
@@ -43,7 +43,7 @@ pub enum FencedOp {
 }
 
 impl FencedOp {
-    fn kind(self) -> WorkKind {
+    pub(crate) fn kind(self) -> WorkKind {
         match self {
             FencedOp::Send { .. } => WorkKind::Send,
             FencedOp::Recv => WorkKind::Recv,
@@ -73,10 +73,7 @@ pub fn wait_for_fences(
     op: FencedOp,
     timeout: Duration,
 ) -> Result<()> {
-    let buf = region.backing_unchecked();
-    let sync = buf
-        .export_sync_file(op.waits_for())
-        .map_err(|e| Error::Fence(Box::new(e)))?;
+    let sync = export_fences(region, op)?;
     // `Duration::MAX` (or any timeout past what `Instant` holds) waits for as long as it
     // takes; the sync_file is waited on in slices of at most a day, so no slice's deadline
     // can overflow whatever the exporter's crate does with it.
@@ -95,6 +92,19 @@ pub fn wait_for_fences(
             Err(e) => return Err(Error::Fence(Box::new(e))),
         }
     }
+}
+
+/// The sync_file of the fences a request of `op` on `region` must wait for
+/// (`DMA_BUF_IOCTL_EXPORT_SYNC_FILE`): readable (`POLLIN`) once they have signalled, so a
+/// reactor can wait for it ([`SyncFile`] is `AsFd` and owns its fd; see [`crate::reactor`]).
+///
+/// # Errors
+/// [`Error::Fence`] if the buffer's fences cannot be exported (kernels before 6.0).
+pub fn export_fences(region: &MemoryRegion<DmaBuf>, op: FencedOp) -> Result<SyncFile> {
+    region
+        .backing_unchecked()
+        .export_sync_file(op.waits_for())
+        .map_err(|e| Error::Fence(Box::new(e)))
 }
 
 /// The longest single wait on a sync_file (see [`wait_for_fences`]).

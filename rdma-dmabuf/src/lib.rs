@@ -12,6 +12,11 @@
 //!   together; [`MemoryRegion::split`] cuts one registration into disjoint [`Shard`]s that
 //!   are posted independently (many requests in flight from one GPU buffer) and
 //!   [`Shard::join`]ed back.
+//! * Async: [`reactor`] exposes the completion channel, rdma_cm event channels, a device's
+//!   asynchronous events and a dma-buf's fences as borrowed non-blocking fds with
+//!   non-blocking steps, for any reactor; the `tokio` feature (module `tokio_rt`) makes
+//!   [`Pending`] a future, with async fenced posts, rdma_cm connections and device events.
+//!   Dropping a future leaves its region with the queue pair until the NIC is done with it.
 //!
 //! The crate's example `rdma_dmabuf_quickstart`, which `cargo xtask test` runs in the testbed
 //! VM (`RDMA_DEVICE=mlx5_0 cargo run -p rdma-dmabuf --example rdma_dmabuf_quickstart` on a
@@ -64,10 +69,13 @@ pub mod multi;
 pub mod part;
 pub mod pd;
 pub mod qp;
+pub mod reactor;
 pub mod remote;
 pub mod scope;
 pub mod shard;
 mod slots;
+#[cfg(feature = "tokio")]
+pub mod tokio_rt;
 pub mod wr;
 
 pub use cm::{CmConnector, CmListener};

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Op, Result};
 use crate::wr::WorkKind;
+use std::task::Waker;
 
 /// A completion as the poller recorded it.
 #[derive(Clone, Copy, Debug)]
@@ -27,6 +28,9 @@ pub(crate) struct Slot {
     pub gen: u32,
     pub kind: WorkKind,
     pub state: State,
+    /// The task awaiting this request, woken when its completion is recorded. Cloning a
+    /// waker does not allocate (a reference count), and the slot exists from the start.
+    pub waker: Option<Waker>,
 }
 
 pub(crate) struct Slots {
@@ -54,6 +58,7 @@ impl Slots {
                     gen: 0,
                     kind: WorkKind::Send,
                     state: State::Free,
+                    waker: None,
                 })
                 .collect(),
             free: (0..n).rev().collect(),
@@ -93,6 +98,7 @@ impl Slots {
 
     fn retire(&mut self, index: u32, kind: WorkKind) {
         self.slots[index as usize].state = State::Free;
+        self.slots[index as usize].waker = None;
         self.free.push(index);
         match kind {
             WorkKind::Recv => self.recvs -= 1,
@@ -151,9 +157,47 @@ impl Slots {
             }
             _ => {
                 slot.state = State::Abandoned(buf);
+                slot.waker = None;
                 None
             }
         }
+    }
+
+    /// Records `waker` as the task awaiting request `index` (generation `gen`), unless it
+    /// would wake the same task already. Returns false for a stale generation.
+    pub fn set_waker(&mut self, index: u32, gen: u32, waker: &Waker) -> bool {
+        let Some(slot) = self.slots.get_mut(index as usize) else {
+            return false;
+        };
+        if slot.gen != gen {
+            return false;
+        }
+        match &mut slot.waker {
+            Some(w) if w.will_wake(waker) => {}
+            w => *w = Some(waker.clone()),
+        }
+        true
+    }
+
+    /// Takes the waker of the request `wr_id` (to wake once its completion is recorded).
+    pub fn take_waker(&mut self, wr_id: u64) -> Option<Waker> {
+        let (index, gen) = ((wr_id & 0xffff_ffff) as u32, (wr_id >> 32) as u32);
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.gen != gen {
+            return None;
+        }
+        slot.waker.take()
+    }
+
+    /// A clone of the waker of some request other than `index` that is still awaited (for
+    /// handing the reactor registration on); scans the table, so only called when the task
+    /// registered with the reactor stops waiting.
+    pub fn another_waiter(&self, index: u32) -> Option<Waker> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i != index as usize && matches!(s.state, State::Posted))
+            .find_map(|(_, s)| s.waker.clone())
     }
 
     /// Requests posted and not yet completed (waiting or abandoned).

@@ -124,3 +124,73 @@ fn fenced_receive_waits_for_gpu_readers_before_the_nic_writes() {
     let seen = Exporter::read(&mut got.region.into_inner().unwrap());
     assert!(seen[..4096] == data[..]);
 }
+
+/// The awaited form (the `tokio` feature): the fenced send times out while the fence is
+/// unsignalled (nothing posted, the region back), and once the "GPU" signals, 300 ms later
+/// on the same runtime, the send posts and its awaited completion comes only after that.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn an_awaited_fenced_send_completes_only_after_the_vgem_fence_signals() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (peer, owner) = integration_tests::verbs::connect_pair(
+        rdma_dmabuf::QueuePairBuilder::new(&pd).completion_channel(true),
+        rdma_dmabuf::QueuePairBuilder::new(&pd).completion_channel(true),
+    );
+    let card = vgem_card();
+    let gem = DumbBuffer::new(&card, SIZE).unwrap();
+    let mut buf = gem.export().unwrap();
+    let data = pattern(SIZE as usize, 5);
+    Exporter::fill(&mut buf, 0, &data);
+    let region = MemoryRegion::register_dmabuf(&pd, buf, 0, SIZE, None, Access::empty()).unwrap();
+    let fence = VgemFence::attach(&card, gem.handle(), true).unwrap();
+    let send = FencedOp::Send { imm: None };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (signalled, completed, got) = tokio::task::LocalSet::new().block_on(&rt, async {
+        let e = owner
+            .post_fenced_async(send, region, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e.error,
+                Error::FenceTimeout {
+                    kind: WorkKind::Send,
+                    ..
+                }
+            ),
+            "{}",
+            e.error
+        );
+        assert_eq!(owner.outstanding(), 0, "nothing was posted");
+        let inbox = peer
+            .post_recv(host_region(&pd, &[], SIZE as usize, Access::LOCAL_WRITE))
+            .unwrap();
+        let gpu = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            fence.signal().unwrap();
+            Instant::now()
+        };
+        let nic = async {
+            let p = owner
+                .post_fenced_async(send, e.region, Duration::from_secs(30))
+                .await
+                .expect("posted once signalled");
+            p.await.expect("send completes");
+            Instant::now()
+        };
+        let (signalled, completed) = tokio::join!(gpu, nic);
+        (signalled, completed, inbox.await.expect("received"))
+    });
+    assert!(
+        completed > signalled,
+        "the send completed before the fence signalled"
+    );
+    assert!(
+        got.region.bytes().unwrap()[..SIZE as usize] == data[..],
+        "the bytes arrived"
+    );
+}

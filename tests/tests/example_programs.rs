@@ -66,6 +66,7 @@ fn examples_answer_bad_usage_with_status_2_and_the_usage() {
         "multi_peer",
         "kv_blocks",
         "rdma_bench",
+        "gpu_service",
     ] {
         let out = run(example(name).arg("--no-such-option").arg("1"), T);
         assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out));
@@ -270,6 +271,53 @@ fn kv_blocks_gathers_scattered_blocks_of_one_gpu_buffer_to_several_readers() {
         assert!(l.ends_with("every byte arrived"), "{l}");
     }
     assert!(t.contains("the cache is unchanged"), "{t}");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn gpu_service_serves_four_peers_at_once_one_task_each() {
+    let tb = Testbed::get();
+    let opts = ["--port", "18618", "--peers", "4", "--size", "1M"];
+    let (s, c) = pair(
+        example("gpu_service").arg("server").args(opts),
+        example("gpu_service")
+            .args(["client", &tb.local_addr, "--chunk", "64K", "--window", "8"])
+            .args(opts),
+    );
+    assert!(s.status.success(), "server:\n{}", text(&s));
+    assert!(c.status.success(), "client:\n{}", text(&c));
+    assert_eq!(field(&s, "verified"), "yes");
+    assert_eq!(field(&s, "peers"), "4");
+    assert_eq!(field(&s, "bytes"), (4u64 << 20).to_string());
+    assert_eq!(field(&c, "verified"), "yes");
+    assert_eq!(field(&c, "writes"), "64");
+    let st = text(&s);
+    for peer in 0..4 {
+        assert!(
+            st.contains(&format!("peer {peer}")) && st.contains("verified: PASSED"),
+            "{st}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn two_node_gpu_service_across_the_wire() {
+    let tb = Testbed::get();
+    let opts = ["--port", "18619", "--peers", "3", "--size", "256K"];
+    let out = if tb.is_server() {
+        run(example("gpu_service").arg("server").args(opts), T)
+    } else {
+        run(
+            example("gpu_service")
+                .args(["client", &tb.peer_addr])
+                .args(opts),
+            T,
+        )
+    };
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(field(&out, "verified"), "yes");
+    assert_eq!(field(&out, "peers"), "3");
 }
 
 #[test]

@@ -583,7 +583,12 @@ fn peer_death_child_process() {
         &target.remote().unwrap().to_bytes(),
     ]
     .concat();
-    let theirs = integration_tests::oob::serve(&tb.local_addr, DEATH_PORT, &mine);
+    // The port of the test that started this child (the blocking or the awaited one).
+    let port = std::env::var("RDMA_LIVENESS_DEATH_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(DEATH_PORT);
+    let theirs = integration_tests::oob::serve(&tb.local_addr, port, &mine);
     let qp = qp
         .connect(&rdma_dmabuf::Endpoint::from_bytes(&theirs).unwrap())
         .unwrap();
@@ -618,7 +623,7 @@ const RW: Access = Access::LOCAL_WRITE
 fn two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retry_budget() {
     let tb = Testbed::get();
     if tb.is_server() {
-        peer_death_node_a(&tb);
+        peer_death_node_a(&tb, DEATH_PORT, REPORT_PORT);
     } else {
         peer_death_node_b(&tb);
     }
@@ -626,13 +631,14 @@ fn two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retr
 
 /// Node a: starts the child that owns the queue pair, SIGKILLs it once node b's writes flow,
 /// then waits for node b's report.
-fn peer_death_node_a(tb: &Testbed) {
+fn peer_death_node_a(tb: &Testbed, death_port: u16, report_port: u16) {
     use std::io::BufRead;
     // This test binary again, built by this workspace.
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "peer_death_child_process"])
         .args(["--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
+        .env("RDMA_LIVENESS_DEATH_PORT", death_port.to_string())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start the child");
@@ -657,7 +663,7 @@ fn peer_death_node_a(tb: &Testbed) {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     eprintln!("node a: child killed after {TRANSFERS_BEFORE_DEATH} writes");
-    let report = integration_tests::oob::serve(&tb.local_addr, REPORT_PORT, b"killed");
+    let report = integration_tests::oob::serve(&tb.local_addr, report_port, b"killed");
     let report = String::from_utf8_lossy(&report);
     eprintln!("node b reports: {report}");
     assert!(report.starts_with("ok"), "node b: {report}");
@@ -760,4 +766,135 @@ fn status_of(e: &Error) -> u32 {
         Error::Completion { status, .. } => *status,
         _ => u32::MAX,
     }
+}
+
+/// The out-of-band ports of the awaited peer-death test.
+const ASYNC_DEATH_PORT: u16 = 18642;
+const ASYNC_REPORT_PORT: u16 = 18643;
+
+/// As the blocking peer-death test, with node b's requests awaited on tokio: eight writers,
+/// each its own task re-posting its region until a write fails, and four receives awaited
+/// in tasks of their own; once the peer is killed, every one of those futures resolves to an
+/// error within the retry budget (each await bounded, so none can hang unseen).
+#[test]
+#[ignore = "needs the testbed VM"]
+fn two_node_awaited_requests_end_in_errors_within_the_retry_budget_when_the_peer_is_killed() {
+    let tb = Testbed::get();
+    if tb.is_server() {
+        peer_death_node_a(&tb, ASYNC_DEATH_PORT, ASYNC_REPORT_PORT);
+    } else {
+        peer_death_node_b_awaited(&tb);
+    }
+}
+
+/// How one awaited request of node b ended.
+enum End {
+    Failed(u32, Instant),
+    Succeeded,
+    NeverEnded,
+}
+
+fn peer_death_node_b_awaited(tb: &Testbed) {
+    use std::rc::Rc;
+    let pd = pd(tb);
+    let builder = QueuePairBuilder::new(&pd).completion_channel(true);
+    let budget = builder.retry_budget();
+    let bound = budget + SLACK;
+    let qp = builder.build().unwrap();
+    let theirs =
+        integration_tests::oob::connect(&tb.peer_addr, ASYNC_DEATH_PORT, &qp.endpoint().to_bytes());
+    let (ep, rr) = theirs.split_at(rdma_dmabuf::Endpoint::WIRE_LEN);
+    let qp = Rc::new(
+        qp.connect(&rdma_dmabuf::Endpoint::from_bytes(ep).unwrap())
+            .unwrap(),
+    );
+    let remote = rdma_dmabuf::RemoteRegion::from_bytes(rr).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (acked, last_ok, ends) = tokio::task::LocalSet::new().block_on(&rt, async {
+        let last_ok = Rc::new(std::cell::Cell::new(Instant::now()));
+        let acked = Rc::new(std::cell::Cell::new(0usize));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let (qp, pd) = (qp.clone(), pd.clone());
+            tasks.push(tokio::task::spawn_local(async move {
+                let r = qp
+                    .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+                    .unwrap();
+                // Receives end when the queue pair fails: the kill comes within 300 s.
+                match tokio::time::timeout(Duration::from_secs(300) + bound, r).await {
+                    Ok(Err(e)) => End::Failed(status_of(&e.error), Instant::now()),
+                    Ok(Ok(_)) => End::Succeeded,
+                    Err(_) => End::NeverEnded,
+                }
+            }));
+        }
+        for i in 0..8u8 {
+            let (qp, pd) = (qp.clone(), pd.clone());
+            let (last_ok, acked) = (last_ok.clone(), acked.clone());
+            tasks.push(tokio::task::spawn_local(async move {
+                let started = Instant::now();
+                let mut src = host_region(&pd, &[i; 64], WRITE_LEN, Access::empty());
+                while started.elapsed() < Duration::from_secs(300) {
+                    let w = qp.post_write(src, remote, Some(i.into()));
+                    let w = match w {
+                        Ok(w) => w,
+                        // The queue pair failed under another writer: posts are refused.
+                        Err(e) => return End::Failed(status_of(&e.error), Instant::now()),
+                    };
+                    match tokio::time::timeout(bound, w).await {
+                        Ok(Ok(done)) => {
+                            acked.set(acked.get() + 1);
+                            last_ok.set(Instant::now());
+                            src = done.region;
+                        }
+                        Ok(Err(e)) => return End::Failed(status_of(&e.error), Instant::now()),
+                        Err(_) => return End::NeverEnded,
+                    }
+                }
+                End::NeverEnded
+            }));
+        }
+        let mut ends = Vec::new();
+        for t in tasks {
+            ends.push(t.await.expect("no panic"));
+        }
+        (acked.get(), last_ok.get(), ends)
+    });
+    let mut report = String::new();
+    let mut statuses = Vec::new();
+    let mut latest = last_ok;
+    for e in &ends {
+        match e {
+            End::Failed(s, at) => {
+                statuses.push(*s);
+                latest = latest.max(*at);
+            }
+            End::Succeeded => report += "a receive succeeded; ",
+            End::NeverEnded => report += "an awaited request never ended; ",
+        }
+    }
+    let took = latest.duration_since(last_ok);
+    if took > bound {
+        report += &format!("errors took {took:?}, past the budget {budget:?}; ");
+    }
+    if acked == 0 {
+        report += "no write was ever acknowledged; ";
+    }
+    if qp.outstanding() != 0 {
+        report += &format!("{} requests still outstanding; ", qp.outstanding());
+    }
+    let report = if report.is_empty() {
+        format!(
+            "ok: {acked} awaited writes acknowledged, then {} awaited requests ended in errors {statuses:?} within {took:?} of the last acknowledgement (budget {budget:?})",
+            statuses.len()
+        )
+    } else {
+        format!("fail: {report}")
+    };
+    eprintln!("node b: {report}");
+    integration_tests::oob::connect(&tb.peer_addr, ASYNC_REPORT_PORT, report.as_bytes());
+    assert!(report.starts_with("ok"), "{report}");
 }

@@ -16,6 +16,7 @@ mod pending;
 mod post;
 pub(crate) mod raw;
 mod srq;
+pub(crate) mod wake;
 
 pub use atomic::AtomicOp;
 pub(crate) use builder::Retry;
@@ -46,6 +47,10 @@ use std::time::{Duration, Instant};
 /// It is `Send` but not `Sync`: one thread posts and polls at a time, and no lock is taken on
 /// the hot path. [`Pending`] handles borrow it, so it outlives every one of them.
 pub struct QueuePair {
+    /// Dropped first (field order): reactor registrations of the fds `raw` owns.
+    wait: wake::WaitState,
+    /// Dropped before `raw`: the entry by which fatal device events flush this queue pair.
+    _registered: crate::reactor::Registered,
     /// Dropped before `slots` (field order): the QP is destroyed first, after which the NIC
     /// can reach no buffer, and only then are the buffers of abandoned requests freed.
     raw: RawQp,
@@ -77,7 +82,19 @@ impl QueuePair {
         local: Endpoint,
         remote: Endpoint,
     ) -> QueuePair {
+        // SAFETY: `raw` is a live QP of its PD's context using `raw.cq`; the entry is a field
+        // declared before `raw`, so it is removed before the QP is destroyed.
+        let registered = unsafe {
+            crate::reactor::Registered::new(
+                raw.pd.context().as_ptr(),
+                raw.as_ptr(),
+                raw.cq.as_ptr(),
+                raw.qpn(),
+            )
+        };
         QueuePair {
+            wait: wake::WaitState::default(),
+            _registered: registered,
             raw,
             slots: RefCell::new(Slots::new(send_depth, recv_depth)),
             local,
@@ -163,10 +180,16 @@ impl QueuePair {
             if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
                 self.in_error.set(true);
             }
-            let released = self.slots.borrow_mut().complete(wr_id, c);
+            let (released, waker) = {
+                let mut slots = self.slots.borrow_mut();
+                (slots.complete(wr_id, c), slots.take_waker(wr_id))
+            };
             // An abandoned buffer whose request just completed: safe to free now (outside
-            // the borrow of the slots).
+            // the borrow of the slots); a task awaiting the request is woken.
             drop(released);
+            if let Some(w) = waker {
+                w.wake();
+            }
         })
     }
 

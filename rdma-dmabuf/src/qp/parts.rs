@@ -60,7 +60,7 @@ pub type PartsOutcome<P, const N: usize> = std::result::Result<PartsDone<P, N>, 
 /// with the queue pair until the NIC is done with them.
 #[must_use = "dropping a PartsPending leaves its parts with the queue until the request completes"]
 pub struct PartsPending<'q, P: OwnedPart, const N: usize> {
-    ticket: Ticket<'q, [P; N]>,
+    pub(super) ticket: Ticket<'q, [P; N]>,
 }
 
 impl<P: OwnedPart, const N: usize> fmt::Debug for PartsPending<'_, P, N> {

@@ -94,6 +94,14 @@ impl<'q, B: Backing> Pending<'q, B> {
         busy_wait(self)
     }
 
+    /// Records `waker` in the request's slot: whoever polls the queue pair and records the
+    /// completion wakes it (for a reactor other than tokio's; see [`crate::reactor`]).
+    /// Allocates nothing (a waker clone is a reference count, skipped when the same task
+    /// registers again).
+    pub fn register_waker(&self, waker: &std::task::Waker) {
+        super::wake::register_waker(self.ticket.qp, self.ticket.index, self.ticket.gen, waker);
+    }
+
     /// Waits for the completion sleeping in the kernel on the completion channel (see
     /// [`QueuePairBuilder::completion_channel`](crate::QueuePairBuilder::completion_channel)),
     /// for at most `timeout` (`Duration::MAX`, or any timeout past what
@@ -234,6 +242,7 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
 impl<T: Send + 'static> Drop for Ticket<'_, T> {
     fn drop(&mut self) {
         if let Some(lent) = self.lent.take() {
+            self.qp.stop_waiting(self.index, self.gen);
             let back = self
                 .qp
                 .slots

@@ -1,0 +1,280 @@
+//! A queue pair's steps for reactors (see [`crate::reactor`]): its completion channel and
+//! rdma_cm event channel as borrowed fds, arming, taking events, wakers in the request
+//! slots, and the poll loop every awaited handle runs.
+
+use super::pending::Ticket;
+use super::QueuePair;
+use crate::cm_id::ConnectionEnd;
+use crate::error::Result;
+use crate::reactor::WaitStep as Step;
+use crate::wr::WorkCompletion;
+use std::cell::Cell;
+use std::os::fd::BorrowedFd;
+use std::task::{Context, Poll, Waker};
+
+/// How a queue pair is being waited on: which awaited request's task the reactor wakes when
+/// the queue pair's fds become readable, and (with the `tokio` feature) their registrations
+/// with the reactor, which end before the fds close (the queue pair's first field).
+#[derive(Default)]
+pub(crate) struct WaitState {
+    /// The request (slot, generation) whose task is registered with the reactor.
+    pub(crate) driver: Cell<Option<(u32, u32)>>,
+    /// The fds as registered with tokio's reactor, made at the first await.
+    #[cfg(feature = "tokio")]
+    pub(crate) tokio: with_tokio::Registration,
+}
+
+impl QueuePair {
+    /// The completion channel's fd, if the queue pair was built with one
+    /// ([`QueuePairBuilder::completion_channel`](crate::QueuePairBuilder::completion_channel)):
+    /// non-blocking, readable once an armed CQ ([`QueuePair::arm_completions`]) got a
+    /// completion. Borrowed from the queue pair, which closes it when destroyed: a reactor
+    /// registration of it must end first.
+    pub fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.raw.cq.channel_fd()
+    }
+
+    /// `ibv_req_notify_cq`, then one more poll of the CQ (what completed before arming
+    /// raises no event). Returns how many completions that poll recorded: if any, wake their
+    /// waiters or look again rather than wait for the fd.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) without a completion
+    /// channel; [`Error::Verbs`](crate::Error::Verbs) if arming or polling fails.
+    pub fn arm_completions(&self) -> Result<usize> {
+        self.raw.cq.arm()?;
+        self.poll()
+    }
+
+    /// Takes every event queued on the completion channel without blocking
+    /// (`ibv_get_cq_event` until `EAGAIN`) and acknowledges them (`ibv_ack_cq_events`, in
+    /// batches: the queue pair acknowledges the rest before it destroys the CQ). Returns how
+    /// many; the notification must be armed again before the next wait. Poll the queue pair
+    /// ([`QueuePair::poll`]) to record the completions.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`](crate::Error::Verbs) for a read error other than `EAGAIN`.
+    pub fn take_completion_events(&self) -> Result<u32> {
+        self.raw.cq.take_events()
+    }
+
+    /// For an rdma_cm connection, its event channel's fd: non-blocking, readable when an
+    /// event is queued (the peer disconnected, or the device is being removed). Borrowed
+    /// from the queue pair, which closes it when destroyed.
+    pub fn cm_event_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.raw.cm().map(|id| id.channel().fd())
+    }
+
+    /// For an rdma_cm connection, takes its queued events without blocking. If one says the
+    /// connection ended (`DISCONNECTED`, `DEVICE_REMOVAL`), the queue pair is flushed, so
+    /// every request on it completes (with an error) and its region comes back; returns how
+    /// it ended (also on later calls). `None` for a connection still up, or a queue pair
+    /// connected by endpoint exchange.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`](crate::Error::Verbs) for a read error other than `EAGAIN`.
+    pub fn take_cm_events(&self) -> Result<Option<ConnectionEnd>> {
+        let Some(id) = self.raw.cm() else {
+            return Ok(None);
+        };
+        let end = id.take_events()?;
+        if end.is_some() && !self.is_in_error() {
+            self.flush();
+        }
+        Ok(end)
+    }
+
+    /// The request (`index`, `gen`) stops waiting (it completed, or its handle was
+    /// dropped): if its task was the one registered with the reactor, another waiting task
+    /// is woken to take its place, so that no wakeup is lost.
+    pub(crate) fn stop_waiting(&self, index: u32, gen: u32) {
+        if self.wait.driver.get() != Some((index, gen)) {
+            return;
+        }
+        self.wait.driver.set(None);
+        let next = self.slots.borrow().another_waiter(index);
+        if let Some(w) = next {
+            w.wake();
+        }
+    }
+}
+
+/// Records `waker` as the task awaiting the request (`index`, `gen`) of `qp`.
+pub(crate) fn register_waker(qp: &QueuePair, index: u32, gen: u32, waker: &Waker) {
+    qp.slots.borrow_mut().set_waker(index, gen, waker);
+}
+
+/// One poll of an awaited request: its completion if recorded (or found by polling the
+/// CQ), else the waker stored in its slot, the CQ armed and `wait` asked to park the task
+/// on the queue pair's fds. Allocates nothing and takes no lock.
+pub(super) fn poll_ticket<'q, T: Send + 'static>(
+    t: &mut Ticket<'q, T>,
+    cx: &mut Context<'_>,
+    wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
+) -> Poll<(T, Result<WorkCompletion>)> {
+    let qp = t.qp;
+    // Bounded, so that a busy queue pair cannot keep one task from yielding.
+    for _ in 0..32 {
+        if let Some(done) = t.try_finish() {
+            qp.stop_waiting(t.index, t.gen);
+            return Poll::Ready(done);
+        }
+        register_waker(qp, t.index, t.gen, cx.waker());
+        if !qp.raw.cq.is_armed() {
+            match qp.arm_completions() {
+                Ok(0) => {}
+                Ok(_) => continue,
+                Err(_) => break,
+            }
+        }
+        match wait(qp, cx) {
+            Step::Again => continue,
+            Step::Parked => {
+                qp.wait.driver.set(Some((t.index, t.gen)));
+                return Poll::Pending;
+            }
+            Step::Spin => break,
+        }
+    }
+    cx.waker().wake_by_ref();
+    Poll::Pending
+}
+
+impl<'q, B: crate::mr::Backing> super::Pending<'q, B> {
+    /// One poll of the request for a reactor's future (see [`crate::reactor`]): its outcome
+    /// if it has completed (or a poll of the CQ finds it), else its waker recorded in its
+    /// slot, the CQ armed, and `wait` asked to wait for the queue pair's fds
+    /// ([`QueuePair::completion_fd`], [`QueuePair::cm_event_fd`]) with the task's waker,
+    /// taking their events when one is ready. Allocates nothing and takes no lock.
+    ///
+    /// # Panics
+    /// If polled again after it returned the outcome.
+    pub fn poll_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
+    ) -> Poll<super::Outcome<B>> {
+        poll_ticket(&mut self.ticket, cx, wait).map(|(local, result)| {
+            let region = local.into_region();
+            match result {
+                Ok(wc) => Ok(super::Done { region, wc }),
+                Err(error) => Err(super::WorkError { error, region }),
+            }
+        })
+    }
+}
+
+impl<'q, P: crate::part::OwnedPart, const N: usize> super::PartsPending<'q, P, N> {
+    /// As [`Pending::poll_with`](super::Pending::poll_with).
+    ///
+    /// # Panics
+    /// If polled again after it returned the outcome.
+    pub fn poll_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
+    ) -> Poll<super::PartsOutcome<P, N>> {
+        poll_ticket(&mut self.ticket, cx, wait).map(|(parts, result)| match result {
+            Ok(wc) => Ok(super::PartsDone { parts, wc }),
+            Err(error) => Err(super::PartsError { error, parts }),
+        })
+    }
+}
+
+// Awaiting a handle polls its ticket; nothing in it is pinned (no pin projection is ever made),
+// so the handles are `Unpin` whatever they hold.
+impl<B: crate::mr::Backing> Unpin for super::Pending<'_, B> {}
+impl<P: crate::part::OwnedPart, const N: usize> Unpin for super::PartsPending<'_, P, N> {}
+
+/// Awaiting a [`Pending`](super::Pending) (the `tokio` feature) resolves to the same
+/// [`Outcome`](super::Outcome) as [`Pending::wait`](super::Pending::wait): the region comes
+/// back with the completion. Dropping the future before that (a `select!` that lost, a
+/// timeout) leaves the region in the request's slot until the NIC is done with it.
+#[cfg(feature = "tokio")]
+impl<B: crate::mr::Backing> std::future::Future for super::Pending<'_, B> {
+    type Output = super::Outcome<B>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_with(cx, with_tokio::step)
+    }
+}
+
+/// Awaiting a [`PartsPending`](super::PartsPending) (the `tokio` feature) resolves to the
+/// same [`PartsOutcome`](super::PartsOutcome) as its `wait`, every part back.
+#[cfg(feature = "tokio")]
+impl<P: crate::part::OwnedPart, const N: usize> std::future::Future
+    for super::PartsPending<'_, P, N>
+{
+    type Output = super::PartsOutcome<P, N>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_with(cx, with_tokio::step)
+    }
+}
+
+#[cfg(feature = "tokio")]
+mod with_tokio {
+    use super::{QueuePair, Step};
+    use crate::deadline::{register, Borrowed};
+    use std::cell::OnceCell;
+    use std::os::fd::BorrowedFd;
+    use std::task::{Context, Poll};
+    use tokio::io::unix::AsyncFd;
+
+    /// A queue pair's fds as registered with tokio's reactor, each made at its first await.
+    /// Dropped before the queue pair's fds close (the queue pair's first field).
+    #[derive(Default)]
+    pub(crate) struct Registration {
+        cq: OnceCell<AsyncFd<Borrowed>>,
+        cm: OnceCell<AsyncFd<Borrowed>>,
+    }
+
+    /// The registration in `cell` of `fd`, one of the queue pair's fds, made now if need be
+    /// (outside a runtime, or if the reactor refuses it: none).
+    fn registered<'a>(
+        cell: &'a OnceCell<AsyncFd<Borrowed>>,
+        fd: BorrowedFd<'_>,
+    ) -> Option<&'a AsyncFd<Borrowed>> {
+        if cell.get().is_none() {
+            tokio::runtime::Handle::try_current().ok()?;
+            // SAFETY: `fd` belongs to the queue pair that holds this registration in its
+            // first field, dropped before the fields that close its fds.
+            let _ = cell.set(unsafe { register(fd) }.ok()?);
+        }
+        cell.get()
+    }
+
+    /// The reactor step of an awaited request (see `poll_ticket`): the completion channel,
+    /// and for an rdma_cm connection its event channel, polled for readiness with the task's
+    /// waker; a ready fd's events are taken (a connection's end flushes the queue pair).
+    pub(crate) fn step(qp: &QueuePair, cx: &mut Context<'_>) -> Step {
+        let reg = &qp.wait.tokio;
+        let Some(cq) = qp.completion_fd().and_then(|fd| registered(&reg.cq, fd)) else {
+            return Step::Spin;
+        };
+        match cq.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut ready)) => {
+                // Drained to EAGAIN, so the readiness is cleared (tokio keeps it if a new
+                // edge came meanwhile).
+                let _ = qp.take_completion_events();
+                ready.clear_ready();
+                let _ = qp.poll();
+                return Step::Again;
+            }
+            Poll::Ready(Err(_)) => return Step::Spin,
+            Poll::Pending => {}
+        }
+        if let Some(cm) = qp.cm_event_fd().and_then(|fd| registered(&reg.cm, fd)) {
+            match cm.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut ready)) => {
+                    let _ = qp.take_cm_events();
+                    ready.clear_ready();
+                    return Step::Again;
+                }
+                Poll::Ready(Err(_)) => return Step::Spin,
+                Poll::Pending => {}
+            }
+        }
+        Step::Parked
+    }
+}
