@@ -25,34 +25,48 @@ pub fn client<B: Backing>(
     run: &Run,
 ) -> Bandwidth {
     let len = run.size as u64;
-    let mut free: Vec<_> = (0..run.window.min(run.iters))
+    let free: Vec<_> = (0..run.window.min(run.iters))
         .map(|_| region(Access::empty()))
         .collect();
-    let mut inflight = VecDeque::with_capacity(free.len());
     let start = Instant::now();
-    for _ in 0..run.iters {
-        let src = match free.pop() {
-            Some(r) => r,
-            None => {
-                let oldest = inflight
-                    .pop_front()
-                    .unwrap_or_else(|| fail("no write in flight"));
-                rdma_dmabuf::Pending::wait(oldest)
-                    .unwrap_or_else(|e| fail(&e.to_string()))
-                    .region
-            }
-        };
-        inflight.push_back(
+    windowed(
+        run.iters,
+        free,
+        |src| {
             qp.post_write(Local::new(src, 0..len), remote, None)
-                .unwrap_or_else(|e| fail(&e.to_string())),
-        );
-    }
-    for p in inflight {
-        p.wait().unwrap_or_else(|e| fail(&e.to_string()));
-    }
+                .unwrap_or_else(|e| fail(&e.to_string()))
+        },
+        |p| p.wait().unwrap_or_else(|e| fail(&e.to_string())).region,
+    );
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     Bandwidth {
         mbps: (run.iters * run.size) as f64 / secs / (1u64 << 20) as f64,
         mpps: run.iters as f64 / secs / 1e6,
+    }
+}
+
+/// Posts `iters` requests with `post`, each on a buffer of `free` (so at most `free.len()` are
+/// in flight): once every buffer is lent, the oldest request is finished (`finish` waits for
+/// it and gives its buffer back) before the next post. Allocates nothing after its start.
+pub fn windowed<T, H>(
+    iters: usize,
+    mut free: Vec<T>,
+    mut post: impl FnMut(T) -> H,
+    mut finish: impl FnMut(H) -> T,
+) {
+    let mut inflight = VecDeque::with_capacity(free.len());
+    for _ in 0..iters {
+        let buf = match free.pop() {
+            Some(b) => b,
+            None => finish(
+                inflight
+                    .pop_front()
+                    .unwrap_or_else(|| fail("no request in flight")),
+            ),
+        };
+        inflight.push_back(post(buf));
+    }
+    for h in inflight {
+        finish(h);
     }
 }

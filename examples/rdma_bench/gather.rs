@@ -1,12 +1,11 @@
 //! Gather writes: each RDMA write gathers [`PARTS`] blocks of `--size` bytes, the shards of one
 //! region, into one message, against `bw.rs`'s one write per block.
 
-use crate::bw::Bandwidth;
+use crate::bw::{windowed, Bandwidth};
 use crate::Run;
 use examples::fail;
 use rdma_dmabuf::mr::Backing;
 use rdma_dmabuf::{Access, MemoryRegion, QueuePair, RemoteRegion, Shard};
-use std::collections::VecDeque;
 use std::time::Instant;
 
 /// Blocks per write.
@@ -22,31 +21,19 @@ pub fn client<B: Backing>(
     run: &Run,
 ) -> Bandwidth {
     let block = run.size as u64;
-    let mut free: Vec<[Shard<B>; PARTS]> = (0..run.window.min(run.iters))
+    let free: Vec<[Shard<B>; PARTS]> = (0..run.window.min(run.iters))
         .map(|_| blocks(region(Access::empty()), block))
         .collect();
-    let mut inflight = VecDeque::with_capacity(free.len());
     let start = Instant::now();
-    for _ in 0..run.iters {
-        let parts = match free.pop() {
-            Some(p) => p,
-            None => {
-                let oldest = inflight
-                    .pop_front()
-                    .unwrap_or_else(|| fail("no write in flight"));
-                rdma_dmabuf::PartsPending::wait(oldest)
-                    .unwrap_or_else(|e| fail(&e.to_string()))
-                    .parts
-            }
-        };
-        match qp.post_write_parts(parts, remote, None) {
-            Ok(p) => inflight.push_back(p),
+    windowed(
+        run.iters,
+        free,
+        |parts| match qp.post_write_parts(parts, remote, None) {
+            Ok(p) => p,
             Err(e) => fail(&e.to_string()),
-        }
-    }
-    for p in inflight {
-        p.wait().unwrap_or_else(|e| fail(&e.to_string()));
-    }
+        },
+        |p| p.wait().unwrap_or_else(|e| fail(&e.to_string())).parts,
+    );
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     let blocks = (run.iters * PARTS) as f64;
     Bandwidth {

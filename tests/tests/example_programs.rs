@@ -344,11 +344,17 @@ fn the_crates_quickstarts_run_as_their_docs_show_them() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn rdma_bench_reports_bandwidth_latency_and_registration_over_every_region_kind() {
+fn rdma_bench_reports_bandwidth_gather_latency_and_registration_over_every_region_kind() {
     let tb = Testbed::get();
-    let mut port = 18616;
+    // Ports of its own (18741 to 18752): other tests of this file run beside it.
+    let mut port = 18740;
     for region in ["host", "udmabuf", "heap", "gpu"] {
-        for (mode, key, inline) in [("bw", "bw_MBps", "no"), ("lat", "lat_usec", "auto")] {
+        let modes = [
+            ("bw", "bw_MBps", "no"),
+            ("gather", "bw_MBps", "no"),
+            ("lat", "lat_usec", "auto"),
+        ];
+        for (mode, key, inline) in modes {
             port += 1;
             let port = port.to_string();
             let opts = [
