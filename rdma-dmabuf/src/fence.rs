@@ -133,11 +133,24 @@ impl QueuePair {
                 region: local.into_region(),
             });
         }
-        match op {
-            FencedOp::Send { imm } => self.post_send(local, imm),
-            FencedOp::Recv => self.post_recv(local),
-            FencedOp::Write { remote, imm } => self.post_write(local, remote, imm),
-            FencedOp::Read { remote } => self.post_read(local, remote),
+        op.post(self, local)
+    }
+}
+
+impl FencedOp {
+    /// Posts the operation on `qp` now: the caller has waited for the fences.
+    // The error hands the region back by value, as every post does; boxing it would allocate.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn post(
+        self,
+        qp: &QueuePair,
+        local: Local<DmaBuf>,
+    ) -> std::result::Result<Pending<'_, DmaBuf>, WorkError<DmaBuf>> {
+        match self {
+            FencedOp::Send { imm } => qp.post_send(local, imm),
+            FencedOp::Recv => qp.post_recv(local),
+            FencedOp::Write { remote, imm } => qp.post_write(local, remote, imm),
+            FencedOp::Read { remote } => qp.post_read(local, remote),
         }
     }
 }
