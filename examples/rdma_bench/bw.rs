@@ -1,5 +1,6 @@
 //! Bandwidth and message rate: `ib_write_bw`'s measurement through owned posts.
 
+use crate::waits::Waits;
 use crate::Run;
 use examples::fail;
 use rdma_dmabuf::mr::Backing;
@@ -28,6 +29,7 @@ pub fn client<B: Backing>(
     let free: Vec<_> = (0..run.window.min(run.iters))
         .map(|_| region(Access::empty()))
         .collect();
+    let waits = Waits::new(run.awaited);
     let start = Instant::now();
     windowed(
         run.iters,
@@ -36,7 +38,12 @@ pub fn client<B: Backing>(
             qp.post_write(Local::new(src, 0..len), remote, None)
                 .unwrap_or_else(|e| fail(&e.to_string()))
         },
-        |p| p.wait().unwrap_or_else(|e| fail(&e.to_string())).region,
+        |p| {
+            waits
+                .finish(p)
+                .unwrap_or_else(|e| fail(&e.to_string()))
+                .region
+        },
     );
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     Bandwidth {

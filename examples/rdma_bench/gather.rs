@@ -2,6 +2,7 @@
 //! region, into one message, against `bw.rs`'s one write per block.
 
 use crate::bw::{windowed, Bandwidth};
+use crate::waits::Waits;
 use crate::Run;
 use examples::fail;
 use rdma_dmabuf::mr::Backing;
@@ -24,6 +25,7 @@ pub fn client<B: Backing>(
     let free: Vec<[Shard<B>; PARTS]> = (0..run.window.min(run.iters))
         .map(|_| blocks(region(Access::empty()), block))
         .collect();
+    let waits = Waits::new(run.awaited);
     let start = Instant::now();
     windowed(
         run.iters,
@@ -32,7 +34,12 @@ pub fn client<B: Backing>(
             Ok(p) => p,
             Err(e) => fail(&e.to_string()),
         },
-        |p| p.wait().unwrap_or_else(|e| fail(&e.to_string())).parts,
+        |p| {
+            waits
+                .finish(p)
+                .unwrap_or_else(|e| fail(&e.to_string()))
+                .parts
+        },
     );
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     let blocks = (run.iters * PARTS) as f64;

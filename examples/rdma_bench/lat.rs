@@ -6,6 +6,7 @@
 //! before the next write needs it, by which time the answer, sent after the write arrived,
 //! has long implied that acknowledgement.
 
+use crate::waits::Waits;
 use crate::Run;
 use examples::fail;
 use rdma_dmabuf::mr::Backing;
@@ -41,21 +42,22 @@ struct Pinger<'q, B: Backing> {
 
 impl<'q, B: Backing> Pinger<'q, B> {
     /// Waits for the previous write, if any, and takes its region back.
-    fn settle(&mut self) {
+    fn settle(&mut self, waits: &Waits) {
         match self.busy.take() {
             Some(InFlight::Owned(p)) => {
-                self.idle = Some(p.wait().unwrap_or_else(|e| fail(&e.to_string())).region);
+                let done = waits.finish(p).unwrap_or_else(|e| fail(&e.to_string()));
+                self.idle = Some(done.region);
             }
             Some(InFlight::Inline(p)) => {
-                p.wait().unwrap_or_else(|e| fail(&e.to_string()));
+                waits.finish(p).unwrap_or_else(|e| fail(&e.to_string()));
             }
             None => {}
         }
     }
 
     /// Posts the next write (with an immediate), after the previous one has completed.
-    fn ping(&mut self) {
-        self.settle();
+    fn ping(&mut self, waits: &Waits) {
+        self.settle(waits);
         let posted = match &self.payload {
             Some(data) => self
                 .qp
@@ -97,26 +99,30 @@ pub fn run<B: Backing>(
         idle: Some(region(Access::empty())),
         busy: None,
     };
+    let waits = Waits::new(run.awaited);
     // One slot per round trip, made before the clock starts: the loop allocates nothing.
     let mut rtt_ns: Vec<u64> = Vec::with_capacity(run.iters);
     let start = Instant::now();
     for _ in 0..run.iters {
         let t0 = Instant::now();
         if client {
-            pinger.ping();
+            pinger.ping(&waits);
         }
         let r = recvs
             .pop_front()
             .unwrap_or_else(|| fail("no receive posted"));
-        let buf = r.wait().unwrap_or_else(|e| fail(&e.to_string())).region;
+        let buf = waits
+            .finish(r)
+            .unwrap_or_else(|e| fail(&e.to_string()))
+            .region;
         recvs.push_back(qp.post_recv(buf).unwrap_or_else(|e| fail(&e.to_string())));
         if !client {
-            pinger.ping();
+            pinger.ping(&waits);
         }
         rtt_ns.push(t0.elapsed().as_nanos() as u64);
     }
     let total = start.elapsed().as_secs_f64();
-    pinger.settle();
+    pinger.settle(&waits);
     drop(recvs);
     if !client {
         return None;

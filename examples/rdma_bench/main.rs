@@ -18,7 +18,9 @@
 //! region on this side (`host`, `udmabuf`, `heap`, `gpu`); `--inline yes` sends the latency
 //! pings inline (copied at post time), `auto` up to 220 bytes, perftest's default for
 //! `ib_write_lat` (on rxe perftest reports `Max inline data : 0[B]` and sends nothing inline,
-//! so `cargo xtask bench` compares with `--inline no`). The hot paths allocate nothing: every
+//! so `cargo xtask bench` compares with `--inline no`). `--async yes` awaits every request on
+//! a current-thread tokio runtime, woken through the queue pair's completion channel
+//! (`waits.rs`), instead of busy-polling it. The hot paths allocate nothing: every
 //! buffer and sample slot exists before the clock starts. The last line is machine-readable:
 //! `RESULT key=value ...`.
 
@@ -26,6 +28,7 @@ mod bw;
 mod gather;
 mod lat;
 mod reg;
+mod waits;
 
 use examples::kinds::{Allocator, RegionKind};
 use examples::{fail, Args, SideChannel};
@@ -36,7 +39,7 @@ use std::time::Duration;
 const USAGE: &str = "\
 usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather] [--region KIND]
                          [--size 65536] [--iters 1000] [--window 128] [--inline yes|no|auto]
-                         [--device rxe0]
+                         [--async yes|no] [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
 KIND: host (default), udmabuf, heap (the system dma-heap) or gpu (vgem in the testbed)";
@@ -57,6 +60,8 @@ pub struct Run {
     pub inline: bool,
     /// What backs the regions.
     pub kind: RegionKind,
+    /// Whether requests are awaited on a tokio runtime rather than busy-polled.
+    pub awaited: bool,
 }
 
 fn main() {
@@ -64,6 +69,7 @@ fn main() {
         USAGE,
         &[
             "bind", "port", "mode", "size", "iters", "window", "inline", "device", "region",
+            "async",
         ],
     );
     let role = args
@@ -84,12 +90,18 @@ fn main() {
         Some("auto") => size <= PERFTEST_INLINE,
         Some(other) => fail(&format!("--inline is yes, no or auto, not {other:?}")),
     };
+    let awaited = match args.text("async").as_deref() {
+        None | Some("no") => false,
+        Some("yes") => true,
+        Some(other) => fail(&format!("--async is yes or no, not {other:?}")),
+    };
     let run = Run {
         size,
         iters: args.get("iters", 1000),
         window: args.get("window", 128),
         inline,
         kind,
+        awaited,
     };
     if run.size == 0 || run.iters == 0 || run.window == 0 {
         fail("--size, --iters and --window must be at least 1");
@@ -123,6 +135,7 @@ fn main() {
         .recv_depth(run.window as u32)
         .max_inline_data(if inline { run.size as u32 } else { 0 })
         .max_sge(if gather { gather::PARTS as u32 } else { 1 })
+        .completion_channel(run.awaited)
         .build()
         .unwrap_or_else(|e| fail(&e.to_string()));
     let port: u16 = args.get("port", 18700);
@@ -184,8 +197,10 @@ fn connected<B: Backing>(
             );
             side.swap(b"done").ok();
             println!(
-                "RESULT bw_MBps={:.3} mpps={:.6} region={kind}",
-                r.mbps, r.mpps
+                "RESULT bw_MBps={:.3} mpps={:.6} region={kind} async={}",
+                r.mbps,
+                r.mpps,
+                yes_no(run.awaited)
             );
         }
         ("bw" | "gather", false) => {
@@ -200,14 +215,23 @@ fn connected<B: Backing>(
                     run.size, run.iters, r.typical_usec, r.avg_usec
                 );
                 println!(
-                    "RESULT lat_usec={:.3} typ_usec={:.3} inline={} region={kind}",
+                    "RESULT lat_usec={:.3} typ_usec={:.3} inline={} region={kind} async={}",
                     r.avg_usec,
                     r.typical_usec,
-                    if run.inline { "yes" } else { "no" }
+                    yes_no(run.inline),
+                    yes_no(run.awaited)
                 );
             }
             side.swap(b"done").ok();
         }
     }
     drop(target);
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
 }

@@ -6,6 +6,7 @@
 //! | object | fd | readable when | step |
 //! | --- | --- | --- | --- |
 //! | a queue pair's completion channel | [`QueuePair::completion_fd`](crate::QueuePair::completion_fd) | an armed CQ got a completion | [`QueuePair::arm_completions`](crate::QueuePair::arm_completions), then wait, then [`QueuePair::take_completion_events`](crate::QueuePair::take_completion_events) |
+//! | a shared receive queue's completion channel | [`SharedReceiveQueue::completion_fd`](crate::SharedReceiveQueue::completion_fd) | an armed CQ got a receive completion | [`SharedReceiveQueue::arm_completions`](crate::SharedReceiveQueue::arm_completions), then wait, then [`SharedReceiveQueue::take_completion_events`](crate::SharedReceiveQueue::take_completion_events) |
 //! | an rdma_cm connection's event channel | [`QueuePair::cm_event_fd`](crate::QueuePair::cm_event_fd) | the peer disconnected, or the device is being removed | [`QueuePair::take_cm_events`](crate::QueuePair::take_cm_events) |
 //! | a device's asynchronous events | [`AsyncEvents`] (`ibv_context.async_fd`) | an event is queued | [`AsyncEvents::try_next`] |
 //! | a dma-buf's implicit fences | [`export_fences`](crate::fence::export_fences) gives a sync_file | the fences signalled | none (readable is the answer) |

@@ -13,6 +13,7 @@ use crate::error::{Error, Op, Result};
 use crate::mr::Backing;
 use crate::part::{Part, PartMut};
 use crate::qp::QueuePair;
+use crate::reactor::WaitStep;
 use crate::remote::RemoteRegion;
 use crate::wr::{WorkCompletion, WorkKind};
 use std::cell::{Cell, RefCell};
@@ -356,6 +357,19 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         }
     }
 
+    /// Whether entry `i` has completed, recording its completion if it just arrived (one
+    /// look at its slot, no poll of the CQ).
+    fn take_if_done(&self, i: usize) -> Option<()> {
+        let posted = self.posted.borrow();
+        let e = &posted[i];
+        if !e.done.get() {
+            let c = e.qp.take_completion(e.index, e.gen)?;
+            e.taken.set(Some(c));
+            e.done.set(true);
+        }
+        Some(())
+    }
+
     /// Polls until entry `i` has completed (then records its completion and returns `true`)
     /// or `deadline` passes (`false`; `None`: no deadline).
     fn complete(&self, i: usize, deadline: Option<Instant>) -> Result<bool> {
@@ -421,7 +435,32 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
         }
     }
 
+    /// One poll of the request for a reactor's future (see [`crate::reactor`]), as
+    /// [`Pending::poll_with`](crate::Pending::poll_with): its completion if it has arrived,
+    /// else the task's waker recorded in its slot, the CQ armed and `wait` asked to wait for
+    /// the queue pair's fds. The scope still waits for the request at its end, whatever
+    /// became of the future. Polled again after it returned the completion, it returns an
+    /// [`Error::InvalidArgument`] saying so.
+    pub fn poll_with(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        wait: impl Fn(&'scope QueuePair, &mut std::task::Context<'_>) -> WaitStep,
+    ) -> std::task::Poll<Result<WorkCompletion>> {
+        let (qp, index, gen) = {
+            let posted = self.scope.posted.borrow();
+            let e = &posted[self.entry];
+            (e.qp, e.index, e.gen)
+        };
+        let (scope, i) = (self.scope, self.entry);
+        crate::qp::wake::poll_request(qp, index, gen, cx, || scope.take_if_done(i), wait)
+            .map(|()| self.take_result())
+    }
+
     fn result(self) -> Result<WorkCompletion> {
+        self.take_result()
+    }
+
+    fn take_result(&self) -> Result<WorkCompletion> {
         let posted = self.scope.posted.borrow();
         let e = &posted[self.entry];
         let Some(c) = e.taken.take() else {
@@ -431,5 +470,33 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
             ));
         };
         e.qp.completion_result(e.index, e.gen, e.kind, c)
+    }
+}
+
+impl Drop for ScopedPending<'_, '_> {
+    fn drop(&mut self) {
+        // The scope keeps the request; only hand the reactor on if this handle's task was
+        // the one registered for the queue pair.
+        let posted = self.scope.posted.borrow();
+        let e = &posted[self.entry];
+        if !e.done.get() {
+            e.qp.stop_waiting(e.index, e.gen);
+        }
+    }
+}
+
+/// Awaiting a [`ScopedPending`] (the `tokio` feature) resolves to its completion, as its
+/// `wait` does; for a runtime driven inside the scope's closure (`block_on` in it: the scope
+/// is synchronous, and still waits for every request at its end). A future dropped early
+/// leaves the request to that wait.
+#[cfg(feature = "tokio")]
+impl std::future::Future for ScopedPending<'_, '_> {
+    type Output = Result<WorkCompletion>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.poll_with(cx, crate::qp::wake::with_tokio::step)
     }
 }

@@ -1,8 +1,9 @@
 //! The post and poll hot path allocates nothing: a counting global allocator watches 1,000
 //! send/receive round trips, 1,000 RDMA writes, 1,000 inline writes, 1,000 atomics, and 1,000
 //! gather writes and scattered receives of four shards each, and 1,000 sends into receives
-//! posted on a shared receive queue; then the same round trips and writes awaited on a tokio
-//! runtime (wakers in the slots, the completion channel on the reactor), 1,000 each. Alone in
+//! posted on a shared receive queue; then the same round trips, writes, shared-queue receives
+//! and inline writes awaited on a tokio runtime (wakers in the slots, the completion channels
+//! on the reactor), 1,000 each. Alone in
 //! its binary (the allocator counts the whole process). Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
@@ -141,6 +142,13 @@ fn post_and_poll_allocate_nothing() {
         QueuePairBuilder::new(&pd).completion_channel(true),
         QueuePairBuilder::new(&pd).completion_channel(true),
     );
+    // Sends into receives awaited on the shared receive queue, and awaited inline writes.
+    let (e, f) = connect_pair(
+        QueuePairBuilder::new(&pd)
+            .completion_channel(true)
+            .max_inline_data(8),
+        QueuePairBuilder::new(&pd).srq(&srq),
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -166,6 +174,18 @@ fn post_and_poll_allocate_nothing() {
                 .post_write(Local::new(src.take().unwrap(), 0..64), remote, None)
                 .unwrap();
             src = Some(w.await.unwrap().region);
+            let r = srq.post_recv(dst.take().unwrap()).unwrap();
+            let s = e
+                .post_send(Local::new(src.take().unwrap(), 0..64), None)
+                .unwrap();
+            let (sent, got) = tokio::join!(s, r);
+            src = Some(sent.unwrap().region);
+            let got = got.unwrap();
+            assert_eq!(got.wc.qp_num, f.endpoint().qpn);
+            dst = Some(got.region);
+            let i = round as u64;
+            let inline = e.post_write_inline(&i.to_ne_bytes(), remote, None).unwrap();
+            inline.await.unwrap();
         }
         ALLOCATIONS.load(Ordering::Relaxed) - before
     });

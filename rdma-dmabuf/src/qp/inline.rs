@@ -94,12 +94,12 @@ impl QueuePair {
 /// Dropping it early is fine (its slot is freed when the completion arrives).
 #[must_use = "an inline request's completion tells whether it arrived"]
 pub struct InlinePending<'q> {
-    qp: &'q QueuePair,
-    index: u32,
-    gen: u32,
+    pub(super) qp: &'q QueuePair,
+    pub(super) index: u32,
+    pub(super) gen: u32,
     kind: WorkKind,
     /// Until the completion is taken.
-    open: bool,
+    pub(super) open: bool,
 }
 
 impl fmt::Debug for InlinePending<'_> {
@@ -122,13 +122,20 @@ impl InlinePending<'_> {
     /// # Errors
     /// `Err(self)` while the request is still in flight.
     pub fn try_complete(mut self) -> std::result::Result<Result<WorkCompletion>, Self> {
-        let Some(c) = self.qp.poll_for(self.index, self.gen) else {
-            return Err(self);
-        };
+        match self.finish() {
+            Some(out) => Ok(out),
+            None => Err(self),
+        }
+    }
+
+    /// Polls once: the completion if the request has completed (the handle is then closed).
+    pub(super) fn finish(&mut self) -> Option<Result<WorkCompletion>> {
+        let c = self.qp.poll_for(self.index, self.gen)?;
         self.open = false;
-        Ok(self
-            .qp
-            .completion_result(self.index, self.gen, self.kind, c))
+        Some(
+            self.qp
+                .completion_result(self.index, self.gen, self.kind, c),
+        )
     }
 
     /// Busy-polls until the request completes.
@@ -175,6 +182,7 @@ impl<'q> Handle<'q> for InlinePending<'q> {
 impl Drop for InlinePending<'_> {
     fn drop(&mut self) {
         if self.open {
+            self.qp.stop_waiting(self.index, self.gen);
             // Nothing to keep alive: the slot only has to know that nobody will take the
             // completion (a zero-sized box does not allocate).
             let back = self

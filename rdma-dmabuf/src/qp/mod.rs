@@ -16,6 +16,7 @@ mod pending;
 mod post;
 pub(crate) mod raw;
 mod srq;
+mod srq_wake;
 pub(crate) mod wake;
 
 pub use atomic::AtomicOp;

@@ -43,16 +43,20 @@ use std::time::Duration;
 /// it may be dropped before them: receives still posted then stay with those objects (their
 /// buffers are freed only once the shared queue is destroyed, after its last queue pair).
 pub struct SharedReceiveQueue {
-    core: Arc<SrqCore>,
-    slots: RefCell<Slots>,
+    /// Dropped first (field order): reactor registrations of the completion channel's fd,
+    /// which `core`'s CQ owns (and closes only after the last queue pair is gone).
+    pub(super) wait: super::wake::WaitState,
+    pub(super) core: Arc<SrqCore>,
+    pub(super) slots: RefCell<Slots>,
 }
 
 /// The verbs objects, shared with the queue pairs that receive through them.
 pub(crate) struct SrqCore {
     srq: NonNull<ffi::ibv_srq>,
-    /// Every joined queue pair's receive completions. Dropped after the SRQ (Drop below),
-    /// which is destroyed after every queue pair using it (they hold this core).
-    cq: CompletionQueue,
+    /// Every joined queue pair's receive completions, with a completion channel (for
+    /// awaited receives). Dropped after the SRQ (Drop below), which is destroyed after every
+    /// queue pair using it (they hold this core).
+    pub(super) cq: CompletionQueue,
     /// The slot table of a dropped handle that still had receives posted: their buffers,
     /// freed after the SRQ is destroyed (field order), when the NIC can no longer fill them.
     orphans: Mutex<Option<Slots>>,
@@ -152,7 +156,7 @@ impl SharedReceiveQueue {
         let entries = i32::try_from(depth).map_err(|_| {
             Error::invalid(Op::CreateSrq, format!("depth {depth} past a CQ's i32 size"))
         })?;
-        let cq = CompletionQueue::new(ctx, entries, false)?;
+        let cq = CompletionQueue::new(ctx, entries, true)?;
         // SAFETY: ibv_srq_init_attr is a plain C struct; all-zero is valid.
         let mut init: ffi::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
         init.attr.max_wr = depth;
@@ -163,6 +167,7 @@ impl SharedReceiveQueue {
             Error::last_os(Op::CreateSrq, format!("{} (depth {depth})", ctx.name()))
         })?;
         Ok(SharedReceiveQueue {
+            wait: super::wake::WaitState::default(),
             core: Arc::new(SrqCore {
                 srq,
                 cq,
@@ -282,9 +287,16 @@ impl SharedReceiveQueue {
     /// [`Error::Verbs`] if `ibv_poll_cq` fails.
     pub fn poll(&self) -> Result<usize> {
         self.core.cq.poll(|id, c| {
-            let released = self.slots.borrow_mut().complete(id, c);
-            // An abandoned buffer whose receive just completed: free it outside the borrow.
+            let (released, waker) = {
+                let mut slots = self.slots.borrow_mut();
+                (slots.complete(id, c), slots.take_waker(id))
+            };
+            // An abandoned buffer whose receive just completed: free it outside the borrow;
+            // a task awaiting the receive is woken.
             drop(released);
+            if let Some(w) = waker {
+                w.wake();
+            }
         })
     }
 
@@ -364,9 +376,9 @@ impl Drop for SharedReceiveQueue {
 /// NIC is done with it.
 #[must_use = "dropping an SrqPending leaves its region with the queue until a message fills it"]
 pub struct SrqPending<'s, B: Backing> {
-    srq: &'s SharedReceiveQueue,
-    index: u32,
-    gen: u32,
+    pub(super) srq: &'s SharedReceiveQueue,
+    pub(super) index: u32,
+    pub(super) gen: u32,
     local: Option<Local<B>>,
 }
 
@@ -389,9 +401,16 @@ impl<B: Backing> SrqPending<'_, B> {
     /// # Errors
     /// `Err(self)` while the receive is still posted.
     pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
-        let Some(c) = self.srq.poll_for(self.index, self.gen) else {
-            return Err(self);
-        };
+        match self.finish() {
+            Some(out) => Ok(out),
+            None => Err(self),
+        }
+    }
+
+    /// Polls once: the outcome if a message has filled the receive (the region is then
+    /// taken out of the handle).
+    pub(super) fn finish(&mut self) -> Option<Outcome<B>> {
+        let c = self.srq.poll_for(self.index, self.gen)?;
         let region = self
             .local
             .take()
@@ -399,7 +418,7 @@ impl<B: Backing> SrqPending<'_, B> {
             .into_region();
         if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
             let error = completion_error(self.index, self.gen, WorkKind::Recv, c);
-            return Ok(Err(WorkError { error, region }));
+            return Some(Err(WorkError { error, region }));
         }
         let wc = WorkCompletion {
             wr_id: self.wr_id(),
@@ -408,7 +427,7 @@ impl<B: Backing> SrqPending<'_, B> {
             imm: c.imm,
             qp_num: c.qp_num,
         };
-        Ok(Ok(Done { region, wc }))
+        Some(Ok(Done { region, wc }))
     }
 
     /// Busy-polls until a message fills the receive, for at most `timeout` (`Duration::MAX`
@@ -440,6 +459,7 @@ impl<B: Backing> SrqPending<'_, B> {
 impl<B: Backing> Drop for SrqPending<'_, B> {
     fn drop(&mut self) {
         if let Some(local) = self.local.take() {
+            super::wake::stop_waiting(self.srq, self.index, self.gen);
             let back = self
                 .srq
                 .slots

@@ -1,16 +1,85 @@
 //! A queue pair's steps for reactors (see [`crate::reactor`]): its completion channel and
 //! rdma_cm event channel as borrowed fds, arming, taking events, wakers in the request
-//! slots, and the poll loop every awaited handle runs.
+//! slots, and the poll loop every awaited handle runs (also a shared receive queue's, through
+//! [`Waitable`]).
 
 use super::pending::Ticket;
 use super::QueuePair;
 use crate::cm_id::ConnectionEnd;
+use crate::cq::CompletionQueue;
 use crate::error::Result;
 use crate::reactor::WaitStep as Step;
+use crate::slots::Slots;
 use crate::wr::WorkCompletion;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::os::fd::BorrowedFd;
 use std::task::{Context, Poll, Waker};
+
+/// What awaited requests wait on: a queue pair, or a shared receive queue. One thread uses
+/// it at a time (it is `!Sync`), so nothing here locks.
+pub(crate) trait Waitable {
+    /// The request slots (where wakers live).
+    fn slots(&self) -> &RefCell<Slots>;
+    /// The completion queue the requests complete on.
+    fn cq(&self) -> &CompletionQueue;
+    /// Which task the reactor wakes, and the reactor registrations.
+    fn wait_state(&self) -> &WaitState;
+    /// Polls the CQ, recording completions and waking their tasks.
+    fn poll_cq(&self) -> Result<usize>;
+    /// The rdma_cm event channel's fd, for a connection.
+    #[cfg(feature = "tokio")]
+    fn cm_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// Takes the rdma_cm events queued (a connection's end flushes it).
+    #[cfg(feature = "tokio")]
+    fn take_cm(&self) {}
+}
+
+impl Waitable for QueuePair {
+    fn slots(&self) -> &RefCell<Slots> {
+        &self.slots
+    }
+    fn cq(&self) -> &CompletionQueue {
+        &self.raw.cq
+    }
+    fn wait_state(&self) -> &WaitState {
+        &self.wait
+    }
+    fn poll_cq(&self) -> Result<usize> {
+        self.poll()
+    }
+    #[cfg(feature = "tokio")]
+    fn cm_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.cm_event_fd()
+    }
+    #[cfg(feature = "tokio")]
+    fn take_cm(&self) {
+        let _ = self.take_cm_events();
+    }
+}
+
+/// `ibv_req_notify_cq` on `q`'s CQ, then one more poll (what completed before arming raises
+/// no event); how many completions that poll recorded.
+pub(crate) fn arm<Q: Waitable + ?Sized>(q: &Q) -> Result<usize> {
+    q.cq().arm()?;
+    q.poll_cq()
+}
+
+/// The request (`index`, `gen`) of `q` stops waiting (it completed, or its handle was
+/// dropped): if its task was the one registered with the reactor, another waiting task is
+/// woken to take its place, so that no wakeup is lost.
+pub(crate) fn stop_waiting<Q: Waitable + ?Sized>(q: &Q, index: u32, gen: u32) {
+    let driver = &q.wait_state().driver;
+    if driver.get() != Some((index, gen)) {
+        return;
+    }
+    driver.set(None);
+    let next = q.slots().borrow().another_waiter(index);
+    if let Some(w) = next {
+        w.wake();
+    }
+}
 
 /// How a queue pair is being waited on: which awaited request's task the reactor wakes when
 /// the queue pair's fds become readable, and (with the `tokio` feature) their registrations
@@ -42,8 +111,7 @@ impl QueuePair {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) without a completion
     /// channel; [`Error::Verbs`](crate::Error::Verbs) if arming or polling fails.
     pub fn arm_completions(&self) -> Result<usize> {
-        self.raw.cq.arm()?;
-        self.poll()
+        arm(self)
     }
 
     /// Takes every event queued on the completion channel without blocking
@@ -88,49 +156,55 @@ impl QueuePair {
     /// dropped): if its task was the one registered with the reactor, another waiting task
     /// is woken to take its place, so that no wakeup is lost.
     pub(crate) fn stop_waiting(&self, index: u32, gen: u32) {
-        if self.wait.driver.get() != Some((index, gen)) {
-            return;
-        }
-        self.wait.driver.set(None);
-        let next = self.slots.borrow().another_waiter(index);
-        if let Some(w) = next {
-            w.wake();
-        }
+        stop_waiting(self, index, gen);
     }
 }
 
-/// Records `waker` as the task awaiting the request (`index`, `gen`) of `qp`.
-pub(crate) fn register_waker(qp: &QueuePair, index: u32, gen: u32, waker: &Waker) {
-    qp.slots.borrow_mut().set_waker(index, gen, waker);
+/// Records `waker` as the task awaiting the request (`index`, `gen`) of `q`.
+pub(crate) fn register_waker<Q: Waitable + ?Sized>(q: &Q, index: u32, gen: u32, waker: &Waker) {
+    q.slots().borrow_mut().set_waker(index, gen, waker);
 }
 
-/// One poll of an awaited request: its completion if recorded (or found by polling the
-/// CQ), else the waker stored in its slot, the CQ armed and `wait` asked to park the task
-/// on the queue pair's fds. Allocates nothing and takes no lock.
+/// One poll of an awaited owned request: what it lent and how it ended, else the task
+/// parked (see [`poll_request`]).
 pub(super) fn poll_ticket<'q, T: Send + 'static>(
     t: &mut Ticket<'q, T>,
     cx: &mut Context<'_>,
     wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
 ) -> Poll<(T, Result<WorkCompletion>)> {
-    let qp = t.qp;
-    // Bounded, so that a busy queue pair cannot keep one task from yielding.
+    let (qp, index, gen) = (t.qp, t.index, t.gen);
+    poll_request(qp, index, gen, cx, || t.try_finish(), wait)
+}
+
+/// One poll of the awaited request (`index`, `gen`) of `q`: `finish()` if it has completed
+/// (or a poll of the CQ finds it), else the waker stored in its slot, the CQ armed and `wait`
+/// asked to park the task on `q`'s fds. Allocates nothing and takes no lock.
+pub(crate) fn poll_request<'q, Q: Waitable, R>(
+    q: &'q Q,
+    index: u32,
+    gen: u32,
+    cx: &mut Context<'_>,
+    mut finish: impl FnMut() -> Option<R>,
+    wait: impl Fn(&'q Q, &mut Context<'_>) -> Step,
+) -> Poll<R> {
+    // Bounded, so that a busy queue cannot keep one task from yielding.
     for _ in 0..32 {
-        if let Some(done) = t.try_finish() {
-            qp.stop_waiting(t.index, t.gen);
+        if let Some(done) = finish() {
+            stop_waiting(q, index, gen);
             return Poll::Ready(done);
         }
-        register_waker(qp, t.index, t.gen, cx.waker());
-        if !qp.raw.cq.is_armed() {
-            match qp.arm_completions() {
+        register_waker(q, index, gen, cx.waker());
+        if !q.cq().is_armed() {
+            match arm(q) {
                 Ok(0) => {}
                 Ok(_) => continue,
                 Err(_) => break,
             }
         }
-        match wait(qp, cx) {
+        match wait(q, cx) {
             Step::Again => continue,
             Step::Parked => {
-                qp.wait.driver.set(Some((t.index, t.gen)));
+                q.wait_state().driver.set(Some((index, gen)));
                 return Poll::Pending;
             }
             Step::Spin => break,
@@ -181,10 +255,38 @@ impl<'q, P: crate::part::OwnedPart, const N: usize> super::PartsPending<'q, P, N
     }
 }
 
+impl<'q> super::InlinePending<'q> {
+    /// As [`Pending::poll_with`](super::Pending::poll_with), for an inline request (nothing
+    /// was lent: the outcome is the completion).
+    ///
+    /// # Panics
+    /// If polled again after it returned the outcome.
+    pub fn poll_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
+    ) -> Poll<Result<WorkCompletion>> {
+        let (qp, index, gen) = (self.qp, self.index, self.gen);
+        assert!(self.open, "InlinePending polled after it completed");
+        poll_request(qp, index, gen, cx, || self.finish(), wait)
+    }
+}
+
 // Awaiting a handle polls its ticket; nothing in it is pinned (no pin projection is ever made),
 // so the handles are `Unpin` whatever they hold.
 impl<B: crate::mr::Backing> Unpin for super::Pending<'_, B> {}
 impl<P: crate::part::OwnedPart, const N: usize> Unpin for super::PartsPending<'_, P, N> {}
+
+/// Awaiting an [`InlinePending`](super::InlinePending) (the `tokio` feature) resolves to its
+/// completion, as its `wait` does.
+#[cfg(feature = "tokio")]
+impl std::future::Future for super::InlinePending<'_> {
+    type Output = Result<WorkCompletion>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_with(cx, with_tokio::step)
+    }
+}
 
 /// Awaiting a [`Pending`](super::Pending) (the `tokio` feature) resolves to the same
 /// [`Outcome`](super::Outcome) as [`Pending::wait`](super::Pending::wait): the region comes
@@ -213,8 +315,8 @@ impl<P: crate::part::OwnedPart, const N: usize> std::future::Future
 }
 
 #[cfg(feature = "tokio")]
-mod with_tokio {
-    use super::{QueuePair, Step};
+pub(crate) mod with_tokio {
+    use super::{Step, Waitable};
     use crate::deadline::{register, Borrowed};
     use std::cell::OnceCell;
     use std::os::fd::BorrowedFd;
@@ -237,37 +339,38 @@ mod with_tokio {
     ) -> Option<&'a AsyncFd<Borrowed>> {
         if cell.get().is_none() {
             tokio::runtime::Handle::try_current().ok()?;
-            // SAFETY: `fd` belongs to the queue pair that holds this registration in its
-            // first field, dropped before the fields that close its fds.
+            // SAFETY: `fd` belongs to the queue pair (or shared receive queue) that holds this
+            // registration in its first field, dropped before the fields that close its fds.
             let _ = cell.set(unsafe { register(fd) }.ok()?);
         }
         cell.get()
     }
 
-    /// The reactor step of an awaited request (see `poll_ticket`): the completion channel,
-    /// and for an rdma_cm connection its event channel, polled for readiness with the task's
-    /// waker; a ready fd's events are taken (a connection's end flushes the queue pair).
-    pub(crate) fn step(qp: &QueuePair, cx: &mut Context<'_>) -> Step {
-        let reg = &qp.wait.tokio;
-        let Some(cq) = qp.completion_fd().and_then(|fd| registered(&reg.cq, fd)) else {
+    /// The reactor step of an awaited request (see `poll_request`): the completion
+    /// channel, and for an rdma_cm connection its event channel, polled for readiness with
+    /// the task's waker; a ready fd's events are taken (a connection's end flushes the queue
+    /// pair).
+    pub(crate) fn step<Q: Waitable + ?Sized>(q: &Q, cx: &mut Context<'_>) -> Step {
+        let reg = &q.wait_state().tokio;
+        let Some(cq) = q.cq().channel_fd().and_then(|fd| registered(&reg.cq, fd)) else {
             return Step::Spin;
         };
         match cq.poll_read_ready(cx) {
             Poll::Ready(Ok(mut ready)) => {
                 // Drained to EAGAIN, so the readiness is cleared (tokio keeps it if a new
                 // edge came meanwhile).
-                let _ = qp.take_completion_events();
+                let _ = q.cq().take_events();
                 ready.clear_ready();
-                let _ = qp.poll();
+                let _ = q.poll_cq();
                 return Step::Again;
             }
             Poll::Ready(Err(_)) => return Step::Spin,
             Poll::Pending => {}
         }
-        if let Some(cm) = qp.cm_event_fd().and_then(|fd| registered(&reg.cm, fd)) {
+        if let Some(cm) = q.cm_fd().and_then(|fd| registered(&reg.cm, fd)) {
             match cm.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut ready)) => {
-                    let _ = qp.take_cm_events();
+                    q.take_cm();
                     ready.clear_ready();
                     return Step::Again;
                 }

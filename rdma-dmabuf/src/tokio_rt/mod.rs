@@ -3,7 +3,18 @@
 //!
 //! * [`Pending`] and [`PartsPending`](crate::PartsPending) are futures:
 //!   `qp.post_write(region, remote, None)?.await` resolves to the same
-//!   [`Outcome`](crate::Outcome) as `wait()`, the region back. Posting is unchanged.
+//!   [`Outcome`](crate::Outcome) as `wait()`, the region back. Posting is unchanged. So are
+//!   [`InlinePending`](crate::InlinePending) (to its completion) and
+//!   [`SrqPending`](crate::SrqPending) (a receive on a shared receive queue, woken through
+//!   the shared queue's own completion channel).
+//! * Several peers: a [`MultiChannel`](crate::MultiChannel)'s own operations are blocking
+//!   (they borrow their regions in a scope); async code posts owned requests on its queue
+//!   pairs ([`MultiChannel::peer`](crate::MultiChannel::peer)) and awaits them together
+//!   (`tokio::join!`, one task per peer). A [`ScopedPending`](crate::ScopedPending) is a
+//!   future too, for a runtime driven inside the scope's closure (`block_on` there): a scope
+//!   is synchronous on purpose, since a future can be forgotten (`mem::forget`) and the
+//!   borrows it held would then end while the NIC still used them; only a synchronous end
+//!   can wait for the NIC before the borrow ends.
 //! * [`QueuePair::post_fenced_async`](crate::QueuePair::post_fenced_async) awaits the
 //!   dma-buf's implicit fences (its sync_file's fd on the reactor) before it posts.
 //! * [`CmConnector::resolve_async`](crate::CmConnector::resolve_async),

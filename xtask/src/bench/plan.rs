@@ -154,6 +154,15 @@ pub const SERIES: &[Series] = &[
         "--mode gather --region host",
         Quick,
     ),
+    // The same writes awaited on a tokio runtime (woken by the completion channel) instead
+    // of busy-polled: the async path's cost (issue 16).
+    series(
+        "ours/host+async",
+        Bandwidth,
+        "rdma_bench",
+        "--mode bw --async yes --region host",
+        Quick,
+    ),
     // perftest sends nothing inline on rxe ("Max inline data : 0[B]"), so neither do we;
     // ours/host+inline shows what inline pings would change.
     series("perftest", Latency, "ib_write_lat", "", QuickTwoNode),
@@ -163,6 +172,13 @@ pub const SERIES: &[Series] = &[
         "rdma_bench",
         "--mode lat --inline no --region host",
         QuickTwoNode,
+    ),
+    series(
+        "ours/host+async",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline no --async yes --region host",
+        Quick,
     ),
     series(
         "ours/host+inline",
@@ -281,7 +297,7 @@ const fn goal(metric: Metric, series: &'static str, base: &'static str, bound: f
     }
 }
 
-/// The goals of issue 17, as ratios of medians taken in the same boot.
+/// The goals of issues 17 and 16 (async), as ratios of medians taken in the same boot.
 pub const GOALS: &[Goal] = &[
     goal(Bandwidth, "ours/host", "perftest", 1.00),
     goal(Latency, "ours/host", "perftest", 1.00),
@@ -291,6 +307,7 @@ pub const GOALS: &[Goal] = &[
     goal(Registration, "ours/udmabuf", "ours/host", 1.10),
     goal(Registration, "ours/heap", "ours/host", 1.10),
     goal(Registration, "ours/gpu", "ours/host", 1.10),
+    goal(Bandwidth, "ours/host+async", "ours/host", 0.95),
 ];
 
 /// How much a run measures.
