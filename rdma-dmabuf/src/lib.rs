@@ -76,6 +76,7 @@ pub mod shard;
 mod slots;
 #[cfg(feature = "tokio")]
 pub mod tokio_rt;
+mod waiters;
 pub mod wr;
 
 pub use cm::{CmConnector, CmListener};

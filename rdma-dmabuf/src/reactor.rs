@@ -17,13 +17,17 @@
 //!
 //! Waiting for a request: [`Pending::register_waker`](crate::Pending::register_waker)
 //! records a [`Waker`](std::task::Waker) in the request's slot, and whoever polls the queue
-//! pair (any task, any step above) wakes it when its completion is recorded. The slot table
-//! is allocated with the queue pair, so neither posting nor completing allocates or locks.
+//! pair (any task, any step above) wakes it when its completion is recorded. The wakers'
+//! table is allocated once, at the queue pair's first await, so neither posting nor
+//! completing allocates or locks.
 //!
 //! A runtime's future for a request calls
 //! [`Pending::poll_with`](crate::Pending::poll_with) with a closure that waits for the
 //! queue pair's fds on its reactor (the `tokio` feature's is the model); the steps below are
-//! for hand-written loops.
+//! for hand-written loops. The closure is given a `Context` whose waker is the queue pair's
+//! *fan-out* waker, not the polling task's: register that one with the reactor. It wakes
+//! every task awaiting a request of the queue pair, so a reactor that keeps one waker per fd
+//! never strands a task behind another that stopped polling its own request.
 //!
 //! The lost-wakeup race is closed the usual way: arm (`ibv_req_notify_cq`), poll the CQ once
 //! more, and only then wait for the fd: a completion that arrived before arming is found by
@@ -35,7 +39,7 @@ use rdma_sys as ffi;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use crate::cm_id::ConnectionEnd;
@@ -47,7 +51,8 @@ pub enum WaitStep {
     /// An fd was ready and its events were taken (and, for the completion channel, the CQ
     /// polled): look again.
     Again,
-    /// The task's waker is registered with the reactor for the queue pair's fds.
+    /// The waker given to the step (the queue's fan-out waker, which wakes every task
+    /// awaiting one of its requests) is registered with the reactor for the queue's fds.
     Parked,
     /// No reactor can wait here (none running, or the queue pair has no completion
     /// channel): the task reschedules itself and polls again (a busy loop, but never a lost
@@ -317,6 +322,9 @@ struct LiveQp {
     qpn: u32,
     cq: usize,
     qp: usize,
+    /// Set when a fatal event moved it to the error state (read by its queue pair, which
+    /// then refuses posts: rxe never flushes a receive posted in the error state).
+    flushed: Arc<AtomicBool>,
 }
 
 /// The queue pairs of this process that asynchronous events may concern. Touched when a
@@ -333,6 +341,7 @@ fn flush_live(which: impl Fn(&LiveQp) -> bool) -> usize {
     let list = live();
     let mut n = 0;
     for q in list.iter().filter(|q| which(q)) {
+        q.flushed.store(true, Ordering::Release);
         // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
@@ -354,7 +363,10 @@ fn flush_live(which: impl Fn(&LiveQp) -> bool) -> usize {
 
 /// A queue pair's entry among those fatal events may flush; removed on drop, which must
 /// come before the queue pair is destroyed.
-pub(crate) struct Registered(u64);
+pub(crate) struct Registered {
+    id: u64,
+    flushed: Arc<AtomicBool>,
+}
 
 impl Registered {
     /// Enters a queue pair.
@@ -369,19 +381,26 @@ impl Registered {
         qpn: u32,
     ) -> Registered {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let flushed = Arc::new(AtomicBool::new(false));
         live().push(LiveQp {
             id,
             ctx: ctx as usize,
             qpn,
             cq: cq as usize,
             qp: qp as usize,
+            flushed: flushed.clone(),
         });
-        Registered(id)
+        Registered { id, flushed }
+    }
+
+    /// Whether a fatal event moved the queue pair to the error state (one atomic load).
+    pub(crate) fn flushed(&self) -> bool {
+        self.flushed.load(Ordering::Acquire)
     }
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        live().retain(|q| q.id != self.0);
+        live().retain(|q| q.id != self.id);
     }
 }

@@ -364,6 +364,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let e = &posted[i];
         if !e.done.get() {
             let c = e.qp.take_completion(e.index, e.gen)?;
+            e.qp.forget_waiter(e.index);
             e.taken.set(Some(c));
             e.done.set(true);
         }
@@ -384,6 +385,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let mut spins = 0u32;
         loop {
             if let Some(c) = qp.take_completion(index, gen) {
+                qp.forget_waiter(index);
                 let posted = self.posted.borrow();
                 posted[i].taken.set(Some(c));
                 posted[i].done.set(true);
@@ -446,13 +448,13 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
         cx: &mut std::task::Context<'_>,
         wait: impl Fn(&'scope QueuePair, &mut std::task::Context<'_>) -> WaitStep,
     ) -> std::task::Poll<Result<WorkCompletion>> {
-        let (qp, index, gen) = {
+        let (qp, index) = {
             let posted = self.scope.posted.borrow();
             let e = &posted[self.entry];
-            (e.qp, e.index, e.gen)
+            (e.qp, e.index)
         };
         let (scope, i) = (self.scope, self.entry);
-        crate::qp::wake::poll_request(qp, index, gen, cx, || scope.take_if_done(i), wait)
+        crate::qp::wake::poll_request(qp, index, cx, || scope.take_if_done(i), wait)
             .map(|()| self.take_result())
     }
 
@@ -480,7 +482,7 @@ impl Drop for ScopedPending<'_, '_> {
         let posted = self.scope.posted.borrow();
         let e = &posted[self.entry];
         if !e.done.get() {
-            e.qp.stop_waiting(e.index, e.gen);
+            e.qp.forget_waiter(e.index);
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use crate::error::{Error, Op, Result};
 use crate::wr::WorkKind;
-use std::task::Waker;
 
 /// A completion as the poller recorded it.
 #[derive(Clone, Copy, Debug)]
@@ -28,9 +27,6 @@ pub(crate) struct Slot {
     pub gen: u32,
     pub kind: WorkKind,
     pub state: State,
-    /// The task awaiting this request, woken when its completion is recorded. Cloning a
-    /// waker does not allocate (a reference count), and the slot exists from the start.
-    pub waker: Option<Waker>,
 }
 
 pub(crate) struct Slots {
@@ -47,6 +43,11 @@ pub(crate) fn wr_id(index: u32, gen: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(index)
 }
 
+/// The slot index of a `wr_id`.
+pub(crate) fn slot_index(wr_id: u64) -> u32 {
+    (wr_id & 0xffff_ffff) as u32
+}
+
 impl Slots {
     /// A table for `send_depth + recv_depth` requests (the builder checked both against the
     /// device's limits, so the sum fits a `u32`).
@@ -58,7 +59,6 @@ impl Slots {
                     gen: 0,
                     kind: WorkKind::Send,
                     state: State::Free,
-                    waker: None,
                 })
                 .collect(),
             free: (0..n).rev().collect(),
@@ -98,7 +98,6 @@ impl Slots {
 
     fn retire(&mut self, index: u32, kind: WorkKind) {
         self.slots[index as usize].state = State::Free;
-        self.slots[index as usize].waker = None;
         self.free.push(index);
         match kind {
             WorkKind::Recv => self.recvs -= 1,
@@ -157,47 +156,14 @@ impl Slots {
             }
             _ => {
                 slot.state = State::Abandoned(buf);
-                slot.waker = None;
                 None
             }
         }
     }
 
-    /// Records `waker` as the task awaiting request `index` (generation `gen`), unless it
-    /// would wake the same task already. Returns false for a stale generation.
-    pub fn set_waker(&mut self, index: u32, gen: u32, waker: &Waker) -> bool {
-        let Some(slot) = self.slots.get_mut(index as usize) else {
-            return false;
-        };
-        if slot.gen != gen {
-            return false;
-        }
-        match &mut slot.waker {
-            Some(w) if w.will_wake(waker) => {}
-            w => *w = Some(waker.clone()),
-        }
-        true
-    }
-
-    /// Takes the waker of the request `wr_id` (to wake once its completion is recorded).
-    pub fn take_waker(&mut self, wr_id: u64) -> Option<Waker> {
-        let (index, gen) = ((wr_id & 0xffff_ffff) as u32, (wr_id >> 32) as u32);
-        let slot = self.slots.get_mut(index as usize)?;
-        if slot.gen != gen {
-            return None;
-        }
-        slot.waker.take()
-    }
-
-    /// A clone of the waker of some request other than `index` that is still awaited (for
-    /// handing the reactor registration on); scans the table, so only called when the task
-    /// registered with the reactor stops waiting.
-    pub fn another_waiter(&self, index: u32) -> Option<Waker> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(i, s)| *i != index as usize && matches!(s.state, State::Posted))
-            .find_map(|(_, s)| s.waker.clone())
+    /// How many slots the table has (its queue's depths together).
+    pub fn len(&self) -> usize {
+        self.slots.len()
     }
 
     /// Requests posted and not yet completed (waiting or abandoned).

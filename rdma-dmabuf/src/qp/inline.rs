@@ -131,6 +131,7 @@ impl InlinePending<'_> {
     /// Polls once: the completion if the request has completed (the handle is then closed).
     pub(super) fn finish(&mut self) -> Option<Result<WorkCompletion>> {
         let c = self.qp.poll_for(self.index, self.gen)?;
+        self.qp.forget_waiter(self.index);
         self.open = false;
         Some(
             self.qp
@@ -182,7 +183,7 @@ impl<'q> Handle<'q> for InlinePending<'q> {
 impl Drop for InlinePending<'_> {
     fn drop(&mut self) {
         if self.open {
-            self.qp.stop_waiting(self.index, self.gen);
+            self.qp.forget_waiter(self.index);
             // Nothing to keep alive: the slot only has to know that nobody will take the
             // completion (a zero-sized box does not allocate).
             let back = self

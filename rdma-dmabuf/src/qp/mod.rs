@@ -34,7 +34,7 @@ pub use srq::{SharedReceiveQueue, SrqPending};
 use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
-use crate::slots::{wr_id, RawCompletion, Slots};
+use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
 use crate::wr::{WorkCompletion, WorkKind};
 use pending::completion_error;
 use raw::RawQp;
@@ -51,7 +51,7 @@ pub struct QueuePair {
     /// Dropped first (field order): reactor registrations of the fds `raw` owns.
     wait: wake::WaitState,
     /// Dropped before `raw`: the entry by which fatal device events flush this queue pair.
-    _registered: crate::reactor::Registered,
+    registered: crate::reactor::Registered,
     /// Dropped before `slots` (field order): the QP is destroyed first, after which the NIC
     /// can reach no buffer, and only then are the buffers of abandoned requests freed.
     raw: RawQp,
@@ -93,11 +93,12 @@ impl QueuePair {
                 raw.qpn(),
             )
         };
+        let slots = Slots::new(send_depth, recv_depth);
         QueuePair {
-            wait: wake::WaitState::default(),
-            _registered: registered,
+            wait: wake::WaitState::new(slots.len()),
+            registered,
             raw,
-            slots: RefCell::new(Slots::new(send_depth, recv_depth)),
+            slots: RefCell::new(slots),
             local,
             remote,
             in_error: Cell::new(false),
@@ -181,16 +182,11 @@ impl QueuePair {
             if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
                 self.in_error.set(true);
             }
-            let (released, waker) = {
-                let mut slots = self.slots.borrow_mut();
-                (slots.complete(wr_id, c), slots.take_waker(wr_id))
-            };
+            let released = self.slots.borrow_mut().complete(wr_id, c);
             // An abandoned buffer whose request just completed: safe to free now (outside
             // the borrow of the slots); a task awaiting the request is woken.
             drop(released);
-            if let Some(w) = waker {
-                w.wake();
-            }
+            self.wait.waiters.wake(slot_index(wr_id));
         })
     }
 
@@ -207,10 +203,11 @@ impl QueuePair {
         self.raw.flush();
     }
 
-    /// Whether the queue pair is known to be in the error state (see the field): it then
-    /// takes no more requests.
+    /// Whether the queue pair is known to be in the error state (flushed by us, told so by
+    /// a completion with an error status, or moved there by a fatal asynchronous event read
+    /// with [`AsyncEvents`](crate::reactor::AsyncEvents)): it then takes no more requests.
     pub fn is_in_error(&self) -> bool {
-        self.in_error.get()
+        self.in_error.get() || self.registered.flushed()
     }
 
     /// The completion of slot `index` (generation `gen`): taken if it has arrived, else

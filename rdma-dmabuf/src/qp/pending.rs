@@ -99,7 +99,7 @@ impl<'q, B: Backing> Pending<'q, B> {
     /// Allocates nothing (a waker clone is a reference count, skipped when the same task
     /// registers again).
     pub fn register_waker(&self, waker: &std::task::Waker) {
-        super::wake::register_waker(self.ticket.qp, self.ticket.index, self.ticket.gen, waker);
+        super::wake::register_waker(self.ticket.qp, self.ticket.index, waker);
     }
 
     /// Waits for the completion sleeping in the kernel on the completion channel (see
@@ -221,8 +221,15 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     }
 
     /// Polls once: if the request has completed, what was lent and how it ended.
+    ///
+    /// # Panics
+    /// If the request's outcome was already returned (a future polled after it resolved).
     pub(super) fn try_finish(&mut self) -> Option<(T, crate::Result<WorkCompletion>)> {
+        if self.lent.is_none() {
+            panic!("a request handle polled after it returned its outcome");
+        }
         let c = self.qp.poll_for(self.index, self.gen)?;
+        self.qp.forget_waiter(self.index);
         let lent = self.lent.take().expect("present until completion");
         let result = self
             .qp
@@ -242,7 +249,7 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
 impl<T: Send + 'static> Drop for Ticket<'_, T> {
     fn drop(&mut self) {
         if let Some(lent) = self.lent.take() {
-            self.qp.stop_waiting(self.index, self.gen);
+            self.qp.forget_waiter(self.index);
             let back = self
                 .qp
                 .slots

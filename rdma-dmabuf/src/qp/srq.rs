@@ -27,7 +27,7 @@ use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing};
 use crate::part::Local;
 use crate::pd::ProtectionDomain;
-use crate::slots::{wr_id, RawCompletion, Slots};
+use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
 use crate::wr::{WorkCompletion, WorkKind};
 use rdma_sys as ffi;
 use std::cell::RefCell;
@@ -167,7 +167,7 @@ impl SharedReceiveQueue {
             Error::last_os(Op::CreateSrq, format!("{} (depth {depth})", ctx.name()))
         })?;
         Ok(SharedReceiveQueue {
-            wait: super::wake::WaitState::default(),
+            wait: super::wake::WaitState::new(depth as usize),
             core: Arc::new(SrqCore {
                 srq,
                 cq,
@@ -287,16 +287,11 @@ impl SharedReceiveQueue {
     /// [`Error::Verbs`] if `ibv_poll_cq` fails.
     pub fn poll(&self) -> Result<usize> {
         self.core.cq.poll(|id, c| {
-            let (released, waker) = {
-                let mut slots = self.slots.borrow_mut();
-                (slots.complete(id, c), slots.take_waker(id))
-            };
+            let released = self.slots.borrow_mut().complete(id, c);
             // An abandoned buffer whose receive just completed: free it outside the borrow;
             // a task awaiting the receive is woken.
             drop(released);
-            if let Some(w) = waker {
-                w.wake();
-            }
+            self.wait.waiters.wake(slot_index(id));
         })
     }
 
@@ -410,7 +405,11 @@ impl<B: Backing> SrqPending<'_, B> {
     /// Polls once: the outcome if a message has filled the receive (the region is then
     /// taken out of the handle).
     pub(super) fn finish(&mut self) -> Option<Outcome<B>> {
+        if self.local.is_none() {
+            panic!("SrqPending polled after it returned its outcome");
+        }
         let c = self.srq.poll_for(self.index, self.gen)?;
+        self.srq.wait.waiters.forget(self.index);
         let region = self
             .local
             .take()
@@ -459,7 +458,7 @@ impl<B: Backing> SrqPending<'_, B> {
 impl<B: Backing> Drop for SrqPending<'_, B> {
     fn drop(&mut self) {
         if let Some(local) = self.local.take() {
-            super::wake::stop_waiting(self.srq, self.index, self.gen);
+            self.srq.wait.waiters.forget(self.index);
             let back = self
                 .srq
                 .slots

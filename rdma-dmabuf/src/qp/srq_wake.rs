@@ -9,15 +9,10 @@ use crate::cq::CompletionQueue;
 use crate::error::Result;
 use crate::mr::Backing;
 use crate::reactor::WaitStep;
-use crate::slots::Slots;
-use std::cell::RefCell;
 use std::os::fd::BorrowedFd;
 use std::task::{Context, Poll, Waker};
 
 impl Waitable for SharedReceiveQueue {
-    fn slots(&self) -> &RefCell<Slots> {
-        &self.slots
-    }
     fn cq(&self) -> &CompletionQueue {
         &self.core.cq
     }
@@ -62,7 +57,7 @@ impl<'s, B: Backing> SrqPending<'s, B> {
     /// Records `waker` in the receive's slot: whoever polls the shared queue and records
     /// the completion wakes it (see [`Pending::register_waker`](crate::Pending::register_waker)).
     pub fn register_waker(&self, waker: &Waker) {
-        register_waker(self.srq, self.index, self.gen, waker);
+        register_waker(self.srq, self.index, waker);
     }
 
     /// One poll of the receive for a reactor's future, as
@@ -76,8 +71,8 @@ impl<'s, B: Backing> SrqPending<'s, B> {
         cx: &mut Context<'_>,
         wait: impl Fn(&'s SharedReceiveQueue, &mut Context<'_>) -> WaitStep,
     ) -> Poll<Outcome<B>> {
-        let (srq, index, gen) = (self.srq, self.index, self.gen);
-        poll_request(srq, index, gen, cx, || self.finish(), wait)
+        let (srq, index) = (self.srq, self.index);
+        poll_request(srq, index, cx, || self.finish(), wait)
     }
 }
 

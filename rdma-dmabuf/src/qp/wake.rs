@@ -1,6 +1,7 @@
 //! A queue pair's steps for reactors (see [`crate::reactor`]): its completion channel and
-//! rdma_cm event channel as borrowed fds, arming, taking events, wakers in the request
-//! slots, and the poll loop every awaited handle runs (also a shared receive queue's, through
+//! rdma_cm event channel as borrowed fds, arming, taking events, the tasks awaiting its
+//! requests ([`Waiters`]: the reactor is given the queue's fan-out waker, never one task's),
+//! and the poll loop every awaited handle runs (also a shared receive queue's, through
 //! [`Waitable`]).
 
 use super::pending::Ticket;
@@ -9,20 +10,17 @@ use crate::cm_id::ConnectionEnd;
 use crate::cq::CompletionQueue;
 use crate::error::Result;
 use crate::reactor::WaitStep as Step;
-use crate::slots::Slots;
+use crate::waiters::Waiters;
 use crate::wr::WorkCompletion;
-use std::cell::{Cell, RefCell};
 use std::os::fd::BorrowedFd;
 use std::task::{Context, Poll, Waker};
 
 /// What awaited requests wait on: a queue pair, or a shared receive queue. One thread uses
 /// it at a time (it is `!Sync`), so nothing here locks.
 pub(crate) trait Waitable {
-    /// The request slots (where wakers live).
-    fn slots(&self) -> &RefCell<Slots>;
     /// The completion queue the requests complete on.
     fn cq(&self) -> &CompletionQueue;
-    /// Which task the reactor wakes, and the reactor registrations.
+    /// The tasks awaiting its requests, and the reactor registrations.
     fn wait_state(&self) -> &WaitState;
     /// Polls the CQ, recording completions and waking their tasks.
     fn poll_cq(&self) -> Result<usize>;
@@ -37,9 +35,6 @@ pub(crate) trait Waitable {
 }
 
 impl Waitable for QueuePair {
-    fn slots(&self) -> &RefCell<Slots> {
-        &self.slots
-    }
     fn cq(&self) -> &CompletionQueue {
         &self.raw.cq
     }
@@ -66,31 +61,26 @@ pub(crate) fn arm<Q: Waitable + ?Sized>(q: &Q) -> Result<usize> {
     q.poll_cq()
 }
 
-/// The request (`index`, `gen`) of `q` stops waiting (it completed, or its handle was
-/// dropped): if its task was the one registered with the reactor, another waiting task is
-/// woken to take its place, so that no wakeup is lost.
-pub(crate) fn stop_waiting<Q: Waitable + ?Sized>(q: &Q, index: u32, gen: u32) {
-    let driver = &q.wait_state().driver;
-    if driver.get() != Some((index, gen)) {
-        return;
-    }
-    driver.set(None);
-    let next = q.slots().borrow().another_waiter(index);
-    if let Some(w) = next {
-        w.wake();
-    }
-}
-
-/// How a queue pair is being waited on: which awaited request's task the reactor wakes when
-/// the queue pair's fds become readable, and (with the `tokio` feature) their registrations
-/// with the reactor, which end before the fds close (the queue pair's first field).
-#[derive(Default)]
+/// How a queue is being waited on: the tasks awaiting its requests, and (with the `tokio`
+/// feature) its fds' registrations with the reactor, which end before the fds close (the
+/// queue's first field).
 pub(crate) struct WaitState {
-    /// The request (slot, generation) whose task is registered with the reactor.
-    pub(crate) driver: Cell<Option<(u32, u32)>>,
+    /// The tasks awaiting requests, one per slot, and the fan-out waker over them.
+    pub(crate) waiters: Waiters,
     /// The fds as registered with tokio's reactor, made at the first await.
     #[cfg(feature = "tokio")]
     pub(crate) tokio: with_tokio::Registration,
+}
+
+impl WaitState {
+    /// Nobody waiting yet on a queue of `slots` request slots.
+    pub(crate) fn new(slots: usize) -> WaitState {
+        WaitState {
+            waiters: Waiters::new(slots),
+            #[cfg(feature = "tokio")]
+            tokio: with_tokio::Registration::default(),
+        }
+    }
 }
 
 impl QueuePair {
@@ -152,17 +142,16 @@ impl QueuePair {
         Ok(end)
     }
 
-    /// The request (`index`, `gen`) stops waiting (it completed, or its handle was
-    /// dropped): if its task was the one registered with the reactor, another waiting task
-    /// is woken to take its place, so that no wakeup is lost.
-    pub(crate) fn stop_waiting(&self, index: u32, gen: u32) {
-        stop_waiting(self, index, gen);
+    /// Nobody awaits the request in slot `index` any more (it completed, or its handle was
+    /// dropped): the slot lets go of its task's waker.
+    pub(crate) fn forget_waiter(&self, index: u32) {
+        self.wait.waiters.forget(index);
     }
 }
 
-/// Records `waker` as the task awaiting the request (`index`, `gen`) of `q`.
-pub(crate) fn register_waker<Q: Waitable + ?Sized>(q: &Q, index: u32, gen: u32, waker: &Waker) {
-    q.slots().borrow_mut().set_waker(index, gen, waker);
+/// Records `waker` as the task awaiting the request in slot `index` of `q`.
+pub(crate) fn register_waker<Q: Waitable + ?Sized>(q: &Q, index: u32, waker: &Waker) {
+    q.wait_state().waiters.register(index, waker);
 }
 
 /// One poll of an awaited owned request: what it lent and how it ended, else the task
@@ -172,28 +161,29 @@ pub(super) fn poll_ticket<'q, T: Send + 'static>(
     cx: &mut Context<'_>,
     wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
 ) -> Poll<(T, Result<WorkCompletion>)> {
-    let (qp, index, gen) = (t.qp, t.index, t.gen);
-    poll_request(qp, index, gen, cx, || t.try_finish(), wait)
+    let (qp, index) = (t.qp, t.index);
+    poll_request(qp, index, cx, || t.try_finish(), wait)
 }
 
-/// One poll of the awaited request (`index`, `gen`) of `q`: `finish()` if it has completed
-/// (or a poll of the CQ finds it), else the waker stored in its slot, the CQ armed and `wait`
-/// asked to park the task on `q`'s fds. Allocates nothing and takes no lock.
+/// One poll of the awaited request in slot `index` of `q`: `finish()` if it has completed (or
+/// a poll of the CQ finds it; `finish` lets go of the slot's waker), else the task's waker
+/// stored in the slot, the CQ armed and `wait` asked to wait for `q`'s fds with the queue's
+/// fan-out waker (which wakes every task awaiting a request of `q`, so that no task depends
+/// on another to be polled). Allocates nothing and takes no lock.
 pub(crate) fn poll_request<'q, Q: Waitable, R>(
     q: &'q Q,
     index: u32,
-    gen: u32,
     cx: &mut Context<'_>,
     mut finish: impl FnMut() -> Option<R>,
     wait: impl Fn(&'q Q, &mut Context<'_>) -> Step,
 ) -> Poll<R> {
+    let waiters = &q.wait_state().waiters;
     // Bounded, so that a busy queue cannot keep one task from yielding.
     for _ in 0..32 {
         if let Some(done) = finish() {
-            stop_waiting(q, index, gen);
             return Poll::Ready(done);
         }
-        register_waker(q, index, gen, cx.waker());
+        waiters.register(index, cx.waker());
         if !q.cq().is_armed() {
             match arm(q) {
                 Ok(0) => {}
@@ -201,12 +191,9 @@ pub(crate) fn poll_request<'q, Q: Waitable, R>(
                 Err(_) => break,
             }
         }
-        match wait(q, cx) {
+        match wait(q, &mut Context::from_waker(waiters.fan_out())) {
             Step::Again => continue,
-            Step::Parked => {
-                q.wait_state().driver.set(Some((index, gen)));
-                return Poll::Pending;
-            }
+            Step::Parked => return Poll::Pending,
             Step::Spin => break,
         }
     }
@@ -218,7 +205,9 @@ impl<'q, B: crate::mr::Backing> super::Pending<'q, B> {
     /// One poll of the request for a reactor's future (see [`crate::reactor`]): its outcome
     /// if it has completed (or a poll of the CQ finds it), else its waker recorded in its
     /// slot, the CQ armed, and `wait` asked to wait for the queue pair's fds
-    /// ([`QueuePair::completion_fd`], [`QueuePair::cm_event_fd`]) with the task's waker,
+    /// ([`QueuePair::completion_fd`], [`QueuePair::cm_event_fd`]) with the waker of the
+    /// `Context` it is given (not the task's: the queue pair's fan-out waker, which wakes
+    /// every task awaiting one of its requests, so that none depends on another's polls),
     /// taking their events when one is ready. Allocates nothing and takes no lock.
     ///
     /// # Panics
@@ -266,9 +255,9 @@ impl<'q> super::InlinePending<'q> {
         cx: &mut Context<'_>,
         wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
     ) -> Poll<Result<WorkCompletion>> {
-        let (qp, index, gen) = (self.qp, self.index, self.gen);
+        let (qp, index) = (self.qp, self.index);
         assert!(self.open, "InlinePending polled after it completed");
-        poll_request(qp, index, gen, cx, || self.finish(), wait)
+        poll_request(qp, index, cx, || self.finish(), wait)
     }
 }
 
@@ -348,7 +337,8 @@ pub(crate) mod with_tokio {
 
     /// The reactor step of an awaited request (see `poll_request`): the completion
     /// channel, and for an rdma_cm connection its event channel, polled for readiness with
-    /// the task's waker; a ready fd's events are taken (a connection's end flushes the queue
+    /// the waker it is given (the queue's fan-out waker); a ready fd's events are taken (a
+    /// connection's end flushes the queue
     /// pair).
     pub(crate) fn step<Q: Waitable + ?Sized>(q: &Q, cx: &mut Context<'_>) -> Step {
         let reg = &q.wait_state().tokio;

@@ -1,0 +1,148 @@
+//! The tasks awaiting a queue's requests: one waker per request slot, and the one waker a
+//! reactor is given for the queue's fds, which wakes them all.
+//!
+//! A reactor keeps one waker per fd and direction (tokio's `poll_read_ready` does), but many
+//! tasks may await requests of one queue. If the reactor held one of their wakers, that task
+//! would have to poll the queue for everyone; a task that stopped polling its request (kept
+//! it idle after a `select!`, finished it with a blocking `wait`, or forgot it) would strand
+//! the others, their completions unpolled in the CQ. So the reactor is given the queue's
+//! *fan-out* waker instead: when the fd turns readable it wakes every task registered in a
+//! slot; the first to run takes the events and polls the CQ, which records the completions,
+//! and the rest find theirs (or park again). Spurious wakeups are possible; lost ones are not.
+//!
+//! The wakers live in [`AtomicWaker`]s, so the fan-out (which a reactor may call from any
+//! thread) needs no lock; the table is allocated once, at the queue's first await.
+//! Registering a waker clones it only when it would wake another task (a reference count);
+//! recording a completion takes its waker out and wakes it. Neither allocates nor locks.
+
+use futures_util::task::AtomicWaker;
+use std::cell::OnceCell;
+use std::sync::Arc;
+use std::task::{Wake, Waker};
+
+/// One waker per request slot.
+struct Table {
+    slots: Box<[AtomicWaker]>,
+}
+
+impl Wake for Table {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        for w in self.slots.iter() {
+            w.wake();
+        }
+    }
+}
+
+/// The tasks awaiting a queue's requests (see the module).
+pub(crate) struct Waiters {
+    /// How many request slots the queue has.
+    len: usize,
+    /// The table, and the fan-out waker over it; made at the first registration.
+    table: OnceCell<(Arc<Table>, Waker)>,
+}
+
+impl Waiters {
+    /// No waiter yet, for a queue of `len` request slots.
+    pub(crate) fn new(len: usize) -> Waiters {
+        Waiters {
+            len,
+            table: OnceCell::new(),
+        }
+    }
+
+    fn table(&self) -> &(Arc<Table>, Waker) {
+        self.table.get_or_init(|| {
+            let table = Arc::new(Table {
+                slots: (0..self.len).map(|_| AtomicWaker::new()).collect(),
+            });
+            let fan_out = Waker::from(table.clone());
+            (table, fan_out)
+        })
+    }
+
+    /// Records `waker` as the task awaiting the request in slot `index`.
+    pub(crate) fn register(&self, index: u32, waker: &Waker) {
+        if let Some(w) = self.table().0.slots.get(index as usize) {
+            w.register(waker);
+        }
+    }
+
+    /// The request in slot `index` completed: wakes its task, if one awaits it.
+    pub(crate) fn wake(&self, index: u32) {
+        if let Some((table, _)) = self.table.get() {
+            if let Some(w) = table.slots.get(index as usize) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Nobody awaits slot `index` any more (its request ended, or its handle was dropped):
+    /// its waker is dropped, so that the slot keeps no task alive.
+    pub(crate) fn forget(&self, index: u32) {
+        if let Some((table, _)) = self.table.get() {
+            if let Some(w) = table.slots.get(index as usize) {
+                drop(w.take());
+            }
+        }
+    }
+
+    /// The waker to give a reactor for the queue's fds: it wakes every registered task.
+    pub(crate) fn fan_out(&self) -> &Waker {
+        &self.table().1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counter() -> (Arc<Count>, Waker) {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(c.clone());
+        (c, w)
+    }
+
+    #[test]
+    fn the_fan_out_wakes_every_registered_task_once() {
+        let waiters = Waiters::new(4);
+        let (a, wa) = counter();
+        let (b, wb) = counter();
+        waiters.register(0, &wa);
+        waiters.register(3, &wb);
+        waiters.fan_out().wake_by_ref();
+        assert_eq!(a.0.load(Ordering::SeqCst), 1);
+        assert_eq!(b.0.load(Ordering::SeqCst), 1);
+        // Woken wakers are taken: a second fan-out wakes nobody until they register again.
+        waiters.fan_out().wake_by_ref();
+        assert_eq!(a.0.load(Ordering::SeqCst), 1);
+        waiters.register(0, &wa);
+        waiters.wake(0);
+        assert_eq!(a.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_forgotten_slot_wakes_nobody_and_out_of_range_is_ignored() {
+        let waiters = Waiters::new(2);
+        let (a, wa) = counter();
+        waiters.register(1, &wa);
+        waiters.forget(1);
+        waiters.wake(1);
+        waiters.fan_out().wake_by_ref();
+        assert_eq!(a.0.load(Ordering::SeqCst), 0);
+        waiters.register(7, &wa);
+        waiters.wake(7);
+        assert_eq!(a.0.load(Ordering::SeqCst), 0);
+    }
+}

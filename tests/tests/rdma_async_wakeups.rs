@@ -1,0 +1,118 @@
+//! No lost wakeup, whatever another task does with its own request on the same queue pair.
+//! Task B awaits a receive; then the main task polls another receive of the same queue pair
+//! once (so the reactor last saw it) and afterwards keeps it idle, finishes it with the
+//! blocking `wait`, or forgets it. The message for B then arrives: B must wake by itself.
+//! Before the queue's fan-out waker, the reactor held the waker of whichever task parked
+//! last, and each of these three stranded B with its completion unpolled in the CQ (found by
+//! an independent review). Also: a handle polled after it resolved panics instead of
+//! spinning. Runs in the testbed VM.
+
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{connect_pair, host_region, pd};
+use rdma_dmabuf::{Access, Local, QueuePairBuilder};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// What the main task does with its own request after polling it once.
+#[derive(Clone, Copy, Debug)]
+enum Other {
+    /// Keeps it, never polls it again (a `timeout(.., &mut pending)` that fired).
+    KeptIdle,
+    /// Finishes it with the blocking `wait` instead of awaiting it again.
+    FinishedByWait,
+    /// `mem::forget`s it (safe: it may leak, it must not stall anyone else).
+    Forgotten,
+}
+
+fn task_b_wakes_whatever_the_other_request_becomes(other: Other) {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd).completion_channel(true),
+        QueuePairBuilder::new(&pd).completion_channel(true),
+    );
+    let b = Rc::new(b);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let waited = tokio::task::LocalSet::new().block_on(&rt, async {
+        // Posted first, so the first message fills it.
+        let mut mine = b
+            .post_recv(host_region(&pd, &[], 64, Access::LOCAL_WRITE))
+            .unwrap();
+        let (bb, pdb) = (b.clone(), pd.clone());
+        let task_b = tokio::task::spawn_local(async move {
+            let r = bb.post_recv(host_region(&pdb, &[], 64, Access::LOCAL_WRITE));
+            r.unwrap().await.map(|d| d.wc.byte_len)
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await; // B posts and parks
+        }
+        // Polled once, through `&mut`: the reactor's last sight of b is this task.
+        let polled = tokio::time::timeout(Duration::from_millis(50), &mut mine).await;
+        assert!(polled.is_err(), "nothing was sent yet");
+        let send = |src| a.post_send(Local::new(src, 0..64), None).unwrap();
+        let src = host_region(&pd, &[7; 64], 64, Access::empty());
+        let src = send(src).await.expect("first send").region; // fills `mine`
+        let mut keep = None;
+        match other {
+            Other::KeptIdle => keep = Some(mine),
+            Other::FinishedByWait => {
+                let done = mine.wait().expect("the first message");
+                assert_eq!(done.wc.byte_len, 64);
+            }
+            Other::Forgotten => std::mem::forget(mine),
+        }
+        let src = send(src).await.expect("second send").region; // fills B's
+        let start = Instant::now();
+        let got = tokio::time::timeout(Duration::from_secs(10), task_b).await;
+        let got = got.unwrap_or_else(|_| panic!("{other:?}: B was never woken"));
+        assert_eq!(got.expect("task B").expect("B's receive"), 64);
+        drop((keep, src));
+        start.elapsed()
+    });
+    eprintln!("{other:?}: B woke {waited:?} after the second send completed");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_task_wakes_when_another_tasks_polled_request_is_kept_idle() {
+    task_b_wakes_whatever_the_other_request_becomes(Other::KeptIdle);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_task_wakes_when_another_tasks_polled_request_is_finished_by_wait() {
+    task_b_wakes_whatever_the_other_request_becomes(Other::FinishedByWait);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_task_wakes_when_another_tasks_polled_request_is_forgotten() {
+    task_b_wakes_whatever_the_other_request_becomes(Other::Forgotten);
+}
+
+/// A handle whose outcome an await already returned, then waited on: a panic that says so,
+/// not a wait for a completion that was already taken.
+#[test]
+#[ignore = "needs the testbed VM"]
+#[should_panic(expected = "polled after it returned its outcome")]
+fn a_handle_waited_on_after_its_await_resolved_panics() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd).completion_channel(true),
+        QueuePairBuilder::new(&pd),
+    );
+    let target = host_region(&pd, &[], 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let src = host_region(&pd, &[1; 64], 64, Access::empty());
+    let mut w = a.post_write(src, target.remote().unwrap(), None).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(&mut w).expect("the write");
+    drop(b);
+    let _ = w.wait();
+}
