@@ -41,6 +41,15 @@
 //! itself: correct, but a busy loop). A queue pair registers its fds with the runtime of its
 //! first await; use it on that runtime.
 //!
+//! # What still blocks
+//!
+//! Registration (`MemoryRegion::register*`), queue pair bring-up and `wait`-style calls are
+//! blocking system calls. Registering a dma-buf with the patched soft-RoCE opens a CPU-access
+//! window, which waits for the buffer's pending fences (an unsignalled vgem fence: up to
+//! vgem's 10 s timeout). Register before handing buffers to the runtime, or in
+//! `tokio::task::spawn_blocking`; [`QueuePair::post_fenced_async`] is the awaited way to
+//! respect fences at post time.
+//!
 //! # Cancel safety
 //!
 //! Dropping an awaited handle (a `select!` branch that lost, a `timeout` that fired) is
