@@ -189,25 +189,31 @@ fn start_resolve_route(parts: &CmId, peer: SocketAddr, ms: i32) -> Result<()> {
 }
 
 /// `rdma_get_devices` + `rdma_free_devices`: lets librdmacm close its own contexts of devices
-/// that have gone away (`rdma link delete`, a hot unplug). librdmacm opens the devices it
-/// routes through and closes one only when a check of the device list finds it missing and
-/// nothing of librdmacm's uses it any more; this runs that check. The kernel finishes a
-/// device's removal only when every user of it has let go (on rxe, `rdma link delete` waits
-/// for that), so a program that outlives a removed device calls this once it has dropped
-/// everything that used the device. (librdmacm v55's check gives up while no RDMA device is
-/// left at all: its context of the last device stays open until another device appears or
-/// the process exits.)
+/// that have gone away (`rdma link delete`, a hot unplug) and that nothing uses any more.
 ///
-/// # Safety
-/// Nothing made from a context that [`CmConnector::context`] or [`CmListener::context`]
-/// returned for a removed device is alive: no protection domain, region, queue pair or
-/// connection (they use librdmacm's context, which this may close).
-pub unsafe fn release_removed_devices() {
+/// librdmacm opens the devices it routes through (and, at a check of its device list, every
+/// device) and closes a device's context only when a check of the device list finds the
+/// device missing and no reference to it is left: no cm id on it, no device list that lists
+/// it. A [`Context`] that [`CmConnector::context`] or [`CmListener::context`] returned holds
+/// such a list until it drops, so librdmacm never closes a context under a live protection
+/// domain, region, queue pair or event stream made from it; the context of a device found
+/// gone while referenced is closed when the last reference goes. A device that went while
+/// nothing referenced it, or before any check noticed, stays open until the next check; this
+/// runs one. The kernel finishes a device's removal only when every user of it has let go
+/// (on rxe, `rdma link delete` waits for that), so a program that outlives a removed device
+/// calls this once it has dropped what it made on the device. (librdmacm's check, v44 to
+/// v55, gives up while no RDMA device is left at all: its context of the last device stays
+/// open until another device appears or the process exits.)
+///
+/// Safe at any time: the check closes only contexts that nothing references, and everything
+/// this crate makes on a librdmacm context references it.
+pub fn release_removed_devices() {
     // SAFETY: no out-parameter is needed; the list is freed just below.
     let list = unsafe { ffi::rdma_get_devices(std::ptr::null_mut()) };
     if !list.is_null() {
-        // SAFETY: the list came from rdma_get_devices and is freed once; nothing of ours
-        // uses a removed device's context (our contract).
+        // SAFETY: the list came from rdma_get_devices and is freed once; librdmacm closes
+        // only the contexts of removed devices that no cm id or device list references, and
+        // every Context of ours on a librdmacm context holds such a list.
         unsafe { ffi::rdma_free_devices(list) };
     }
 }
@@ -253,8 +259,13 @@ impl CmConnector {
 
     /// The device librdmacm chose for this route: create the protection domain here.
     ///
+    /// The context is librdmacm's; the returned value holds a reference on it in librdmacm
+    /// (see [`Context`]), so it stays open while anything made from it lives, even if the
+    /// device is removed.
+    ///
     /// # Errors
-    /// `ENODEV` if the id has no device (cannot happen after `resolve`).
+    /// `ENODEV` if the id has no device (cannot happen after `resolve`) or librdmacm found
+    /// the device removed.
     pub fn context(&self) -> Result<Arc<Context>> {
         self.parts.context()
     }
@@ -329,16 +340,22 @@ impl CmListener {
 
     /// The device the listener is bound to: create the protection domain here.
     ///
+    /// The context is librdmacm's; the returned value holds a reference on it in librdmacm
+    /// (see [`Context`]), so it stays open while anything made from it lives, even after the
+    /// listener is dropped and the device removed.
+    ///
     /// # Errors
-    /// `ENODEV` with a hint if bound to a wildcard address.
+    /// `ENODEV` with a hint if bound to a wildcard address; `ENODEV` if librdmacm found the
+    /// device removed.
     pub fn context(&self) -> Result<Arc<Context>> {
         // SAFETY: live id; `verbs` is set when bound to a device's address.
         let verbs = unsafe { self.id.as_ref() }.verbs;
         let ctx = NonNull::new(verbs).ok_or_else(|| {
             Error::from_errno(Op::Cm, format!("listener on {} has no device (bind to the RDMA netdev's address, not a wildcard)", self.addr), libc::ENODEV)
         })?;
-        // SAFETY: librdmacm keeps its device contexts open for the life of the process.
-        Ok(unsafe { Context::borrowed(ctx) })
+        // SAFETY: `verbs` is librdmacm's context of the id's device, open while the id (alive:
+        // borrowed by `self`) holds its reference; `borrowed` takes a reference of its own.
+        unsafe { Context::borrowed(ctx) }
     }
 
     /// Waits for a connect request, moves it to its own event channel, creates its queue pair

@@ -319,7 +319,8 @@ impl CmId {
             .map(drop)
     }
 
-    /// The device librdmacm bound the id to.
+    /// The device librdmacm bound the id to, holding a reference on it in librdmacm (see
+    /// [`Context::borrowed`]).
     pub(crate) fn context(&self) -> Result<Arc<Context>> {
         // SAFETY: live id; `verbs` is set once the address is bound or resolved.
         let verbs = unsafe { self.id.as_ref() }.verbs;
@@ -330,8 +331,9 @@ impl CmId {
                 libc::ENODEV,
             )
         })?;
-        // SAFETY: librdmacm keeps its device contexts open for the life of the process.
-        Ok(unsafe { Context::borrowed(ctx) })
+        // SAFETY: `verbs` is librdmacm's context of the id's device, open while the id (alive:
+        // borrowed by `self`) holds its reference; `borrowed` takes a reference of its own.
+        unsafe { Context::borrowed(ctx) }
     }
 }
 

@@ -69,15 +69,42 @@ unsafe fn device_name(d: *mut ffi::ibv_device) -> String {
 
 /// An open device (`ibv_context`). Closed when the last [`Arc`] to it (held by every child
 /// object) goes.
+///
+/// A context that a connection manager object returned ([`CmListener::context`],
+/// [`CmConnector::context`]) is librdmacm's own: this value then holds librdmacm's device
+/// list (`rdma_get_devices`), which keeps librdmacm from closing the context while anything
+/// made from it lives, even after the device was removed (`rdma link delete`, a hot unplug).
+/// The list is freed (`rdma_free_devices`) when the last [`Arc`] goes; if the device was
+/// removed meanwhile, librdmacm closes its context then, and the kernel's removal of the
+/// device can complete. (Getting the list also makes librdmacm open every device it lists,
+/// as it opens those it routes through; it keeps a device it opened open until a check of
+/// its device list finds the device removed and unreferenced: see
+/// [`release_removed_devices`].)
+///
+/// [`release_removed_devices`]: crate::cm::release_removed_devices
+/// [`CmListener::context`]: crate::CmListener::context
+/// [`CmConnector::context`]: crate::CmConnector::context
 pub struct Context {
     ctx: NonNull<ffi::ibv_context>,
     name: String,
-    /// Whether this wrapper opened the context (librdmacm's contexts are its own).
-    owned: bool,
+    /// Who closes the context.
+    owner: Owner,
+}
+
+/// Who closes a [`Context`]'s `ibv_context`.
+enum Owner {
+    /// [`Context::open`] opened it: closed on drop.
+    Opened,
+    /// librdmacm's: the device list from `rdma_get_devices` (NULL-terminated, the context
+    /// among its entries), which holds a reference on each listed device in librdmacm
+    /// (`cma_device.refcnt`); librdmacm closes a removed device's context only once no
+    /// reference is left. Freed with `rdma_free_devices` on drop.
+    Rdmacm(NonNull<*mut ffi::ibv_context>),
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb on a context may be called from any
-// thread (the library serialises internally where the provider needs it).
+// thread (the library serialises internally where the provider needs it); librdmacm's device
+// list is freed under librdmacm's own lock, from whichever thread drops the last Arc.
 unsafe impl Send for Context {}
 // SAFETY: as above.
 unsafe impl Sync for Context {}
@@ -125,7 +152,7 @@ impl Context {
             Ok(Arc::new(Context {
                 ctx,
                 name: name.to_string(),
-                owned: true,
+                owner: Owner::Opened,
             }))
         })
     }
@@ -142,20 +169,52 @@ impl Context {
         Context::open(&first.name)
     }
 
-    /// Wraps a context librdmacm opened (a `rdma_cm_id`'s `verbs`), without taking it over.
+    /// Wraps a context librdmacm opened (a `rdma_cm_id`'s `verbs`), without taking it over,
+    /// and keeps it open: holds librdmacm's device list (`rdma_get_devices`), which counts a
+    /// reference on every device it lists, until the returned value drops.
+    ///
+    /// librdmacm does not keep its contexts for the life of the process: a check of its device
+    /// list (run by `rdma_get_devices`, and by `rdma_bind_addr` / `rdma_resolve_addr` when
+    /// they land on a device it has not seen) closes the context of a device that has gone
+    /// and that nothing references, or marks it dead and closes it when the last reference
+    /// (a cm id, a device list) goes. The list held here is such a reference.
+    ///
+    /// # Errors
+    /// `ENODEV` if librdmacm no longer lists the context (its device was removed and a
+    /// check of the device list has marked it dead), or the error of `rdma_get_devices`.
     ///
     /// # Safety
-    /// `ctx` must be a live context that stays open while the returned value and everything
-    /// created from it live (librdmacm keeps its device contexts open for the process).
-    pub(crate) unsafe fn borrowed(ctx: NonNull<ffi::ibv_context>) -> Arc<Context> {
-        // SAFETY: per the contract `ctx` is live, so its `device` is too.
+    /// `ctx` is a context librdmacm opened (an `rdma_cm_id`'s `verbs`) and is open for the
+    /// duration of this call: the cm id it came from is alive (its reference keeps it open).
+    pub(crate) unsafe fn borrowed(ctx: NonNull<ffi::ibv_context>) -> Result<Arc<Context>> {
+        let mut n = 0;
+        // SAFETY: `n` is a valid out-pointer; the list is freed below or in Drop.
+        let list = unsafe { ffi::rdma_get_devices(&mut n) };
+        let list = NonNull::new(list).ok_or_else(|| Error::last_os(Op::Cm, "rdma_get_devices"))?;
+        // SAFETY: librdmacm returns an array of `n` live contexts (plus a NULL terminator),
+        // valid until it is freed.
+        let entries = unsafe { std::slice::from_raw_parts(list.as_ptr(), n.max(0) as usize) };
+        if !entries.contains(&ctx.as_ptr()) {
+            // SAFETY: the list came from rdma_get_devices and is freed once; nothing of ours
+            // uses its entries.
+            unsafe { ffi::rdma_free_devices(list.as_ptr()) };
+            return Err(Error::from_errno(
+                Op::Cm,
+                "the id's device (librdmacm no longer lists it: it was removed)",
+                libc::ENODEV,
+            ));
+        }
+        // The list now holds a reference on the context, so it stays open while this value
+        // lives.
+        let owner = Owner::Rdmacm(list);
+        // SAFETY: the context is open (the list references it), so its `device` is live.
         let dev = unsafe { ctx.as_ref() }.device;
-        Arc::new(Context {
+        Ok(Arc::new(Context {
             ctx,
-            // SAFETY: the device of a live context is live while the context is open.
+            // SAFETY: the device of an open context is live while the context is open.
             name: unsafe { device_name(dev) },
-            owned: false,
-        })
+            owner,
+        }))
     }
 
     /// The device's name.
@@ -297,14 +356,21 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        if !self.owned {
-            return;
-        }
-        // SAFETY: every child object holds an Arc to this context, so none is left; the
-        // context is closed once.
-        let rc = unsafe { ffi::ibv_close_device(self.as_ptr()) };
-        if rc != 0 {
-            eprintln!("rdma-dmabuf: ibv_close_device({}) failed: {rc}", self.name);
+        match self.owner {
+            Owner::Opened => {
+                // SAFETY: every child object holds an Arc to this context, so none is left;
+                // the context is closed once.
+                let rc = unsafe { ffi::ibv_close_device(self.as_ptr()) };
+                if rc != 0 {
+                    eprintln!("rdma-dmabuf: ibv_close_device({}) failed: {rc}", self.name);
+                }
+            }
+            Owner::Rdmacm(list) => {
+                // SAFETY: the list came from rdma_get_devices and is freed once, here; every
+                // child object holds an Arc to this context, so none is left to use it if
+                // librdmacm now closes it (a removed device's last reference).
+                unsafe { ffi::rdma_free_devices(list.as_ptr()) };
+            }
         }
     }
 }
