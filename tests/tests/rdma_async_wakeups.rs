@@ -5,7 +5,7 @@
 //! Before the queue's fan-out waker, the reactor held the waker of whichever task parked
 //! last, and each of these three stranded B with its completion unpolled in the CQ (found by
 //! an independent review). Also: a handle polled after it resolved panics instead of
-//! spinning. Runs in the testbed VM.
+//! spinning; and a receive awaited on a second runtime wakes there. Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pd};
@@ -115,4 +115,103 @@ fn a_handle_waited_on_after_its_await_resolved_panics() {
     rt.block_on(&mut w).expect("the write");
     drop(b);
     let _ = w.wait();
+}
+
+/// A future that counts its polls.
+struct Counted<'c, F> {
+    inner: F,
+    polls: &'c std::cell::Cell<u32>,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for Counted<'_, F> {
+    type Output = F::Output;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.polls.set(self.polls.get() + 1);
+        std::pin::Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+/// A receive polled on runtime A, then awaited on runtime B while A is kept idle (or after
+/// A is dropped): B's reactor must wake it when the message lands, promptly and without
+/// polling it in a loop meanwhile. Before the registration followed the runtime, the wake
+/// went to A's idle reactor (B woke only by its own timeout) or, with A gone, every await
+/// on the queue pair spun (thousands of polls a second; found by a second review).
+fn a_receive_moved_to_a_second_runtime_wakes_there(drop_first: bool) {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd),
+        QueuePairBuilder::new(&pd).completion_channel(true),
+    );
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let mut recv = b
+        .post_recv(host_region(&pd, &[], 64, Access::LOCAL_WRITE))
+        .unwrap();
+    let early =
+        first.block_on(async { tokio::time::timeout(Duration::from_millis(50), &mut recv).await });
+    assert!(early.is_err(), "nothing was sent yet");
+    let first = if drop_first {
+        drop(first);
+        None
+    } else {
+        Some(first)
+    };
+    let polls = std::cell::Cell::new(0);
+    let src = host_region(&pd, &[5; 64], 64, Access::empty());
+    let sent_at = std::thread::scope(|s| {
+        // The sending queue pair moves to its own thread (a queue pair is Send, not Sync).
+        let sender = s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let at = Instant::now();
+            a.post_send(src.into_part(0..64), None)
+                .unwrap()
+                .wait()
+                .expect("send");
+            (at, a)
+        });
+        let second = runtime();
+        let counted = Counted {
+            inner: &mut recv,
+            polls: &polls,
+        };
+        let got =
+            second.block_on(async { tokio::time::timeout(Duration::from_secs(10), counted).await });
+        let woke = Instant::now();
+        let done = got.expect("the receive was never woken").expect("receive");
+        assert_eq!(done.wc.byte_len, 64);
+        let (sent, _a) = sender.join().unwrap();
+        woke.saturating_duration_since(sent)
+    });
+    drop(first);
+    eprintln!(
+        "first runtime {}: woken {sent_at:?} after the send, {} polls",
+        if drop_first { "dropped" } else { "idle" },
+        polls.get()
+    );
+    assert!(
+        sent_at < Duration::from_secs(3),
+        "woken by the timeout, not by the reactor"
+    );
+    assert!(polls.get() < 50, "{} polls: a busy loop", polls.get());
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_receive_moved_to_a_second_runtime_wakes_there_while_the_first_is_idle() {
+    a_receive_moved_to_a_second_runtime_wakes_there(false);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_receive_moved_to_a_second_runtime_wakes_there_after_the_first_is_dropped() {
+    a_receive_moved_to_a_second_runtime_wakes_there(true);
 }

@@ -67,7 +67,7 @@ pub(crate) fn arm<Q: Waitable + ?Sized>(q: &Q) -> Result<usize> {
 pub(crate) struct WaitState {
     /// The tasks awaiting requests, one per slot, and the fan-out waker over them.
     pub(crate) waiters: Waiters,
-    /// The fds as registered with tokio's reactor, made at the first await.
+    /// The fds as registered with tokio's reactor (of the runtime the last await ran on).
     #[cfg(feature = "tokio")]
     pub(crate) tokio: with_tokio::Registration,
 }
@@ -307,32 +307,44 @@ impl<P: crate::part::OwnedPart, const N: usize> std::future::Future
 pub(crate) mod with_tokio {
     use super::{Step, Waitable};
     use crate::deadline::{register, Borrowed};
-    use std::cell::OnceCell;
+    use std::cell::{Ref, RefCell};
     use std::os::fd::BorrowedFd;
     use std::task::{Context, Poll};
     use tokio::io::unix::AsyncFd;
+    use tokio::runtime::{Handle, Id};
 
-    /// A queue pair's fds as registered with tokio's reactor, each made at its first await.
-    /// Dropped before the queue pair's fds close (the queue pair's first field).
+    /// One fd's registration with a runtime's reactor, and which runtime.
+    type OnRuntime = RefCell<Option<(Id, AsyncFd<Borrowed>)>>;
+
+    /// A queue's fds as registered with the reactor of the runtime that awaits it: made at
+    /// the first await, made again when an await runs on another runtime (the queue is
+    /// `Send`: a program may await it on one runtime, then another). Dropped before the
+    /// queue's fds close (the queue's first field).
     #[derive(Default)]
     pub(crate) struct Registration {
-        cq: OnceCell<AsyncFd<Borrowed>>,
-        cm: OnceCell<AsyncFd<Borrowed>>,
+        cq: OnRuntime,
+        cm: OnRuntime,
     }
 
-    /// The registration in `cell` of `fd`, one of the queue pair's fds, made now if need be
-    /// (outside a runtime, or if the reactor refuses it: none).
+    /// The registration in `cell` of `fd`, one of the queue's fds, with the current
+    /// runtime's reactor: the one made before if it is that runtime's, else a new one (the
+    /// old one is dropped first; epoll reports an fd that is readable when it is added, so
+    /// no readiness is lost in the move). None outside a runtime or if the reactor refuses
+    /// the fd.
     fn registered<'a>(
-        cell: &'a OnceCell<AsyncFd<Borrowed>>,
+        cell: &'a OnRuntime,
         fd: BorrowedFd<'_>,
-    ) -> Option<&'a AsyncFd<Borrowed>> {
-        if cell.get().is_none() {
-            tokio::runtime::Handle::try_current().ok()?;
+    ) -> Option<Ref<'a, AsyncFd<Borrowed>>> {
+        let id = Handle::try_current().ok()?.id();
+        let current = matches!(&*cell.borrow(), Some((on, _)) if *on == id);
+        if !current {
+            drop(cell.borrow_mut().take());
             // SAFETY: `fd` belongs to the queue pair (or shared receive queue) that holds this
             // registration in its first field, dropped before the fields that close its fds.
-            let _ = cell.set(unsafe { register(fd) }.ok()?);
+            let fresh = unsafe { register(fd) }.ok()?;
+            *cell.borrow_mut() = Some((id, fresh));
         }
-        cell.get()
+        Ref::filter_map(cell.borrow(), |r| r.as_ref().map(|(_, fd)| fd)).ok()
     }
 
     /// The reactor step of an awaited request (see `poll_request`): the completion

@@ -38,8 +38,10 @@
 //! Completions reach the reactor through the queue pair's completion channel: build queue
 //! pairs with [`QueuePairBuilder::completion_channel`](crate::QueuePairBuilder::completion_channel)
 //! (without one, an awaited request polls each time its task is scheduled and reschedules
-//! itself: correct, but a busy loop). A queue pair registers its fds with the runtime of its
-//! first await; use it on that runtime.
+//! itself: correct, but a busy loop). A queue pair registers its fds with the reactor of the
+//! runtime that awaits it; awaited on another runtime later (a runtime per call, a queue pair
+//! moved between threads), it registers them there instead (one `epoll_ctl` each way), so
+//! an idle or dropped first runtime strands nothing.
 //!
 //! # What still blocks
 //!
