@@ -6,10 +6,12 @@
 //! testbed, on both nodes at once.
 
 pub mod counts;
+pub mod device_admin;
 pub mod exporters;
 pub mod oob;
 pub mod process;
 pub mod roundtrip;
+pub mod runtime;
 pub mod test_exporter;
 pub mod testbed;
 pub mod verbs;

@@ -3,6 +3,7 @@
 //! fails at the provider and points to `kernel-patches/`; for a user who may not open
 //! `/dev/dri` it names the group; with no RDMA device it says so.
 
+use integration_tests::device_admin::wait_ready;
 use integration_tests::process::{run, text};
 use integration_tests::testbed::Testbed;
 use serde_json::Value;
@@ -11,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -196,26 +197,6 @@ fn doctor_names_the_group_a_user_lacks_for_dev_dri() {
         "{t}"
     );
     eprintln!("{t}");
-}
-
-/// Waits until `dev`'s port 1 is ACTIVE and its GID at `index` is a RoCEv2 IPv4 one.
-fn wait_ready(dev: &str, index: u32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let state = std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"));
-        let ready = state.is_ok_and(|s| s.contains("ACTIVE"))
-            && rdma_dmabuf::Context::open(dev)
-                .and_then(|c| c.roce_v2_ipv4_gid(1))
-                .is_ok_and(|(i, _)| i == index);
-        if ready {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{dev} did not come back with its RoCEv2 GID at index {index}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! VM. The tests count MRs, so they run one at a time (a lock).
 
 use integration_tests::counts::rdma_resources;
+use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pattern, pd};
 use rdma_dmabuf::{Access, Local, QueuePair, QueuePairBuilder};
@@ -18,16 +19,6 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
-
-/// The runtime every test uses: one thread, one `LocalSet` (queue pairs are `!Sync`, so the
-/// tasks that await their requests are local tasks).
-fn run_local<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    tokio::task::LocalSet::new().block_on(&rt, f)
-}
 
 /// A pair of queue pairs whose requesting side has a completion channel (what wakes the
 /// runtime) and room for `depth` requests.

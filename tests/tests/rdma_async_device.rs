@@ -6,7 +6,10 @@
 //! the device back as the testbed made it. Runs in the testbed VM, one test at a time (a
 //! lock), since they take the device away.
 
+use integration_tests::device_admin::netdev;
+use integration_tests::device_admin::wait_ready;
 use integration_tests::process::{spawn, text, wait};
+use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::host_region;
 use rdma_dmabuf::reactor::{AsyncEventKind, AsyncEvents, ConnectionEnd, EventElement};
@@ -28,38 +31,9 @@ const SPARE_NETDEV: &str = "veth1";
 /// `IBV_WC_WR_FLUSH_ERR`.
 const FLUSH_ERR: u32 = 5;
 
-fn run_local<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    tokio::task::LocalSet::new().block_on(&rt, f)
-}
-
-fn netdev() -> String {
-    std::env::var("NETDEV").expect("the testbed sets NETDEV")
-}
-
 fn sh(cmd: &mut Command) {
     let out = integration_tests::process::run(cmd, T);
     assert!(out.status.success(), "{cmd:?}: {}", text(&out));
-}
-
-/// Waits until the device is back, its port ACTIVE with the RoCEv2 GID at `index`.
-fn wait_ready(dev: &str, index: u32) {
-    let deadline = Instant::now() + T;
-    loop {
-        let state = std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"));
-        let ready = state.is_ok_and(|s| s.contains("ACTIVE"))
-            && Context::open(dev)
-                .and_then(|c| c.roce_v2_ipv4_gid(1))
-                .is_ok_and(|(i, _)| i == index);
-        if ready {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{dev} did not come back");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]

@@ -20,10 +20,13 @@
 //! of it, in a child, would wait for this process. The bodies are `#[test]`s (so a child can
 //! run one by name) that do nothing unless started as such a child.
 
+use integration_tests::device_admin::netdev;
+use integration_tests::device_admin::wait_ready;
 use integration_tests::process::{spawn, text};
+use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::host_region;
-use rdma_dmabuf::{Access, CmConnector, CmListener, Context, ProtectionDomain, QueuePairBuilder};
+use rdma_dmabuf::{Access, CmConnector, CmListener, ProtectionDomain, QueuePairBuilder};
 use std::net::SocketAddr;
 use std::process::{Child, Command};
 use std::sync::Mutex;
@@ -80,38 +83,9 @@ fn run_in_child(name: &str, valgrind: bool) {
     }
 }
 
-fn run_local<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    tokio::task::LocalSet::new().block_on(&rt, f)
-}
-
-fn netdev() -> String {
-    std::env::var("NETDEV").expect("the testbed sets NETDEV")
-}
-
 fn sh(args: &[&str]) {
     let out = integration_tests::process::run(Command::new(args[0]).args(&args[1..]), T);
     assert!(out.status.success(), "{args:?}: {}", text(&out));
-}
-
-/// Waits until the device is back, its port ACTIVE with the RoCEv2 GID at `index`.
-fn wait_ready(dev: &str, index: u32) {
-    let deadline = Instant::now() + T;
-    loop {
-        let state = std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"));
-        let ready = state.is_ok_and(|s| s.contains("ACTIVE"))
-            && Context::open(dev)
-                .and_then(|c| c.roce_v2_ipv4_gid(1))
-                .is_ok_and(|(i, _)| i == index);
-        if ready {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{dev} did not come back");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// Whether the verbs device list still has `dev`.
