@@ -57,6 +57,7 @@ fn run_in_child(name: &str, valgrind: bool) {
         c.args(["--error-exitcode=99", "--leak-check=no"]).arg(&me);
         c
     } else {
+        // This test binary, built by this workspace.
         Command::new(&me)
     };
     let out = cmd
@@ -83,9 +84,9 @@ fn run_in_child(name: &str, valgrind: bool) {
     }
 }
 
-fn sh(args: &[&str]) {
-    let out = integration_tests::process::run(Command::new(args[0]).args(&args[1..]), T);
-    assert!(out.status.success(), "{args:?}: {}", text(&out));
+fn sh(cmd: &mut Command) {
+    let out = integration_tests::process::run(cmd, T);
+    assert!(out.status.success(), "{cmd:?}: {}", text(&out));
 }
 
 /// Whether the verbs device list still has `dev`.
@@ -108,25 +109,15 @@ fn start_deletion(tb: &Testbed) -> Child {
 /// Adds the spare device and binds a listener on it: librdmacm has not seen the device, so
 /// the bind checks librdmacm's device list, which finds the testbed's device gone.
 fn add_spare_and_bind() -> CmListener {
-    sh(&[
-        "ip",
+    sh(Command::new("ip").args([
         "addr",
         "replace",
         &format!("{SPARE_ADDR}/24"),
         "dev",
         SPARE_NETDEV,
-    ]);
-    sh(&["ip", "link", "set", SPARE_NETDEV, "up"]);
-    sh(&[
-        "rdma",
-        "link",
-        "add",
-        SPARE,
-        "type",
-        "rxe",
-        "netdev",
-        SPARE_NETDEV,
-    ]);
+    ]));
+    sh(Command::new("ip").args(["link", "set", SPARE_NETDEV, "up"]));
+    sh(Command::new("rdma").args(["link", "add", SPARE, "type", "rxe", "netdev", SPARE_NETDEV]));
     let deadline = Instant::now() + T;
     loop {
         match CmListener::bind(format!("{SPARE_ADDR}:18791").parse().unwrap()) {
@@ -170,8 +161,7 @@ fn restore(tb: &Testbed, mut deleter: Child) {
     );
     let del = deleter.wait_with_output().unwrap();
     assert!(del.status.success(), "{}", text(&del));
-    sh(&[
-        "rdma",
+    sh(Command::new("rdma").args([
         "link",
         "add",
         &tb.device,
@@ -179,7 +169,7 @@ fn restore(tb: &Testbed, mut deleter: Child) {
         "rxe",
         "netdev",
         &netdev(),
-    ]);
+    ]));
     wait_ready(&tb.device, tb.gid_index);
     let mut spare = spawn(Command::new("rdma").args(["link", "delete", SPARE]));
     let deadline = Instant::now() + T;
@@ -191,14 +181,13 @@ fn restore(tb: &Testbed, mut deleter: Child) {
         rdma_dmabuf::cm::release_removed_devices();
         std::thread::sleep(Duration::from_millis(100));
     }
-    sh(&[
-        "ip",
+    sh(Command::new("ip").args([
         "addr",
         "del",
         &format!("{SPARE_ADDR}/24"),
         "dev",
         SPARE_NETDEV,
-    ]);
+    ]));
 }
 
 /// A protection domain and a region made from a listener's context, the listener dropped, the
