@@ -477,8 +477,8 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
 
 impl Drop for ScopedPending<'_, '_> {
     fn drop(&mut self) {
-        // The scope keeps the request; only hand the reactor on if this handle's task was
-        // the one registered for the queue pair.
+        // The scope keeps the request (and waits for it at its end); the slot only lets go
+        // of this handle's task's waker.
         let posted = self.scope.posted.borrow();
         let e = &posted[self.entry];
         if !e.done.get() {
