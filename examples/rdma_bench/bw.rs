@@ -17,6 +17,18 @@ pub struct Bandwidth {
     pub mpps: f64,
 }
 
+impl Bandwidth {
+    /// `messages` of `size` bytes each, moved since `start`.
+    pub fn since(start: Instant, messages: usize, size: usize) -> Bandwidth {
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        let messages = messages as f64;
+        Bandwidth {
+            mbps: messages * size as f64 / secs / (1u64 << 20) as f64,
+            mpps: messages / secs / 1e6,
+        }
+    }
+}
+
 /// Writes `run.iters` messages of `run.size` bytes into `remote`, keeping `run.window` in
 /// flight, each from its own region (a posted region belongs to the NIC until it completes).
 pub fn client<B: Backing>(
@@ -45,11 +57,7 @@ pub fn client<B: Backing>(
                 .region
         },
     );
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    Bandwidth {
-        mbps: (run.iters * run.size) as f64 / secs / (1u64 << 20) as f64,
-        mpps: run.iters as f64 / secs / 1e6,
-    }
+    Bandwidth::since(start, run.iters, run.size)
 }
 
 /// Posts `iters` requests with `post`, each on a buffer of `free` (so at most `free.len()` are

@@ -41,12 +41,7 @@ pub fn client<B: Backing>(
                 .parts
         },
     );
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    let blocks = (run.iters * PARTS) as f64;
-    Bandwidth {
-        mbps: blocks * run.size as f64 / secs / (1u64 << 20) as f64,
-        mpps: blocks / secs / 1e6,
-    }
+    Bandwidth::since(start, run.iters * PARTS, run.size)
 }
 
 /// The region's first [`PARTS`] blocks of `block` bytes, as shards.

@@ -1,7 +1,10 @@
 //! Tests that take the RDMA device away and put it back: the testbed's netdev, and waiting
 //! until a device is usable again.
 
+use crate::process::{run, text};
+use crate::testbed::Testbed;
 use rdma_dmabuf::Context;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The netdev the testbed's rxe device is bound to.
@@ -30,4 +33,26 @@ pub fn wait_ready(dev: &str, index: u32) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Puts the testbed's device back after a test deleted it (`rdma link add ... type rxe
+/// netdev ...`) and waits until it is usable again.
+///
+/// # Panics
+/// If the command fails or the device does not come back within 30 s.
+pub fn put_back(tb: &Testbed) {
+    let add = run(
+        Command::new("rdma").args([
+            "link",
+            "add",
+            &tb.device,
+            "type",
+            "rxe",
+            "netdev",
+            &netdev(),
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(add.status.success(), "{}", text(&add));
+    wait_ready(&tb.device, tb.gid_index);
 }

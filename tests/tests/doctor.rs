@@ -3,7 +3,7 @@
 //! fails at the provider and points to `kernel-patches/`; for a user who may not open
 //! `/dev/dri` it names the group; with no RDMA device it says so.
 
-use integration_tests::device_admin::wait_ready;
+use integration_tests::device_admin::put_back;
 use integration_tests::process::{run, text};
 use integration_tests::testbed::Testbed;
 use serde_json::Value;
@@ -204,17 +204,11 @@ fn doctor_names_the_group_a_user_lacks_for_dev_dri() {
 fn doctor_says_there_is_no_rdma_device_without_rxe() {
     let tb = Testbed::get();
     let _m = MACHINE.lock().unwrap_or_else(|e| e.into_inner());
-    let netdev = std::env::var("NETDEV").expect("NETDEV");
     let del = run(Command::new("rdma").args(["link", "delete", &tb.device]), T);
     assert!(del.status.success(), "{}", text(&del));
     let out = run(doctor().arg("--json"), T);
     // Put the device back as the testbed made it, before asserting anything.
-    let add = run(
-        Command::new("rdma").args(["link", "add", &tb.device, "type", "rxe", "netdev", &netdev]),
-        T,
-    );
-    assert!(add.status.success(), "{}", text(&add));
-    wait_ready(&tb.device, tb.gid_index);
+    put_back(&tb);
     let report = json(&out);
     assert_eq!(out.status.code(), Some(1), "{report:#}");
     let devices = check(&report, "RDMA devices");

@@ -7,7 +7,7 @@
 //! lock), since they take the device away.
 
 use integration_tests::device_admin::netdev;
-use integration_tests::device_admin::wait_ready;
+use integration_tests::device_admin::{put_back, wait_ready};
 use integration_tests::process::{spawn, text, wait};
 use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
@@ -227,16 +227,7 @@ fn rdma_link_delete_under_live_connections_ends_every_awaited_request_and_releas
     // librdmacm now holds the spare device open until this process exits (its device list
     // check opened it), so its deletion completes then: started here, not waited for.
     drop(spawn(Command::new("rdma").args(["link", "delete", SPARE])));
-    sh(Command::new("rdma").args([
-        "link",
-        "add",
-        &tb.device,
-        "type",
-        "rxe",
-        "netdev",
-        &netdev(),
-    ]));
-    wait_ready(&tb.device, tb.gid_index);
+    put_back(&tb);
     assert!(del.status.success(), "{}", text(&del));
     assert!(
         gone,

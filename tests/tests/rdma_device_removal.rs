@@ -20,8 +20,7 @@
 //! of it, in a child, would wait for this process. The bodies are `#[test]`s (so a child can
 //! run one by name) that do nothing unless started as such a child.
 
-use integration_tests::device_admin::netdev;
-use integration_tests::device_admin::wait_ready;
+use integration_tests::device_admin::put_back;
 use integration_tests::process::{spawn, text};
 use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
@@ -161,16 +160,7 @@ fn restore(tb: &Testbed, mut deleter: Child) {
     );
     let del = deleter.wait_with_output().unwrap();
     assert!(del.status.success(), "{}", text(&del));
-    sh(Command::new("rdma").args([
-        "link",
-        "add",
-        &tb.device,
-        "type",
-        "rxe",
-        "netdev",
-        &netdev(),
-    ]));
-    wait_ready(&tb.device, tb.gid_index);
+    put_back(tb);
     let mut spare = spawn(Command::new("rdma").args(["link", "delete", SPARE]));
     let deadline = Instant::now() + T;
     while spare.try_wait().unwrap().is_none() {
