@@ -713,7 +713,12 @@ fn peer_death_node_b(tb: &Testbed) {
             Ok(Ok(done)) => {
                 acked += 1;
                 last_ok = Instant::now();
-                window.push_back(qp.post_write(done.region, remote, Some(0)).unwrap());
+                // The poll that found this write may also have recorded a later one's error
+                // (the peer just died): the queue pair then takes no more requests, and that
+                // error is still in the window, so it comes next.
+                if !qp.is_in_error() {
+                    window.push_back(qp.post_write(done.region, remote, Some(0)).unwrap());
+                }
             }
             Ok(Err(e)) => break e.error,
         }
