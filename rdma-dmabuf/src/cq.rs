@@ -67,10 +67,10 @@ impl Drop for CompChannel {
         // and the context is open (`self.ctx` is released only after this).
         let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ch.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "rdma-dmabuf: ibv_destroy_comp_channel on {} failed: {rc}",
+            crate::diag::warn(format_args!(
+                "ibv_destroy_comp_channel on {} failed: {rc}",
                 self.ctx.name()
-            );
+            ));
         }
     }
 }
@@ -273,10 +273,10 @@ impl Drop for CompletionQueue {
         // this); every event taken was acknowledged (just above); destroyed once.
         let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "rdma-dmabuf: ibv_destroy_cq on {} failed: {rc}",
+            crate::diag::warn(format_args!(
+                "ibv_destroy_cq on {} failed: {rc}",
                 self.ctx.name()
-            );
+            ));
         }
         // The fields drop next: the channel, then the context reference.
     }

@@ -362,7 +362,7 @@ impl Drop for Context {
                 // the context is closed once.
                 let rc = unsafe { ffi::ibv_close_device(self.as_ptr()) };
                 if rc != 0 {
-                    eprintln!("rdma-dmabuf: ibv_close_device({}) failed: {rc}", self.name);
+                    crate::diag::warn(format_args!("ibv_close_device({}) failed: {rc}", self.name));
                 }
             }
             Owner::Rdmacm(list) => {

@@ -142,10 +142,10 @@ impl Drop for DeviceMemory {
         // SAFETY: any region over it was deregistered first (it owns this value); freed once.
         let rc = unsafe { ffi::ibv_free_dm(self.dm.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "rdma-dmabuf: ibv_free_dm on {} failed: {rc}",
+            crate::diag::warn(format_args!(
+                "ibv_free_dm on {} failed: {rc}",
                 self.ctx.name()
-            );
+            ));
         }
     }
 }

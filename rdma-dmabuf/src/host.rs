@@ -104,10 +104,10 @@ impl Drop for HostBuffer {
         // SAFETY: exactly the mapping made in `new`, unmapped once; no slice outlives `self`,
         // and a region over it deregisters before dropping it (MemoryRegion's Drop).
         if let Err(e) = unsafe { mman::munmap(self.ptr.cast(), self.len) } {
-            eprintln!(
-                "rdma-dmabuf: munmap of a {}-byte host buffer: {e}",
+            crate::diag::warn(format_args!(
+                "munmap of a {}-byte host buffer: {e}",
                 self.len
-            );
+            ));
         }
     }
 }

@@ -24,6 +24,8 @@
 //!
 //! ```no_run
 #![doc = include_str!("../examples/rdma_dmabuf_quickstart.rs")]
+// `eprintln!` panics on a closed stderr, and notices come from drops and drains: see `diag`.
+#![deny(clippy::print_stderr, clippy::print_stdout)]
 //! ```
 //!
 //! The compiler enforces the ownership rules: a posted region cannot be touched by the CPU
@@ -59,6 +61,7 @@ mod cm_id;
 mod cq;
 mod deadline;
 pub mod device;
+mod diag;
 pub mod dm;
 pub mod endpoint;
 pub mod error;
@@ -76,6 +79,7 @@ pub mod shard;
 mod slots;
 #[cfg(feature = "tokio")]
 pub mod tokio_rt;
+mod unwind;
 mod waiters;
 pub mod wr;
 

@@ -462,7 +462,7 @@ impl<B: Backing> Drop for MemoryRegion<B> {
             // SAFETY: deregistered: the NIC can no longer reach the backing; dropped once.
             Ok(()) => unsafe { ManuallyDrop::drop(&mut self.backing) },
             // The NIC may still reach the memory: leak it rather than free it.
-            Err(e) => eprintln!("rdma-dmabuf: {e}; leaking the region's memory"),
+            Err(e) => crate::diag::warn(format_args!("{e}; leaking the region's memory")),
         }
     }
 }

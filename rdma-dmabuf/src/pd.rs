@@ -56,10 +56,10 @@ impl Drop for ProtectionDomain {
         // SAFETY: regions and QPs hold an Arc to this PD, so none is left; freed once.
         let rc = unsafe { ffi::ibv_dealloc_pd(self.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "rdma-dmabuf: ibv_dealloc_pd on {} failed: {rc}",
+            crate::diag::warn(format_args!(
+                "ibv_dealloc_pd on {} failed: {rc}",
                 self.ctx.name()
-            );
+            ));
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::part::{Part, PartMut};
 use crate::qp::QueuePair;
 use crate::reactor::WaitStep;
 use crate::remote::RemoteRegion;
+use crate::unwind::{AbortOnUnwind, Deferred};
 use crate::wr::{WorkCompletion, WorkKind};
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -102,6 +103,20 @@ struct Drain<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
 
 impl Drop for Drain<'_, '_, '_> {
     fn drop(&mut self) {
+        // Nothing may end the drain early (docs/safety.md, "Unwinding"): a panic raised by a
+        // poll (a task's waker, woken by it) is kept until every request has completed and
+        // raised then; anything else that unwinds out of here aborts the process, since the
+        // borrows would end while the NIC may still use them.
+        let must_finish = AbortOnUnwind("a scope's drain");
+        let mut panics = Deferred::default();
+        self.drain(&mut panics);
+        must_finish.defuse();
+        panics.resume();
+    }
+}
+
+impl Drain<'_, '_, '_> {
+    fn drain(&self, panics: &mut Deferred) {
         let scope = self.0;
         // Unwinding, or told to: flush the queue pairs so that requests that would never
         // complete (a receive whose message will not come) finish now, with a flush error.
@@ -117,29 +132,41 @@ impl Drop for Drain<'_, '_, '_> {
         let n = scope.posted.borrow().len();
         for i in 0..n {
             loop {
-                match scope.complete(i, deadline) {
+                let mut step = Ok(false);
+                let mut panicked = true;
+                panics.run(|| {
+                    step = scope.complete(i, deadline);
+                    panicked = false;
+                });
+                match step {
+                    // A waker panicked in a poll, after the poll recorded its completions:
+                    // go on (the deadline below still bounds the wait).
+                    Ok(false) if panicked && deadline.is_none_or(|d| Instant::now() < d) => {}
                     Ok(true) => break,
                     Ok(false) if !flushed => {
-                        eprintln!(
-                            "rdma-dmabuf: requests of a scope still in flight {:?} after it \
-                             ended; moving their queue pairs to the error state",
-                            scope.drain_deadline
-                        );
                         scope.flush_unfinished();
                         flushed = true;
                         deadline = deadline_after(FLUSH_LIMIT);
+                        crate::diag::warn(format_args!(
+                            "requests of a scope were still in flight {:?} after it ended; \
+                             moved their queue pairs to the error state",
+                            scope.drain_deadline
+                        ));
                     }
                     Ok(false) => {
                         // Flushed, and still no completion: the NIC may still use borrowed
                         // memory and nothing can tell when it stops.
-                        eprintln!(
-                            "rdma-dmabuf: flushed requests of a scope did not complete within \
+                        crate::diag::warn(format_args!(
+                            "flushed requests of a scope did not complete within \
                              {FLUSH_LIMIT:?}; aborting"
-                        );
+                        ));
                         std::process::abort();
                     }
                     Err(_) => {
-                        eprintln!("rdma-dmabuf: cannot poll a completion queue with requests of a scope in flight; aborting");
+                        crate::diag::warn(format_args!(
+                            "cannot poll a completion queue with requests of a scope in \
+                             flight; aborting"
+                        ));
                         std::process::abort();
                     }
                 }
@@ -364,9 +391,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let e = &posted[i];
         if !e.done.get() {
             let c = e.qp.take_completion(e.index, e.gen)?;
-            e.qp.forget_waiter(e.index);
             e.taken.set(Some(c));
             e.done.set(true);
+            // Last: the waker's `Drop` is code we do not control (docs/safety.md).
+            e.qp.forget_waiter(e.index);
         }
         Some(())
     }
@@ -385,10 +413,13 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let mut spins = 0u32;
         loop {
             if let Some(c) = qp.take_completion(index, gen) {
+                {
+                    let posted = self.posted.borrow();
+                    posted[i].taken.set(Some(c));
+                    posted[i].done.set(true);
+                }
+                // Last: the waker's `Drop` is code we do not control (docs/safety.md).
                 qp.forget_waiter(index);
-                let posted = self.posted.borrow();
-                posted[i].taken.set(Some(c));
-                posted[i].done.set(true);
                 return Ok(true);
             }
             qp.poll()?;

@@ -15,6 +15,7 @@
 //! Registering a waker clones it only when it would wake another task (a reference count);
 //! recording a completion takes its waker out and wakes it. Neither allocates nor locks.
 
+use crate::unwind::Deferred;
 use futures_util::task::AtomicWaker;
 use std::cell::OnceCell;
 use std::sync::Arc;
@@ -31,9 +32,12 @@ impl Wake for Table {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        // A task's waker that panics does not keep the tasks after it asleep.
+        let mut panics = Deferred::default();
         for w in self.slots.iter() {
-            w.wake();
+            panics.run(|| w.wake());
         }
+        panics.resume();
     }
 }
 
@@ -65,23 +69,30 @@ impl Waiters {
     }
 
     /// Records `waker` as the task awaiting the request in slot `index`.
+    ///
+    /// A waker whose `clone` (or the `Drop` of the one it replaces) panics leaves that
+    /// panic to the caller, a future's poll whose handle is intact; the slot then wakes every
+    /// later task at once instead of storing its waker (`AtomicWaker` stays in its
+    /// registering state), so such a task polls in a loop: slower, never asleep.
     pub(crate) fn register(&self, index: u32, waker: &Waker) {
         if let Some(w) = self.table().0.slots.get(index as usize) {
             w.register(waker);
         }
     }
 
-    /// The request in slot `index` completed: wakes its task, if one awaits it.
-    pub(crate) fn wake(&self, index: u32) {
+    /// The request in slot `index` completed: wakes its task, if one awaits it. A panic of
+    /// the task's waker is kept in `panics`, for the caller to raise once its batch is done.
+    pub(crate) fn wake(&self, index: u32, panics: &mut Deferred) {
         if let Some((table, _)) = self.table.get() {
             if let Some(w) = table.slots.get(index as usize) {
-                w.wake();
+                panics.run(|| w.wake());
             }
         }
     }
 
     /// Nobody awaits slot `index` any more (its request ended, or its handle was dropped):
-    /// its waker is dropped, so that the slot keeps no task alive.
+    /// its waker is dropped, so that the slot keeps no task alive. The waker's `Drop` is code
+    /// we do not control and may panic: callers call this last, once their state is recorded.
     pub(crate) fn forget(&self, index: u32) {
         if let Some((table, _)) = self.table.get() {
             if let Some(w) = table.slots.get(index as usize) {
@@ -128,8 +139,38 @@ mod tests {
         waiters.fan_out().wake_by_ref();
         assert_eq!(a.0.load(Ordering::SeqCst), 1);
         waiters.register(0, &wa);
-        waiters.wake(0);
+        waiters.wake(0, &mut Deferred::default());
         assert_eq!(a.0.load(Ordering::SeqCst), 2);
+    }
+
+    struct Panics;
+    impl Wake for Panics {
+        fn wake(self: Arc<Self>) {
+            panic!("a waker that panics");
+        }
+    }
+
+    #[test]
+    fn a_panicking_waker_does_not_keep_the_others_asleep() {
+        let waiters = Waiters::new(3);
+        let (a, wa) = counter();
+        let (b, wb) = counter();
+        waiters.register(0, &wa);
+        waiters.register(1, &Waker::from(Arc::new(Panics)));
+        waiters.register(2, &wb);
+        let fan_out = waiters.fan_out().clone();
+        let r = std::panic::catch_unwind(|| fan_out.wake_by_ref());
+        assert!(r.is_err(), "the panic is raised, once the others are woken");
+        assert_eq!(a.0.load(Ordering::SeqCst), 1);
+        assert_eq!(b.0.load(Ordering::SeqCst), 1);
+        // A slot's own wake keeps the panic for the caller.
+        waiters.register(1, &Waker::from(Arc::new(Panics)));
+        let mut panics = Deferred::default();
+        waiters.wake(1, &mut panics);
+        assert!(panics.caught());
+        assert!(
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| panics.resume())).is_err()
+        );
     }
 
     #[test]
@@ -138,11 +179,11 @@ mod tests {
         let (a, wa) = counter();
         waiters.register(1, &wa);
         waiters.forget(1);
-        waiters.wake(1);
+        waiters.wake(1, &mut Deferred::default());
         waiters.fan_out().wake_by_ref();
         assert_eq!(a.0.load(Ordering::SeqCst), 0);
         waiters.register(7, &wa);
-        waiters.wake(7);
+        waiters.wake(7, &mut Deferred::default());
         assert_eq!(a.0.load(Ordering::SeqCst), 0);
     }
 }

@@ -131,12 +131,14 @@ impl InlinePending<'_> {
     /// Polls once: the completion if the request has completed (the handle is then closed).
     pub(super) fn finish(&mut self) -> Option<Result<WorkCompletion>> {
         let c = self.qp.poll_for(self.index, self.gen)?;
-        self.qp.forget_waiter(self.index);
         self.open = false;
-        Some(
-            self.qp
-                .completion_result(self.index, self.gen, self.kind, c),
-        )
+        let result = self
+            .qp
+            .completion_result(self.index, self.gen, self.kind, c);
+        // Last: dropping the task's waker runs its code, which may panic (docs/safety.md,
+        // "Unwinding"); the request is recorded as ended first.
+        self.qp.forget_waiter(self.index);
+        Some(result)
     }
 
     /// Busy-polls until the request completes.
@@ -183,7 +185,6 @@ impl<'q> Handle<'q> for InlinePending<'q> {
 impl Drop for InlinePending<'_> {
     fn drop(&mut self) {
         if self.open {
-            self.qp.forget_waiter(self.index);
             // Nothing to keep alive: the slot only has to know that nobody will take the
             // completion (a zero-sized box does not allocate).
             let back = self
@@ -192,6 +193,8 @@ impl Drop for InlinePending<'_> {
                 .borrow_mut()
                 .abandon(self.index, self.gen, Box::new(()));
             drop(back);
+            // Last: the waker's `Drop` is code we do not control.
+            self.qp.forget_waiter(self.index);
         }
     }
 }

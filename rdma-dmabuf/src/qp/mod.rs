@@ -177,17 +177,26 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::Verbs`] if `ibv_poll_cq` fails.
+    ///
+    /// # Panics
+    /// If a task's waker panics when woken: only once every completion the poll consumed
+    /// is recorded and every other task woken, so nothing is lost (docs/safety.md,
+    /// "Unwinding").
     pub fn poll(&self) -> Result<usize> {
-        self.raw.cq.poll(|wr_id, c| {
+        let mut panics = crate::unwind::Deferred::default();
+        let n = self.raw.cq.poll(|wr_id, c| {
             if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
                 self.in_error.set(true);
             }
             let released = self.slots.borrow_mut().complete(wr_id, c);
             // An abandoned buffer whose request just completed: safe to free now (outside
-            // the borrow of the slots); a task awaiting the request is woken.
+            // the borrow of the slots); a task awaiting the request is woken, its panic kept
+            // until the batch is recorded.
             drop(released);
-            self.wait.waiters.wake(slot_index(wr_id));
-        })
+            self.wait.waiters.wake(slot_index(wr_id), &mut panics);
+        });
+        panics.resume();
+        n
     }
 
     /// Sleeps until the completion queue has something, or `timeout` passes (see
@@ -263,10 +272,16 @@ impl Drop for QueuePair {
         // destroyed before `slots` drops (field order).
         self.flush();
         let deadline = Instant::now() + Duration::from_secs(10);
+        // A waker that panics while woken does not cut the drain short: its panic is raised
+        // once the flushes are in (and `raw`, then `slots`, still drop after it).
+        let mut panics = crate::unwind::Deferred::default();
         while self.outstanding() > 0 && Instant::now() < deadline {
-            if self.poll().is_err() {
+            let mut polled = Ok(0);
+            panics.run(|| polled = self.poll());
+            if polled.is_err() {
                 break;
             }
         }
+        panics.resume();
     }
 }

@@ -229,11 +229,13 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
             panic!("a request handle polled after it returned its outcome");
         }
         let c = self.qp.poll_for(self.index, self.gen)?;
-        self.qp.forget_waiter(self.index);
         let lent = self.lent.take().expect("present until completion");
         let result = self
             .qp
             .completion_result(self.index, self.gen, self.kind, c);
+        // Last: dropping the task's waker runs its code, which may panic (docs/safety.md,
+        // "Unwinding"); by then the NIC is done with `lent` and the slot is free.
+        self.qp.forget_waiter(self.index);
         Some((lent, result))
     }
 
@@ -249,7 +251,9 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
 impl<T: Send + 'static> Drop for Ticket<'_, T> {
     fn drop(&mut self) {
         if let Some(lent) = self.lent.take() {
-            self.qp.forget_waiter(self.index);
+            // What was lent goes into the slot before anything we do not control runs: a
+            // panic from the waker's `Drop` below then unwinds with nothing of the NIC's on
+            // this stack (docs/safety.md, "Unwinding").
             let back = self
                 .qp
                 .slots
@@ -257,6 +261,7 @@ impl<T: Send + 'static> Drop for Ticket<'_, T> {
                 .abandon(self.index, self.gen, Box::new(lent));
             // Completed already: the NIC is done with it, free it now (outside the borrow).
             drop(back);
+            self.qp.forget_waiter(self.index);
         }
     }
 }

@@ -174,10 +174,10 @@ impl Drop for RawQp {
                 // before the CQ it uses (a field, dropped after this); same guarantee as above.
                 let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
                 if rc != 0 {
-                    eprintln!(
-                        "rdma-dmabuf: ibv_destroy_qp on {} failed: {rc}",
+                    crate::diag::warn(format_args!(
+                        "ibv_destroy_qp on {} failed: {rc}",
                         self.pd.context().name()
-                    );
+                    ));
                 }
             }
         }

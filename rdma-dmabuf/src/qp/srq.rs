@@ -102,10 +102,10 @@ impl Drop for SrqCore {
         // drop after this (fields).
         let rc = unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "rdma-dmabuf: ibv_destroy_srq on {} failed: {rc}",
+            crate::diag::warn(format_args!(
+                "ibv_destroy_srq on {} failed: {rc}",
                 self.pd.context().name()
-            );
+            ));
         }
     }
 }
@@ -285,14 +285,21 @@ impl SharedReceiveQueue {
     ///
     /// # Errors
     /// [`Error::Verbs`] if `ibv_poll_cq` fails.
+    ///
+    /// # Panics
+    /// If a task's waker panics when woken: only once every completion the poll consumed
+    /// is recorded and every other task woken (docs/safety.md, "Unwinding").
     pub fn poll(&self) -> Result<usize> {
-        self.core.cq.poll(|id, c| {
+        let mut panics = crate::unwind::Deferred::default();
+        let n = self.core.cq.poll(|id, c| {
             let released = self.slots.borrow_mut().complete(id, c);
             // An abandoned buffer whose receive just completed: free it outside the borrow;
             // a task awaiting the receive is woken.
             drop(released);
-            self.wait.waiters.wake(slot_index(id));
-        })
+            self.wait.waiters.wake(slot_index(id), &mut panics);
+        });
+        panics.resume();
+        n
     }
 
     /// Sets the limit: when the posted receives fall below `limit`, the device raises its
@@ -409,24 +416,28 @@ impl<B: Backing> SrqPending<'_, B> {
             panic!("SrqPending polled after it returned its outcome");
         }
         let c = self.srq.poll_for(self.index, self.gen)?;
-        self.srq.wait.waiters.forget(self.index);
         let region = self
             .local
             .take()
             .expect("present until completion")
             .into_region();
-        if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+        let out = if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
             let error = completion_error(self.index, self.gen, WorkKind::Recv, c);
-            return Some(Err(WorkError { error, region }));
-        }
-        let wc = WorkCompletion {
-            wr_id: self.wr_id(),
-            kind: WorkKind::Recv,
-            byte_len: c.byte_len,
-            imm: c.imm,
-            qp_num: c.qp_num,
+            Err(WorkError { error, region })
+        } else {
+            let wc = WorkCompletion {
+                wr_id: self.wr_id(),
+                kind: WorkKind::Recv,
+                byte_len: c.byte_len,
+                imm: c.imm,
+                qp_num: c.qp_num,
+            };
+            Ok(Done { region, wc })
         };
-        Some(Ok(Done { region, wc }))
+        // Last: dropping the task's waker runs its code, which may panic (docs/safety.md,
+        // "Unwinding"); by then the receive has ended and its slot is free.
+        self.srq.wait.waiters.forget(self.index);
+        Some(out)
     }
 
     /// Busy-polls until a message fills the receive, for at most `timeout` (`Duration::MAX`
@@ -458,7 +469,7 @@ impl<B: Backing> SrqPending<'_, B> {
 impl<B: Backing> Drop for SrqPending<'_, B> {
     fn drop(&mut self) {
         if let Some(local) = self.local.take() {
-            self.srq.wait.waiters.forget(self.index);
+            // Into the slot before the waker's `Drop` (code we do not control) runs.
             let back = self
                 .srq
                 .slots
@@ -466,6 +477,7 @@ impl<B: Backing> Drop for SrqPending<'_, B> {
                 .abandon(self.index, self.gen, Box::new(local));
             // Completed already: the NIC is done with it, free it now (outside the borrow).
             drop(back);
+            self.srq.wait.waiters.forget(self.index);
         }
     }
 }
