@@ -7,6 +7,7 @@
 
 pub mod counts;
 pub mod device_admin;
+pub mod evil_waker;
 pub mod exporters;
 pub mod oob;
 pub mod process;
