@@ -205,13 +205,15 @@ impl Drop for CudaBuffer {
             // hold their own reference to the memory (see `export`).
             let r = unsafe { d.free(self.ptr) };
             if r != 0 {
-                eprintln!("drm-export: cuMemFree: {}", d.error_name(r));
+                crate::diag::warn(format_args!("cuMemFree: {}", d.error_name(r)));
             }
         }
     }
 }
 
 #[cfg(test)]
+// Tests report what they allocated; they run in no drain or drop.
+#[allow(clippy::print_stderr)]
 mod tests {
     use super::*;
 

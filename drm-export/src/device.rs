@@ -203,11 +203,11 @@ impl DrmDevice {
         let raw = u32::from(handle);
         let Some(count) = handles.get_mut(&raw) else {
             // Not ours to close: some other owner may still use whatever has this number now.
-            eprintln!(
-                "drm-export: GEM handle {raw} of {} released but not in the handle table; \
+            crate::diag::warn(format_args!(
+                "GEM handle {raw} of {} released but not in the handle table; \
                  left open",
                 self.path.display()
-            );
+            ));
             return;
         };
         *count -= 1;
@@ -218,14 +218,14 @@ impl DrmDevice {
         // Closed with the lock held: an import of the same buffer on another thread cannot
         // get this handle back (and count it) between the removal and the close.
         if let Err(e) = self.ops().close_buffer(handle) {
-            eprintln!(
-                "drm-export: {}",
+            crate::diag::warn(format_args!(
+                "{}",
                 Error::os(
                     Op::GemClose,
                     format!("{} handle {raw}", self.path.display()),
                     e
                 )
-            );
+            ));
         }
     }
 }

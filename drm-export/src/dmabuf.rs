@@ -1,5 +1,6 @@
 //! [`DmaBuf`]: an owned dma-buf file descriptor with its size and exporter.
 
+use crate::claim::Claim;
 use crate::error::{Error, Op, Result};
 use crate::mapping::Mapping;
 use crate::sync_file::{FenceAccess, SyncFile};
@@ -11,11 +12,21 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 /// Obtained from an exporter of this crate, or from any fd through [`DmaBuf::try_from`], which
 /// checks that the fd really is a dma-buf. Dropping it closes the fd; importers (a DRM device,
 /// an RDMA memory region) hold their own references to the buffer.
+///
+/// A process has at most one live `DmaBuf` per buffer: making a second one over a buffer a
+/// live `DmaBuf` already owns (a dup of its fd, the same GEM object exported again) is
+/// refused with [`Error::AlreadyOwned`], so that the buffer cannot be mapped through one while
+/// the other is lent to a device. Other processes holding the buffer's fd are outside this
+/// (see docs/safety.md).
 #[derive(Debug)]
 pub struct DmaBuf {
     fd: OwnedFd,
     size: u64,
     exporter: String,
+    /// This process's one claim on the buffer (dropped with the `DmaBuf`, or by `into_fd`).
+    claim: Claim,
+    /// Made by [`Udmabuf`](crate::Udmabuf) over a hugetlbfs memfd.
+    huge_pages: bool,
 }
 
 impl DmaBuf {
@@ -34,6 +45,7 @@ impl DmaBuf {
 
     /// Gives up the wrapper, returning the fd.
     pub fn into_fd(self) -> OwnedFd {
+        // The claim drops here: the fd is the caller's, and a new `DmaBuf` may be made of it.
         self.fd
     }
 
@@ -75,6 +87,24 @@ impl DmaBuf {
             .map_err(|e| Error::os(Op::ImportSyncFile, self.describe(), e))
     }
 
+    /// Whether this is a udmabuf over a hugetlbfs memfd (made by
+    /// [`Udmabuf`](crate::Udmabuf) here; a udmabuf made elsewhere and taken with
+    /// [`DmaBuf::try_from`] is not known to be one). Devices that move data with the CPU
+    /// cannot use such buffers on kernels with
+    /// [`HUGE_PAGE_VMAP_BUG`](crate::udmabuf::HUGE_PAGE_VMAP_BUG).
+    pub fn is_udmabuf_over_huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    pub(crate) fn set_huge_pages(&mut self) {
+        self.huge_pages = true;
+    }
+
+    /// The buffer's identity, `(st_dev, st_ino)` of its dma-buf file.
+    pub fn buffer_id(&self) -> (u64, u64) {
+        self.claim.id()
+    }
+
     pub(crate) fn describe(&self) -> String {
         format!("dma-buf fd {} ({})", self.fd.as_raw_fd(), self.exporter)
     }
@@ -89,10 +119,13 @@ impl AsFd for DmaBuf {
 impl TryFrom<OwnedFd> for DmaBuf {
     type Error = Error;
 
-    /// Checks that `fd` is a dma-buf and reads its size and exporter.
+    /// Checks that `fd` is a dma-buf, reads its size and exporter, and claims the buffer for
+    /// this `DmaBuf`.
     ///
     /// # Errors
-    /// [`Error::NotDmaBuf`] for any other kind of fd (regular file, memfd, DRM device...).
+    /// [`Error::NotDmaBuf`] for any other kind of fd (regular file, memfd, DRM device...);
+    /// [`Error::AlreadyOwned`] if a live `DmaBuf` of this process already owns the buffer
+    /// (`fd` is then closed; the other `DmaBuf` is untouched).
     fn try_from(fd: OwnedFd) -> Result<DmaBuf> {
         let raw = fd.as_raw_fd();
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}"))
@@ -110,7 +143,25 @@ impl TryFrom<OwnedFd> for DmaBuf {
                 fd: raw,
                 what: "its fdinfo has no size".into(),
             })?;
-        Ok(DmaBuf { fd, size, exporter })
+        let st = nix::sys::stat::fstat(&fd)
+            .map_err(|e| Error::os(Op::InspectDmaBuf, format!("fd {raw}"), e.into()))?;
+        // Both are u64 on Linux x86_64 and aarch64; `as` keeps other layouts compiling.
+        #[allow(clippy::unnecessary_cast)]
+        let id = (st.st_dev as u64, st.st_ino as u64);
+        let Some(claim) = Claim::take(id) else {
+            return Err(Error::AlreadyOwned {
+                fd: raw,
+                inode: id.1,
+                exporter,
+            });
+        };
+        Ok(DmaBuf {
+            fd,
+            size,
+            exporter,
+            claim,
+            huge_pages: false,
+        })
     }
 }
 

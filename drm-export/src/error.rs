@@ -136,6 +136,21 @@ pub enum Error {
         /// What it is instead, where known.
         what: String,
     },
+    /// A live [`DmaBuf`](crate::DmaBuf) of this process already owns the buffer behind this
+    /// fd (a dup of its fd, or the same buffer exported again).
+    #[error(
+        "fd {fd}: dma-buf inode {inode} ({exporter}) is already owned by a live DmaBuf of this \
+         process (hint: use that DmaBuf, or drop it or turn it back into its fd with \
+         DmaBuf::into_fd first; two owners could map the buffer while a device uses it)"
+    )]
+    AlreadyOwned {
+        /// The raw fd number, for the message.
+        fd: i32,
+        /// The dma-buf file's inode.
+        inode: u64,
+        /// The exporter's name.
+        exporter: String,
+    },
     /// The fd is not a sync_file.
     #[error("fd {fd} is not a sync_file ({what})")]
     NotSyncFile {

@@ -24,10 +24,14 @@
 //! `unsafe fn`s; `unsafe_code` is denied everywhere else.
 
 #![deny(unsafe_code)]
+// `eprintln!` panics on a closed stderr, and notices come from drops: see `diag`.
+#![deny(clippy::print_stderr, clippy::print_stdout)]
 
+mod claim;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+mod diag;
 pub mod dmabuf;
 pub mod dumb;
 pub mod error;

@@ -70,7 +70,7 @@ impl<'b> Mapping<'b> {
 
     fn end(&self, flags: u32) {
         if let Err(e) = self.sync(sys::DMA_BUF_SYNC_END | flags) {
-            eprintln!("drm-export: {e}");
+            crate::diag::warn(format_args!("{e}"));
         }
     }
 

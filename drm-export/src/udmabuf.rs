@@ -9,7 +9,7 @@ use crate::error::{Error, Op, Result};
 use crate::sys;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// The udmabuf device node.
 pub const DEVICE: &str = "/dev/udmabuf";
@@ -149,7 +149,7 @@ impl Udmabuf {
                     e,
                 )
             })?;
-        DmaBuf::try_from(fd)
+        with_page_kind(DmaBuf::try_from(fd)?, memfd)
     }
 
     /// `UDMABUF_CREATE_LIST`: one dma-buf over several page-aligned ranges of one memfd, in
@@ -174,7 +174,7 @@ impl Udmabuf {
                     e,
                 )
             })?;
-        DmaBuf::try_from(fd)
+        with_page_kind(DmaBuf::try_from(fd)?, memfd)
     }
 
     /// The dma-buf.
@@ -202,6 +202,52 @@ impl Udmabuf {
     /// Splits into the memfd and the dma-buf.
     pub fn into_parts(self) -> (OwnedFd, DmaBuf) {
         (self.memfd, self.dmabuf)
+    }
+}
+
+/// Marks `buf` as over huge pages when `memfd` is on hugetlbfs.
+fn with_page_kind(mut buf: DmaBuf, memfd: BorrowedFd<'_>) -> Result<DmaBuf> {
+    use nix::sys::statfs::{fstatfs, HUGETLBFS_MAGIC};
+    let fs = fstatfs(memfd).map_err(|e| {
+        Error::os(
+            Op::CreateUdmabuf,
+            format!("fstatfs of memfd fd {}", memfd.as_raw_fd()),
+            e.into(),
+        )
+    })?;
+    if fs.filesystem_type() == HUGETLBFS_MAGIC {
+        buf.set_huge_pages();
+    }
+    Ok(buf)
+}
+
+/// The udmabuf bug that makes devices which move data with the CPU (soft-RoCE `rxe`, `siw`)
+/// read and write the wrong bytes of a udmabuf over huge pages.
+pub const HUGE_PAGE_VMAP_BUG: &str = "udmabuf's kernel mapping (vmap) on Linux 6.10 to 6.16 \
+    shows the first 4 KiB page of each huge page in place of every page of it (fixed by \
+    \"udmabuf: fix vmap missed offset page\": Linux 6.17, and 6.16.y stable from August 2025; \
+    6.12.y has no fix as of 6.12.117), so a device that moves data through that mapping \
+    (soft-RoCE rxe, siw) would move the wrong bytes; user mappings and DMA by a hardware NIC \
+    are right. Use a udmabuf over an ordinary memfd (Backing::Shmem), or a kernel with the fix";
+
+/// Whether the kernel `release` (`uname -r`, e.g. `6.12.117+deb12-amd64`) may have
+/// [`HUGE_PAGE_VMAP_BUG`]: 6.10 (when udmabuf took huge pages as folios again) up to 6.16.
+/// 6.16 counts as affected although its later stable releases have the fix, since which one
+/// first did cannot be told from the release string alone.
+pub fn vmap_misplaces_huge_pages(release: &str) -> bool {
+    let mut parts = release.split(['.', '-', '+']).map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (6, 10) <= (major, minor) && (major, minor) < (6, 17),
+        // Unknown: say affected (a refusal, rather than wrong bytes reported as success).
+        _ => true,
+    }
+}
+
+/// [`vmap_misplaces_huge_pages`] for the running kernel.
+pub fn running_kernel_misplaces_huge_pages() -> bool {
+    match nix::sys::utsname::uname() {
+        Ok(u) => vmap_misplaces_huge_pages(&u.release().to_string_lossy()),
+        Err(_) => true,
     }
 }
 
@@ -265,6 +311,22 @@ pub fn page_size() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_huge_page_vmap_bug_is_told_by_release() {
+        for (release, affected) in [
+            ("6.12.117+deb12-amd64", true),
+            ("6.10.0", true),
+            ("6.16.3-arch1-1", true),
+            ("6.9.12", false),
+            ("6.17.0-rc1", false),
+            ("7.0.1", false),
+            ("6.1.0-37-amd64", false),
+            ("garbage", true),
+        ] {
+            assert_eq!(vmap_misplaces_huge_pages(release), affected, "{release}");
+        }
+    }
 
     #[test]
     fn zero_and_unaligned_sizes_are_refused_before_the_kernel() {

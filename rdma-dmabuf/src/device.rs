@@ -264,6 +264,7 @@ impl Context {
             max_srq_sge: count(attr.max_srq_sge),
             odp: u64::from(odp) & ex.odp_caps.general_caps != 0,
             max_dm_size: ex.max_dm_size,
+            vendor_id: attr.vendor_id,
         })
     }
 
@@ -407,6 +408,17 @@ pub struct DeviceAttr {
     pub odp: bool,
     /// The most device memory (`ibv_alloc_dm`) the device has, in bytes (0: none).
     pub max_dm_size: u64,
+    /// The IEEE vendor id (`vendor_id`; soft-RoCE reports `0xffffff`, siw `0x626d74`).
+    pub vendor_id: u32,
+}
+
+impl DeviceAttr {
+    /// Whether the device moves data with the CPU, through the kernel's mapping of each
+    /// buffer (soft-RoCE `rxe`, `siw`), rather than by DMA: it then depends on the exporter's
+    /// `vmap` being right (see [`drm_export::udmabuf::HUGE_PAGE_VMAP_BUG`]).
+    pub fn moves_data_with_the_cpu(&self) -> bool {
+        matches!(self.vendor_id, 0x00ff_ffff | 0x0062_6d74)
+    }
 }
 
 /// A device's remote atomic capability (`ibv_atomic_cap`).

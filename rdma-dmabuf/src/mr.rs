@@ -226,6 +226,7 @@ impl MemoryRegion<DmaBuf> {
                 "iova {iova:#x} and offset {offset:#x} differ in their offset within a page"
             ));
         }
+        refuse_misplaced_huge_pages(pd, &dmabuf)?;
         let fd = dmabuf.as_fd().as_raw_fd();
         let target = || {
             format!(
@@ -282,6 +283,24 @@ fn dmabuf_unsupported(errno: i32) -> Option<&'static str> {
         libc::EPROTONOSUPPORT => Some("the kernel is older than 5.12 and has no dma-buf MRs"),
         _ => None,
     }
+}
+
+/// Refuses a udmabuf over huge pages on a device that moves data with the CPU when the
+/// running kernel's udmabuf maps such buffers wrongly: the transfer would report success
+/// with the wrong bytes (drm_export::udmabuf::HUGE_PAGE_VMAP_BUG).
+fn refuse_misplaced_huge_pages(pd: &ProtectionDomain, dmabuf: &DmaBuf) -> Result<()> {
+    if !dmabuf.is_udmabuf_over_huge_pages()
+        || !drm_export::udmabuf::running_kernel_misplaces_huge_pages()
+        || !pd.context().query_device()?.moves_data_with_the_cpu()
+    {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        op: Op::RegDmabufMr,
+        device: pd.context().name().to_string(),
+        errno: libc::EOPNOTSUPP,
+        why: drm_export::udmabuf::HUGE_PAGE_VMAP_BUG,
+    })
 }
 
 fn dmabuf_error(pd: &ProtectionDomain, e: std::io::Error, target: String) -> Error {

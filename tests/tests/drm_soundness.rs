@@ -74,17 +74,28 @@ fn a_shared_gem_handle_closes_with_its_last_owner() {
     assert_eq!((first.handle(), second.handle()), (handle, handle));
     drop(first);
     drop(second);
-    a.export()
-        .expect("the buffer's handle survives both imports");
+    // The kernel hands back the live export `d` (the handle is open), which this process
+    // already owns (ENOENT would mean the handle was closed).
+    owned_already(a.export(), "the buffer's handle survives both imports");
 
     // An import may outlive the buffer it came from.
     let third = prime::import(&card, &d).expect("import 3");
     drop(a);
-    prime::export(&card, third.handle()).expect("the import still owns the handle");
+    owned_already(
+        prime::export(&card, third.handle()),
+        "the import still owns the handle",
+    );
     drop(third);
     // The last owner closed it: the handle no longer exists on this file.
     let err = prime::export(&card, handle).unwrap_err();
     assert_eq!(err.errno(), Some(libc::ENOENT), "{err}");
+}
+
+/// An export of a buffer whose dma-buf this process already owns: the kernel found the open
+/// handle and returned that dma-buf, which a second `DmaBuf` may not own.
+fn owned_already(export: drm_export::Result<drm_export::DmaBuf>, what: &str) {
+    let err = export.expect_err(what);
+    assert!(matches!(err, Error::AlreadyOwned { .. }), "{what}: {err}");
 }
 
 /// A real sync_file passes the check; a dma-buf (another fd the kernel made) does not.
@@ -207,4 +218,58 @@ fn heap_names_that_leave_the_heap_folder_are_refused() {
         );
     }
     assert!(DmaHeap::open("system").is_ok());
+}
+
+/// One live `DmaBuf` per buffer in a process: a dup of a live one's fd, and a second PRIME
+/// export of the same GEM object (the kernel hands back the same dma-buf), are refused with
+/// a typed error, also while the first is registered with the NIC; once the first is gone
+/// (dropped, or turned back into its fd) the buffer can be owned again. Before, the dup became
+/// a second owner that could map and write the buffer while the NIC sent it.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_second_dmabuf_for_a_live_buffer_is_refused() {
+    use rdma_dmabuf::{Access, MemoryRegion};
+    use std::os::fd::AsFd;
+    let tb = Testbed::get();
+    for exporter in integration_tests::exporters::ALL {
+        let buf = exporter.allocate(MIB);
+        let id = buf.buffer_id();
+        let dup = || buf.as_fd().try_clone_to_owned().unwrap();
+        let err = drm_export::DmaBuf::try_from(dup()).unwrap_err();
+        assert!(
+            matches!(err, Error::AlreadyOwned { .. }),
+            "{exporter:?}: {err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("already owned") && msg.contains("into_fd"),
+            "{msg}"
+        );
+        assert!(msg.contains(&format!("inode {}", id.1)), "{msg}");
+        let kept = dup();
+        let pd = integration_tests::verbs::pd(&tb);
+        let region = MemoryRegion::register_dmabuf(&pd, buf, 0, MIB, None, Access::LOCAL_WRITE);
+        let region = region.unwrap();
+        let again = kept.try_clone().unwrap();
+        let err = drm_export::DmaBuf::try_from(again).unwrap_err();
+        assert!(
+            matches!(err, Error::AlreadyOwned { .. }),
+            "while registered: {err}"
+        );
+        let buf = region.into_inner().unwrap();
+        let fd = buf.into_fd();
+        let owned = drm_export::DmaBuf::try_from(kept).expect("owned again after into_fd");
+        assert_eq!(owned.buffer_id(), id);
+        drop(owned);
+        let owned = drm_export::DmaBuf::try_from(fd).expect("owned again after a drop");
+        assert_eq!(owned.buffer_id(), id);
+    }
+    // The same GEM object exported twice: the second export is the same dma-buf.
+    let dumb = DumbBuffer::new(&card(), MIB).unwrap();
+    let first = dumb.export().unwrap();
+    let err = dumb.export().unwrap_err();
+    assert!(matches!(err, Error::AlreadyOwned { .. }), "{err}");
+    drop(first);
+    dumb.export()
+        .expect("exportable again once the first is dropped");
 }

@@ -461,7 +461,7 @@ impl Drop for Mmap {
         // SAFETY: `ptr` and `len` are the address and length `mmap` returned in `new`, and this
         // is their only unmap; no slice of the mapping outlives `self` (each borrows it).
         if let Err(e) = unsafe { nix::sys::mman::munmap(self.ptr, self.len) } {
-            eprintln!("drm-export: munmap failed: {e}");
+            crate::diag::warn(format_args!("munmap failed: {e}"));
         }
     }
 }
