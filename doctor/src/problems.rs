@@ -246,6 +246,19 @@ pub const NVIDIA_PEERMEM: Problem = p(
     "nothing for dma-buf; for libraries that still use peer memory, `modprobe nvidia_peermem`",
 );
 
+/// udmabuf-huge-page-vmap.
+pub const UDMABUF_HUGE_VMAP: Problem = p(
+    "udmabuf-huge-page-vmap",
+    "`Unsupported ... udmabuf's kernel mapping (vmap) on Linux 6.10 to 6.16 ...` registering a \
+     udmabuf over hugetlb pages on rxe or siw",
+    "udmabuf's vmap on these kernels shows the first 4 KiB page of each huge page in place of \
+     every page of it, and a soft device (rxe, siw) moves data through that mapping: the \
+     transfer would report success with the wrong bytes, so rdma-dmabuf refuses the \
+     registration. Hardware NICs (DMA) and user mappings are unaffected",
+    "on rxe/siw use udmabufs over ordinary memfds (`Backing::Shmem`), or run a kernel with \
+     \"udmabuf: fix vmap missed offset page\" (Linux 6.17; 6.16.y stable from August 2025)",
+);
+
 /// The table, in the order the document lists it.
 pub const PROBLEMS: &[&Problem] = &[
     &PROVIDER_NO_DMABUF,
@@ -260,6 +273,7 @@ pub const PROBLEMS: &[&Problem] = &[
     &I915_NO_LMEM,
     &NO_UDMABUF,
     &NO_DMA_HEAP,
+    &UDMABUF_HUGE_VMAP,
     &NO_ROCE_GID,
     &BIND_ADDR,
     &CM_ROUTE,

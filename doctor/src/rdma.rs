@@ -184,11 +184,49 @@ fn inspect_one(sysfs: &Path, name: &str, out: &mut Nics) {
             }
         }
     });
+    if dmabuf {
+        if let Some(c) = huge_page_check(&ctx) {
+            out.checks.push(c);
+        }
+    }
     out.nics.push(Nic {
         name: name.to_string(),
         pd,
         dmabuf,
     });
+}
+
+/// On a device that moves data with the CPU (rxe, siw), whether udmabufs over huge pages
+/// work with the running kernel's udmabuf (`None`: not such a device).
+fn huge_page_check(ctx: &Arc<Context>) -> Option<Check> {
+    if !ctx.query_device().ok()?.moves_data_with_the_cpu() {
+        return None;
+    }
+    let name = format!("{} udmabufs over huge pages", ctx.name());
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    Some(
+        if drm_export::udmabuf::running_kernel_misplaces_huge_pages() {
+            let found = format!(
+                "refused on kernel {release}: this device moves data through udmabuf's vmap, \
+             which misplaces huge pages there"
+            );
+            Check::problem(
+                SECTION,
+                name,
+                Status::Warn,
+                found,
+                &problems::UDMABUF_HUGE_VMAP,
+            )
+        } else {
+            Check::ok(
+                SECTION,
+                name,
+                format!("kernel {release} has the udmabuf vmap fix"),
+            )
+        },
+    )
 }
 
 fn port_check(sysfs: &Path, ctx: &Arc<Context>, port: u8) -> Check {

@@ -83,6 +83,11 @@ fn doctor_says_ok_and_registers_vgem_udmabuf_and_the_heap_on_rxe0() {
         probe["found"].as_str().unwrap_or("").contains("EBADF"),
         "{probe:#}"
     );
+    // rxe moves data with the CPU; on the testbed's 6.12 udmabuf's vmap misplaces huge
+    // pages, so registering such udmabufs is refused, and the doctor says why.
+    let huge = check(&report, &format!("{} udmabufs over huge pages", tb.device));
+    assert_eq!(huge["status"], "warn", "{huge:#}");
+    assert_eq!(huge["problem"], "udmabuf-huge-page-vmap", "{huge:#}");
     let lib = check(&report, "libibverbs");
     assert!(
         lib["found"]
