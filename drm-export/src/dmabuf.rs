@@ -25,8 +25,9 @@ pub struct DmaBuf {
     exporter: String,
     /// This process's one claim on the buffer (dropped with the `DmaBuf`, or by `into_fd`).
     claim: Claim,
-    /// Made by [`Udmabuf`](crate::Udmabuf) over a hugetlbfs memfd.
-    huge_pages: bool,
+    /// For a udmabuf: whether it is over a hugetlbfs memfd (`None`: a udmabuf made
+    /// elsewhere, not known). `Some(false)` for every other exporter.
+    huge_pages: Option<bool>,
 }
 
 impl DmaBuf {
@@ -87,17 +88,17 @@ impl DmaBuf {
             .map_err(|e| Error::os(Op::ImportSyncFile, self.describe(), e))
     }
 
-    /// Whether this is a udmabuf over a hugetlbfs memfd (made by
-    /// [`Udmabuf`](crate::Udmabuf) here; a udmabuf made elsewhere and taken with
-    /// [`DmaBuf::try_from`] is not known to be one). Devices that move data with the CPU
-    /// cannot use such buffers on kernels with
-    /// [`HUGE_PAGE_VMAP_BUG`](crate::udmabuf::HUGE_PAGE_VMAP_BUG).
-    pub fn is_udmabuf_over_huge_pages(&self) -> bool {
+    /// Whether this is a udmabuf over a hugetlbfs memfd: `Some(true)` or `Some(false)` for
+    /// one made by [`Udmabuf`](crate::Udmabuf), `Some(false)` for any other exporter, `None`
+    /// for a udmabuf made elsewhere and taken with [`DmaBuf::try_from`] (its memfd cannot be
+    /// seen from its fd). Devices that move data with the CPU cannot use such buffers on
+    /// kernels with [`HUGE_PAGE_VMAP_BUG`](crate::udmabuf::HUGE_PAGE_VMAP_BUG).
+    pub fn udmabuf_over_huge_pages(&self) -> Option<bool> {
         self.huge_pages
     }
 
-    pub(crate) fn set_huge_pages(&mut self) {
-        self.huge_pages = true;
+    pub(crate) fn set_huge_pages(&mut self, huge: bool) {
+        self.huge_pages = Some(huge);
     }
 
     /// The buffer's identity, `(st_dev, st_ino)` of its dma-buf file.
@@ -148,6 +149,7 @@ impl TryFrom<OwnedFd> for DmaBuf {
         // Both are u64 on Linux x86_64 and aarch64; `as` keeps other layouts compiling.
         #[allow(clippy::unnecessary_cast)]
         let id = (st.st_dev as u64, st.st_ino as u64);
+        let huge_pages = (exporter != "udmabuf").then_some(false);
         let Some(claim) = Claim::take(id) else {
             return Err(Error::AlreadyOwned {
                 fd: raw,
@@ -160,7 +162,7 @@ impl TryFrom<OwnedFd> for DmaBuf {
             size,
             exporter,
             claim,
-            huge_pages: false,
+            huge_pages,
         })
     }
 }

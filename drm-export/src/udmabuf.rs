@@ -205,7 +205,7 @@ impl Udmabuf {
     }
 }
 
-/// Marks `buf` as over huge pages when `memfd` is on hugetlbfs.
+/// Records whether `buf` is over huge pages (`memfd` on hugetlbfs).
 fn with_page_kind(mut buf: DmaBuf, memfd: BorrowedFd<'_>) -> Result<DmaBuf> {
     use nix::sys::statfs::{fstatfs, HUGETLBFS_MAGIC};
     let fs = fstatfs(memfd).map_err(|e| {
@@ -215,9 +215,7 @@ fn with_page_kind(mut buf: DmaBuf, memfd: BorrowedFd<'_>) -> Result<DmaBuf> {
             e.into(),
         )
     })?;
-    if fs.filesystem_type() == HUGETLBFS_MAGIC {
-        buf.set_huge_pages();
-    }
+    buf.set_huge_pages(fs.filesystem_type() == HUGETLBFS_MAGIC);
     Ok(buf)
 }
 
@@ -229,6 +227,15 @@ pub const HUGE_PAGE_VMAP_BUG: &str = "udmabuf's kernel mapping (vmap) on Linux 6
     6.12.y has no fix as of 6.12.117), so a device that moves data through that mapping \
     (soft-RoCE rxe, siw) would move the wrong bytes; user mappings and DMA by a hardware NIC \
     are right. Use a udmabuf over an ordinary memfd (Backing::Shmem), or a kernel with the fix";
+
+/// Why a udmabuf made elsewhere is refused where [`HUGE_PAGE_VMAP_BUG`] applies.
+pub const UNKNOWN_UDMABUF_PAGES: &str = "this udmabuf was not made by drm_export::Udmabuf, so \
+    whether it is over huge pages cannot be told from its fd, and on this kernel udmabuf's \
+    vmap misplaces huge pages (Linux 6.10 to 6.16; see \
+    drm_export::udmabuf::HUGE_PAGE_VMAP_BUG): a device that moves data through that mapping \
+    (soft-RoCE rxe, siw) might move the wrong bytes. Make the udmabuf with \
+    Udmabuf::export from its memfd, or use a kernel with \"udmabuf: fix vmap missed offset \
+    page\"";
 
 /// Whether the kernel `release` (`uname -r`, e.g. `6.12.117+deb12-amd64`) may have
 /// [`HUGE_PAGE_VMAP_BUG`]: 6.10 (when udmabuf took huge pages as folios again) up to 6.16.

@@ -288,9 +288,15 @@ fn dmabuf_unsupported(errno: i32) -> Option<&'static str> {
 /// Refuses a udmabuf over huge pages on a device that moves data with the CPU when the
 /// running kernel's udmabuf maps such buffers wrongly: the transfer would report success
 /// with the wrong bytes (drm_export::udmabuf::HUGE_PAGE_VMAP_BUG).
+/// A udmabuf made elsewhere (not known to be over ordinary pages) is refused there too.
 fn refuse_misplaced_huge_pages(pd: &ProtectionDomain, dmabuf: &DmaBuf) -> Result<()> {
-    if !dmabuf.is_udmabuf_over_huge_pages()
-        || !drm_export::udmabuf::running_kernel_misplaces_huge_pages()
+    use drm_export::udmabuf::{HUGE_PAGE_VMAP_BUG, UNKNOWN_UDMABUF_PAGES};
+    let why = match dmabuf.udmabuf_over_huge_pages() {
+        Some(false) => return Ok(()),
+        Some(true) => HUGE_PAGE_VMAP_BUG,
+        None => UNKNOWN_UDMABUF_PAGES,
+    };
+    if !drm_export::udmabuf::running_kernel_misplaces_huge_pages()
         || !pd.context().query_device()?.moves_data_with_the_cpu()
     {
         return Ok(());
@@ -299,7 +305,7 @@ fn refuse_misplaced_huge_pages(pd: &ProtectionDomain, dmabuf: &DmaBuf) -> Result
         op: Op::RegDmabufMr,
         device: pd.context().name().to_string(),
         errno: libc::EOPNOTSUPP,
-        why: drm_export::udmabuf::HUGE_PAGE_VMAP_BUG,
+        why,
     })
 }
 
