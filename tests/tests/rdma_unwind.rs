@@ -12,6 +12,7 @@ use rdma_dmabuf::{
     scope_with_deadline, Access, HostBuffer, Local, MemoryRegion, ProtectionDomain, QueuePair,
     QueuePairBuilder, SharedReceiveQueue,
 };
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -54,6 +55,64 @@ fn poll_once<R>(waker: &Waker, mut f: impl FnMut(&mut Context<'_>) -> Poll<R>) -
         Ok(Poll::Ready(_)) => panic!("nothing has been sent yet"),
         Ok(Poll::Pending) => false,
         Err(_) => true,
+    }
+}
+
+/// How the evil waker is handed to a handle: through the reactor API (`poll_with`, a reactor
+/// that parks the task), or as an awaited future inside a tokio runtime, whose step registers
+/// the queue's fds with tokio's reactor.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Reactor,
+    Tokio,
+}
+
+/// The reactor API of a handle that is also a future.
+trait Awaitable: Future + Unpin {
+    fn poll_parked(&mut self, cx: &mut Context<'_>) -> Poll<Self::Output>;
+}
+
+impl<B: rdma_dmabuf::mr::Backing> Awaitable for rdma_dmabuf::Pending<'_, B> {
+    fn poll_parked(&mut self, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_with(cx, parked)
+    }
+}
+
+impl<B: rdma_dmabuf::mr::Backing> Awaitable for rdma_dmabuf::SrqPending<'_, B> {
+    fn poll_parked(&mut self, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_with(cx, parked)
+    }
+}
+
+impl Via {
+    /// The runtime the awaited form is polled in. It must outlive the scenario's evil waker:
+    /// dropping a runtime wakes every task registered with its reactor (here, the queue's
+    /// fan-out waker, which wakes the slot's waker).
+    fn runtime(self) -> Option<tokio::runtime::Runtime> {
+        match self {
+            Via::Reactor => None,
+            Via::Tokio => Some(
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap(),
+            ),
+        }
+    }
+
+    fn poll_once<H: Awaitable>(
+        self,
+        rt: &Option<tokio::runtime::Runtime>,
+        waker: &Waker,
+        h: &mut H,
+    ) -> bool {
+        match rt {
+            None => poll_once(waker, |cx| h.poll_parked(cx)),
+            Some(rt) => {
+                let _inside = rt.enter();
+                poll_once(waker, |cx| std::pin::Pin::new(&mut *h).poll(cx))
+            }
+        }
     }
 }
 
@@ -194,16 +253,17 @@ fn stderr_closed_child() {
 }
 
 /// Holes 3 and 4 for the owned receive (`Pending`), and the same for `clone`.
-fn pending_recv(site: Site) {
+fn pending_recv(site: Site, via: Via) {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
     let mut evil_recv = b.post_recv(recv_region(&pd)).unwrap();
     let plain = b.post_recv(recv_region(&pd)).unwrap();
+    let rt = via.runtime();
     let (e, waker) = evil(site);
     let _disarm = e.disarm_on_drop();
     e.arm();
-    let did = poll_once(&waker, |cx| evil_recv.poll_with(cx, parked));
+    let did = via.poll_once(&rt, &waker, &mut evil_recv);
     expect_panic(&e, site, Site::Clone, did, "registering");
     if site == Site::Drop {
         // Hole 3: the region must go into the slot before the waker's drop panics.
@@ -295,7 +355,7 @@ fn parts_recv(site: Site) {
 }
 
 /// The same for a receive on a shared receive queue (`SrqPending`).
-fn srq_recv(site: Site) {
+fn srq_recv(site: Site, via: Via) {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let srq = SharedReceiveQueue::new(&pd, 8).unwrap();
@@ -305,10 +365,11 @@ fn srq_recv(site: Site) {
     );
     let mut evil_recv = srq.post_recv(recv_region(&pd)).unwrap();
     let plain = srq.post_recv(recv_region(&pd)).unwrap();
+    let rt = via.runtime();
     let (e, waker) = evil(site);
     let _disarm = e.disarm_on_drop();
     e.arm();
-    let did = poll_once(&waker, |cx| evil_recv.poll_with(cx, parked));
+    let did = via.poll_once(&rt, &waker, &mut evil_recv);
     expect_panic(&e, site, Site::Clone, did, "registering");
     if site == Site::Drop {
         assert!(
@@ -428,9 +489,11 @@ fn scoped_recv(site: Site) {
 }
 
 fn every_handle(site: Site) {
-    pending_recv(site);
+    pending_recv(site, Via::Reactor);
+    pending_recv(site, Via::Tokio);
     parts_recv(site);
-    srq_recv(site);
+    srq_recv(site, Via::Reactor);
+    srq_recv(site, Via::Tokio);
     inline_send(site);
     scoped_recv(site);
 }
