@@ -82,8 +82,14 @@ fn vgem_dumb_buffer_round_trips_through_prime_import_on_the_render_node() {
 
     let render = render();
     let imported = prime::import(&render, &exported).expect("import on the render node");
+    // The re-export is the same dma-buf (the kernel keeps one per GEM object), which
+    // `exported` still owns: a second owner is refused until that one is gone.
+    let err = prime::export(&render, imported.handle()).unwrap_err();
+    assert!(matches!(err, Error::AlreadyOwned { .. }), "{err}");
+    let size = exported.size();
+    drop(exported);
     let mut again = prime::export(&render, imported.handle()).expect("re-export from render node");
-    assert_eq!(again.size(), exported.size());
+    assert_eq!(again.size(), size);
     assert_eq!(read_all(&again.map().expect("map re-export")), data);
 }
 
