@@ -210,6 +210,7 @@ fn a_closed_stderr_does_not_cut_a_scopes_drain_short() {
         return;
     }
     let me = std::env::current_exe().unwrap();
+    // This test binary (built by this workspace), run again as the child.
     let mut cmd = std::process::Command::new(me);
     cmd.args(["--ignored", "--exact", "--nocapture", "--test-threads=1"])
         .arg("a_closed_stderr_does_not_cut_a_scopes_drain_short")
