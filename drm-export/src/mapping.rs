@@ -14,7 +14,6 @@
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
 use crate::sys;
-use std::os::fd::AsFd;
 
 /// A CPU mapping of a [`DmaBuf`] (`mmap`, `MAP_SHARED`, read-write); access goes through
 /// sync guards. It borrows the `DmaBuf` exclusively, so one `DmaBuf` value has at most one
@@ -28,10 +27,7 @@ pub struct Mapping<'b> {
 impl<'b> Mapping<'b> {
     pub(crate) fn new(buf: &'b mut DmaBuf) -> Result<Mapping<'b>> {
         let buf: &'b DmaBuf = buf;
-        let len = usize::try_from(buf.size())
-            .map_err(|_| Error::invalid(Op::Map, format!("size {} too large", buf.size())))?;
-        let map =
-            sys::Mmap::new(buf.as_fd(), len).map_err(|e| Error::os(Op::Map, buf.describe(), e))?;
+        let map = sys::Mmap::of(buf).map_err(|e| Error::os(Op::Map, buf.describe(), e))?;
         Ok(Mapping { buf, map })
     }
 

@@ -91,7 +91,12 @@ impl Slots {
     }
 
     /// Gives back a slot whose request was never accepted by the provider.
-    pub fn cancel(&mut self, index: u32) {
+    ///
+    /// # Safety
+    /// The provider refused the request of slot `index` (its post returned an error), so the
+    /// NIC has nothing of it: on a request it accepted, this would free the slot while the
+    /// NIC may still use what the request lent.
+    pub unsafe fn cancel(&mut self, index: u32) {
         let kind = self.slots[index as usize].kind;
         self.retire(index, kind);
     }

@@ -413,10 +413,15 @@ unsafe impl Send for Mmap {}
 unsafe impl Sync for Mmap {}
 
 impl Mmap {
-    /// `mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)`. The callers map
-    /// dma-bufs, which keep their size for life and which the kernel refuses to map past it
-    /// (`EINVAL`), so no byte of the mapping lies past the end of its file.
-    pub fn new(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mmap> {
+    /// `mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, buf, 0)`: all of a dma-buf, whose
+    /// size the kernel reported (`DmaBuf::try_from` read it from the fdinfo). Taking a
+    /// `&DmaBuf`, not any fd and length, is what makes this safe: a dma-buf keeps its size for
+    /// life and the kernel refuses to map past it (`EINVAL`), so no byte of the mapping lies
+    /// past the end of its file (a memfd someone shrinks would give `SIGBUS` instead).
+    pub fn of(buf: &DmaBuf) -> io::Result<Mmap> {
+        let len =
+            usize::try_from(buf.size()).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let fd = buf.as_fd();
         let nz = std::num::NonZeroUsize::new(len)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         use nix::sys::mman::{MapFlags, ProtFlags};

@@ -214,7 +214,8 @@ impl QueuePair {
             unsafe { ffi::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) }
         };
         if rc != 0 {
-            self.slots.borrow_mut().cancel(index);
+            // SAFETY: the provider refused this request (`rc != 0`): the NIC has nothing of it.
+            unsafe { self.slots.borrow_mut().cancel(index) };
             return Err(Error::from_errno(
                 post_op(kind),
                 format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn),
@@ -313,7 +314,11 @@ impl<'s> Request<'s> {
             (WorkKind::Write, Some(_)) => W::IBV_WR_RDMA_WRITE_WITH_IMM,
             (WorkKind::FetchAdd, _) => W::IBV_WR_ATOMIC_FETCH_AND_ADD,
             (WorkKind::CompareSwap, _) => W::IBV_WR_ATOMIC_CMP_AND_SWP,
-            _ => W::IBV_WR_RDMA_READ,
+            (WorkKind::Read, _) => W::IBV_WR_RDMA_READ,
+            // Exhaustive on purpose: a new kind must fail to compile here, not post a read.
+            // `post_raw` sends receives to `recv_wr`; one here is refused by the provider
+            // (an invalid opcode), never posted as something else.
+            (WorkKind::Recv, _) => W::Type::MAX,
         };
         if let Some(v) = self.imm {
             wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();

@@ -273,7 +273,8 @@ impl SharedReceiveQueue {
         // out of the CPU's reach until the completion is polled.
         let rc = unsafe { ffi::ibv_post_srq_recv(self.core.srq.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
-            self.slots.borrow_mut().cancel(index);
+            // SAFETY: the provider refused this receive (`rc != 0`): the NIC has nothing of it.
+            unsafe { self.slots.borrow_mut().cancel(index) };
             let target = format!("{} shared receive queue", self.core.pd.context().name());
             return Err(Error::from_errno(Op::PostSrqRecv, target, rc));
         }
