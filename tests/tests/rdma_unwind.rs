@@ -253,18 +253,86 @@ fn stderr_closed_child() {
     assert_eq!(&borrowed.bytes().unwrap()[..LEN], &[0; LEN][..]);
 }
 
-/// Holes 3 and 4 for the owned receive (`Pending`), and the same for `clone`.
-fn pending_recv(site: Site, via: Via) {
-    let tb = Testbed::get();
-    let pd = pd(&tb);
-    let (a, b) = pair(&pd);
-    let mut evil_recv = b.post_recv(recv_region(&pd)).unwrap();
-    let plain = b.post_recv(recv_region(&pd)).unwrap();
+/// An owned receive's handle, as the scenario below drives it.
+trait OwnedRecv: Sized {
+    /// One poll with `waker`, through `via` (in `rt` for tokio); whether it panicked.
+    fn poll_evil(&mut self, via: Via, rt: &Option<tokio::runtime::Runtime>, w: &Waker) -> bool;
+    /// Waits (bounded) for the message and returns its first `LEN` bytes.
+    fn bytes(self, what: &str) -> Vec<u8>;
+}
+
+impl<B: rdma_dmabuf::mr::Backing> OwnedRecv for rdma_dmabuf::Pending<'_, B>
+where
+    MemoryRegion<B>: HostBytes,
+{
+    fn poll_evil(&mut self, via: Via, rt: &Option<tokio::runtime::Runtime>, w: &Waker) -> bool {
+        via.poll_once(rt, w, self)
+    }
+    fn bytes(self, what: &str) -> Vec<u8> {
+        let done = self.wait_timeout(T).expect(what).expect(what);
+        done.region.first_bytes()
+    }
+}
+
+impl<B: rdma_dmabuf::mr::Backing> OwnedRecv for rdma_dmabuf::SrqPending<'_, B>
+where
+    MemoryRegion<B>: HostBytes,
+{
+    fn poll_evil(&mut self, via: Via, rt: &Option<tokio::runtime::Runtime>, w: &Waker) -> bool {
+        via.poll_once(rt, w, self)
+    }
+    fn bytes(self, what: &str) -> Vec<u8> {
+        let done = self.wait_timeout(T).expect(what).expect(what);
+        done.region.first_bytes()
+    }
+}
+
+impl OwnedRecv for rdma_dmabuf::PartsPending<'_, Local<HostBuffer>, 2> {
+    fn poll_evil(&mut self, _: Via, _: &Option<tokio::runtime::Runtime>, w: &Waker) -> bool {
+        poll_once(w, |cx| self.poll_with(cx, parked))
+    }
+    fn bytes(self, what: &str) -> Vec<u8> {
+        let done = self.wait_timeout(T).expect(what).expect(what);
+        let mut v = Vec::new();
+        for p in done.parts {
+            v.extend_from_slice(&p.into_region().first_bytes()[..LEN / 2]);
+        }
+        v
+    }
+}
+
+/// The first `LEN` bytes of a host region.
+trait HostBytes {
+    fn first_bytes(&self) -> Vec<u8>;
+}
+
+impl HostBytes for MemoryRegion<HostBuffer> {
+    fn first_bytes(&self) -> Vec<u8> {
+        self.bytes().unwrap()[..LEN].to_vec()
+    }
+}
+
+/// Holes 3 and 4 for an owned receive, and the same for `clone`: an evil receive posted
+/// before a plain one, its waker registered (`clone` may panic there), then either the
+/// handle dropped while posted (`drop` panics: the receive must stay posted and registered,
+/// so the first message lands and its sender sees success), or both messages sent and one
+/// poll made that records both completions (`wake` panics on the first: the second must not
+/// be lost, and both carry the right bytes). `poll` polls the receiving queue; `posted`
+/// says how many receives it still holds, where it can tell.
+fn owned_recv<H: OwnedRecv>(
+    site: Site,
+    via: Via,
+    (evil_recv, plain): (H, H),
+    send: impl Fn(u8),
+    poll: impl Fn() -> rdma_dmabuf::Result<usize>,
+    posted: impl Fn() -> Option<usize>,
+) {
+    let mut evil_recv = evil_recv;
     let rt = via.runtime();
     let (e, waker) = evil(site);
     let _disarm = e.disarm_on_drop();
     e.arm();
-    let did = via.poll_once(&rt, &waker, &mut evil_recv);
+    let did = evil_recv.poll_evil(via, &rt, &waker);
     expect_panic(&e, site, Site::Clone, did, "registering");
     if site == Site::Drop {
         // Hole 3: the region must go into the slot before the waker's drop panics.
@@ -272,90 +340,70 @@ fn pending_recv(site: Site, via: Via) {
             panicked(|| drop(evil_recv)),
             "dropping the handle raised the panic"
         );
-        assert_eq!(
-            b.outstanding(),
-            2,
-            "the dropped handle's receive stays posted"
-        );
-        send(&pd, &a, 1);
-        send(&pd, &a, 2);
-        let got = plain.wait_timeout(T).expect("second message").unwrap();
-        assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, 2)[..]);
-        b.poll().unwrap();
-        assert_eq!(b.outstanding(), 0, "the abandoned receive was released");
+        if let Some(n) = posted() {
+            assert_eq!(n, 2, "the dropped handle's receive stays posted");
+        }
+        send(1);
+        send(2);
+        assert_eq!(plain.bytes("second message"), pattern(LEN, 2));
+        poll().unwrap();
+        if let Some(n) = posted() {
+            assert_eq!(n, 0, "the abandoned receive was released");
+        }
     } else {
-        send(&pd, &a, 1);
-        send(&pd, &a, 2);
+        send(1);
+        send(2);
         // Hole 4: both completions come in one poll; the first one's waker panics.
-        let did = panicked(|| drop(b.poll()));
+        let did = panicked(|| drop(poll()));
         expect_panic(&e, site, Site::Wake, did, "polling");
         e.disarm();
-        let got = plain.wait_timeout(T).expect("no completion lost").unwrap();
-        assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, 2)[..]);
-        let got = evil_recv.wait_timeout(T).expect("first message").unwrap();
-        assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, 1)[..]);
+        assert_eq!(plain.bytes("no completion lost"), pattern(LEN, 2));
+        assert_eq!(evil_recv.bytes("first message"), pattern(LEN, 1));
     }
     e.disarm();
     drop(waker);
 }
 
-/// The same for a receive of two parts (`PartsPending`).
+/// The owned receive (`Pending`).
+fn pending_recv(site: Site, via: Via) {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, b) = pair(&pd);
+    let post = || b.post_recv(recv_region(&pd)).unwrap();
+    let handles = (post(), post());
+    let send = |seed| send(&pd, &a, seed);
+    owned_recv(
+        site,
+        via,
+        handles,
+        send,
+        || b.poll(),
+        || Some(b.outstanding()),
+    );
+}
+
+/// A receive of two parts (`PartsPending`).
 fn parts_recv(site: Site) {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
-    let halves = || {
-        [
-            Local::new(recv_region(&pd), 0..LEN as u64 / 2),
-            Local::new(recv_region(&pd), 0..LEN as u64 / 2),
-        ]
+    let post = || {
+        let half = || Local::new(recv_region(&pd), 0..LEN as u64 / 2);
+        b.post_recv_parts([half(), half()]).unwrap()
     };
-    let mut evil_recv = b.post_recv_parts(halves()).unwrap();
-    let plain = b.post_recv_parts(halves()).unwrap();
-    let (e, waker) = evil(site);
-    let _disarm = e.disarm_on_drop();
-    e.arm();
-    let did = poll_once(&waker, |cx| evil_recv.poll_with(cx, parked));
-    expect_panic(&e, site, Site::Clone, did, "registering");
-    let joined = |parts: [Local<HostBuffer>; 2]| -> Vec<u8> {
-        let mut v = Vec::new();
-        for p in parts {
-            v.extend_from_slice(&p.into_region().bytes().unwrap()[..LEN / 2]);
-        }
-        v
-    };
-    if site == Site::Drop {
-        assert!(
-            panicked(|| drop(evil_recv)),
-            "dropping the handle raised the panic"
-        );
-        assert_eq!(
-            b.outstanding(),
-            2,
-            "the dropped handle's receive stays posted"
-        );
-        send(&pd, &a, 1);
-        send(&pd, &a, 2);
-        let got = plain.wait_timeout(T).expect("second message").unwrap();
-        assert_eq!(joined(got.parts), pattern(LEN, 2));
-        b.poll().unwrap();
-        assert_eq!(b.outstanding(), 0, "the abandoned receive was released");
-    } else {
-        send(&pd, &a, 1);
-        send(&pd, &a, 2);
-        let did = panicked(|| drop(b.poll()));
-        expect_panic(&e, site, Site::Wake, did, "polling");
-        e.disarm();
-        let got = plain.wait_timeout(T).expect("no completion lost").unwrap();
-        assert_eq!(joined(got.parts), pattern(LEN, 2));
-        let got = evil_recv.wait_timeout(T).expect("first message").unwrap();
-        assert_eq!(joined(got.parts), pattern(LEN, 1));
-    }
-    e.disarm();
-    drop(waker);
+    let handles = (post(), post());
+    let send = |seed| send(&pd, &a, seed);
+    owned_recv(
+        site,
+        Via::Reactor,
+        handles,
+        send,
+        || b.poll(),
+        || Some(b.outstanding()),
+    );
 }
 
-/// The same for a receive on a shared receive queue (`SrqPending`).
+/// A receive on a shared receive queue (`SrqPending`).
 fn srq_recv(site: Site, via: Via) {
     let tb = Testbed::get();
     let pd = pd(&tb);
@@ -364,37 +412,10 @@ fn srq_recv(site: Site, via: Via) {
         QueuePairBuilder::new(&pd),
         QueuePairBuilder::new(&pd).srq(&srq),
     );
-    let mut evil_recv = srq.post_recv(recv_region(&pd)).unwrap();
-    let plain = srq.post_recv(recv_region(&pd)).unwrap();
-    let rt = via.runtime();
-    let (e, waker) = evil(site);
-    let _disarm = e.disarm_on_drop();
-    e.arm();
-    let did = via.poll_once(&rt, &waker, &mut evil_recv);
-    expect_panic(&e, site, Site::Clone, did, "registering");
-    if site == Site::Drop {
-        assert!(
-            panicked(|| drop(evil_recv)),
-            "dropping the handle raised the panic"
-        );
-        send(&pd, &a, 1);
-        send(&pd, &a, 2);
-        let got = plain.wait_timeout(T).expect("second message").unwrap();
-        assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, 2)[..]);
-        srq.poll().unwrap();
-    } else {
-        send(&pd, &a, 1);
-        send(&pd, &a, 2);
-        let did = panicked(|| drop(srq.poll()));
-        expect_panic(&e, site, Site::Wake, did, "polling");
-        e.disarm();
-        let got = plain.wait_timeout(T).expect("no completion lost").unwrap();
-        assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, 2)[..]);
-        let got = evil_recv.wait_timeout(T).expect("first message").unwrap();
-        assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, 1)[..]);
-    }
-    e.disarm();
-    drop(waker);
+    let post = || srq.post_recv(recv_region(&pd)).unwrap();
+    let handles = (post(), post());
+    let send = |seed| send(&pd, &a, seed);
+    owned_recv(site, via, handles, send, || srq.poll(), || None);
 }
 
 /// The same for inline sends (`InlinePending`): nothing is lent, but no completion may be
