@@ -31,13 +31,13 @@ pub struct DmaBuf {
 }
 
 impl DmaBuf {
-    /// The buffer's size in bytes: the `size:` line of `/proc/self/fdinfo/<fd>`, read once
+    /// The buffer's size in bytes: the `size:` line of `/proc/thread-self/fdinfo/<fd>`, read once
     /// by [`DmaBuf::try_from`] (a dma-buf's size is fixed when it is exported).
     pub fn size(&self) -> u64 {
         self.size
     }
 
-    /// The exporting driver's name, from `/proc/self/fdinfo` (`exp_name:`), e.g. `udmabuf`,
+    /// The exporting driver's name, from `/proc/thread-self/fdinfo` (`exp_name:`), e.g. `udmabuf`,
     /// `system` (a dma-heap), or `drm` for a buffer that a DRM driver exports through the DRM
     /// core's PRIME helpers (vgem's dumb buffers, for one).
     pub fn exporter(&self) -> &str {
@@ -129,8 +129,23 @@ impl TryFrom<OwnedFd> for DmaBuf {
     /// (`fd` is then closed; the other `DmaBuf` is untouched).
     fn try_from(fd: OwnedFd) -> Result<DmaBuf> {
         let raw = fd.as_raw_fd();
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}"))
+        let st = nix::sys::stat::fstat(&fd)
+            .map_err(|e| Error::os(Op::InspectDmaBuf, format!("fd {raw}"), e.into()))?;
+        // Both are u64 on Linux x86_64 and aarch64; `as` keeps other layouts compiling.
+        #[allow(clippy::unnecessary_cast)]
+        let id = (st.st_dev as u64, st.st_ino as u64);
+        // `thread-self`, not `self`: a thread that unshared its fd table
+        // (`unshare(CLONE_FILES)`) would read the thread-group leader's fd `raw` there,
+        // which may be another file.
+        let info = std::fs::read_to_string(format!("/proc/thread-self/fdinfo/{raw}"))
             .map_err(|e| Error::os(Op::InspectDmaBuf, format!("fd {raw}"), e))?;
+        // And the fdinfo must be this fd's: its inode is the one fstat saw.
+        if fdinfo_field(&info, "ino").is_some_and(|i| i.parse::<u64>().ok() != Some(id.1)) {
+            return Err(Error::NotDmaBuf {
+                fd: raw,
+                what: "its fdinfo describes another file (inode differs from fstat's)".into(),
+            });
+        }
         let Some(exporter) = fdinfo_field(&info, "exp_name") else {
             return Err(Error::NotDmaBuf {
                 fd: raw,
@@ -144,11 +159,6 @@ impl TryFrom<OwnedFd> for DmaBuf {
                 fd: raw,
                 what: "its fdinfo has no size".into(),
             })?;
-        let st = nix::sys::stat::fstat(&fd)
-            .map_err(|e| Error::os(Op::InspectDmaBuf, format!("fd {raw}"), e.into()))?;
-        // Both are u64 on Linux x86_64 and aarch64; `as` keeps other layouts compiling.
-        #[allow(clippy::unnecessary_cast)]
-        let id = (st.st_dev as u64, st.st_ino as u64);
         let huge_pages = (exporter != "udmabuf").then_some(false);
         let Some(claim) = Claim::take(id) else {
             return Err(Error::AlreadyOwned {
@@ -176,7 +186,7 @@ fn fdinfo_field<'a>(info: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn describe_non_dmabuf(raw: i32) -> String {
-    match std::fs::read_link(format!("/proc/self/fd/{raw}")) {
+    match std::fs::read_link(format!("/proc/thread-self/fd/{raw}")) {
         Ok(target) => format!("it refers to {}", target.display()),
         Err(_) => "it is not an open file descriptor".into(),
     }

@@ -110,7 +110,7 @@ impl AsFd for SyncFile {
 impl TryFrom<OwnedFd> for SyncFile {
     type Error = Error;
 
-    /// Checks that `fd` is a sync_file: `readlink("/proc/self/fd/<fd>")` must read
+    /// Checks that `fd` is a sync_file: `readlink("/proc/thread-self/fd/<fd>")` (this thread's fd table, also after `unshare(CLONE_FILES)`) must read
     /// `anon_inode:sync_file`.
     ///
     /// Why this check: the link names the anonymous inode's class, which only the kernel sets
@@ -126,7 +126,7 @@ impl TryFrom<OwnedFd> for SyncFile {
     /// [`Error::Os`] if `/proc/self/fd` cannot be read.
     fn try_from(fd: OwnedFd) -> Result<SyncFile> {
         let raw = fd.as_raw_fd();
-        let link = std::fs::read_link(format!("/proc/self/fd/{raw}"))
+        let link = std::fs::read_link(format!("/proc/thread-self/fd/{raw}"))
             .map_err(|e| Error::os(Op::InspectSyncFile, format!("fd {raw}"), e))?;
         if link.as_os_str() == SYNC_FILE_LINK {
             return Ok(SyncFile(fd));

@@ -205,7 +205,8 @@ impl Udmabuf {
     }
 }
 
-/// Records whether `buf` is over huge pages (`memfd` on hugetlbfs).
+/// Records whether `buf` may be over pages larger than 4 KiB: `memfd` on hugetlbfs, or
+/// shmem while transparent huge pages may be used for shmem ([`shmem_may_use_large_folios`]).
 fn with_page_kind(mut buf: DmaBuf, memfd: BorrowedFd<'_>) -> Result<DmaBuf> {
     use nix::sys::statfs::{fstatfs, HUGETLBFS_MAGIC};
     let fs = fstatfs(memfd).map_err(|e| {
@@ -215,18 +216,65 @@ fn with_page_kind(mut buf: DmaBuf, memfd: BorrowedFd<'_>) -> Result<DmaBuf> {
             e.into(),
         )
     })?;
-    buf.set_huge_pages(fs.filesystem_type() == HUGETLBFS_MAGIC);
+    buf.set_huge_pages(fs.filesystem_type() == HUGETLBFS_MAGIC || shmem_may_use_large_folios());
     Ok(buf)
 }
 
 /// The udmabuf bug that makes devices which move data with the CPU (soft-RoCE `rxe`, `siw`)
 /// read and write the wrong bytes of a udmabuf over huge pages.
 pub const HUGE_PAGE_VMAP_BUG: &str = "udmabuf's kernel mapping (vmap) on Linux 6.10 to 6.16 \
-    shows the first 4 KiB page of each huge page in place of every page of it (fixed by \
+    shows the first 4 KiB page of each large page in place of every page of it (fixed by \
     \"udmabuf: fix vmap missed offset page\": Linux 6.17, and 6.16.y stable from August 2025; \
     6.12.y has no fix as of 6.12.117), so a device that moves data through that mapping \
-    (soft-RoCE rxe, siw) would move the wrong bytes; user mappings and DMA by a hardware NIC \
-    are right. Use a udmabuf over an ordinary memfd (Backing::Shmem), or a kernel with the fix";
+    (soft-RoCE rxe, siw) would move the wrong bytes, and reach pages outside the region; \
+    user mappings and DMA by a hardware NIC are right. Large pages: a hugetlbfs memfd, or \
+    shmem while transparent huge pages may back it \
+    (/sys/kernel/mm/transparent_hugepage/shmem_enabled or any hugepages-*/shmem_enabled not \
+    never or deny). Use a udmabuf over an ordinary memfd (Backing::Shmem) with shmem \
+    transparent huge pages off, or a kernel with the fix";
+
+/// The sysfs folder of transparent huge pages.
+const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+
+/// Whether shmem (and so a memfd) may be given pages larger than 4 KiB: the kernel's
+/// transparent huge page setting for shmem (`shmem_enabled`, and on 6.11 and later one per
+/// size, `hugepages-<size>/shmem_enabled`) is anything but `never` or `deny` (`inherit`
+/// follows the global one). A kernel without transparent huge pages has none of these
+/// files: `false`. A setting that cannot be read counts as `true`.
+pub fn shmem_may_use_large_folios() -> bool {
+    let Ok(global) = std::fs::read_to_string(format!("{THP}/shmem_enabled")) else {
+        return std::path::Path::new(THP).exists();
+    };
+    let allows = |text: &str, inherited: bool| match selected(text) {
+        Some("never" | "deny") => false,
+        Some("inherit") => inherited,
+        _ => true,
+    };
+    let global = allows(&global, true);
+    let Ok(sizes) = std::fs::read_dir(THP) else {
+        return true;
+    };
+    let mut any = global;
+    for e in sizes.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("hugepages-") {
+            continue;
+        }
+        match std::fs::read_to_string(e.path().join("shmem_enabled")) {
+            Ok(t) => any |= allows(&t, global),
+            // No per-size shmem setting (before 6.11): the global one decides.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return true,
+        }
+    }
+    any
+}
+
+/// The bracketed word of a sysfs choice (`always [never] deny` -> `never`).
+fn selected(text: &str) -> Option<&str> {
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    Some(&text[start..end])
+}
 
 /// Why a udmabuf made elsewhere is refused where [`HUGE_PAGE_VMAP_BUG`] applies.
 pub const UNKNOWN_UDMABUF_PAGES: &str = "this udmabuf was not made by drm_export::Udmabuf, so \
@@ -318,6 +366,19 @@ pub fn page_size() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sysfs_choice_is_the_bracketed_word() {
+        assert_eq!(
+            selected("always within_size advise [never] deny force\n"),
+            Some("never")
+        );
+        assert_eq!(
+            selected("always [inherit] within_size advise never"),
+            Some("inherit")
+        );
+        assert_eq!(selected("always never"), None);
+    }
 
     #[test]
     fn the_huge_page_vmap_bug_is_told_by_release() {

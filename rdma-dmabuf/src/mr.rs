@@ -292,8 +292,11 @@ fn dmabuf_unsupported(errno: i32) -> Option<&'static str> {
 fn refuse_misplaced_huge_pages(pd: &ProtectionDomain, dmabuf: &DmaBuf) -> Result<()> {
     use drm_export::udmabuf::{HUGE_PAGE_VMAP_BUG, UNKNOWN_UDMABUF_PAGES};
     let why = match dmabuf.udmabuf_over_huge_pages() {
-        Some(false) => return Ok(()),
-        Some(true) => HUGE_PAGE_VMAP_BUG,
+        // Not a udmabuf, or one made while shmem could have no large pages: still refused if
+        // shmem may have them now (the memfd's pages may be newer than the udmabuf's check).
+        Some(false) if dmabuf.exporter() != "udmabuf" => return Ok(()),
+        Some(false) if !drm_export::udmabuf::shmem_may_use_large_folios() => return Ok(()),
+        Some(_) => HUGE_PAGE_VMAP_BUG,
         None => UNKNOWN_UDMABUF_PAGES,
     };
     if !drm_export::udmabuf::running_kernel_misplaces_huge_pages()

@@ -60,6 +60,17 @@ impl Deferred {
     }
 }
 
+impl Deferred {
+    /// Drops the kept panic without raising it, for callers whose own caller must not
+    /// unwind (a runtime's I/O driver). The panic hook has already reported it; the payload
+    /// is leaked, since its `Drop` is user code too.
+    pub(crate) fn contain(self) {
+        if let Some(p) = self.0 {
+            std::mem::forget(p);
+        }
+    }
+}
+
 /// Aborts the process if dropped while unwinding: held across a step that must not be left
 /// half done, and [`defused`](AbortOnUnwind::defuse) once it is done.
 pub(crate) struct AbortOnUnwind(pub(crate) &'static str);
@@ -72,9 +83,10 @@ impl AbortOnUnwind {
 }
 
 impl Drop for AbortOnUnwind {
+    // Also on an early return: every use defuses it on the one way out.
     fn drop(&mut self) {
         crate::diag::warn(format_args!(
-            "a panic interrupted {} while the NIC may use borrowed memory; aborting",
+            "a panic interrupted {}, which must not be left half done; aborting",
             self.0
         ));
         std::process::abort();

@@ -15,7 +15,7 @@
 //! Registering a waker clones it only when it would wake another task (a reference count);
 //! recording a completion takes its waker out and wakes it. Neither allocates nor locks.
 
-use crate::unwind::Deferred;
+use crate::unwind::{AbortOnUnwind, Deferred};
 use futures_util::task::AtomicWaker;
 use std::cell::OnceCell;
 use std::sync::Arc;
@@ -32,12 +32,16 @@ impl Wake for Table {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        // A task's waker that panics does not keep the tasks after it asleep.
+        // A task's waker that panics does not keep the tasks after it asleep. Its panic is
+        // not raised here: the caller is a runtime's I/O driver, and a panic there stops the
+        // runtime for every task (tokio's current-thread runtime loses its driver, a worker
+        // of the multi-thread one dies). The panic hook has reported it; the task whose waker
+        // it is stays as its waker left it.
         let mut panics = Deferred::default();
         for w in self.slots.iter() {
             panics.run(|| w.wake());
         }
-        panics.resume();
+        panics.contain();
     }
 }
 
@@ -70,13 +74,21 @@ impl Waiters {
 
     /// Records `waker` as the task awaiting the request in slot `index`.
     ///
-    /// A waker whose `clone` (or the `Drop` of the one it replaces) panics leaves that
-    /// panic to the caller, a future's poll whose handle is intact; the slot then wakes every
-    /// later task at once instead of storing its waker (`AtomicWaker` stays in its
-    /// registering state), so such a task polls in a loop: slower, never asleep.
+    /// `AtomicWaker::register` runs the waker's `clone` (and the `Drop` of the waker it
+    /// replaces) while it holds the slot in its registering state; a panic there would leave
+    /// the slot registering for good, and every later task awaiting a request in it would
+    /// never be woken. So the waker is cloned here first (a `clone` that panics then unwinds
+    /// to the caller, a future's poll whose handle is intact, with the slot untouched), and a
+    /// panic from inside `register` itself (a `clone` that panics only on a second call, or
+    /// the replaced waker's `Drop`) aborts the process. A clone is a reference count for
+    /// every waker made from `Arc<impl Wake>`; nothing is allocated.
     pub(crate) fn register(&self, index: u32, waker: &Waker) {
         if let Some(w) = self.table().0.slots.get(index as usize) {
-            w.register(waker);
+            let probe = waker.clone();
+            let must_finish = AbortOnUnwind("registering a task's waker in its request's slot");
+            w.register(&probe);
+            must_finish.defuse();
+            drop(probe);
         }
     }
 
@@ -158,9 +170,8 @@ mod tests {
         waiters.register(0, &wa);
         waiters.register(1, &Waker::from(Arc::new(Panics)));
         waiters.register(2, &wb);
-        let fan_out = waiters.fan_out().clone();
-        let r = std::panic::catch_unwind(|| fan_out.wake_by_ref());
-        assert!(r.is_err(), "the panic is raised, once the others are woken");
+        // The fan-out (a runtime's I/O driver calls it) contains the panic.
+        waiters.fan_out().wake_by_ref();
         assert_eq!(a.0.load(Ordering::SeqCst), 1);
         assert_eq!(b.0.load(Ordering::SeqCst), 1);
         // A slot's own wake keeps the panic for the caller.
