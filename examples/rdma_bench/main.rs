@@ -7,12 +7,14 @@
 //! rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--region host] [--size 65536] [--iters 1000] [--device rxe0]
 //! rdma_bench client SERVER_ADDR [same options]
 //! rdma_bench reg [--region host] [--size 65536] [--iters 1000] [--device rxe0]
+//! rdma_bench cost [--series owned|scoped|awaited] [--size 65536] [--iters 1000] [--device rxe0]
 //! ```
 //!
 //! Each mode is a file: `bw.rs` (the client keeps `--window` writes in flight, each from its
 //! own registered buffer, since a posted buffer belongs to the NIC until it completes), `lat.rs`
 //! (a write-with-immediate ping-pong; the one-way latency is half the round trip) and `reg.rs`
-//! (registration and deregistration of one region, no peer); `gather.rs` (`--mode gather`: as
+//! (registration and deregistration of one region, no peer); `cost.rs` (one write at a time
+//! between two queue pairs of this process, shaped for an instruction counter); `gather.rs` (`--mode gather`: as
 //! bw, but each write gathers 16 blocks of `--size` bytes, the shards of one region, so that
 //! it can be set beside 16 separate writes). `--region` picks what backs every
 //! region on this side (`host`, `udmabuf`, `heap`, `gpu`); `--inline yes` sends the latency
@@ -25,6 +27,7 @@
 //! `RESULT key=value ...`.
 
 mod bw;
+mod cost;
 mod gather;
 mod lat;
 mod reg;
@@ -42,6 +45,7 @@ usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather] [--
                          [--async yes|no] [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
+       rdma_bench cost [--series owned|scoped|awaited] [--size 65536] [--iters 1000] [--device rxe0]
 KIND: host (default), udmabuf, heap (the system dma-heap) or gpu (vgem in the testbed)";
 
 /// perftest's `ib_write_lat` asks for messages up to this size to be sent inline by default.
@@ -69,7 +73,7 @@ fn main() {
         USAGE,
         &[
             "bind", "port", "mode", "size", "iters", "window", "inline", "device", "region",
-            "async",
+            "async", "series",
         ],
     );
     let role = args
@@ -120,8 +124,8 @@ fn main() {
     let client = match role {
         "server" => false,
         "client" => true,
-        "reg" => false,
-        _ => fail("the role is server, client or reg"),
+        "reg" | "cost" => false,
+        _ => fail("the role is server, client, reg or cost"),
     };
 
     let alloc = Allocator::new(kind).unwrap_or_else(|e| fail(&e));
@@ -129,6 +133,9 @@ fn main() {
     let pd = ProtectionDomain::new(&ctx).unwrap_or_else(|e| fail(&e.to_string()));
     if role == "reg" {
         return reg::run(&pd, &alloc, &run);
+    }
+    if role == "cost" {
+        return cost::run(&pd, &run, args.get("series", cost::Series::Owned));
     }
     let qp = QueuePairBuilder::new(&pd)
         .send_depth(run.window as u32)

@@ -176,6 +176,8 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             failed += 1;
         }
         let bins = test_binaries(paths)?;
+        // For tests/tests/rdma_cost.rs: instructions are counted in the release build.
+        paths.release_example("rdma_bench")?;
         for (phase, set) in vm_tests(&bins)? {
             let count: usize = set.values().map(Vec::len).sum();
             let step = Step::start(format!("{count} VM tests in the {}", phase.label()));

@@ -1,0 +1,194 @@
+//! `rdma_bench cost`: the user-space work of one RDMA write, post and completion, in a form
+//! that an instruction counter measures exactly (valgrind's callgrind, run with
+//! `--collect-atstart=no --toggle-collect='*measured_*'`).
+//!
+//! Two queue pairs of this process talk over the device's loopback; each iteration writes
+//! `--size` bytes. The waiting is kept out of the measured functions, so that the count does
+//! not depend on how long the NIC took: the completion channel is armed before the post, the
+//! process sleeps on it until the completion is in the queue, and only then is the request
+//! completed, with exactly one poll of the completion queue. What is counted per write: the
+//! post (`measured_post*`) and that completion (`measured_complete*`). `--series` picks the
+//! layer: `owned` (`post_write`, `try_complete`), `scoped` (`Scope::write`, its `wait`) or
+//! `awaited` (`post_write`, one poll of the `Pending` future, as a runtime would).
+//! The C floor, the same loop straight over libibverbs, is `cost_floor.c` beside this file.
+
+use crate::Run;
+use examples::fail;
+use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::{
+    Access, Local, MemoryRegion, Pending, ProtectionDomain, QueuePair, QueuePairBuilder,
+    RemoteRegion,
+};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The layer whose write is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Series {
+    /// Owned posts: `post_write`, then `try_complete`.
+    Owned,
+    /// Borrowed posts in a scope: `Scope::write`, then `ScopedPending::wait`.
+    Scoped,
+    /// Owned posts awaited: `post_write`, then one poll of the `Pending` future.
+    Awaited,
+}
+
+impl std::str::FromStr for Series {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Series, String> {
+        match s {
+            "owned" => Ok(Series::Owned),
+            "scoped" => Ok(Series::Scoped),
+            "awaited" => Ok(Series::Awaited),
+            _ => Err(format!("--series is owned, scoped or awaited, not {s:?}")),
+        }
+    }
+}
+
+/// Runs `run.iters` writes of `run.size` bytes in `series` and prints a `RESULT` line.
+pub fn run(pd: &Arc<ProtectionDomain>, run: &Run, series: Series) {
+    let build = || {
+        QueuePairBuilder::new(pd)
+            .completion_channel(true)
+            .build()
+            .unwrap_or_else(|e| fail(&e.to_string()))
+    };
+    let (a, b) = (build(), build());
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let a = a.connect(&eb).unwrap_or_else(|e| fail(&e.to_string()));
+    let _b = b.connect(&ea).unwrap_or_else(|e| fail(&e.to_string()));
+    let host = |access| {
+        let buf = rdma_dmabuf::HostBuffer::new(run.size).unwrap_or_else(|e| fail(&e.to_string()));
+        MemoryRegion::register(pd, buf, access).unwrap_or_else(|e| fail(&e.to_string()))
+    };
+    let target = host(Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let remote = target
+        .remote()
+        .unwrap_or_else(|| fail("the target has no rkey"));
+    let mut src = host(Access::empty());
+    for _ in 0..run.iters {
+        src = match series {
+            Series::Owned => owned(&a, src, remote),
+            Series::Awaited => awaited(&a, src, remote),
+            Series::Scoped => {
+                rdma_dmabuf::scope(|s| scoped(s, &a, &src, remote));
+                src
+            }
+        };
+    }
+    println!(
+        "RESULT cost_iters={} size={} series={series:?}",
+        run.iters, run.size
+    );
+}
+
+/// Arms the completion channel (before the post, so that its completion raises an event);
+/// nothing may be outstanding.
+fn arm(qp: &QueuePair) {
+    match qp.arm_completions() {
+        Ok(0) => {}
+        Ok(n) => fail(&format!("{n} completions outstanding before a post")),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+/// Sleeps until the armed completion channel has an event (the completion is queued), and
+/// takes it, so that the measured completion polls the queue exactly once.
+fn sleep_for_event(qp: &QueuePair) {
+    let fd = qp
+        .completion_fd()
+        .unwrap_or_else(|| fail("no completion channel"));
+    let mut fds = [nix::poll::PollFd::new(
+        fd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let timeout = nix::poll::PollTimeout::try_from(Duration::from_secs(10)).unwrap();
+    match nix::poll::poll(&mut fds, timeout) {
+        Ok(1) => {}
+        other => fail(&format!("no completion event within 10 s: {other:?}")),
+    }
+    qp.take_completion_events()
+        .unwrap_or_else(|e| fail(&e.to_string()));
+}
+
+fn owned<B: Backing>(
+    qp: &QueuePair,
+    src: MemoryRegion<B>,
+    remote: RemoteRegion,
+) -> MemoryRegion<B> {
+    arm(qp);
+    let p = measured_post(qp, src, remote);
+    sleep_for_event(qp);
+    measured_complete(p)
+}
+
+#[inline(never)]
+fn measured_post<'q, B: Backing>(
+    qp: &'q QueuePair,
+    src: MemoryRegion<B>,
+    remote: RemoteRegion,
+) -> Pending<'q, B> {
+    let len = src.len();
+    qp.post_write(Local::new(src, 0..len), remote, None)
+        .unwrap_or_else(|e| fail(&e.error.to_string()))
+}
+
+#[inline(never)]
+fn measured_complete<B: Backing>(p: Pending<'_, B>) -> MemoryRegion<B> {
+    match p.try_complete() {
+        Ok(Ok(done)) => done.region,
+        Ok(Err(e)) => fail(&e.error.to_string()),
+        Err(_) => fail("the completion was not in the queue after its event"),
+    }
+}
+
+fn awaited<B: Backing>(
+    qp: &QueuePair,
+    src: MemoryRegion<B>,
+    remote: RemoteRegion,
+) -> MemoryRegion<B> {
+    arm(qp);
+    let p = measured_post(qp, src, remote);
+    sleep_for_event(qp);
+    measured_complete_awaited(p)
+}
+
+#[inline(never)]
+fn measured_complete_awaited<B: Backing>(mut p: Pending<'_, B>) -> MemoryRegion<B> {
+    use std::future::Future;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(&mut p).poll(&mut cx) {
+        std::task::Poll::Ready(Ok(done)) => done.region,
+        std::task::Poll::Ready(Err(e)) => fail(&e.error.to_string()),
+        std::task::Poll::Pending => fail("the completion was not in the queue after its event"),
+    }
+}
+
+fn scoped<'s, B: Backing>(
+    s: &'s rdma_dmabuf::Scope<'s, '_>,
+    qp: &'s QueuePair,
+    src: &'s MemoryRegion<B>,
+    remote: RemoteRegion,
+) {
+    arm(qp);
+    let p = measured_post_scoped(s, qp, src, remote);
+    sleep_for_event(qp);
+    measured_complete_scoped(p);
+}
+
+#[inline(never)]
+fn measured_post_scoped<'s, 'e, B: Backing>(
+    s: &'s rdma_dmabuf::Scope<'s, 'e>,
+    qp: &'s QueuePair,
+    src: &'s MemoryRegion<B>,
+    remote: RemoteRegion,
+) -> rdma_dmabuf::ScopedPending<'s, 'e> {
+    s.write(qp, src, remote, None)
+        .unwrap_or_else(|e| fail(&e.to_string()))
+}
+
+#[inline(never)]
+fn measured_complete_scoped(p: rdma_dmabuf::ScopedPending<'_, '_>) {
+    p.wait().unwrap_or_else(|e| fail(&e.to_string()));
+}

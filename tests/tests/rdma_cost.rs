@@ -1,0 +1,156 @@
+//! The cost of one RDMA write in instructions, a measure that noise cannot move: valgrind's
+//! callgrind counts the instructions retired in user space by the post and the completion of
+//! each 8-byte write (`rdma_bench cost`, release build), for the owned, scoped and awaited
+//! layers and for the same loop in C straight over libibverbs (`cost_floor.c`, the floor:
+//! what the provider itself costs). Each count is the difference between a run of 60 and one
+//! of 10 writes, divided by 50, so start-up work drops out; the same binary and inputs give
+//! the same count whatever the machine is doing. The test fails when one of ours grows more
+//! than 10% over `tests/data/write_cost.txt`, and prints every count and its ratio to the C
+//! loop. Runs in the testbed VM; `cargo xtask test` builds the release `rdma_bench` first.
+
+use integration_tests::process::{run, text};
+use integration_tests::testbed::Testbed;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(240);
+const SIZE: &str = "8";
+const SHORT: u64 = 10;
+const LONG: u64 = 60;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `target/release/examples/rdma_bench`, beside this test binary's `target/debug`.
+fn release_bench() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("target/<profile>/deps/<test>");
+    let path = target.join("release/examples/rdma_bench");
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo xtask test` builds it (cargo build --release -p examples \
+         --example rdma_bench)",
+        path.display()
+    );
+    path
+}
+
+/// Compiles the C loop into `dir`.
+fn cost_floor(dir: &Path) -> PathBuf {
+    let out = dir.join("cost_floor");
+    let src = workspace().join("examples/rdma_bench/cost_floor.c");
+    let o = run(
+        Command::new("cc")
+            .args(["-O2", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg("-libverbs"),
+        T,
+    );
+    assert!(o.status.success(), "cc cost_floor.c:\n{}", text(&o));
+    out
+}
+
+/// The instructions callgrind counted in `*measured_*` functions for `cmd`.
+fn counted(dir: &Path, name: &str, program: &Path, args: &[String]) -> u64 {
+    let file = dir.join(format!("callgrind.{name}"));
+    let o = run(
+        Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", file.display()))
+            .args(["--collect-atstart=no", "--toggle-collect=*measured_*"])
+            .arg(program)
+            .args(args),
+        T,
+    );
+    assert!(o.status.success(), "{name}:\n{}", text(&o));
+    let data = std::fs::read_to_string(&file).expect("callgrind output");
+    data.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name}: no summary in {}", file.display()))
+}
+
+/// Instructions per write of one series: (count of LONG writes - count of SHORT) / difference.
+fn per_write(dir: &Path, series: &str, run_with: impl Fn(u64) -> (PathBuf, Vec<String>)) -> u64 {
+    let at = |iters| {
+        let (program, args) = run_with(iters);
+        counted(dir, &format!("{series}.{iters}"), &program, &args)
+    };
+    let (short, long) = (at(SHORT), at(LONG));
+    assert!(long > short && short > 0, "{series}: {short} then {long}");
+    (long - short) / (LONG - SHORT)
+}
+
+fn baseline() -> BTreeMap<String, u64> {
+    let path = workspace().join("tests/data/write_cost.txt");
+    let text = std::fs::read_to_string(&path).expect("tests/data/write_cost.txt");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (k, v) = l.split_once(' ').expect("name count");
+            (k.to_string(), v.trim().parse().expect("a count"))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn an_rdma_writes_instruction_count_does_not_grow() {
+    let tb = Testbed::get();
+    let dir = std::env::temp_dir().join(format!("rdma_cost.{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bench = release_bench();
+    let floor = cost_floor(&dir);
+    let mut counts = BTreeMap::new();
+    for series in ["owned", "scoped", "awaited"] {
+        let n = per_write(&dir, series, |iters| {
+            let args = [
+                "cost", "--series", series, "--size", SIZE, "--device", &tb.device,
+            ];
+            let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            args.extend(["--iters".into(), iters.to_string()]);
+            (bench.clone(), args)
+        });
+        counts.insert(series.to_string(), n);
+    }
+    let c = per_write(&dir, "c", |iters| {
+        let args = [
+            tb.device.clone(),
+            tb.gid_index.to_string(),
+            SIZE.into(),
+            iters.to_string(),
+        ];
+        (floor.clone(), args.to_vec())
+    });
+    counts.insert("c".into(), c);
+    let kept = baseline();
+    let mut report = String::new();
+    for (series, n) in &counts {
+        let was = kept[series.as_str()];
+        report += &format!(
+            "{series:>8}: {n} instructions per write ({:.2}x the C loop; kept: {was}, {:+.1}%)\n",
+            *n as f64 / c as f64,
+            (*n as f64 / was as f64 - 1.0) * 100.0
+        );
+    }
+    eprintln!("{report}");
+    assert!(c > 100, "the C loop's count is implausible:\n{report}");
+    for series in ["owned", "scoped", "awaited"] {
+        let (n, was) = (counts[series], kept[series]);
+        assert!(
+            n * 10 <= was * 11,
+            "{series} grew more than 10% over tests/data/write_cost.txt:\n{report}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
