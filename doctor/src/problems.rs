@@ -70,6 +70,16 @@ pub const UVERBS_MISSING: Problem = p(
     "`modprobe ib_uverbs rdma_ucm`",
 );
 
+/// rdma-modules-absent.
+pub const RDMA_MODULES_ABSENT: Problem = p(
+    "rdma-modules-absent",
+    "`ibv_get_device_list` fails, and `modprobe ib_uverbs` says the module is not found",
+    "this kernel has no RDMA modules: `ib_uverbs` is neither built in nor in \
+     `/lib/modules/$(uname -r)` (cloud and minimal kernels often leave them out)",
+    "install the kernel's RDMA modules (Ubuntu: `linux-modules-extra-$(uname -r)`; Debian's \
+     `linux-image-*` carry them) or boot a kernel built with `CONFIG_INFINIBAND_USER_ACCESS`",
+);
+
 /// no-rdma-device.
 pub const NO_RDMA_DEVICE: Problem = p(
     "no-rdma-device",
@@ -265,6 +275,7 @@ pub const PROBLEMS: &[&Problem] = &[
     &ENOTSUPP_524,
     &KERNEL_TOO_OLD,
     &UVERBS_MISSING,
+    &RDMA_MODULES_ABSENT,
     &NO_RDMA_DEVICE,
     &PORT_DOWN,
     &DRI_EACCES,

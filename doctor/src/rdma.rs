@@ -86,18 +86,44 @@ fn driver(sysfs: &Path, name: &str) -> String {
     }
 }
 
+/// Whether the running kernel (its files under `root`) has `ib_uverbs`: loaded, built in, or
+/// a module in `/lib/modules/<release>`.
+pub fn uverbs_module_exists(root: &Path) -> bool {
+    match nix::sys::utsname::uname() {
+        Ok(u) => uverbs_module_in(root, &u.release().to_string_lossy()),
+        Err(_) => true,
+    }
+}
+
+/// [`uverbs_module_exists`] for the kernel `release`.
+fn uverbs_module_in(root: &Path, release: &str) -> bool {
+    if root.join("sys/module/ib_uverbs").exists() {
+        return true;
+    }
+    let dir = root.join("lib/modules").join(release);
+    ["modules.builtin", "modules.dep"]
+        .iter()
+        .any(|f| std::fs::read_to_string(dir.join(f)).is_ok_and(|t| t.contains("/ib_uverbs.ko")))
+}
+
 /// Lists, opens and probes every RDMA device.
 pub fn inspect(sysfs: &Path) -> Nics {
     let mut out = Nics::default();
     let list = match devices() {
         Ok(l) => l,
         Err(e) => {
+            // `modprobe ib_uverbs` is only a fix where the kernel has the module.
+            let problem = if uverbs_module_exists(Path::new("/")) {
+                &problems::UVERBS_MISSING
+            } else {
+                &problems::RDMA_MODULES_ABSENT
+            };
             out.checks.push(Check::problem(
                 SECTION,
                 "RDMA devices",
                 Status::Fail,
                 e.to_string(),
-                &problems::UVERBS_MISSING,
+                problem,
             ));
             return out;
         }
@@ -274,5 +300,40 @@ fn port_check(sysfs: &Path, ctx: &Arc<Context>, port: u8) -> Check {
         Check::problem(SECTION, name, Status::Warn, found, &problems::NO_ROCE_GID)
     } else {
         Check::ok(SECTION, name, found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ib_uverbs_is_found_loaded_built_in_or_as_a_module_and_missing_otherwise() {
+        let root = std::env::temp_dir().join(format!("doctor-uverbs-{}", std::process::id()));
+        let dir = root.join("lib/modules/6.8.0-cloud");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("modules.dep"),
+            "kernel/fs/ext4/ext4.ko: kernel/fs/jbd2.ko\n",
+        )
+        .unwrap();
+        assert!(
+            !uverbs_module_in(&root, "6.8.0-cloud"),
+            "a kernel without RDMA modules"
+        );
+        std::fs::write(
+            dir.join("modules.dep"),
+            "kernel/drivers/infiniband/core/ib_uverbs.ko.xz: kernel/drivers/infiniband/core/ib_core.ko.xz\n",
+        )
+        .unwrap();
+        assert!(uverbs_module_in(&root, "6.8.0-cloud"), "a module");
+        std::fs::remove_file(dir.join("modules.dep")).unwrap();
+        std::fs::write(
+            dir.join("modules.builtin"),
+            "kernel/drivers/infiniband/core/ib_uverbs.ko\n",
+        )
+        .unwrap();
+        assert!(uverbs_module_in(&root, "6.8.0-cloud"), "built in");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
