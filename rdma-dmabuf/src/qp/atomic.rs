@@ -2,7 +2,7 @@
 //! value landing in an 8-byte part of a local region.
 
 use super::pending::{Pending, WorkError};
-use super::post::{sge, Request};
+use super::post::Request;
 use super::QueuePair;
 use crate::device::AtomicCap;
 use crate::error::{Error, Op};
@@ -87,9 +87,9 @@ impl QueuePair {
             );
             return refuse(Error::invalid(Op::PostSend, why), local);
         }
-        let checked = self.check(kind, local.region(), range, Some(remote));
-        let posted = checked.and_then(|(offset, len)| {
-            let sges = [sge(local.region(), offset, len)];
+        let checked = self.checked_sge(kind, local.region(), range, Some(remote));
+        let posted = checked.and_then(|sge| {
+            let sges = [sge];
             let mut req = Request::new(kind, &sges, Some(remote), None);
             req.atomic = Some(op);
             // SAFETY: `check` put the 8 bytes inside the region, of this QP's PD; the region

@@ -2,13 +2,12 @@
 //! time, so they need no registered region and nothing is lent to the NIC.
 
 use super::pending::{blocking_wait, busy_wait, timed_wait, Handle};
-use super::post::Request;
+use super::post::{Request, Sge};
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
 use crate::remote::RemoteRegion;
 use crate::slots::wr_id;
 use crate::wr::{WorkCompletion, WorkKind};
-use rdma_sys as ffi;
 use std::fmt;
 use std::time::Duration;
 
@@ -68,14 +67,8 @@ impl QueuePair {
                 ));
             }
         }
-        let sges = [ffi::ibv_sge {
-            addr: data.as_ptr() as u64,
-            // At most max_inline, a u32.
-            length: len as u32,
-            lkey: 0,
-        }];
-        let mut req = Request::new(kind, &sges, remote, imm);
-        req.inline = true;
+        let sges = [Sge::inline(data)];
+        let req = Request::inline(kind, &sges, remote, imm);
         // SAFETY: an inline request: the provider copies `data` (valid for this call) into
         // the work request before ibv_post_send returns, so the NIC never reads it later and
         // no lkey is needed.

@@ -13,7 +13,7 @@ mod connect;
 mod inline;
 mod parts;
 mod pending;
-mod post;
+pub(crate) mod post;
 pub(crate) mod raw;
 mod srq;
 mod srq_wake;

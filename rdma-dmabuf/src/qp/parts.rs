@@ -3,14 +3,13 @@
 //! into the request and all come back together with the completion.
 
 use super::pending::{blocking_wait, busy_wait, timed_wait, Handle, Ticket};
-use super::post::{post_op, sge, Request};
+use super::post::{post_op, Request, Sge};
 use super::QueuePair;
 use crate::error::{Error, Result};
 use crate::mr::{Backing, MemoryRegion};
 use crate::part::{sealed::TOKEN, OwnedPart, Part};
 use crate::remote::RemoteRegion;
 use crate::wr::{WorkCompletion, WorkKind};
-use rdma_sys as ffi;
 use std::fmt;
 use std::ops::Range;
 use std::time::Duration;
@@ -236,7 +235,7 @@ impl QueuePair {
         kind: WorkKind,
         parts: impl Iterator<Item = (&'r MemoryRegion<B>, Range<u64>)>,
         remote: Option<RemoteRegion>,
-    ) -> Result<[ffi::ibv_sge; N]> {
+    ) -> Result<[Sge; N]> {
         let op = post_op(kind);
         let caps = &self.raw.caps;
         let (max, which) = match kind {
@@ -253,14 +252,12 @@ impl QueuePair {
                 ),
             ));
         }
-        // SAFETY: ibv_sge is a plain C struct of integers; zero is valid (and each is
-        // overwritten below before use).
-        let mut sges: [ffi::ibv_sge; N] = unsafe { std::mem::zeroed() };
+        // Each placeholder is overwritten below (there are exactly N parts).
+        let mut sges = [Sge::EMPTY; N];
         let mut total = 0u64;
         for (slot, (region, range)) in sges.iter_mut().zip(parts) {
-            let (offset, len) = self.check(kind, region, range, None)?;
-            total += u64::from(len);
-            *slot = sge(region, offset, len);
+            *slot = self.checked_sge(kind, region, range, None)?;
+            total += u64::from(slot.len());
         }
         if total > u64::from(u32::MAX) {
             return Err(Error::invalid(

@@ -75,10 +75,10 @@ impl QueuePair {
     ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
         let r = local.region();
         let posted = self
-            .check(kind, r, local.range(), remote)
-            .and_then(|(offset, len)| {
-                let sges = [sge(r, offset, len)];
-                // SAFETY: `check` put the part inside `r`, a region of this QP's PD; `r`
+            .checked_sge(kind, r, local.range(), remote)
+            .and_then(|sge| {
+                let sges = [sge];
+                // SAFETY: `checked_sge` put the part inside `r`, a region of this QP's PD; `r`
                 // moves into the returned `Pending` (and, if that is dropped early, into the
                 // request's slot, which lives until the QP is destroyed), so it stays
                 // registered and out of the CPU's reach until the completion is polled.
@@ -196,7 +196,8 @@ impl QueuePair {
             let mut wr = ffi::ibv_recv_wr {
                 wr_id: id,
                 next: std::ptr::null_mut(),
-                sg_list: req.sges.as_ptr().cast_mut(),
+                // `Sge` is laid out as `ibv_sge` (repr(transparent)).
+                sg_list: req.sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut(),
                 num_sge,
             };
             let mut bad = std::ptr::null_mut();
@@ -239,8 +240,7 @@ impl QueuePair {
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> Result<(u32, u32)> {
-        let (offset, len) = self.check(kind, region, range, remote)?;
-        let sges = [sge(region, offset, len)];
+        let sges = [self.checked_sge(kind, region, range, remote)?];
         // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
         // keeps it registered and out of the CPU's reach until the completion (our contract).
         unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
@@ -255,12 +255,56 @@ pub(super) fn post_op(kind: WorkKind) -> Op {
     }
 }
 
-/// The SGE of `len` bytes at `offset` of `region` (checked by the caller).
-pub(super) fn sge<B: Backing>(region: &MemoryRegion<B>, offset: u64, len: u32) -> ffi::ibv_sge {
-    ffi::ibv_sge {
-        addr: region.addr() + offset,
-        length: len,
-        lkey: region.lkey(),
+/// An SGE the post path may trust: made only by [`QueuePair::checked_sge`] (bytes inside a
+/// region of this queue pair's PD, with its lkey, after every check of `check`) or by
+/// [`Sge::inline`] (bytes the provider copies at post time). A [`Request`] takes only these,
+/// so no unchecked range reaches `post_raw`. Laid out as `ibv_sge` (`repr(transparent)`), so
+/// a slice of them is the SGE list the verbs take.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub(crate) struct Sge(ffi::ibv_sge);
+
+impl Sge {
+    /// Zero bytes: a placeholder for arrays filled with checked SGEs before use.
+    pub(super) const EMPTY: Sge = Sge(ffi::ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    });
+
+    /// `data` for an inline request (`IBV_SEND_INLINE`), which the provider copies into the
+    /// work request before `ibv_post_send` returns; valid only for [`Request::inline`].
+    pub(super) fn inline(data: &[u8]) -> Sge {
+        Sge(ffi::ibv_sge {
+            addr: data.as_ptr() as u64,
+            // At most max_inline (a u32), checked by the inline posts.
+            length: data.len() as u32,
+            lkey: 0,
+        })
+    }
+
+    /// The SGE's length in bytes.
+    pub(super) fn len(&self) -> u32 {
+        self.0.length
+    }
+}
+
+impl QueuePair {
+    /// [`QueuePair::check`], then the SGE of the checked bytes of `region`: the only way to
+    /// an SGE of a region.
+    pub(crate) fn checked_sge<B: Backing>(
+        &self,
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        range: Range<u64>,
+        remote: Option<RemoteRegion>,
+    ) -> Result<Sge> {
+        let (offset, len) = self.check(kind, region, range, remote)?;
+        Ok(Sge(ffi::ibv_sge {
+            addr: region.addr() + offset,
+            length: len,
+            lkey: region.lkey(),
+        }))
     }
 }
 
@@ -268,7 +312,7 @@ pub(super) fn sge<B: Backing>(region: &MemoryRegion<B>, offset: u64, len: u32) -
 pub(super) struct Request<'s> {
     pub kind: WorkKind,
     /// The parts, in order (one for most requests; never empty).
-    pub sges: &'s [ffi::ibv_sge],
+    pub sges: &'s [Sge],
     pub remote: Option<RemoteRegion>,
     pub imm: Option<u32>,
     pub atomic: Option<AtomicOp>,
@@ -276,10 +320,10 @@ pub(super) struct Request<'s> {
 }
 
 impl<'s> Request<'s> {
-    /// A request on the parts `sges` (checked by the caller).
+    /// A request on the parts `sges` (checked SGEs: see [`Sge`]).
     pub fn new(
         kind: WorkKind,
-        sges: &'s [ffi::ibv_sge],
+        sges: &'s [Sge],
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> Request<'s> {
@@ -293,14 +337,28 @@ impl<'s> Request<'s> {
         }
     }
 
+    /// An inline request on `sges` (made by [`Sge::inline`]).
+    pub fn inline(
+        kind: WorkKind,
+        sges: &'s [Sge],
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> Request<'s> {
+        Request {
+            inline: true,
+            ..Request::new(kind, sges, remote, imm)
+        }
+    }
+
     /// The send-queue work request, its SGE list pointing to `self.sges`.
     fn send_wr(&self, id: u64, num_sge: i32) -> ffi::ibv_send_wr {
         // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero is
         // valid.
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = id;
-        // The provider only reads the list (ibv_post_send copies what it needs).
-        wr.sg_list = self.sges.as_ptr().cast_mut();
+        // The provider only reads the list (ibv_post_send copies what it needs); `Sge` is
+        // laid out as `ibv_sge` (repr(transparent)).
+        wr.sg_list = self.sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut();
         wr.num_sge = num_sge;
         wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         if self.inline {
