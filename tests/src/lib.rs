@@ -9,6 +9,7 @@ pub mod counts;
 pub mod device_admin;
 pub mod evil_waker;
 pub mod exporters;
+pub mod injection;
 pub mod oob;
 pub mod process;
 pub mod roundtrip;
