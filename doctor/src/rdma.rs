@@ -235,8 +235,9 @@ fn huge_page_check(ctx: &Arc<Context>) -> Option<Check> {
     Some(
         if drm_export::udmabuf::running_kernel_misplaces_huge_pages() {
             let found = format!(
-                "refused on kernel {release}: this device moves data through udmabuf's vmap, \
-             which misplaces huge pages there"
+                "udmabufs with large pages (hugetlb, shmem transparent huge pages) are refused on \
+             kernel {release}: this device moves data through udmabuf's vmap, which misplaces \
+             them there"
             );
             Check::problem(
                 SECTION,

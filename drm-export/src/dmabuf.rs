@@ -25,9 +25,8 @@ pub struct DmaBuf {
     exporter: String,
     /// This process's one claim on the buffer (dropped with the `DmaBuf`, or by `into_fd`).
     claim: Claim,
-    /// For a udmabuf: whether it is over a hugetlbfs memfd (`None`: a udmabuf made
-    /// elsewhere, not known). `Some(false)` for every other exporter.
-    huge_pages: Option<bool>,
+    /// For a udmabuf made by [`Udmabuf`](crate::Udmabuf): whether its pages are all small.
+    udmabuf_small_pages: Option<bool>,
 }
 
 impl DmaBuf {
@@ -88,17 +87,18 @@ impl DmaBuf {
             .map_err(|e| Error::os(Op::ImportSyncFile, self.describe(), e))
     }
 
-    /// Whether this is a udmabuf over a hugetlbfs memfd: `Some(true)` or `Some(false)` for
-    /// one made by [`Udmabuf`](crate::Udmabuf), `Some(false)` for any other exporter, `None`
-    /// for a udmabuf made elsewhere and taken with [`DmaBuf::try_from`] (its memfd cannot be
-    /// seen from its fd). Devices that move data with the CPU cannot use such buffers on
-    /// kernels with [`HUGE_PAGE_VMAP_BUG`](crate::udmabuf::HUGE_PAGE_VMAP_BUG).
-    pub fn udmabuf_over_huge_pages(&self) -> Option<bool> {
-        self.huge_pages
+    /// For a udmabuf made by [`Udmabuf`](crate::Udmabuf): whether every one of its pages is
+    /// a small page (`Some(false)`: some are parts of larger folios, hugetlb or transparent
+    /// huge pages), read from the page frames when it was made (its pages are pinned from then
+    /// on). `None` for any other `DmaBuf`, or when the frames could not be read (that needs
+    /// `CAP_SYS_ADMIN`). Devices that move data with the CPU cannot use udmabufs with large
+    /// pages on kernels with [`HUGE_PAGE_VMAP_BUG`](crate::udmabuf::HUGE_PAGE_VMAP_BUG).
+    pub fn udmabuf_small_pages(&self) -> Option<bool> {
+        self.udmabuf_small_pages
     }
 
-    pub(crate) fn set_huge_pages(&mut self, huge: bool) {
-        self.huge_pages = Some(huge);
+    pub(crate) fn set_udmabuf_small_pages(&mut self, small: Option<bool>) {
+        self.udmabuf_small_pages = small;
     }
 
     /// The buffer's identity, `(st_dev, st_ino)` of its dma-buf file.
@@ -159,7 +159,6 @@ impl TryFrom<OwnedFd> for DmaBuf {
                 fd: raw,
                 what: "its fdinfo has no size".into(),
             })?;
-        let huge_pages = (exporter != "udmabuf").then_some(false);
         let Some(claim) = Claim::take(id) else {
             return Err(Error::AlreadyOwned {
                 fd: raw,
@@ -172,7 +171,7 @@ impl TryFrom<OwnedFd> for DmaBuf {
             size,
             exporter,
             claim,
-            huge_pages,
+            udmabuf_small_pages: None,
         })
     }
 }

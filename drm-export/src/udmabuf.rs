@@ -9,7 +9,7 @@ use crate::error::{Error, Op, Result};
 use crate::sys;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// The udmabuf device node.
 pub const DEVICE: &str = "/dev/udmabuf";
@@ -141,15 +141,19 @@ impl Udmabuf {
         check_range(offset, size)?;
         let dev = open_device()?;
         let memfd = memfd.as_fd();
-        let fd = sys::udmabuf_create(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, offset, size)
-            .map_err(|e| {
-                Error::os(
-                    Op::CreateUdmabuf,
-                    format!("memfd fd {} [{offset}, +{size})", memfd.as_raw_fd()),
-                    e,
-                )
-            })?;
-        with_page_kind(DmaBuf::try_from(fd)?, memfd)
+        let (fd, small) =
+            sys::udmabuf_create(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, offset, size).map_err(
+                |e| {
+                    Error::os(
+                        Op::CreateUdmabuf,
+                        format!("memfd fd {} [{offset}, +{size})", memfd.as_raw_fd()),
+                        e,
+                    )
+                },
+            )?;
+        let mut buf = DmaBuf::try_from(fd)?;
+        buf.set_udmabuf_small_pages(small);
+        Ok(buf)
     }
 
     /// `UDMABUF_CREATE_LIST`: one dma-buf over several page-aligned ranges of one memfd, in
@@ -166,7 +170,7 @@ impl Udmabuf {
             check_range(offset, size)?;
         }
         let dev = open_device()?;
-        let fd = sys::udmabuf_create_list(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, ranges)
+        let (fd, small) = sys::udmabuf_create_list(&dev, memfd, sys::UDMABUF_FLAGS_CLOEXEC, ranges)
             .map_err(|e| {
                 Error::os(
                     Op::CreateUdmabuf,
@@ -174,7 +178,9 @@ impl Udmabuf {
                     e,
                 )
             })?;
-        with_page_kind(DmaBuf::try_from(fd)?, memfd)
+        let mut buf = DmaBuf::try_from(fd)?;
+        buf.set_udmabuf_small_pages(small);
+        Ok(buf)
     }
 
     /// The dma-buf.
@@ -205,21 +211,6 @@ impl Udmabuf {
     }
 }
 
-/// Records whether `buf` may be over pages larger than 4 KiB: `memfd` on hugetlbfs, or
-/// shmem while transparent huge pages may be used for shmem ([`shmem_may_use_large_folios`]).
-fn with_page_kind(mut buf: DmaBuf, memfd: BorrowedFd<'_>) -> Result<DmaBuf> {
-    use nix::sys::statfs::{fstatfs, HUGETLBFS_MAGIC};
-    let fs = fstatfs(memfd).map_err(|e| {
-        Error::os(
-            Op::CreateUdmabuf,
-            format!("fstatfs of memfd fd {}", memfd.as_raw_fd()),
-            e.into(),
-        )
-    })?;
-    buf.set_huge_pages(fs.filesystem_type() == HUGETLBFS_MAGIC || shmem_may_use_large_folios());
-    Ok(buf)
-}
-
 /// The udmabuf bug that makes devices which move data with the CPU (soft-RoCE `rxe`, `siw`)
 /// read and write the wrong bytes of a udmabuf over huge pages.
 pub const HUGE_PAGE_VMAP_BUG: &str = "udmabuf's kernel mapping (vmap) on Linux 6.10 to 6.16 \
@@ -227,63 +218,19 @@ pub const HUGE_PAGE_VMAP_BUG: &str = "udmabuf's kernel mapping (vmap) on Linux 6
     \"udmabuf: fix vmap missed offset page\": Linux 6.17, and 6.16.y stable from August 2025; \
     6.12.y has no fix as of 6.12.117), so a device that moves data through that mapping \
     (soft-RoCE rxe, siw) would move the wrong bytes, and reach pages outside the region; \
-    user mappings and DMA by a hardware NIC are right. Large pages: a hugetlbfs memfd, or \
-    shmem while transparent huge pages may back it \
-    (/sys/kernel/mm/transparent_hugepage/shmem_enabled or any hugepages-*/shmem_enabled not \
-    never or deny). Use a udmabuf over an ordinary memfd (Backing::Shmem) with shmem \
-    transparent huge pages off, or a kernel with the fix";
+    user mappings and DMA by a hardware NIC are right. This udmabuf has large pages (a \
+    hugetlbfs memfd, or shmem that transparent huge pages backed when its pages were \
+    allocated). Use a udmabuf over an ordinary memfd (Backing::Shmem) filled while shmem \
+    transparent huge pages were off, or a kernel with the fix";
 
-/// The sysfs folder of transparent huge pages.
-const THP: &str = "/sys/kernel/mm/transparent_hugepage";
-
-/// Whether shmem (and so a memfd) may be given pages larger than 4 KiB: the kernel's
-/// transparent huge page setting for shmem (`shmem_enabled`, and on 6.11 and later one per
-/// size, `hugepages-<size>/shmem_enabled`) is anything but `never` or `deny` (`inherit`
-/// follows the global one). A kernel without transparent huge pages has none of these
-/// files: `false`. A setting that cannot be read counts as `true`.
-pub fn shmem_may_use_large_folios() -> bool {
-    let Ok(global) = std::fs::read_to_string(format!("{THP}/shmem_enabled")) else {
-        return std::path::Path::new(THP).exists();
-    };
-    let allows = |text: &str, inherited: bool| match selected(text) {
-        Some("never" | "deny") => false,
-        Some("inherit") => inherited,
-        _ => true,
-    };
-    let global = allows(&global, true);
-    let Ok(sizes) = std::fs::read_dir(THP) else {
-        return true;
-    };
-    let mut any = global;
-    for e in sizes.flatten() {
-        if !e.file_name().to_string_lossy().starts_with("hugepages-") {
-            continue;
-        }
-        match std::fs::read_to_string(e.path().join("shmem_enabled")) {
-            Ok(t) => any |= allows(&t, global),
-            // No per-size shmem setting (before 6.11): the global one decides.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) => return true,
-        }
-    }
-    any
-}
-
-/// The bracketed word of a sysfs choice (`always [never] deny` -> `never`).
-fn selected(text: &str) -> Option<&str> {
-    let start = text.find('[')? + 1;
-    let end = start + text[start..].find(']')?;
-    Some(&text[start..end])
-}
-
-/// Why a udmabuf made elsewhere is refused where [`HUGE_PAGE_VMAP_BUG`] applies.
-pub const UNKNOWN_UDMABUF_PAGES: &str = "this udmabuf was not made by drm_export::Udmabuf, so \
-    whether it is over huge pages cannot be told from its fd, and on this kernel udmabuf's \
-    vmap misplaces huge pages (Linux 6.10 to 6.16; see \
-    drm_export::udmabuf::HUGE_PAGE_VMAP_BUG): a device that moves data through that mapping \
-    (soft-RoCE rxe, siw) might move the wrong bytes. Make the udmabuf with \
-    Udmabuf::export from its memfd, or use a kernel with \"udmabuf: fix vmap missed offset \
-    page\"";
+/// Why a udmabuf whose pages could not be looked at is refused where
+/// [`HUGE_PAGE_VMAP_BUG`] applies.
+pub const UNKNOWN_UDMABUF_PAGES: &str = "whether this udmabuf's pages are large cannot be told \
+    (it was not made by drm_export::Udmabuf in this process, or its page frames could not be \
+    read from /proc/self/pagemap and /proc/kpageflags, which needs CAP_SYS_ADMIN), and on this kernel udmabuf's vmap misplaces large pages (Linux 6.10 to \
+    6.16; see drm_export::udmabuf::HUGE_PAGE_VMAP_BUG): a device that moves data through that \
+    mapping (soft-RoCE rxe, siw) might move the wrong bytes. Make it with Udmabuf::export from \
+    its memfd, as root, or use a kernel with \"udmabuf: fix vmap missed offset page\"";
 
 /// Whether the kernel `release` (`uname -r`, e.g. `6.12.117+deb12-amd64`) may have
 /// [`HUGE_PAGE_VMAP_BUG`]: 6.10 (when udmabuf took huge pages as folios again) up to 6.16.
@@ -298,12 +245,15 @@ pub fn vmap_misplaces_huge_pages(release: &str) -> bool {
     }
 }
 
-/// [`vmap_misplaces_huge_pages`] for the running kernel.
+/// [`vmap_misplaces_huge_pages`] for the running kernel, as both `uname` and
+/// `/proc/sys/kernel/osrelease` tell it: affected if either says so or cannot be read (a
+/// process can make `uname` lie about itself with `personality(UNAME26)`).
 pub fn running_kernel_misplaces_huge_pages() -> bool {
-    match nix::sys::utsname::uname() {
-        Ok(u) => vmap_misplaces_huge_pages(&u.release().to_string_lossy()),
-        Err(_) => true,
-    }
+    let uname = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let proc = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    vmap_misplaces_huge_pages(uname.trim()) || vmap_misplaces_huge_pages(proc.trim())
 }
 
 fn open_device() -> Result<sys::UdmabufDevice> {
@@ -366,19 +316,6 @@ pub fn page_size() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_sysfs_choice_is_the_bracketed_word() {
-        assert_eq!(
-            selected("always within_size advise [never] deny force\n"),
-            Some("never")
-        );
-        assert_eq!(
-            selected("always [inherit] within_size advise never"),
-            Some("inherit")
-        );
-        assert_eq!(selected("always never"), None);
-    }
 
     #[test]
     fn the_huge_page_vmap_bug_is_told_by_release() {

@@ -285,25 +285,24 @@ fn dmabuf_unsupported(errno: i32) -> Option<&'static str> {
     }
 }
 
-/// Refuses a udmabuf over huge pages on a device that moves data with the CPU when the
-/// running kernel's udmabuf maps such buffers wrongly: the transfer would report success
-/// with the wrong bytes (drm_export::udmabuf::HUGE_PAGE_VMAP_BUG).
-/// A udmabuf made elsewhere (not known to be over ordinary pages) is refused there too.
+/// Refuses a udmabuf with large pages on a device that moves data with the CPU when the
+/// running kernel's udmabuf maps such pages wrongly: the transfer would report success with
+/// the wrong bytes, and reach pages outside the region (drm_export::udmabuf::HUGE_PAGE_VMAP_BUG).
+/// The udmabuf's own page frames decide, read when it was made (its pages are pinned from
+/// then on); one whose frames are not known is refused too.
 fn refuse_misplaced_huge_pages(pd: &ProtectionDomain, dmabuf: &DmaBuf) -> Result<()> {
     use drm_export::udmabuf::{HUGE_PAGE_VMAP_BUG, UNKNOWN_UDMABUF_PAGES};
-    let why = match dmabuf.udmabuf_over_huge_pages() {
-        // Not a udmabuf, or one made while shmem could have no large pages: still refused if
-        // shmem may have them now (the memfd's pages may be newer than the udmabuf's check).
-        Some(false) if dmabuf.exporter() != "udmabuf" => return Ok(()),
-        Some(false) if !drm_export::udmabuf::shmem_may_use_large_folios() => return Ok(()),
-        Some(_) => HUGE_PAGE_VMAP_BUG,
-        None => UNKNOWN_UDMABUF_PAGES,
-    };
-    if !drm_export::udmabuf::running_kernel_misplaces_huge_pages()
+    if dmabuf.exporter() != "udmabuf"
+        || !drm_export::udmabuf::running_kernel_misplaces_huge_pages()
         || !pd.context().query_device()?.moves_data_with_the_cpu()
     {
         return Ok(());
     }
+    let why = match dmabuf.udmabuf_small_pages() {
+        Some(true) => return Ok(()),
+        Some(false) => HUGE_PAGE_VMAP_BUG,
+        None => UNKNOWN_UDMABUF_PAGES,
+    };
     Err(Error::Unsupported {
         op: Op::RegDmabufMr,
         device: pd.context().name().to_string(),

@@ -1,20 +1,25 @@
-//! udmabufs over shmem that transparent huge pages may back: on kernels whose udmabuf vmap
-//! misplaces large pages (6.10 to 6.16), a device that moves data with the CPU (rxe) would
-//! move the wrong bytes, and reach pages outside the region (found by the independent
-//! review with `shmem_enabled` set to `always` or `within_size`: 4,177,920 of 4,194,304 bytes
-//! wrong, and writes landing in another udmabuf of the same memfd). Registration is refused
-//! there while shmem may get large pages, and works again when it cannot. Its own test
-//! binary: it changes a machine-wide setting, which the tests of other binaries (run one
-//! binary at a time) never see. Runs in the testbed VM.
+//! udmabufs whose pages are large because shmem transparent huge pages backed them: on
+//! kernels whose udmabuf vmap misplaces large pages (6.10 to 6.16), a device that moves data
+//! with the CPU (rxe) would move the wrong bytes and reach pages outside the region (found by
+//! the independent reviews with `shmem_enabled` `always` or `within_size`: 4,177,920 of
+//! 4,194,304 bytes wrong, and writes landing in another udmabuf of the same memfd; also with
+//! a memfd filled while the setting was on and exported after it was turned off, and with
+//! `personality(UNAME26)` hiding the kernel's release). Registration looks at the udmabuf's
+//! own page frames, pinned since its creation, never at the settings, and at the kernel's
+//! release as `/proc` tells it. Its own test binary: it changes machine-wide settings, which
+//! the tests of other binaries (run one binary at a time) never see. Runs in the testbed VM.
 
-use drm_export::udmabuf::{running_kernel_misplaces_huge_pages, shmem_may_use_large_folios};
-use drm_export::Udmabuf;
+use drm_export::udmabuf::{running_kernel_misplaces_huge_pages, sealed_memfd, Backing};
+use drm_export::{DmaBuf, Udmabuf};
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::pd;
-use rdma_dmabuf::{Access, MemoryRegion};
+use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
+use rdma_dmabuf::{Access, Local, MemoryRegion, ProtectionDomain, QueuePair};
+use std::sync::Arc;
+use std::time::Duration;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
 const SIZE: u64 = 4 << 20;
+const T: Duration = Duration::from_secs(60);
 
 /// Sets a sysfs choice for the test and puts the old one back when dropped.
 struct Setting {
@@ -41,53 +46,113 @@ impl Drop for Setting {
     }
 }
 
-fn register(
-    pd: &std::sync::Arc<rdma_dmabuf::ProtectionDomain>,
-    u: Udmabuf,
+/// Fills `buf` with `seed`'s pattern through its mapping, registers it and reads it back over
+/// the wire with an RDMA READ: the bytes the NIC moved, or the registration's error.
+fn read_over_the_wire(
+    pd: &Arc<ProtectionDomain>,
+    qp: &QueuePair,
+    mut buf: DmaBuf,
+    seed: u8,
 ) -> rdma_dmabuf::Result<()> {
-    let (_memfd, buf) = u.into_parts();
+    let len = buf.size() as usize;
+    let data = pattern(len, seed);
+    buf.map()
+        .unwrap()
+        .write()
+        .unwrap()
+        .write_at(0, &data)
+        .unwrap();
     let access = Access::LOCAL_WRITE | Access::REMOTE_READ;
-    MemoryRegion::register_dmabuf(pd, buf, 0, SIZE, None, access).map(drop)
+    let region = MemoryRegion::register_dmabuf(pd, buf, 0, len as u64, None, access)?;
+    let into = host_region(pd, &[], len, Access::LOCAL_WRITE);
+    let p = qp.post_read(Local::new(into, 0..len as u64), region.remote().unwrap());
+    let done = p
+        .unwrap()
+        .wait_timeout(T)
+        .expect("bounded")
+        .expect("the read");
+    let back = &done.region.bytes().unwrap()[..len];
+    let wrong = back.iter().zip(&data).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        wrong, 0,
+        "{wrong} of {len} bytes wrong after a successful RDMA READ"
+    );
+    Ok(())
+}
+
+fn refused(r: rdma_dmabuf::Result<()>, what: &str) {
+    let err = r.expect_err(what);
+    assert!(err.is_unsupported(), "{what}: {err}");
+    assert!(err.to_string().contains("large pages"), "{what}: {err}");
 }
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn udmabufs_over_shmem_huge_pages_are_refused_where_the_kernel_misplaces_them() {
+fn udmabufs_with_large_pages_are_refused_where_the_kernel_misplaces_them() {
     let tb = Testbed::get();
     assert!(
         running_kernel_misplaces_huge_pages(),
         "the testbed's kernel is one of those the test is for"
     );
     let pd = pd(&tb);
-    assert!(
-        !shmem_may_use_large_folios(),
-        "the testbed starts with shmem huge pages off"
-    );
-    let before = Udmabuf::new(SIZE).unwrap();
-    assert_eq!(before.dmabuf().udmabuf_over_huge_pages(), Some(false));
-    register(&pd, Udmabuf::new(SIZE).unwrap()).expect("shmem without huge pages registers");
+    let (qp, _owner) = loopback_pair(&pd);
+    let global = format!("{THP}/shmem_enabled");
 
-    for (path, value) in [
-        (format!("{THP}/shmem_enabled"), "always"),
-        (format!("{THP}/shmem_enabled"), "within_size"),
-        (format!("{THP}/hugepages-64kB/shmem_enabled"), "always"),
-    ] {
-        let what = format!("{path} = {value}");
-        let _set = Setting::set(&path, value);
-        assert!(shmem_may_use_large_folios(), "{what}");
-        let u = Udmabuf::new(SIZE).unwrap();
-        assert_eq!(u.dmabuf().udmabuf_over_huge_pages(), Some(true), "{what}");
-        let err = register(&pd, u).unwrap_err();
-        assert!(err.is_unsupported(), "{what}: {err}");
-        assert!(err.to_string().contains("shmem_enabled"), "{what}: {err}");
+    // Small pages: registered, and the bytes are right.
+    let (_m, buf) = Udmabuf::new(SIZE).unwrap().into_parts();
+    assert_eq!(buf.udmabuf_small_pages(), Some(true));
+    read_over_the_wire(&pd, &qp, buf, 1).expect("small pages register");
+
+    // Large pages, whichever setting made them.
+    for value in ["always", "within_size"] {
+        let what = format!("shmem_enabled = {value}");
+        let _set = Setting::set(&global, value);
+        let (_m, buf) = Udmabuf::new(SIZE).unwrap().into_parts();
+        assert_eq!(buf.udmabuf_small_pages(), Some(false), "{what}");
+        refused(read_over_the_wire(&pd, &qp, buf, 2), &what);
     }
-    // Made while huge pages were off, registered while they may be on: refused too (the
-    // memfd's pages may be newer than the udmabuf's check).
+    // A per-size setting: whatever pages it gives (6.12 gives memfds without a mapping no
+    // 64 KiB folios), the pages decide: refused, or registered with the right bytes.
     {
-        let _set = Setting::set(&format!("{THP}/shmem_enabled"), "always");
-        let err = register(&pd, before).unwrap_err();
-        assert!(err.is_unsupported(), "{err}");
+        let _set = Setting::set(&format!("{THP}/hugepages-64kB/shmem_enabled"), "always");
+        let (_m, buf) = Udmabuf::new(SIZE).unwrap().into_parts();
+        match buf.udmabuf_small_pages() {
+            Some(true) => read_over_the_wire(&pd, &qp, buf, 5).expect("small pages register"),
+            _ => refused(read_over_the_wire(&pd, &qp, buf, 5), "64 KiB folios"),
+        }
     }
-    assert!(!shmem_may_use_large_folios(), "the settings are back");
-    register(&pd, Udmabuf::new(SIZE).unwrap()).expect("registers again");
+
+    // A memfd filled while huge pages were on, exported after they were turned off: its
+    // pages are what decides (the second review's case).
+    let memfd = {
+        let _set = Setting::set(&global, "always");
+        let m = sealed_memfd(Backing::Shmem, SIZE).unwrap();
+        nix::sys::uio::pwrite(&m, &pattern(SIZE as usize, 3), 0).unwrap();
+        m
+    };
+    let buf = Udmabuf::export(&memfd, 0, SIZE).unwrap();
+    refused(
+        read_over_the_wire(&pd, &qp, buf, 3),
+        "filled under always, exported under never",
+    );
+    // The same, taken from a bare fd.
+    let foreign = DmaBuf::try_from(Udmabuf::export(&memfd, 0, SIZE).unwrap().into_fd()).unwrap();
+    refused(read_over_the_wire(&pd, &qp, foreign, 3), "from a bare fd");
+
+    // Made with small pages, registered while huge pages are on: the pages are pinned small.
+    let (_m, buf) = Udmabuf::new(SIZE).unwrap().into_parts();
+    {
+        let _set = Setting::set(&global, "always");
+        read_over_the_wire(&pd, &qp, buf, 4).expect("pinned small pages register");
+    }
+
+    // `personality(UNAME26)` makes uname say 2.6.x; /proc still tells the release.
+    let before = nix::sys::personality::get().unwrap();
+    nix::sys::personality::set(before | nix::sys::personality::Persona::UNAME26).unwrap();
+    let still = running_kernel_misplaces_huge_pages();
+    nix::sys::personality::set(before).unwrap();
+    assert!(
+        still,
+        "a uname that lies does not hide the kernel's release"
+    );
 }

@@ -176,7 +176,7 @@ pub fn udmabuf_create(
     flags: u32,
     offset: u64,
     size: u64,
-) -> io::Result<OwnedFd> {
+) -> io::Result<(OwnedFd, Option<bool>)> {
     let arg = udmabuf_create {
         memfd: memfd.as_raw_fd() as u32,
         flags,
@@ -190,7 +190,9 @@ pub fn udmabuf_create(
     let fd = restart(|| unsafe { raw_udmabuf_create(dev.0.as_raw_fd(), &arg) })?;
     // SAFETY: UDMABUF_CREATE succeeded, and its return value is then the dma-buf fd that the
     // kernel has just installed for this call (dma_buf_fd); nothing else has seen it.
-    Ok(unsafe { owned(fd) })
+    let fd = unsafe { owned(fd) };
+    // UDMABUF_CREATE succeeded on this range: what `pinned_pages_small` asks.
+    Ok((fd, pinned_pages_small(memfd, &[(offset, size)])))
 }
 
 /// `UDMABUF_CREATE_LIST`: the `(offset, size)` ranges of `memfd`, in order, as one dma-buf.
@@ -199,7 +201,7 @@ pub fn udmabuf_create_list(
     memfd: BorrowedFd<'_>,
     flags: u32,
     ranges: &[(u64, u64)],
-) -> io::Result<OwnedFd> {
+) -> io::Result<(OwnedFd, Option<bool>)> {
     let buf = udmabuf_list_words(flags, memfd.as_raw_fd() as u32, ranges)?;
     let arg = buf.as_ptr().cast::<udmabuf_create_list>();
     // SAFETY: `dev` is /dev/udmabuf, whose driver defines this number as
@@ -212,7 +214,75 @@ pub fn udmabuf_create_list(
     let fd = restart(|| unsafe { raw_udmabuf_create_list(dev.0.as_raw_fd(), arg) })?;
     // SAFETY: UDMABUF_CREATE_LIST succeeded, and its return value is then the dma-buf fd that
     // the kernel has just installed for this call; nothing else has seen it.
-    Ok(unsafe { owned(fd) })
+    let fd = unsafe { owned(fd) };
+    // UDMABUF_CREATE_LIST succeeded on these ranges: what `pinned_pages_small` asks.
+    Ok((fd, pinned_pages_small(memfd, ranges)))
+}
+
+/// Whether every page of the `ranges` (offset, size) of `memfd`, which a udmabuf was just
+/// made of, is a small page, not part of a larger folio (a hugetlb page, a shmem transparent
+/// huge page of any size): `Some(true)` or `Some(false)` from the page frames themselves,
+/// `None` when they cannot be read (`/proc/self/pagemap` shows frame numbers only with
+/// `CAP_SYS_ADMIN`; `/proc/kpageflags` must exist).
+///
+/// What a udmabuf's pages are is fixed at its creation: `UDMABUF_CREATE` pins them, so they
+/// are neither split nor collapsed later, whatever the transparent huge page settings become.
+/// So the pages are looked at, never the settings. Each page is touched through a mapping of
+/// the memfd so that its frame is mapped (a udmabuf's own mapping is `VM_PFNMAP`, which
+/// `/proc/self/pagemap` does not walk).
+/// Call it only right after `UDMABUF_CREATE` (or `_LIST`) succeeded on exactly these
+/// ranges: that proves the memfd carries F_SEAL_SHRINK and covers them, which the mapping
+/// needs.
+fn pinned_pages_small(memfd: BorrowedFd<'_>, ranges: &[(u64, u64)]) -> Option<bool> {
+    use std::os::unix::fs::FileExt;
+    const COMPOUND_HEAD: u64 = 1 << 15;
+    const COMPOUND_TAIL: u64 = 1 << 16;
+    const HUGE: u64 = 1 << 17;
+    const THP: u64 = 1 << 22;
+    const PRESENT: u64 = 1 << 63;
+    const FRAME: u64 = (1 << 55) - 1;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()? as usize;
+    // hugetlbfs pages are huge by definition (and such a memfd maps only at huge-page
+    // offsets, which a udmabuf's range need not be).
+    let fs = nix::sys::statfs::fstatfs(memfd).ok()?;
+    if fs.filesystem_type() == nix::sys::statfs::HUGETLBFS_MAGIC {
+        return Some(false);
+    }
+    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
+    let kpageflags = std::fs::File::open("/proc/kpageflags").ok()?;
+    for &(offset, size) in ranges {
+        let len = usize::try_from(size).ok()?;
+        // SAFETY: `UDMABUF_CREATE` just succeeded on this range of `memfd` (this function's
+        // only callers), which proves that the memfd carries F_SEAL_SHRINK (the driver
+        // refuses a memfd without it) and is at least `offset + size` bytes long.
+        let map = unsafe { Mmap::shared(memfd, offset, len) }.ok()?;
+        let bytes = map.volatile();
+        for at in (0..len).step_by(page) {
+            let mut b = [0u8; 1];
+            vm_memory::VolatileMemory::get_slice(&bytes, at, 1)
+                .ok()?
+                .copy_to(&mut b[..]);
+        }
+        let mut entries = vec![0u8; len.div_ceil(page) * 8];
+        pagemap
+            .read_exact_at(&mut entries, ((map.addr() / page) * 8) as u64)
+            .ok()?;
+        for e in entries.chunks_exact(8) {
+            let e = u64::from_ne_bytes(e.try_into().ok()?);
+            let frame = e & FRAME;
+            if e & PRESENT == 0 || frame == 0 {
+                return None;
+            }
+            let mut flags = [0u8; 8];
+            kpageflags.read_exact_at(&mut flags, frame * 8).ok()?;
+            if u64::from_ne_bytes(flags) & (COMPOUND_HEAD | COMPOUND_TAIL | HUGE | THP) != 0 {
+                return Some(false);
+            }
+        }
+    }
+    Some(true)
 }
 
 // `udmabuf_list_words` writes the header as one word and each item as three: these are the
@@ -421,9 +491,20 @@ impl Mmap {
     pub fn of(buf: &DmaBuf) -> io::Result<Mmap> {
         let len =
             usize::try_from(buf.size()).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        let fd = buf.as_fd();
+        // SAFETY: a dma-buf keeps its size for life and is `len` bytes long (see above).
+        unsafe { Mmap::shared(buf.as_fd(), 0, len) }
+    }
+
+    /// `mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset)`.
+    ///
+    /// # Safety
+    /// `fd`'s file is at least `offset + len` bytes long and cannot shrink while mapped (a
+    /// dma-buf, or a memfd with `F_SEAL_SHRINK`), so no access through the mapping faults.
+    unsafe fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Mmap> {
         let nz = std::num::NonZeroUsize::new(len)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let offset =
+            i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         use nix::sys::mman::{MapFlags, ProtFlags};
         // SAFETY: no address is given (no `MAP_FIXED`), so the kernel puts the mapping where
         // nothing of this process is mapped: it replaces no memory and aliases no Rust object.
@@ -436,7 +517,7 @@ impl Mmap {
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
                 MapFlags::MAP_SHARED,
                 fd,
-                0,
+                offset,
             )
         }?;
         Ok(Mmap { ptr, len })
@@ -445,6 +526,12 @@ impl Mmap {
     /// The mapped length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The mapping's start address, for looking its pages up in `/proc/self/pagemap` (an
+    /// address only: nothing is reached through it).
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
     }
 
     /// The mapping as volatile memory: every access is a volatile copy, never a Rust
