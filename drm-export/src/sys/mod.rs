@@ -125,6 +125,8 @@ fn restart(mut call: impl FnMut() -> nix::Result<c_int>) -> io::Result<c_int> {
     }
 }
 
+mod pages;
+
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
@@ -183,6 +185,8 @@ pub fn udmabuf_create(
         offset,
         size,
     };
+    // The pages' frames, before the ioctl pins them (see `pages`).
+    let pages = pages::before(memfd, &[(offset, size)]);
     // SAFETY: `dev` is /dev/udmabuf, whose driver defines this number as
     // _IOW('u', 0x42, struct udmabuf_create); the kernel reads that struct from `&arg`, a live
     // local of that type. `arg.memfd` is the number of `memfd`, which is borrowed, so open and
@@ -191,8 +195,7 @@ pub fn udmabuf_create(
     // SAFETY: UDMABUF_CREATE succeeded, and its return value is then the dma-buf fd that the
     // kernel has just installed for this call (dma_buf_fd); nothing else has seen it.
     let fd = unsafe { owned(fd) };
-    // UDMABUF_CREATE succeeded on this range: what `pinned_pages_small` asks.
-    Ok((fd, pinned_pages_small(memfd, &[(offset, size)])))
+    Ok((fd, pages::after(pages)))
 }
 
 /// `UDMABUF_CREATE_LIST`: the `(offset, size)` ranges of `memfd`, in order, as one dma-buf.
@@ -204,6 +207,8 @@ pub fn udmabuf_create_list(
 ) -> io::Result<(OwnedFd, Option<bool>)> {
     let buf = udmabuf_list_words(flags, memfd.as_raw_fd() as u32, ranges)?;
     let arg = buf.as_ptr().cast::<udmabuf_create_list>();
+    // The pages' frames, before the ioctl pins them (see `pages`).
+    let pages = pages::before(memfd, ranges);
     // SAFETY: `dev` is /dev/udmabuf, whose driver defines this number as
     // _IOW('u', 0x43, struct udmabuf_create_list). The kernel reads the 8-byte header from
     // `arg`, then `count` items of 24 bytes right after it: `buf` holds exactly that, laid out
@@ -215,74 +220,7 @@ pub fn udmabuf_create_list(
     // SAFETY: UDMABUF_CREATE_LIST succeeded, and its return value is then the dma-buf fd that
     // the kernel has just installed for this call; nothing else has seen it.
     let fd = unsafe { owned(fd) };
-    // UDMABUF_CREATE_LIST succeeded on these ranges: what `pinned_pages_small` asks.
-    Ok((fd, pinned_pages_small(memfd, ranges)))
-}
-
-/// Whether every page of the `ranges` (offset, size) of `memfd`, which a udmabuf was just
-/// made of, is a small page, not part of a larger folio (a hugetlb page, a shmem transparent
-/// huge page of any size): `Some(true)` or `Some(false)` from the page frames themselves,
-/// `None` when they cannot be read (`/proc/self/pagemap` shows frame numbers only with
-/// `CAP_SYS_ADMIN`; `/proc/kpageflags` must exist).
-///
-/// What a udmabuf's pages are is fixed at its creation: `UDMABUF_CREATE` pins them, so they
-/// are neither split nor collapsed later, whatever the transparent huge page settings become.
-/// So the pages are looked at, never the settings. Each page is touched through a mapping of
-/// the memfd so that its frame is mapped (a udmabuf's own mapping is `VM_PFNMAP`, which
-/// `/proc/self/pagemap` does not walk).
-/// Call it only right after `UDMABUF_CREATE` (or `_LIST`) succeeded on exactly these
-/// ranges: that proves the memfd carries F_SEAL_SHRINK and covers them, which the mapping
-/// needs.
-fn pinned_pages_small(memfd: BorrowedFd<'_>, ranges: &[(u64, u64)]) -> Option<bool> {
-    use std::os::unix::fs::FileExt;
-    const COMPOUND_HEAD: u64 = 1 << 15;
-    const COMPOUND_TAIL: u64 = 1 << 16;
-    const HUGE: u64 = 1 << 17;
-    const THP: u64 = 1 << 22;
-    const PRESENT: u64 = 1 << 63;
-    const FRAME: u64 = (1 << 55) - 1;
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()? as usize;
-    // hugetlbfs pages are huge by definition (and such a memfd maps only at huge-page
-    // offsets, which a udmabuf's range need not be).
-    let fs = nix::sys::statfs::fstatfs(memfd).ok()?;
-    if fs.filesystem_type() == nix::sys::statfs::HUGETLBFS_MAGIC {
-        return Some(false);
-    }
-    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
-    let kpageflags = std::fs::File::open("/proc/kpageflags").ok()?;
-    for &(offset, size) in ranges {
-        let len = usize::try_from(size).ok()?;
-        // SAFETY: `UDMABUF_CREATE` just succeeded on this range of `memfd` (this function's
-        // only callers), which proves that the memfd carries F_SEAL_SHRINK (the driver
-        // refuses a memfd without it) and is at least `offset + size` bytes long.
-        let map = unsafe { Mmap::shared(memfd, offset, len) }.ok()?;
-        let bytes = map.volatile();
-        for at in (0..len).step_by(page) {
-            let mut b = [0u8; 1];
-            vm_memory::VolatileMemory::get_slice(&bytes, at, 1)
-                .ok()?
-                .copy_to(&mut b[..]);
-        }
-        let mut entries = vec![0u8; len.div_ceil(page) * 8];
-        pagemap
-            .read_exact_at(&mut entries, ((map.addr() / page) * 8) as u64)
-            .ok()?;
-        for e in entries.chunks_exact(8) {
-            let e = u64::from_ne_bytes(e.try_into().ok()?);
-            let frame = e & FRAME;
-            if e & PRESENT == 0 || frame == 0 {
-                return None;
-            }
-            let mut flags = [0u8; 8];
-            kpageflags.read_exact_at(&mut flags, frame * 8).ok()?;
-            if u64::from_ne_bytes(flags) & (COMPOUND_HEAD | COMPOUND_TAIL | HUGE | THP) != 0 {
-                return Some(false);
-            }
-        }
-    }
-    Some(true)
+    Ok((fd, pages::after(pages)))
 }
 
 // `udmabuf_list_words` writes the header as one word and each item as three: these are the
