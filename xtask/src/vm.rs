@@ -73,6 +73,11 @@ pub const RC_ACK_TIMEOUT: u8 = 19;
 /// on soft-RoCE (60 s by the specification's bound, `QueuePairBuilder::retry_budget`).
 pub const RC_RETRY_COUNT: u8 = 6;
 
+/// The udmabuf driver's per-buffer limit in the guests (`udmabuf.size_limit_mb`, built into
+/// Debian's kernel; its default is 64): room for the 64 MiB regions of the two-node tests at a
+/// page's offset into their buffer.
+pub const UDMABUF_LIMIT_MIB: u32 = 128;
+
 /// How long a node may run on after the other node's VM died without recording an exit
 /// status (a kernel panic): its command is then most likely waiting on a peer that is gone.
 const PEER_GRACE: Duration = Duration::from_secs(30);
@@ -566,7 +571,8 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
         .arg(initrd)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 loglevel=1 panic=-1 hugepages={HUGE_PAGES} testbed.node={node} \
+            "console=ttyS0 loglevel=1 panic=-1 hugepages={HUGE_PAGES} \
+             udmabuf.size_limit_mb={UDMABUF_LIMIT_MIB} testbed.node={node} \
              testbed.run={} testbed.expose={} {} {}",
             dir.display(),
             boot.expose,
