@@ -124,9 +124,29 @@ mod tests {
     }
 
     #[test]
-    fn the_configure_lines_are_plain_shell() {
+    fn the_configure_lines_write_exactly_the_files() {
         let s = configure_script();
         assert!(s.contains(PIN_FILE), "{s}");
         crate::programs::check(&s, false).unwrap();
+        // Run them with the files redirected into a scratch folder.
+        let dir = std::env::temp_dir().join(format!("backports-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (pin, src) = (dir.join("pin"), dir.join("src"));
+        let script = s
+            .replace(
+                &crate::sh::quote(PIN_FILE),
+                &crate::sh::quote(&pin.to_string_lossy()),
+            )
+            .replace(
+                &crate::sh::quote(SOURCE_FILE),
+                &crate::sh::quote(&src.to_string_lossy()),
+            );
+        let ok = crate::programs::shell(&script).unwrap().status().unwrap();
+        assert!(ok.success(), "{script}");
+        assert_eq!(std::fs::read_to_string(&pin).unwrap(), pin_text());
+        if s.contains(SOURCE_FILE) {
+            assert_eq!(std::fs::read_to_string(&src).unwrap(), source_text());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
