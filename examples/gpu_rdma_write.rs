@@ -17,7 +17,7 @@
 //! is machine-readable (`RESULT ...`).
 
 use examples::gpu::{self, Where};
-use examples::report::{access, bytes, line, rate};
+use examples::report::{access, bytes, line, rate, retries};
 use examples::{fail, host_region, net, pattern, Args};
 use rdma_dmabuf::{
     scope, Access, CmListener, MemoryRegion, ProtectionDomain, QueuePairBuilder, RemoteRegion,
@@ -157,6 +157,7 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     .unwrap_or_else(|e| fail(&e.to_string()));
     line("registered", describe_mr(&target, ctx.name()));
     let announce = target.remote().expect("remotely writable").to_bytes();
+    line("retries", retries(&QueuePairBuilder::new(&pd)));
     let (qp, hello) = listener
         .accept(QueuePairBuilder::new(&pd), &announce, timeout)
         .unwrap_or_else(|e| fail(&e.to_string()));
@@ -304,6 +305,7 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
         .unwrap_or_else(|e| fail(&e.to_string()));
     line("registered", describe_mr(&src, &device));
     let plan = Plan { seed, size, iters };
+    line("retries", retries(&QueuePairBuilder::new(&pd)));
     let (qp, reply) = net::connect(
         server,
         || QueuePairBuilder::new(&pd).send_depth(window),

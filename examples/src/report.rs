@@ -21,6 +21,25 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// How long a queue pair from `builder` waits for a silent peer before a request fails
+/// (`QueuePairBuilder::retry_budget`), and the environment's retry settings if any.
+pub fn retries(builder: &rdma_dmabuf::QueuePairBuilder) -> String {
+    use rdma_dmabuf::qp::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
+    let set: Vec<String> = [ACK_TIMEOUT_ENV, RETRY_COUNT_ENV]
+        .iter()
+        .filter_map(|k| Some(format!("{k}={}", std::env::var(k).ok()?)))
+        .collect();
+    format!(
+        "a request the peer never acknowledges fails within {:.1} s ({})",
+        builder.retry_budget().as_secs_f64(),
+        if set.is_empty() {
+            "the library's defaults".to_string()
+        } else {
+            set.join(", ")
+        }
+    )
+}
+
 /// Access flags as `LOCAL_WRITE|REMOTE_WRITE`, or `local read only`.
 pub fn access(a: rdma_dmabuf::Access) -> String {
     if a.is_empty() {

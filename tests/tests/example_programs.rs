@@ -120,19 +120,21 @@ fn gpu_rdma_write_moves_a_vgem_buffer_through_dmabuf_regions() {
 #[ignore = "needs the testbed VM"]
 fn two_node_gpu_rdma_write_across_the_wire() {
     let tb = Testbed::get();
-    let args = ["--port", "18612", "--size", "1M"];
+    let args = ["--port", "18612", "--size", "64M"];
     let out = if tb.is_server() {
         run(example("gpu_rdma_write").arg("server").args(args), T)
     } else {
         run(
             example("gpu_rdma_write")
-                .args(["client", &tb.peer_addr, "--iters", "2"])
+                .args(["client", &tb.peer_addr, "--iters", "1"])
                 .args(args),
             T,
         )
     };
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(field(&out, "verified"), "yes");
+    // The server checked every byte of the 64 MiB GPU buffer; the client wrote all of it.
+    assert_eq!(field(&out, "bytes"), (64u64 << 20).to_string());
     let t = text(&out);
     if tb.is_server() {
         assert!(

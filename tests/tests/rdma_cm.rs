@@ -11,8 +11,10 @@ use rdma_dmabuf::{
 use std::net::SocketAddr;
 use std::time::Duration;
 
-const T: Duration = Duration::from_secs(30);
+const T: Duration = Duration::from_secs(120);
 const SIZE: usize = 1 << 20;
+/// What the two-node test writes across the wire: 64 MiB, every byte checked.
+const TWO_NODE_SIZE: usize = 64 << 20;
 const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
@@ -20,11 +22,11 @@ const RW: Access = Access::LOCAL_WRITE
 /// Listens on `addr`, announces a writable region, waits for the peer's write-with-immediate,
 /// checks the bytes, then waits for the peer to disconnect. Returns the queue pair's
 /// endpoints (its own, the peer's).
-fn serve(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
+fn serve(addr: SocketAddr, seed: u8, size: usize) -> (Endpoint, Endpoint) {
     let listener = CmListener::bind(addr).expect("bind and listen");
     let ctx = listener.context().expect("the listener's device");
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let target = host_region(&pd, &[], SIZE, RW);
+    let target = host_region(&pd, &[], size, RW);
     let announce = target.remote().unwrap().to_bytes();
     let (qp, hello) = listener
         .accept(QueuePairBuilder::new(&pd), &announce, T)
@@ -37,22 +39,22 @@ fn serve(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
         .wait_timeout(T)
         .expect("the write's immediate arrives")
         .expect("ok");
-    assert_eq!(got.wc.imm, Some(SIZE as u32));
+    assert_eq!(got.wc.imm, Some(size as u32));
     qp.wait_disconnected(T).expect("the client disconnects");
     let endpoints = (qp.endpoint(), qp.remote_endpoint());
     drop(qp);
     let host = target.into_inner().unwrap();
-    assert_eq!(&host.as_slice()[..SIZE], &pattern(SIZE, seed)[..]);
+    assert_eq!(&host.as_slice()[..size], &pattern(size, seed)[..]);
     endpoints
 }
 
 /// Connects to `addr`, writes the pattern into the announced region, then disconnects.
 /// Returns the queue pair's endpoints (its own, the peer's).
-fn client(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
+fn client(addr: SocketAddr, seed: u8, size: usize) -> (Endpoint, Endpoint) {
     let connector = CmConnector::resolve(addr, T).expect("resolve address and route");
     let ctx = connector.context().unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let src = host_region(&pd, &pattern(SIZE, seed), SIZE, Access::empty());
+    let src = host_region(&pd, &pattern(size, seed), size, Access::empty());
     let deadline = std::time::Instant::now() + T;
     let (qp, announce) = loop {
         // The server may not listen yet: a refusal is retried until the deadline.
@@ -70,9 +72,9 @@ fn client(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
     };
     drop(connector);
     let remote = RemoteRegion::from_bytes(&announce).expect("the server's region");
-    assert_eq!(remote.len, SIZE as u64);
+    assert_eq!(remote.len, size as u64);
     let done = qp
-        .post_write(Local::new(src, 0..SIZE as u64), remote, Some(SIZE as u32))
+        .post_write(Local::new(src, 0..size as u64), remote, Some(size as u32))
         .unwrap()
         .wait();
     done.expect("write completes");
@@ -85,8 +87,8 @@ fn client(addr: SocketAddr, seed: u8) -> (Endpoint, Endpoint) {
 fn rdma_cm_connects_writes_and_disconnects_over_loopback() {
     let tb = Testbed::get();
     let addr: SocketAddr = format!("{}:20079", tb.local_addr).parse().unwrap();
-    let server = std::thread::spawn(move || serve(addr, 5));
-    let (client_ep, client_sees) = client(addr, 5);
+    let server = std::thread::spawn(move || serve(addr, 5, SIZE));
+    let (client_ep, client_sees) = client(addr, 5, SIZE);
     let (server_ep, server_sees) = server.join().expect("server side");
     // Each side's idea of its peer is what the peer says of itself (rdma_cm set both up).
     assert_eq!(client_sees.qpn, server_ep.qpn);
@@ -109,9 +111,17 @@ fn rdma_cm_connects_writes_and_disconnects_over_loopback() {
 fn two_node_rdma_cm_write_across_the_wire() {
     let tb = Testbed::get();
     if tb.is_server() {
-        serve(format!("{}:20080", tb.local_addr).parse().unwrap(), 6);
+        serve(
+            format!("{}:20080", tb.local_addr).parse().unwrap(),
+            6,
+            TWO_NODE_SIZE,
+        );
     } else {
-        let (_, server) = client(format!("{}:20080", tb.peer_addr).parse().unwrap(), 6);
+        let (_, server) = client(
+            format!("{}:20080", tb.peer_addr).parse().unwrap(),
+            6,
+            TWO_NODE_SIZE,
+        );
         // The peer's GID is node a's RoCEv2 address.
         let ip: std::net::Ipv4Addr = tb.peer_addr.parse().unwrap();
         assert_eq!(server.gid.0[12..], ip.octets());

@@ -274,7 +274,7 @@ fn two_node_rdma_write_and_send_across_the_wire() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let qp = QueuePairBuilder::new(&pd).build().unwrap();
-    const SIZE: usize = 4 << 20;
+    const SIZE: usize = 64 << 20;
     if tb.is_server() {
         let target = host_region(&pd, &[], SIZE, RW);
         let mine = [
@@ -289,7 +289,7 @@ fn two_node_rdma_write_and_send_across_the_wire() {
             .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
             .unwrap();
         let got = note
-            .wait_timeout(Duration::from_secs(60))
+            .wait_timeout(Duration::from_secs(120))
             .expect("note arrives")
             .expect("ok");
         assert_eq!(got.wc.imm, Some(SIZE as u32));

@@ -1,5 +1,7 @@
 //! Project automation. Run `cargo xtask help`.
 
+mod accel;
+mod backports;
 mod bench;
 mod demo;
 mod initramfs;
@@ -11,6 +13,7 @@ mod script;
 mod setup;
 mod sh;
 mod shscan;
+mod soak;
 mod testrun;
 mod ui;
 mod vm;
@@ -39,6 +42,11 @@ cargo xtask <command>
       --sizes 8,64K,1M    message sizes (default: 2 B to 8 MiB, powers of two)
       --replot FILE       draw the plots of a run's bench.json again, into target/bench/
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
+  soak [opts]           the demo many times in a row, counting failures, emulator faults
+                        and second boots
+      --demo N            how many demo runs (default 10)
+      --hog               a CPU hog (stress-ng) on every host core meanwhile
+      --test              then cargo xtask test, under the same hog
   rdma-core-tests       rdma-core's own test suite on the patched and the stock rxe, compared
 ";
 
@@ -130,6 +138,10 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
             rdmacore::suite_script("/t/lib", cwd).unwrap(),
         ),
         ("apt install", setup::install_script(&["a", "b"])),
+        (
+            "apt install with QEMU",
+            setup::install_script(&["a", backports::QEMU_PACKAGE]),
+        ),
     ];
     for nodes in [1, 2] {
         for p in [None, Some(&patched)] {
@@ -178,6 +190,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         "test" => testrun::main(&paths, rest),
         "demo" => demo::main(&paths),
+        "soak" => soak::main(&paths, rest),
         "rdma-core-tests" => rdmacore::main(&paths),
         "bench" => {
             setup::packages()?;

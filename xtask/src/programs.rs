@@ -79,6 +79,16 @@ pub const PROGRAMS: &[Program] = &[
     ),
     deb("dpkg-query", "dpkg", "which packages are installed (host)"),
     deb(
+        "dpkg",
+        "dpkg",
+        "compares the installed QEMU's version with the one the testbed needs (host)",
+    ),
+    deb(
+        "stress-ng",
+        "stress-ng",
+        "the CPU hog of cargo xtask soak --hog (host)",
+    ),
+    deb(
         "dpkg-deb",
         "dpkg",
         "unpacks kernel, headers and source debs (host)",

@@ -7,7 +7,7 @@
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, programs, Paths};
+use crate::{backports, fail, programs, Paths};
 use std::path::PathBuf;
 
 /// The guest kernel's series (Debian's `linux-image-<series>-amd64`), the one place it is
@@ -68,7 +68,14 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "python3",
         "the standard library rdma-core's test suite and pyverbs use",
     ),
-    ("qemu-system-x86", "boots the testbed VM"),
+    (
+        "qemu-system-x86",
+        "boots the testbed VM: version 10 from bookworm-backports, pinned (crate::backports)",
+    ),
+    (
+        "stress-ng",
+        "the CPU hog of cargo xtask soak --hog (a busy host, as CI runners are)",
+    ),
     ("busybox-static", "the testbed's initramfs userland"),
     ("kmod", "depmod for the unpacked guest kernel"),
     ("cpio", "packs the initramfs"),
@@ -114,11 +121,22 @@ fn kernel_meta() -> String {
 /// Installs missing packages (as root) or says how.
 pub fn packages() -> Result {
     let step = Step::start("checking system packages");
-    let missing: Vec<&str> = PACKAGES
+    let mut missing: Vec<&str> = PACKAGES
         .iter()
         .map(|(p, _)| *p)
         .filter(|p| !installed(p))
         .collect();
+    if backports::qemu_too_old() {
+        info(format!(
+            "{} {} is older than {}: it is upgraded from {} (only QEMU's packages and seabios \
+             are pinned there; docs/testbed.md)",
+            backports::QEMU_PACKAGE,
+            backports::installed_qemu().unwrap_or_default(),
+            backports::MIN_QEMU,
+            backports::SUITE
+        ));
+        missing.push(backports::QEMU_PACKAGE);
+    }
     if missing.is_empty() {
         step.done_with("all present");
         return programs::verify();
@@ -126,19 +144,39 @@ pub fn packages() -> Result {
     info(format!("missing: {}", missing.join(" ")));
     let install = install_script(&missing);
     if !sh::is_root() {
-        fail!("these packages are needed; run as root:\n    sudo sh -c '{install}'");
+        fail!(
+            "these packages are needed; run as root:\n    sudo sh -c {}",
+            sh::quote(&install)
+        );
     }
     sh::run(&mut programs::shell(&install)?)?;
+    if backports::qemu_too_old() || backports::installed_qemu().is_none() {
+        fail!(
+            "{} is still not at version {} or later after installing it from {}: is the \
+             archive reachable (`apt-cache policy {}`)?",
+            backports::QEMU_PACKAGE,
+            backports::MIN_QEMU,
+            backports::SUITE,
+            backports::QEMU_PACKAGE
+        );
+    }
     step.done();
     programs::verify()
 }
 
-/// The shell line that installs `packages`.
+/// The shell line that installs `packages`; when they include QEMU, it first adds the
+/// backports source and the pin of [`backports`], so that QEMU comes from there and nothing
+/// else does.
 pub(crate) fn install_script(packages: &[&str]) -> String {
-    format!(
+    let install = format!(
         "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {}",
         packages.join(" ")
-    )
+    );
+    if packages.contains(&backports::QEMU_PACKAGE) {
+        format!("{} && {install}", backports::configure_script())
+    } else {
+        install
+    }
 }
 
 fn installed(pkg: &str) -> bool {

@@ -1,6 +1,7 @@
 //! `cargo xtask vm`: boots the testbed (one VM, or two joined by a virtual wire) and runs a
 //! command inside, chrooted into the host's root so host-built binaries run unchanged.
 
+use crate::accel::{self, Accel};
 use crate::patched::Patched;
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
@@ -60,6 +61,22 @@ pub const QEMU_BINARY: &str = "TESTBED_QEMU";
 /// tests of udmabufs over hugetlb memfds. Reserved at boot, the pool cannot be short because
 /// memory got fragmented by earlier tests; 16 MiB of the guest's memory.
 pub const HUGE_PAGES: u32 = 8;
+
+/// The ACK timeout exponent of rdma-dmabuf's queue pairs in the two-node testbed
+/// (`RDMA_DMABUF_ACK_TIMEOUT`): 4.096 µs × 2^19 ≈ 2.1 s per try, against 268 ms by default.
+/// A busy host can stop an emulated node for seconds, and its peer must not take that for a
+/// dead node.
+pub const RC_ACK_TIMEOUT: u8 = 19;
+
+/// The transport retry count there (`RDMA_DMABUF_RETRY_COUNT`, the default's 6): with
+/// [`RC_ACK_TIMEOUT`], a request the peer never acknowledges fails after 7 tries, about 15 s
+/// on soft-RoCE (60 s by the specification's bound, `QueuePairBuilder::retry_budget`).
+pub const RC_RETRY_COUNT: u8 = 6;
+
+/// The udmabuf driver's per-buffer limit in the guests (`udmabuf.size_limit_mb`, built into
+/// Debian's kernel; its default is 64): room for the 64 MiB regions of the two-node tests at a
+/// page's offset into their buffer.
+pub const UDMABUF_LIMIT_MIB: u32 = 128;
 
 /// How long a node may run on after the other node's VM died without recording an exit
 /// status (a kernel panic): its command is then most likely waiting on a peer that is gone.
@@ -142,6 +159,8 @@ pub fn run_past_emulator_fault(
 struct Stack {
     kernel: setup::Kernel,
     initrd: PathBuf,
+    /// KVM or TCG, and why.
+    accel: Accel,
     /// `None` in stock mode.
     patched: Option<Patched>,
 }
@@ -175,9 +194,15 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     let sock_dir = std::env::temp_dir().join(format!("testbed-{}", std::process::id()));
     std::fs::create_dir_all(&sock_dir)?;
 
+    info(format!(
+        "QEMU {}, {}",
+        accel::qemu_version(),
+        stack.accel.describe()
+    ));
     let step = Step::start(banner(&stack, opts));
     let vmlinuz = stack.kernel.vmlinuz();
     let boot = Boot {
+        accel: &stack.accel,
         vmlinuz: &vmlinuz,
         initrd: &stack.initrd,
         sock_dir: &sock_dir,
@@ -250,9 +275,11 @@ fn prepare(paths: &Paths, opts: &Opts) -> Result<Stack> {
         Mode::Patched => Some(crate::patched::build(paths, &kernel)?),
         Mode::Stock => None,
     };
+    let accel = accel::choose(paths, &kernel, &initrd)?;
     Ok(Stack {
         kernel,
         initrd,
+        accel,
         patched,
     })
 }
@@ -493,6 +520,8 @@ pub(crate) fn inner_script(
             ("RXE_MODULE", &module),
             ("EXPORTER_MODULE", &exporter),
             ("RDMA_LIB", &lib),
+            ("ACK_TIMEOUT", &RC_ACK_TIMEOUT.to_string()),
+            ("RETRY_COUNT", &RC_RETRY_COUNT.to_string()),
             ("ENV", &env.join("\n")),
             ("CWD", &quote(cwd)),
         ],
@@ -513,6 +542,7 @@ fn hidden_paths(paths: &[&Path]) -> Vec<String> {
 
 /// What every node of one run boots with.
 struct Boot<'a> {
+    accel: &'a Accel,
     vmlinuz: &'a Path,
     initrd: &'a Path,
     sock_dir: &'a Path,
@@ -531,7 +561,8 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
     } = *boot;
     let mut c = programs::cmd("qemu-system-x86_64");
     let smp = if opts.nodes > 1 { 1 } else { 2 };
-    c.args(["-machine", "q35", "-cpu", "max", "-accel", "tcg"])
+    c.args(["-machine", "q35"])
+        .args(boot.accel.qemu_args())
         .args(["-smp", &smp.to_string(), "-m", &opts.mem_mib.to_string()])
         .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
         .args(["-no-reboot", "-kernel"])
@@ -540,10 +571,12 @@ fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
         .arg(initrd)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 loglevel=1 panic=-1 hugepages={HUGE_PAGES} testbed.node={node} \
-             testbed.run={} testbed.expose={} {}",
+            "console=ttyS0 loglevel=1 panic=-1 hugepages={HUGE_PAGES} \
+             udmabuf.size_limit_mb={UDMABUF_LIMIT_MIB} testbed.node={node} \
+             testbed.run={} testbed.expose={} {} {}",
             dir.display(),
             boot.expose,
+            boot.accel.kernel_args(),
             std::env::var(EXTRA_CMDLINE).unwrap_or_default()
         ))
         .arg("-virtfs")

@@ -125,6 +125,8 @@ pub struct QueuePairBuilder {
     recv_depth: u32,
     channel: bool,
     retry: Retry,
+    /// A retry variable of the environment that is set but unreadable (refused at build).
+    retry_env_error: Option<String>,
     rnr_forever: bool,
     hop_limit: u8,
     max_inline: u32,
@@ -136,7 +138,15 @@ impl QueuePairBuilder {
     /// A builder for an RC queue pair in `pd`: port 1, 128 sends and 128 receives
     /// outstanding, the port's RoCEv2 IPv4 GID, and finite retries (the `DEFAULT_*`
     /// constants of this module).
+    ///
+    /// The environment variables [`ACK_TIMEOUT_ENV`](crate::qp::ACK_TIMEOUT_ENV)
+    /// (`RDMA_DMABUF_ACK_TIMEOUT`) and [`RETRY_COUNT_ENV`](crate::qp::RETRY_COUNT_ENV)
+    /// (`RDMA_DMABUF_RETRY_COUNT`), when set, replace the default ACK timeout exponent and
+    /// retry count, for fabrics far slower than a NIC (emulated machines); they are checked
+    /// like any other value at [`build`](QueuePairBuilder::build), which also refuses a value
+    /// that is not a number.
     pub fn new(pd: &Arc<ProtectionDomain>) -> QueuePairBuilder {
+        let (retry, retry_env_error) = super::retry_env::apply(Retry::default());
         QueuePairBuilder {
             pd: pd.clone(),
             port: 1,
@@ -144,7 +154,8 @@ impl QueuePairBuilder {
             send_depth: 128,
             recv_depth: 128,
             channel: false,
-            retry: Retry::default(),
+            retry,
+            retry_env_error,
             rnr_forever: false,
             hop_limit: DEFAULT_HOP_LIMIT,
             max_inline: 0,
@@ -480,6 +491,9 @@ impl QueuePairBuilder {
 
     /// Refuses zero depths and invalid retry settings before anything is created.
     fn check_settings(&self) -> Result<()> {
+        if let Some(bad) = &self.retry_env_error {
+            return Err(Error::invalid(Op::CreateQp, bad.clone()));
+        }
         if self.send_depth == 0 || self.recv_depth == 0 {
             return Err(Error::invalid(
                 Op::CreateQp,

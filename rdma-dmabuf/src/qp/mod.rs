@@ -15,6 +15,7 @@ mod parts;
 mod pending;
 pub(crate) mod post;
 pub(crate) mod raw;
+mod retry_env;
 mod srq;
 mod srq_wake;
 pub(crate) mod wake;
@@ -29,6 +30,7 @@ pub use connect::PreparedQp;
 pub use inline::InlinePending;
 pub use parts::{PartsDone, PartsError, PartsOutcome, PartsPending};
 pub use pending::{Done, Outcome, Pending, WorkError};
+pub use retry_env::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
 pub use srq::{SharedReceiveQueue, SrqPending};
 
 use crate::device::{Gid, Mtu};

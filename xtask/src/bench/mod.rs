@@ -401,7 +401,10 @@ mod tests {
         assert_eq!(r.nodes, [1, 2]);
         let r = parse_args(&words("--nodes 2 --sizes 8,4M --rounds 5")).unwrap();
         let p = &r.profiles()[0];
-        assert_eq!((p.nodes, p.rounds, p.sizes.clone()), (2, 5, vec![8]));
+        assert_eq!(
+            (p.nodes, p.rounds, p.sizes.clone()),
+            (2, 5, vec![8, 4 << 20])
+        );
         for bad in [
             "--nodes 3",
             "--rounds 0",

@@ -12,6 +12,12 @@ export LOCAL_ADDR=@LOCAL_ADDR@ PEER_ADDR=@PEER_ADDR@ TESTBED_MODE=@MODE@
 export TESTBED_RUN="$RUN" TESTBED_PEER_RUN="$PEER_RUN"
 # The patched stack and the test exporter module (unused with TESTBED_MODE=stock).
 RXE_MODULE=@RXE_MODULE@ EXPORTER_MODULE=@EXPORTER_MODULE@ RDMA_LIB=@RDMA_LIB@
+if [ "$TESTBED_NODES" -gt 1 ]; then
+    # The peer is an emulated machine that a busy host can starve for seconds at a time:
+    # reliable-connection requests of rdma-dmabuf's queue pairs wait longer for its ACKs
+    # before failing, still a finite time (vm::RC_ACK_TIMEOUT, docs/testbed.md).
+    export RDMA_DMABUF_ACK_TIMEOUT=@ACK_TIMEOUT@ RDMA_DMABUF_RETRY_COUNT=@RETRY_COUNT@
+fi
 # The caller's environment (vm::Opts::env).
 @ENV@
 say() { echo "testbed[$NODE]: $*"; }
