@@ -1,7 +1,7 @@
 //! A created queue pair waiting for its peer's address, and the move to ready-to-send.
 
-use super::builder::Retry;
 use super::raw::RawQp;
+use super::retry::Retry;
 use super::QueuePair;
 use crate::endpoint::Endpoint;
 use crate::error::Result;

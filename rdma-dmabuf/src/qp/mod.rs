@@ -15,21 +15,23 @@ mod parts;
 mod pending;
 pub(crate) mod post;
 pub(crate) mod raw;
+mod retry;
 mod retry_env;
 mod srq;
 mod srq_wake;
 pub(crate) mod wake;
 
 pub use atomic::AtomicOp;
-pub(crate) use builder::Retry;
-pub use builder::{
-    QueuePairBuilder, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER,
-    DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY,
-};
+pub use builder::QueuePairBuilder;
 pub use connect::PreparedQp;
 pub use inline::InlinePending;
 pub use parts::{PartsDone, PartsError, PartsOutcome, PartsPending};
 pub use pending::{Done, Outcome, Pending, WorkError};
+pub(crate) use retry::Retry;
+pub use retry::{
+    DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
+    DEFAULT_RNR_RETRY,
+};
 pub use retry_env::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
 pub use srq::{SharedReceiveQueue, SrqPending};
 

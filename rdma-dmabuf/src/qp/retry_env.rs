@@ -13,7 +13,7 @@
 //! [`QueuePairBuilder::retry_count`]: super::QueuePairBuilder::retry_count
 //! [`QueuePairBuilder::retry_budget`]: super::QueuePairBuilder::retry_budget
 
-use super::builder::Retry;
+use super::retry::Retry;
 
 /// Environment variable holding the default ACK timeout exponent (`ibv_qp_attr.timeout`,
 /// 1 to 31) of new queue pairs, in place of
