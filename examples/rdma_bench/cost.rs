@@ -69,8 +69,8 @@ pub fn run(pd: &Arc<ProtectionDomain>, run: &Run, series: Series) {
     let mut src = host(Access::empty());
     for _ in 0..run.iters {
         src = match series {
-            Series::Owned => owned(&a, src, remote),
-            Series::Awaited => awaited(&a, src, remote),
+            Series::Owned => owned(&a, src, remote, measured_complete),
+            Series::Awaited => owned(&a, src, remote, measured_complete_awaited),
             Series::Scoped => {
                 rdma_dmabuf::scope(|s| scoped(s, &a, &src, remote));
                 src
@@ -112,15 +112,17 @@ fn sleep_for_event(qp: &QueuePair) {
         .unwrap_or_else(|e| fail(&e.to_string()));
 }
 
-fn owned<B: Backing>(
-    qp: &QueuePair,
+/// One owned write: posted, waited for out of the count, then completed by `complete`.
+fn owned<'q, B: Backing>(
+    qp: &'q QueuePair,
     src: MemoryRegion<B>,
     remote: RemoteRegion,
+    complete: fn(Pending<'q, B>) -> MemoryRegion<B>,
 ) -> MemoryRegion<B> {
     arm(qp);
     let p = measured_post(qp, src, remote);
     sleep_for_event(qp);
-    measured_complete(p)
+    complete(p)
 }
 
 #[inline(never)]
@@ -141,17 +143,6 @@ fn measured_complete<B: Backing>(p: Pending<'_, B>) -> MemoryRegion<B> {
         Ok(Err(e)) => fail(&e.error.to_string()),
         Err(_) => fail("the completion was not in the queue after its event"),
     }
-}
-
-fn awaited<B: Backing>(
-    qp: &QueuePair,
-    src: MemoryRegion<B>,
-    remote: RemoteRegion,
-) -> MemoryRegion<B> {
-    arm(qp);
-    let p = measured_post(qp, src, remote);
-    sleep_for_event(qp);
-    measured_complete_awaited(p)
 }
 
 #[inline(never)]

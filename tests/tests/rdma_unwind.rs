@@ -143,19 +143,8 @@ fn a_waker_that_panics_in_the_reactors_wake_does_not_stop_the_runtime() {
     let _disarm = e.disarm_on_drop();
     evil_recv.register_waker(&waker);
     e.arm();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sender = std::thread::spawn({
-        let pd = pd.clone();
-        move || {
-            std::thread::sleep(Duration::from_millis(300));
-            send(&pd, &a, 1);
-            send(&pd, &a, 2);
-            a
-        }
-    });
+    let rt = runtime();
+    let sender = sends_later(&pd, a, &[1, 2]);
     let got = rt.block_on(async { tokio::time::timeout(T, &mut mine).await });
     let got = got.expect("the awaiting task was woken").unwrap();
     assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, 2)[..]);
@@ -195,18 +184,8 @@ fn a_slot_whose_waker_clone_panicked_still_wakes_the_next_task() {
         "the clone panicked"
     );
     e.disarm();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sender = std::thread::spawn({
-        let pd = pd.clone();
-        move || {
-            std::thread::sleep(Duration::from_millis(300));
-            send(&pd, &a, 7);
-            a
-        }
-    });
+    let rt = runtime();
+    let sender = sends_later(&pd, a, &[7]);
     let start = std::time::Instant::now();
     let got = rt.block_on(async { tokio::time::timeout(T, &mut r).await });
     let waited = start.elapsed();
@@ -217,4 +196,27 @@ fn a_slot_whose_waker_clone_panicked_still_wakes_the_next_task() {
         "woken {waited:?} after the await began (message at 0.3 s): only a timer woke it"
     );
     drop(sender.join().unwrap());
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A thread that sends each seed's pattern from `a` 300 ms from now, then hands `a` back.
+fn sends_later(
+    pd: &std::sync::Arc<rdma_dmabuf::ProtectionDomain>,
+    a: rdma_dmabuf::QueuePair,
+    seeds: &'static [u8],
+) -> std::thread::JoinHandle<rdma_dmabuf::QueuePair> {
+    let pd = pd.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        for &seed in seeds {
+            send(&pd, &a, seed);
+        }
+        a
+    })
 }
