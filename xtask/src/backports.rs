@@ -29,12 +29,53 @@ pub const SOURCE_FILE: &str = "/etc/apt/sources.list.d/gpu-rdma-testbed-backport
 /// The apt preferences file setup writes.
 pub const PIN_FILE: &str = "/etc/apt/preferences.d/gpu-rdma-testbed-qemu";
 
-/// The source file's text (deb822, the format of bookworm's own `debian.sources`).
-pub fn source_text() -> String {
+/// The source file's text (deb822, the format of bookworm's own `debian.sources`), for the
+/// archive at `uri`.
+pub fn source_text(uri: &str) -> String {
     format!(
-        "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: {SUITE}\nComponents: main\n\
+        "Types: deb\nURIs: {uri}\nSuites: {SUITE}\nComponents: main\n\
          Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
     )
+}
+
+/// The archive the host's own `bookworm` packages come from (the first apt source that names
+/// that suite), so that backports come from the same mirror.
+pub fn bookworm_uri() -> Option<String> {
+    let files = ["/etc/apt/sources.list.d", "/etc/apt"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "list" || x == "sources"));
+    files
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|text| uri_of_suite(&text, "bookworm"))
+}
+
+/// The archive URI of `suite` in an apt source file's `text` (deb822 stanzas or one-line
+/// `deb` entries).
+fn uri_of_suite(text: &str, suite: &str) -> Option<String> {
+    for stanza in text.split("\n\n") {
+        let field = |name: &str| {
+            stanza.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == name).then(|| v.trim().to_string())
+            })
+        };
+        if let (Some(uris), Some(suites)) = (field("URIs"), field("Suites")) {
+            if suites.split_whitespace().any(|s| s == suite) {
+                return uris.split_whitespace().next().map(str::to_string);
+            }
+        }
+    }
+    text.lines().map(str::trim).find_map(|l| {
+        let mut words = l.split_whitespace().filter(|w| !w.starts_with('['));
+        if words.next()? != "deb" {
+            return None;
+        }
+        let (uri, s) = (words.next()?, words.next()?);
+        (s == suite).then(|| uri.to_string())
+    })
 }
 
 /// The preferences file's text: [`PINNED`] from [`SUITE`] above bookworm's 500, every other
@@ -101,7 +142,14 @@ pub fn configure_script() -> String {
     };
     let mut lines = Vec::new();
     if !source_configured() {
-        lines.push(write(SOURCE_FILE, &source_text()));
+        match bookworm_uri() {
+            Some(uri) => lines.push(write(SOURCE_FILE, &source_text(&uri))),
+            None => lines.push(
+                "echo 'no apt source names bookworm: add bookworm-backports as a source' >&2 \
+                 && false"
+                    .to_string(),
+            ),
+        }
     }
     lines.push(write(PIN_FILE, &pin_text()));
     lines.join(" && ")
@@ -120,7 +168,26 @@ mod tests {
         assert!(stanzas[0].contains("Pin: release n=bookworm-backports\nPin-Priority: 990"));
         assert!(stanzas[1].contains("Package: *\n"));
         assert!(stanzas[1].ends_with("Pin-Priority: 100\n"));
-        assert!(source_text().contains("Suites: bookworm-backports\n"));
+        let text = source_text("http://mirror.invalid/debian");
+        assert!(text.contains("Suites: bookworm-backports\n"));
+        assert!(text.contains("URIs: http://mirror.invalid/debian\n"));
+    }
+
+    #[test]
+    fn the_mirror_is_the_one_bookworm_comes_from() {
+        let deb822 = "Types: deb\nURIs: http://mirror.invalid/debian\nSuites: bookworm \
+                      bookworm-updates\nComponents: main\n\nTypes: deb\n\
+                      URIs: http://other.invalid/debian-security\nSuites: bookworm-security\n";
+        assert_eq!(
+            uri_of_suite(deb822, "bookworm").as_deref(),
+            Some("http://mirror.invalid/debian")
+        );
+        let list = "# comment\ndeb [arch=amd64] http://one.invalid/debian bookworm main\n";
+        assert_eq!(
+            uri_of_suite(list, "bookworm").as_deref(),
+            Some("http://one.invalid/debian")
+        );
+        assert_eq!(uri_of_suite(list, "trixie"), None);
     }
 
     #[test]
@@ -145,7 +212,8 @@ mod tests {
         assert!(ok.success(), "{script}");
         assert_eq!(std::fs::read_to_string(&pin).unwrap(), pin_text());
         if s.contains(SOURCE_FILE) {
-            assert_eq!(std::fs::read_to_string(&src).unwrap(), source_text());
+            let uri = bookworm_uri().expect("this host's bookworm source");
+            assert_eq!(std::fs::read_to_string(&src).unwrap(), source_text(&uri));
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
