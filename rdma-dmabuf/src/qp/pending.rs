@@ -96,8 +96,9 @@ impl<'q, B: Backing> Pending<'q, B> {
 
     /// Records `waker` in the request's slot: whoever polls the queue pair and records the
     /// completion wakes it (for a reactor other than tokio's; see [`crate::reactor`]).
-    /// Allocates nothing (a waker clone is a reference count, skipped when the same task
-    /// registers again).
+    /// Allocates nothing (a waker clone is a reference count). A waker whose `clone` or `drop`
+    /// panics unwinds out of this call with the slot consistent (see docs/safety.md,
+    /// "Unwinding").
     pub fn register_waker(&self, waker: &std::task::Waker) {
         super::wake::register_waker(self.ticket.qp, self.ticket.index, waker);
     }
