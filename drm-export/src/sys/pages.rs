@@ -27,8 +27,13 @@ const FRAME: u64 = (1 << 55) - 1;
 pub(super) enum Before {
     /// A hugetlbfs memfd: large pages by definition.
     Huge,
-    /// Each range mapped, with its pages' frames.
-    Mapped(Vec<(Mmap, Vec<u64>)>),
+    /// Each range mapped, with its pages' frames; the open pagemap and the page size, for
+    /// the second look.
+    Mapped {
+        maps: Vec<(Mmap, Vec<u64>)>,
+        pagemap: std::fs::File,
+        page: usize,
+    },
 }
 
 fn page_size() -> Option<usize> {
@@ -70,19 +75,25 @@ pub(super) fn before(memfd: BorrowedFd<'_>, ranges: &[(u64, u64)]) -> Option<Bef
         let frames = frames(&pagemap, &map, page)?;
         out.push((map, frames));
     }
-    Some(Before::Mapped(out))
+    Some(Before::Mapped {
+        maps: out,
+        pagemap,
+        page,
+    })
 }
 
 /// After `UDMABUF_CREATE` succeeded on the ranges `before` saw: `Some(true)` if every page is
 /// still mapped at the frame it had and none of them is part of a larger folio, `Some(false)`
 /// if one is, `None` if that cannot be told.
 pub(super) fn after(before: Option<Before>) -> Option<bool> {
-    let maps = match before? {
+    let (maps, pagemap, page) = match before? {
         Before::Huge => return Some(false),
-        Before::Mapped(maps) => maps,
+        Before::Mapped {
+            maps,
+            pagemap,
+            page,
+        } => (maps, pagemap, page),
     };
-    let page = page_size()?;
-    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
     let kpageflags = std::fs::File::open("/proc/kpageflags").ok()?;
     let mut small = true;
     for (map, seen) in &maps {
