@@ -113,7 +113,7 @@ fn main() {
     }
 }
 
-fn describe_mr<B: rdma_dmabuf::mr::Backing>(mr: &MemoryRegion<B>, device: &str) -> String {
+fn describe_mr<B: rdma_dmabuf::Backing>(mr: &MemoryRegion<B>, device: &str) -> String {
     format!(
         "dma-buf MR on {device}: {} at iova {:#x}, lkey {:#x}, rkey {:#x}, {}",
         bytes(mr.len()),

@@ -201,7 +201,7 @@ fn main() {
 
 /// Writes reader `r`'s blocks packed into `remote`, GATHER at a time, all in flight at once;
 /// the last write carries the immediate `r`. Returns the shards.
-fn send_blocks<B: rdma_dmabuf::mr::Backing>(
+fn send_blocks<B: rdma_dmabuf::Backing>(
     qp: &QueuePair,
     shards: Vec<Shard<B>>,
     remote: RemoteRegion,

@@ -2,8 +2,8 @@
 //! group would let it), and PRIME export.
 
 use crate::{problems, Check, Status};
-use drm_export::device::{nodes, NodeKind};
 use drm_export::DrmDevice;
+use drm_export::{drm_nodes, NodeKind};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -120,7 +120,7 @@ pub fn inspect(sysfs: &Path) -> Gpus {
     let mut out = Gpus::default();
     let mut all = Vec::new();
     for kind in [NodeKind::Card, NodeKind::Render] {
-        match nodes(kind) {
+        match drm_nodes(kind) {
             Ok(n) => all.extend(n.into_iter().map(|p| (kind, p))),
             Err(e) => out.checks.push(Check::problem(
                 SECTION,

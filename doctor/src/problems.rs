@@ -265,7 +265,7 @@ pub const UDMABUF_HUGE_VMAP: Problem = p(
      every page of it, and a soft device (rxe, siw) moves data through that mapping: the \
      transfer would report success with the wrong bytes, so rdma-dmabuf refuses the \
      registration. Hardware NICs (DMA) and user mappings are unaffected",
-    "on rxe/siw use udmabufs over ordinary memfds (`Backing::Shmem`) filled while shmem \
+    "on rxe/siw use udmabufs over ordinary memfds (`MemfdPages::Shmem`) filled while shmem \
      transparent huge pages were off, made by `drm_export::Udmabuf` as root (it reads the \
      page frames), or run a kernel with \"udmabuf: fix vmap missed offset page\" (Linux \
      6.17; 6.16.y stable from August 2025)",

@@ -2,7 +2,7 @@
 //! its provider registers dma-bufs (the fd -1 probe of [`rdma_dmabuf::supports_dmabuf`]).
 
 use crate::{problems, Check, Status};
-use rdma_dmabuf::device::{devices, PortState};
+use rdma_dmabuf::{devices, PortState};
 use rdma_dmabuf::{Context, ProtectionDomain};
 use std::path::Path;
 use std::sync::Arc;
@@ -45,7 +45,7 @@ pub fn explain_probe(errno: i32) -> (bool, String, Option<&'static problems::Pro
             format!("no dma-buf MRs: the fd -1 probe answered EOPNOTSUPP ({e}): the provider or its kernel driver does not implement them"),
             Some(&problems::PROVIDER_NO_DMABUF),
         ),
-        rdma_dmabuf::error::ENOTSUPP => (
+        rdma_dmabuf::ENOTSUPP => (
             false,
             "no dma-buf MRs: the fd -1 probe answered ENOTSUPP (524), the kernel-internal \
              code some drivers (GB200 kernels) let through"
@@ -232,28 +232,26 @@ fn huge_page_check(ctx: &Arc<Context>) -> Option<Check> {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_else(|_| "unknown".into());
-    Some(
-        if drm_export::udmabuf::running_kernel_misplaces_huge_pages() {
-            let found = format!(
-                "udmabufs with large pages (hugetlb, shmem transparent huge pages) are refused on \
+    Some(if drm_export::running_kernel_misplaces_huge_pages() {
+        let found = format!(
+            "udmabufs with large pages (hugetlb, shmem transparent huge pages) are refused on \
              kernel {release}: this device moves data through udmabuf's vmap, which misplaces \
              them there"
-            );
-            Check::problem(
-                SECTION,
-                name,
-                Status::Warn,
-                found,
-                &problems::UDMABUF_HUGE_VMAP,
-            )
-        } else {
-            Check::ok(
-                SECTION,
-                name,
-                format!("kernel {release} has the udmabuf vmap fix"),
-            )
-        },
-    )
+        );
+        Check::problem(
+            SECTION,
+            name,
+            Status::Warn,
+            found,
+            &problems::UDMABUF_HUGE_VMAP,
+        )
+    } else {
+        Check::ok(
+            SECTION,
+            name,
+            format!("kernel {release} has the udmabuf vmap fix"),
+        )
+    })
 }
 
 fn port_check(sysfs: &Path, ctx: &Arc<Context>, port: u8) -> Check {

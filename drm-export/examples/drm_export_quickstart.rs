@@ -1,15 +1,15 @@
 //! Allocate a GPU buffer, export it as a dma-buf, and touch it from the CPU.
 //! Runs as is in the testbed (vgem) and on a machine with i915 or amdgpu.
-use drm_export::device::{nodes, NodeKind};
+use drm_export::{drm_nodes, NodeKind};
 use drm_export::{DrmDevice, GpuBuffer, Placement, Udmabuf};
 use std::sync::Arc;
 
 fn main() -> drm_export::Result<()> {
     // The first GPU the process may open: a render node of i915/amdgpu, else a card node
     // whose driver has dumb buffers (vgem in the testbed).
-    let gpu = nodes(NodeKind::Render)?
+    let gpu = drm_nodes(NodeKind::Render)?
         .into_iter()
-        .chain(nodes(NodeKind::Card)?)
+        .chain(drm_nodes(NodeKind::Card)?)
         .filter_map(|path| DrmDevice::open(path).ok())
         .map(Arc::new)
         .find_map(|dev| {

@@ -119,7 +119,7 @@ impl CudaBuffer {
         if size == 0 {
             return Err(Error::invalid(Op::Cuda, "size 0"));
         }
-        let page = crate::udmabuf::page_size() as usize;
+        let page = crate::page_size() as usize;
         let size = size.div_ceil(page) * page;
         let d = device.bind()?;
         let ptr = d.alloc(size).map_err(|r| cu_err(d, "cuMemAlloc", r))?;
@@ -225,7 +225,7 @@ mod tests {
     #[ignore = "needs an NVIDIA GPU with libcuda and dma-buf support"]
     fn cuda_buffers_fill_copy_and_export() {
         let dev = CudaDevice::open(0).expect("CUDA device 0");
-        let page = crate::udmabuf::page_size() as usize;
+        let page = crate::page_size() as usize;
         assert!(matches!(
             CudaBuffer::new(&dev, 0),
             Err(Error::InvalidArgument { .. })

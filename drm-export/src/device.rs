@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 /// The DRM device folder.
-pub const DRI: &str = "/dev/dri";
+pub const DRI_DIR: &str = "/dev/dri";
 
 /// Which kind of node a DRM device file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct Capabilities {
 /// GEM handles are per open file, and the kernel hands out one handle per buffer and file:
 /// `DRM_IOCTL_PRIME_FD_TO_HANDLE` of a dma-buf the file already has a handle for returns that
 /// same handle. So the buffers of this crate ([`DumbBuffer`](crate::DumbBuffer),
-/// [`GemBuffer`](crate::GemBuffer), [`Imported`](crate::prime::Imported)) do not close their
+/// [`GemBuffer`](crate::GemBuffer), [`PrimeImport`](crate::PrimeImport)) do not close their
 /// handle themselves: the device keeps a count of owners per handle, and the last owner's drop
 /// closes it (`DRM_IOCTL_GEM_CLOSE`). For that reason this type does not implement the `drm`
 /// crate's traits (`drm::control::Device::close_buffer` would bypass the count and could close
@@ -120,7 +120,7 @@ impl DrmDevice {
     /// # Errors
     /// `ENOENT` with a hint when no such device exists.
     pub fn open_driver(driver: &str, kind: NodeKind) -> Result<DrmDevice> {
-        for path in nodes(kind)? {
+        for path in drm_nodes(kind)? {
             if let Ok(dev) = DrmDevice::open(&path) {
                 if dev.driver.name == driver {
                     return Ok(dev);
@@ -129,7 +129,7 @@ impl DrmDevice {
         }
         Err(Error::os(
             Op::OpenDevice,
-            format!("{DRI} ({driver} {kind:?} node)"),
+            format!("{DRI_DIR} ({driver} {kind:?} node)"),
             std::io::Error::from_raw_os_error(libc::ENOENT),
         ))
     }
@@ -234,11 +234,11 @@ impl DrmDevice {
 ///
 /// # Errors
 /// [`Error::Os`] if `/dev/dri` cannot be read (an empty list if it does not exist).
-pub fn nodes(kind: NodeKind) -> Result<Vec<PathBuf>> {
-    let entries = match std::fs::read_dir(DRI) {
+pub fn drm_nodes(kind: NodeKind) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(DRI_DIR) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::os(Op::ListDevices, DRI, e)),
+        Err(e) => return Err(Error::os(Op::ListDevices, DRI_DIR, e)),
     };
     let mut out: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))

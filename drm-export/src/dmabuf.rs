@@ -54,7 +54,7 @@ impl DmaBuf {
     /// The mapping gives no bytes by itself: [`Mapping::read`] and [`Mapping::write`] return
     /// guards that bracket the access with `DMA_BUF_IOCTL_SYNC` start and end, so that caches
     /// are coherent with the device, and copy bytes in and out (volatile accesses: no slice
-    /// over shared memory, see [`crate::mapping`]).
+    /// over shared memory, see [`crate::Mapping`]).
     ///
     /// It takes the `DmaBuf` exclusively: while a region or a request holds this `DmaBuf`
     /// (or a shared borrow of it), it cannot be mapped. There is deliberately no way to clone a

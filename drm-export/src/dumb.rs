@@ -65,7 +65,7 @@ impl DumbBuffer {
     /// # Errors
     /// [`Error::Os`] if the driver refuses the export.
     pub fn export(&self) -> Result<DmaBuf> {
-        crate::prime::export(&self.device, self.handle())
+        crate::prime::prime_export(&self.device, self.handle())
     }
 }
 

@@ -99,7 +99,7 @@ impl GemBuffer {
         let mut arg = sys::drm_amdgpu_gem_create {
             in_: sys::drm_amdgpu_gem_create_in {
                 bo_size: size,
-                alignment: crate::udmabuf::page_size(),
+                alignment: crate::page_size(),
                 domains: u64::from(domains),
                 domain_flags: flags,
             },
@@ -159,7 +159,7 @@ impl GemBuffer {
     /// # Errors
     /// [`Error::Os`] if the driver refuses the export.
     pub fn export(&self) -> Result<DmaBuf> {
-        crate::prime::export(&self.device, self.handle)
+        crate::prime::prime_export(&self.device, self.handle)
     }
 }
 
@@ -200,7 +200,7 @@ fn require_driver(device: &DrmDevice, driver: &str) -> Result<()> {
 }
 
 fn check_size(size: u64) -> Result<()> {
-    if size == 0 || !size.is_multiple_of(crate::udmabuf::page_size()) {
+    if size == 0 || !size.is_multiple_of(crate::page_size()) {
         return Err(Error::invalid(
             Op::GemCreate,
             format!("size {size} must be a non-zero multiple of the page size"),

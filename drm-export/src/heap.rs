@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 
 /// The heap folder.
-pub const HEAPS: &str = "/dev/dma_heap";
+pub const DMA_HEAP_DIR: &str = "/dev/dma_heap";
 
 /// An open dma-heap.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ pub struct DmaHeap {
 }
 
 impl DmaHeap {
-    /// Opens `/dev/dma_heap/<name>` (`system`, `cma`, ... : see [`heaps`]).
+    /// Opens `/dev/dma_heap/<name>` (`system`, `cma`, ... : see [`dma_heaps`]).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty name, `.`, `..` or a name with a `/`;
@@ -32,7 +32,7 @@ impl DmaHeap {
                 format!("bad heap name {name:?}"),
             ));
         }
-        let path = PathBuf::from(HEAPS).join(name);
+        let path = PathBuf::from(DMA_HEAP_DIR).join(name);
         let file = OpenOptions::new()
             .read(true)
             .open(&path)
@@ -72,7 +72,7 @@ impl DmaHeap {
         let fd = sys::heap_alloc(self, &mut arg).map_err(|e| {
             Error::os(
                 Op::HeapAlloc,
-                format!("{HEAPS}/{} ({size} bytes)", self.name),
+                format!("{DMA_HEAP_DIR}/{} ({size} bytes)", self.name),
                 e,
             )
         })?;
@@ -95,15 +95,15 @@ fn check_size(size: u64, heap: &str) -> Result<()> {
     if size == 0 {
         return Err(Error::invalid(
             Op::HeapAlloc,
-            format!("size 0 from {HEAPS}/{heap}: a dma-heap buffer has at least one page"),
+            format!("size 0 from {DMA_HEAP_DIR}/{heap}: a dma-heap buffer has at least one page"),
         ));
     }
-    let page = crate::udmabuf::page_size();
+    let page = crate::page_size();
     if !size.is_multiple_of(page) {
         return Err(Error::invalid(
             Op::HeapAlloc,
             format!(
-                "size {size} from {HEAPS}/{heap} is not a multiple of the page size ({page} \
+                "size {size} from {DMA_HEAP_DIR}/{heap} is not a multiple of the page size ({page} \
                  bytes); round it up to {}",
                 size.div_ceil(page).saturating_mul(page)
             ),
@@ -116,7 +116,7 @@ fn check_size(size: u64, heap: &str) -> Result<()> {
         return Err(Error::invalid(
             Op::HeapAlloc,
             format!(
-                "size {size} bytes from {HEAPS}/{heap} exceeds this machine's memory \
+                "size {size} bytes from {DMA_HEAP_DIR}/{heap} exceeds this machine's memory \
                  ({memory} bytes, MemTotal): the heap would allocate until the OOM killer \
                  ends the process"
             ),
@@ -129,8 +129,8 @@ fn check_size(size: u64, heap: &str) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::Os`] if `/dev/dma_heap` exists but cannot be read.
-pub fn heaps() -> Result<Vec<String>> {
-    match std::fs::read_dir(HEAPS) {
+pub fn dma_heaps() -> Result<Vec<String>> {
+    match std::fs::read_dir(DMA_HEAP_DIR) {
         Ok(d) => {
             let mut v: Vec<String> = d
                 .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -139,7 +139,7 @@ pub fn heaps() -> Result<Vec<String>> {
             Ok(v)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(Error::os(Op::OpenHeap, HEAPS, e)),
+        Err(e) => Err(Error::os(Op::OpenHeap, DMA_HEAP_DIR, e)),
     }
 }
 
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn sizes_are_checked_before_the_kernel() {
-        let page = crate::udmabuf::page_size();
+        let page = crate::page_size();
         refused(0, "size 0");
         refused(page + 1, "not a multiple of the page size");
         let memory = nix::sys::sysinfo::sysinfo().unwrap().ram_total();

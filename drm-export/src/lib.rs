@@ -1,14 +1,16 @@
 //! GPU and host buffers exported as dma-buf file descriptors.
 //!
-//! * [`device`]: DRM card and render nodes, driver identity and capabilities.
-//! * [`gem`]: i915 and amdgpu GEM buffers with placement, and [`GpuBuffer::allocate`], which
-//!   picks the allocator from the driver's name; [`dumb`]: dumb buffers (vgem in the testbed).
-//! * [`prime`]: GEM handle to dma-buf and back.
-//! * [`udmabuf`]: host memory (a sealed memfd) as a dma-buf; [`heap`]: dma-heap buffers.
-//! * [`DmaBuf`]: an owned, validated dma-buf fd; CPU access through a [`mapping::Mapping`]
-//!   whose guards issue `DMA_BUF_IOCTL_SYNC` and copy bytes in and out (volatile accesses,
-//!   never a slice over shared memory); implicit fences as [`SyncFile`]s.
-//! * [`vgem`]: vgem's hand-signalled fences, for testing implicit synchronisation.
+//! * [`DrmDevice`]: DRM card and render nodes ([`drm_nodes`]), driver identity and
+//!   capabilities.
+//! * [`GemBuffer`]: i915 and amdgpu GEM buffers with placement, and [`GpuBuffer::allocate`],
+//!   which picks the allocator from the driver's name; [`DumbBuffer`]: dumb buffers (vgem in
+//!   the testbed).
+//! * [`prime_export`] and [`prime_import`]: GEM handle to dma-buf and back.
+//! * [`Udmabuf`]: host memory (a sealed memfd) as a dma-buf; [`DmaHeap`]: dma-heap buffers.
+//! * [`DmaBuf`]: an owned, validated dma-buf fd; CPU access through a [`Mapping`] whose
+//!   guards issue `DMA_BUF_IOCTL_SYNC` and copy bytes in and out (volatile accesses, never a
+//!   slice over shared memory); implicit fences as [`SyncFile`]s.
+//! * [`VgemFence`]: vgem's hand-signalled fences, for testing implicit synchronisation.
 //! * `cuda` (feature `cuda`): CUDA device memory exported with
 //!   `cuMemGetHandleForAddressRange`, libcuda loaded at run time.
 //!
@@ -30,26 +32,32 @@
 mod claim;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod device;
+mod device;
 mod diag;
-pub mod dmabuf;
-pub mod dumb;
-pub mod error;
-pub mod gem;
-pub mod heap;
-pub mod mapping;
-pub mod prime;
-pub mod sync_file;
+mod dmabuf;
+mod dumb;
+mod error;
+mod gem;
+mod heap;
+mod mapping;
+mod prime;
+mod sync_file;
 mod sys;
-pub mod udmabuf;
-pub mod vgem;
+mod udmabuf;
+mod vgem;
 
-pub use device::{DrmDevice, NodeKind};
+pub use device::{drm_nodes, Capabilities, DriverInfo, DrmDevice, NodeKind, DRI_DIR};
 pub use dmabuf::DmaBuf;
 pub use dumb::DumbBuffer;
 pub use error::{Error, Op, Result};
 pub use gem::{GemBuffer, GpuBuffer, Placement};
-pub use heap::DmaHeap;
-pub use mapping::Mapping;
+pub use heap::{dma_heaps, DmaHeap, DMA_HEAP_DIR};
+pub use mapping::{Mapping, ReadGuard, WriteGuard};
+pub use prime::{prime_export, prime_import, PrimeImport};
 pub use sync_file::{FenceAccess, SyncFile};
-pub use udmabuf::Udmabuf;
+pub use udmabuf::{
+    page_size, running_kernel_misplaces_huge_pages, sealed_memfd, udmabuf_size_limit,
+    vmap_misplaces_huge_pages, MemfdPages, Udmabuf, HUGE_PAGE_VMAP_BUG, UDMABUF_DEVICE,
+    UNKNOWN_UDMABUF_PAGES,
+};
+pub use vgem::VgemFence;

@@ -13,7 +13,7 @@ const EXPORT_FLAGS: u32 = (libc::O_CLOEXEC | libc::O_RDWR) as u32;
 ///
 /// # Errors
 /// [`Error::Os`] if the driver refuses.
-pub fn export(device: &DrmDevice, handle: drm::buffer::Handle) -> Result<DmaBuf> {
+pub fn prime_export(device: &DrmDevice, handle: drm::buffer::Handle) -> Result<DmaBuf> {
     let fd = device
         .ops()
         .buffer_to_prime_fd(handle, EXPORT_FLAGS)
@@ -33,19 +33,19 @@ pub fn export(device: &DrmDevice, handle: drm::buffer::Handle) -> Result<DmaBuf>
 /// a [`DumbBuffer`](crate::DumbBuffer) of the same [`DrmDevice`]) yields that same handle; it
 /// stays open until its last owner is dropped (see [`DrmDevice`]).
 #[derive(Debug)]
-pub struct Imported<'d> {
+pub struct PrimeImport<'d> {
     device: &'d DrmDevice,
     handle: drm::buffer::Handle,
 }
 
-impl Imported<'_> {
+impl PrimeImport<'_> {
     /// The GEM handle on the importing device.
     pub fn handle(&self) -> drm::buffer::Handle {
         self.handle
     }
 }
 
-impl Drop for Imported<'_> {
+impl Drop for PrimeImport<'_> {
     fn drop(&mut self) {
         // `DRM_IOCTL_GEM_CLOSE` once no other owner on this device file holds the handle.
         self.device.release_handle(self.handle);
@@ -55,12 +55,12 @@ impl Drop for Imported<'_> {
 /// `DRM_IOCTL_PRIME_FD_TO_HANDLE`: imports `dmabuf` into `device` (any node type).
 ///
 /// When `device` already has a handle for the buffer (its own export, or an earlier import),
-/// the kernel returns that handle; the returned [`Imported`] then shares it with its other
+/// the kernel returns that handle; the returned [`PrimeImport`] then shares it with its other
 /// owners, and dropping it leaves the handle open for them.
 ///
 /// # Errors
 /// [`Error::Os`] (`EINVAL`/`EBADF` with a hint) if the fd is not a dma-buf the device accepts.
-pub fn import<'d>(device: &'d DrmDevice, dmabuf: &impl AsFd) -> Result<Imported<'d>> {
+pub fn prime_import<'d>(device: &'d DrmDevice, dmabuf: &impl AsFd) -> Result<PrimeImport<'d>> {
     let handle = device.acquire_handle(
         || {
             device
@@ -70,5 +70,5 @@ pub fn import<'d>(device: &'d DrmDevice, dmabuf: &impl AsFd) -> Result<Imported<
         },
         |h| *h,
     )?;
-    Ok(Imported { device, handle })
+    Ok(PrimeImport { device, handle })
 }

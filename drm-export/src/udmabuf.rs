@@ -1,8 +1,8 @@
 //! udmabuf: host memory (a sealed memfd) exported as a dma-buf through `/dev/udmabuf`.
 //!
-//! The memfd is ordinary shared memory ([`Backing::Shmem`]) or 2 MiB hugetlb pages
-//! ([`Backing::Hugetlb2M`]); the dma-buf may start at any page-aligned offset of it, inside a
-//! huge page or across several ([`Udmabuf::with_backing`]).
+//! The memfd is ordinary shared memory ([`MemfdPages::Shmem`]) or 2 MiB hugetlb pages
+//! ([`MemfdPages::Hugetlb2M`]); the dma-buf may start at any page-aligned offset of it, inside a
+//! huge page or across several ([`Udmabuf::with_pages`]).
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
@@ -12,12 +12,12 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// The udmabuf device node.
-pub const DEVICE: &str = "/dev/udmabuf";
+pub const UDMABUF_DEVICE: &str = "/dev/udmabuf";
 
 /// The memory behind a udmabuf's memfd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Backing {
+pub enum MemfdPages {
     /// Shared memory in CPU pages (a plain `memfd_create`).
     Shmem,
     /// hugetlbfs pages of 2 MiB (`MFD_HUGETLB | MFD_HUGE_2MB`), taken from the huge page pool
@@ -26,45 +26,45 @@ pub enum Backing {
     Hugetlb2M,
 }
 
-impl Backing {
+impl MemfdPages {
     /// The unit of the memfd's size: the CPU page size, or 2 MiB.
     pub fn page_size(self) -> u64 {
         match self {
-            Backing::Shmem => page_size(),
-            Backing::Hugetlb2M => 2 << 20,
+            MemfdPages::Shmem => page_size(),
+            MemfdPages::Hugetlb2M => 2 << 20,
         }
     }
 
     fn flags(self) -> MFdFlags {
         let base = MFdFlags::MFD_ALLOW_SEALING | MFdFlags::MFD_CLOEXEC;
         match self {
-            Backing::Shmem => base,
-            Backing::Hugetlb2M => base | MFdFlags::MFD_HUGETLB | MFdFlags::MFD_HUGE_2MB,
+            MemfdPages::Shmem => base,
+            MemfdPages::Hugetlb2M => base | MFdFlags::MFD_HUGETLB | MFdFlags::MFD_HUGE_2MB,
         }
     }
 }
 
 /// A memfd that udmabuf accepts: `memfd_create` (`MFD_ALLOW_SEALING`, plus the hugetlb flags
-/// of `backing`), `ftruncate` to `size`, `F_ADD_SEALS(F_SEAL_SHRINK)`.
+/// of `pages`), `ftruncate` to `size`, `F_ADD_SEALS(F_SEAL_SHRINK)`.
 ///
-/// Its pages are allocated when they are first used; for [`Backing::Hugetlb2M`] that is when
+/// Its pages are allocated when they are first used; for [`MemfdPages::Hugetlb2M`] that is when
 /// a udmabuf is created over them, which fails with `ENOMEM` if the huge page pool has too few
 /// free pages.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] if `size` is 0 or not a multiple of [`Backing::page_size`];
+/// [`Error::InvalidArgument`] if `size` is 0 or not a multiple of [`MemfdPages::page_size`];
 /// [`Error::Os`] ([`Op::PrepareMemfd`]) if the kernel refuses, e.g. `EINVAL` from
 /// `memfd_create` on a kernel without hugetlbfs.
-pub fn sealed_memfd(backing: Backing, size: u64) -> Result<OwnedFd> {
-    let unit = backing.page_size();
+pub fn sealed_memfd(pages: MemfdPages, size: u64) -> Result<OwnedFd> {
+    let unit = pages.page_size();
     if size == 0 || !size.is_multiple_of(unit) {
         return Err(Error::invalid(
             Op::PrepareMemfd,
-            format!("memfd size {size} must be a non-zero multiple of {unit} ({backing:?})"),
+            format!("memfd size {size} must be a non-zero multiple of {unit} ({pages:?})"),
         ));
     }
-    let target = format!("{backing:?} memfd");
-    let memfd = memfd_create(c"drm-export-udmabuf", backing.flags())
+    let target = format!("{pages:?} memfd");
+    let memfd = memfd_create(c"drm-export-udmabuf", pages.flags())
         .map_err(|e| Error::os(Op::PrepareMemfd, &target, e.into()))?;
     let len = i64::try_from(size)
         .map_err(|_| Error::invalid(Op::PrepareMemfd, format!("memfd size {size} is too large")))?;
@@ -96,10 +96,10 @@ impl Udmabuf {
     /// [`Error::InvalidArgument`] if `size` is 0 or not page-aligned, or over the driver's
     /// `size_limit_mb`; [`Error::Os`] if the kernel refuses.
     pub fn new(size: u64) -> Result<Udmabuf> {
-        Self::with_backing(Backing::Shmem, size, 0, size)
+        Self::with_pages(MemfdPages::Shmem, size, 0, size)
     }
 
-    /// Allocates a sealed memfd of `memfd_size` bytes backed by `backing` ([`sealed_memfd`])
+    /// Allocates a sealed memfd of `memfd_size` bytes backed by `pages` ([`sealed_memfd`])
     /// and exports `size` bytes of it at `offset` as a dma-buf (`UDMABUF_CREATE`).
     ///
     /// `offset` and `size` need only be multiples of the CPU page size, also with huge pages:
@@ -108,10 +108,10 @@ impl Udmabuf {
     /// # Errors
     /// [`Error::InvalidArgument`] if `offset` or `size` is not page-aligned, `size` is 0 or
     /// over `udmabuf.size_limit_mb`, `memfd_size` is not a multiple of
-    /// [`Backing::page_size`], or the range ends past `memfd_size`; [`Error::Os`] if the
+    /// [`MemfdPages::page_size`], or the range ends past `memfd_size`; [`Error::Os`] if the
     /// kernel refuses (`ENOMEM` with a hint when the huge page pool is short).
-    pub fn with_backing(
-        backing: Backing,
+    pub fn with_pages(
+        pages: MemfdPages,
         memfd_size: u64,
         offset: u64,
         size: u64,
@@ -123,7 +123,7 @@ impl Udmabuf {
                 format!("range [{offset}, +{size}) ends past the memfd's {memfd_size} bytes"),
             ));
         }
-        let memfd = sealed_memfd(backing, memfd_size)?;
+        let memfd = sealed_memfd(pages, memfd_size)?;
         let dmabuf = Self::export(&memfd, offset, size)?;
         Ok(Udmabuf {
             memfd,
@@ -220,7 +220,7 @@ pub const HUGE_PAGE_VMAP_BUG: &str = "udmabuf's kernel mapping (vmap) on Linux 6
     (soft-RoCE rxe, siw) would move the wrong bytes, and reach pages outside the region; \
     user mappings and DMA by a hardware NIC are right. This udmabuf has large pages (a \
     hugetlbfs memfd, or shmem that transparent huge pages backed when its pages were \
-    allocated). Use a udmabuf over an ordinary memfd (Backing::Shmem) filled while shmem \
+    allocated). Use a udmabuf over an ordinary memfd (MemfdPages::Shmem) filled while shmem \
     transparent huge pages were off, or a kernel with the fix";
 
 /// Why a udmabuf whose pages could not be looked at is refused where
@@ -228,7 +228,7 @@ pub const HUGE_PAGE_VMAP_BUG: &str = "udmabuf's kernel mapping (vmap) on Linux 6
 pub const UNKNOWN_UDMABUF_PAGES: &str = "whether this udmabuf's pages are large cannot be told \
     (it was not made by drm_export::Udmabuf in this process, or its page frames could not be \
     read from /proc/self/pagemap and /proc/kpageflags, which needs CAP_SYS_ADMIN), and on this kernel udmabuf's vmap misplaces large pages (Linux 6.10 to \
-    6.16; see drm_export::udmabuf::HUGE_PAGE_VMAP_BUG): a device that moves data through that \
+    6.16; see drm_export::HUGE_PAGE_VMAP_BUG): a device that moves data through that \
     mapping (soft-RoCE rxe, siw) might move the wrong bytes. Make it with Udmabuf::export from \
     its memfd, as root, or use a kernel with \"udmabuf: fix vmap missed offset page\"";
 
@@ -257,11 +257,11 @@ pub fn running_kernel_misplaces_huge_pages() -> bool {
 }
 
 fn open_device() -> Result<sys::UdmabufDevice> {
-    sys::UdmabufDevice::open().map_err(|e| Error::os(Op::CreateUdmabuf, DEVICE, e))
+    sys::UdmabufDevice::open().map_err(|e| Error::os(Op::CreateUdmabuf, UDMABUF_DEVICE, e))
 }
 
 /// The udmabuf driver's per-buffer limit in bytes (`udmabuf.size_limit_mb`), if readable.
-pub fn size_limit() -> Option<u64> {
+pub fn udmabuf_size_limit() -> Option<u64> {
     std::fs::read_to_string("/sys/module/udmabuf/parameters/size_limit_mb")
         .ok()?
         .trim()
@@ -290,7 +290,7 @@ fn check_size(size: u64) -> Result<()> {
             format!("size {size} must be a non-zero multiple of the page size ({page})"),
         ));
     }
-    if let Some(limit) = size_limit() {
+    if let Some(limit) = udmabuf_size_limit() {
         if size > limit {
             return Err(Error::invalid(
                 Op::CreateUdmabuf,
@@ -343,10 +343,10 @@ mod tests {
 
     #[test]
     fn hugetlb_memfd_sizes_and_ranges_past_the_memfd_are_refused_before_the_kernel() {
-        let huge = Backing::Hugetlb2M.page_size();
+        let huge = MemfdPages::Hugetlb2M.page_size();
         assert_eq!(huge, 2 << 20);
         for size in [0, 4096, huge + 4096] {
-            let err = sealed_memfd(Backing::Hugetlb2M, size).unwrap_err();
+            let err = sealed_memfd(MemfdPages::Hugetlb2M, size).unwrap_err();
             assert!(
                 matches!(
                     err,
@@ -361,7 +361,7 @@ mod tests {
         }
         let page = page_size();
         for (offset, size) in [(huge - page, 2 * page), (u64::MAX - page + 1, page)] {
-            let err = Udmabuf::with_backing(Backing::Hugetlb2M, huge, offset, size).unwrap_err();
+            let err = Udmabuf::with_pages(MemfdPages::Hugetlb2M, huge, offset, size).unwrap_err();
             assert!(
                 matches!(
                     err,
@@ -374,7 +374,7 @@ mod tests {
             );
             assert!(err.to_string().contains("ends past"), "{err}");
         }
-        let err = Udmabuf::with_backing(Backing::Hugetlb2M, huge, 100, page).unwrap_err();
+        let err = Udmabuf::with_pages(MemfdPages::Hugetlb2M, huge, 100, page).unwrap_err();
         assert!(err.to_string().contains("offset 100"), "{err}");
     }
 }

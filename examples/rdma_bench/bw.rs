@@ -3,7 +3,7 @@
 use crate::waits::Waits;
 use crate::Run;
 use examples::fail;
-use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::Backing;
 use rdma_dmabuf::{Access, Local, MemoryRegion, QueuePair, RemoteRegion};
 use std::collections::VecDeque;
 use std::time::Instant;

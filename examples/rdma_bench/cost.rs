@@ -14,7 +14,7 @@
 
 use crate::Run;
 use examples::fail;
-use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::Backing;
 use rdma_dmabuf::{
     Access, Local, MemoryRegion, Pending, ProtectionDomain, QueuePair, QueuePairBuilder,
     RemoteRegion,

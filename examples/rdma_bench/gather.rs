@@ -5,7 +5,7 @@ use crate::bw::{windowed, Bandwidth};
 use crate::waits::Waits;
 use crate::Run;
 use examples::fail;
-use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::Backing;
 use rdma_dmabuf::{Access, MemoryRegion, QueuePair, RemoteRegion, Shard};
 use std::time::Instant;
 

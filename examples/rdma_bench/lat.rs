@@ -9,7 +9,7 @@
 use crate::waits::Waits;
 use crate::Run;
 use examples::fail;
-use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::Backing;
 use rdma_dmabuf::{Access, InlinePending, Local, MemoryRegion, Pending, QueuePair, RemoteRegion};
 use std::collections::VecDeque;
 use std::time::Instant;

@@ -35,7 +35,7 @@ mod waits;
 
 use examples::kinds::{Allocator, RegionKind};
 use examples::{fail, Args, SideChannel};
-use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::Backing;
 use rdma_dmabuf::{Access, Context, MemoryRegion, PreparedQp, ProtectionDomain, QueuePairBuilder};
 use std::time::Duration;
 

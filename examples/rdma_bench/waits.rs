@@ -4,7 +4,7 @@
 //! the reactor path a service's task takes (arm the CQ, sleep in `epoll`, take the event,
 //! wake), without a scheduler's switch between tasks.
 
-use rdma_dmabuf::mr::Backing;
+use rdma_dmabuf::Backing;
 use rdma_dmabuf::{
     InlinePending, Outcome, OwnedPart, PartsOutcome, PartsPending, Pending, Result, WorkCompletion,
 };

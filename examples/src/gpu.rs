@@ -1,7 +1,7 @@
 //! Finding a GPU and allocating an exportable buffer on it: i915, xe and amdgpu first (GEM on
 //! the render node), then any other DRM driver with dumb buffers (vgem in the testbed).
 
-use drm_export::device::{nodes, NodeKind};
+use drm_export::{drm_nodes, NodeKind};
 use drm_export::{DmaBuf, DrmDevice, GpuBuffer, Placement};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -115,7 +115,7 @@ pub fn allocate(path: Option<&str>, size: u64, place: Where) -> Result<(GpuAlloc
 /// other drivers.
 fn candidates() -> Result<Vec<DrmDevice>, String> {
     let open_all = |kind| -> Result<Vec<DrmDevice>, String> {
-        Ok(nodes(kind)
+        Ok(drm_nodes(kind)
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter_map(|p| DrmDevice::open(p).ok())

@@ -3,8 +3,8 @@
 //! that what a dma-buf costs against host memory is measured, not claimed.
 
 use crate::gpu::{self, Where};
+use drm_export::page_size;
 use drm_export::{DmaBuf, DmaHeap, Udmabuf};
-use rdma_dmabuf::host::page_size;
 use rdma_dmabuf::{Access, HostBuffer, MemoryRegion, ProtectionDomain};
 use std::sync::Arc;
 
@@ -100,7 +100,7 @@ impl Allocator {
     /// # Errors
     /// The kind is [`RegionKind::Host`], or the exporter fails.
     pub fn dmabuf(&self, size: usize) -> Result<DmaBuf, String> {
-        let len = size.max(1).next_multiple_of(page_size()) as u64;
+        let len = (size.max(1) as u64).next_multiple_of(page_size());
         let mut buf = match self.kind {
             RegionKind::Host => return Err("host memory is not a dma-buf".into()),
             RegionKind::Udmabuf => Udmabuf::new(len).map_err(|e| e.to_string())?.into_parts().1,

@@ -1,7 +1,7 @@
 //! Finding the RDMA device and address to use, and rdma_cm connections that survive a server
 //! that is still starting.
 
-use rdma_dmabuf::device::devices;
+use rdma_dmabuf::devices;
 use rdma_dmabuf::{CmConnector, Context, ProtectionDomain, QueuePair, QueuePairBuilder};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

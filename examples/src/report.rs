@@ -24,7 +24,7 @@ pub fn bytes(n: u64) -> String {
 /// How long a queue pair from `builder` waits for a silent peer before a request fails
 /// (`QueuePairBuilder::retry_budget`), and the environment's retry settings if any.
 pub fn retries(builder: &rdma_dmabuf::QueuePairBuilder) -> String {
-    use rdma_dmabuf::qp::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
+    use rdma_dmabuf::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
     let set: Vec<String> = [ACK_TIMEOUT_ENV, RETRY_COUNT_ENV]
         .iter()
         .filter_map(|k| Some(format!("{k}={}", std::env::var(k).ok()?)))

@@ -415,7 +415,7 @@ pub struct DeviceAttr {
 impl DeviceAttr {
     /// Whether the device moves data with the CPU, through the kernel's mapping of each
     /// buffer (soft-RoCE `rxe`, `siw`), rather than by DMA: it then depends on the exporter's
-    /// `vmap` being right (see [`drm_export::udmabuf::HUGE_PAGE_VMAP_BUG`]).
+    /// `vmap` being right (see [`drm_export::HUGE_PAGE_VMAP_BUG`]).
     pub fn moves_data_with_the_cpu(&self) -> bool {
         matches!(self.vendor_id, 0x00ff_ffff | 0x0062_6d74)
     }

@@ -113,12 +113,8 @@ impl Drop for HostBuffer {
 }
 
 /// The CPU page size.
-pub fn page_size() -> usize {
-    use nix::unistd::{sysconf, SysconfVar};
-    match sysconf(SysconfVar::PAGE_SIZE) {
-        Ok(Some(p)) if p > 0 => p as usize,
-        _ => 4096,
-    }
+pub(crate) fn page_size() -> usize {
+    drm_export::page_size() as usize
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Safe RDMA verbs with owned, typed memory regions, including dma-buf (GPU) regions.
 //!
-//! * [`device`]: devices, contexts, ports, GIDs (the RoCEv2 IPv4 GID picked automatically).
+//! * [`devices`] and [`Context`]: devices, contexts, ports, GIDs (the RoCEv2 IPv4 GID picked
+//!   automatically).
 //! * [`ProtectionDomain`], and [`MemoryRegion<B>`] typed by its backing: [`HostBuffer`]
 //!   (`ibv_reg_mr`) or [`DmaBuf`] (`ibv_reg_dmabuf_mr`); [`supports_dmabuf`] probes a device.
 //! * [`QueuePairBuilder`] -> [`PreparedQp`] -> [`QueuePair`]: RC queue pairs connected by
@@ -56,50 +57,52 @@
 //!
 //! [`DmaBuf`]: drm_export::DmaBuf
 
-pub mod cm;
+mod cm;
 mod cm_id;
 mod cq;
 mod deadline;
-pub mod device;
+mod device;
 mod diag;
-pub mod dm;
-pub mod endpoint;
-pub mod error;
-pub mod fence;
-pub mod host;
-pub mod mr;
-pub mod multi;
-pub mod part;
-pub mod pd;
-pub mod qp;
+mod dm;
+mod endpoint;
+mod error;
+mod fence;
+mod host;
+mod mr;
+mod multi;
+mod part;
+mod pd;
+mod qp;
 pub mod reactor;
-pub mod remote;
-pub mod scope;
-pub mod shard;
+mod remote;
+mod scope;
+mod shard;
 mod slots;
 #[cfg(feature = "tokio")]
 pub mod tokio_rt;
 mod unwind;
 mod waiters;
-pub mod wr;
+mod wr;
 
-pub use cm::{CmConnector, CmListener};
-pub use device::{AtomicCap, Context, DeviceAttr, Gid, Mtu};
+pub use cm::{release_removed_devices, CmConnector, CmListener, MAX_PRIVATE_DATA};
+pub use device::{
+    devices, AtomicCap, Context, DeviceAttr, DeviceInfo, Gid, Mtu, PortAttr, PortState,
+};
 pub use dm::DeviceMemory;
 pub use drm_export::DmaBuf;
 pub use endpoint::Endpoint;
-pub use error::{Error, Op, Result};
-pub use fence::{wait_for_fences, FencedOp};
+pub use error::{Error, Op, Result, DMABUF_HINT, ENOTSUPP};
+pub use fence::{export_fences, wait_for_fences, FencedOp};
 pub use host::HostBuffer;
-pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, MemoryRegion};
+pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, Backing, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, OwnedPart, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
     AtomicOp, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
     Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending, WorkError,
-    DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
-    DEFAULT_RNR_RETRY,
+    ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER,
+    DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY, RETRY_COUNT_ENV,
 };
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};

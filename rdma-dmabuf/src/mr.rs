@@ -64,6 +64,8 @@ impl Access {
 
 /// Keeps [`Backing`] closed to the crate's own types (each `impl` states what `addr`/`len`
 /// of a region of that type mean to the verbs).
+// Unnameable on purpose: the sealed-trait pattern.
+#[allow(unnameable_types)]
 pub(crate) mod sealed {
     /// Implemented by the crate's backings only.
     pub trait Sealed {}
@@ -287,13 +289,13 @@ fn dmabuf_unsupported(errno: i32) -> Option<&'static str> {
 
 /// Refuses a udmabuf with large pages on a device that moves data with the CPU when the
 /// running kernel's udmabuf maps such pages wrongly: the transfer would report success with
-/// the wrong bytes, and reach pages outside the region (drm_export::udmabuf::HUGE_PAGE_VMAP_BUG).
+/// the wrong bytes, and reach pages outside the region (drm_export::HUGE_PAGE_VMAP_BUG).
 /// The udmabuf's own page frames decide, read when it was made (its pages are pinned from
 /// then on); one whose frames are not known is refused too.
 fn refuse_misplaced_huge_pages(pd: &ProtectionDomain, dmabuf: &DmaBuf) -> Result<()> {
-    use drm_export::udmabuf::{HUGE_PAGE_VMAP_BUG, UNKNOWN_UDMABUF_PAGES};
+    use drm_export::{HUGE_PAGE_VMAP_BUG, UNKNOWN_UDMABUF_PAGES};
     if dmabuf.exporter() != "udmabuf"
-        || !drm_export::udmabuf::running_kernel_misplaces_huge_pages()
+        || !drm_export::running_kernel_misplaces_huge_pages()
         || !pd.context().query_device()?.moves_data_with_the_cpu()
     {
         return Ok(());

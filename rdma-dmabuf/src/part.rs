@@ -37,6 +37,8 @@ pub trait OwnedPart: Send + 'static + sealed::Sealed {
 }
 
 /// Keeps [`OwnedPart`] closed, and its accessor out of reach of other crates.
+// Unnameable on purpose: the sealed-trait pattern.
+#[allow(unnameable_types)]
 pub(crate) mod sealed {
     /// Implemented by the crate's owned parts only.
     pub trait Sealed {}

@@ -74,13 +74,13 @@ pub trait Awaitable: Future + Unpin {
     fn poll_parked(&mut self, cx: &mut Context<'_>) -> Poll<Self::Output>;
 }
 
-impl<B: rdma_dmabuf::mr::Backing> Awaitable for rdma_dmabuf::Pending<'_, B> {
+impl<B: rdma_dmabuf::Backing> Awaitable for rdma_dmabuf::Pending<'_, B> {
     fn poll_parked(&mut self, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.poll_with(cx, parked)
     }
 }
 
-impl<B: rdma_dmabuf::mr::Backing> Awaitable for rdma_dmabuf::SrqPending<'_, B> {
+impl<B: rdma_dmabuf::Backing> Awaitable for rdma_dmabuf::SrqPending<'_, B> {
     fn poll_parked(&mut self, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.poll_with(cx, parked)
     }

@@ -2,7 +2,7 @@
 //! the buffer's dma-buf region waits for it (and times out with a typed error while it is
 //! unsignalled), and the bytes move once it signals. Runs in the testbed VM (patched mode).
 
-use drm_export::vgem::VgemFence;
+use drm_export::VgemFence;
 use drm_export::{DmaBuf, DrmDevice, DumbBuffer};
 use integration_tests::exporters::{vgem_card, Exporter};
 use integration_tests::testbed::Testbed;

@@ -4,7 +4,7 @@
 //! pages at offsets inside a huge page, checked through the memfd as well. Runs in the testbed VM
 //! (patched mode, the default).
 
-use drm_export::udmabuf::Backing;
+use drm_export::MemfdPages;
 use drm_export::Udmabuf;
 use integration_tests::exporters::{Exporter, ALL};
 use integration_tests::oob;
@@ -98,7 +98,7 @@ fn dmabuf_registration_refuses_bad_input_with_typed_errors() {
 #[ignore = "needs the testbed VM"]
 fn hugetlb_udmabufs_at_offsets_land_at_their_offsets_or_are_refused() {
     let tb = Testbed::get();
-    let huge = Backing::Hugetlb2M.page_size();
+    let huge = MemfdPages::Hugetlb2M.page_size();
     // (memfd size, the udmabuf's offset in it, bytes registered one page into the udmabuf)
     let cases = [
         (2 * huge, 5 * PAGE, 64 << 10),
@@ -112,37 +112,39 @@ fn hugetlb_udmabufs_at_offsets_land_at_their_offsets_or_are_refused() {
          hugepages= on the kernel command line"
     );
     let pd = pd(&tb);
-    if drm_export::udmabuf::running_kernel_misplaces_huge_pages() {
+    if drm_export::running_kernel_misplaces_huge_pages() {
         for (memfd_size, offset, len) in cases {
             let what = format!("hugetlb udmabuf at {offset:#x} of {memfd_size:#x}");
             let size = len + 2 * PAGE;
-            let (_memfd, buf) = Udmabuf::with_backing(Backing::Hugetlb2M, memfd_size, offset, size)
-                .unwrap_or_else(|e| panic!("{what}: {e}"))
-                .into_parts();
+            let (_memfd, buf) =
+                Udmabuf::with_pages(MemfdPages::Hugetlb2M, memfd_size, offset, size)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"))
+                    .into_parts();
             assert_eq!(buf.udmabuf_small_pages(), Some(false), "{what}");
             let err = MemoryRegion::register_dmabuf(&pd, buf, PAGE, len, None, RW).unwrap_err();
             assert!(err.is_unsupported(), "{what}: {err}");
             let msg = err.to_string();
             assert!(msg.contains("fix vmap missed offset page"), "{what}: {msg}");
-            assert!(msg.contains("Backing::Shmem"), "{what}: {msg}");
+            assert!(msg.contains("MemfdPages::Shmem"), "{what}: {msg}");
             // The same shape over an ordinary memfd is fine.
-            let (_memfd, buf) = Udmabuf::with_backing(Backing::Shmem, memfd_size, offset, size)
+            let (_memfd, buf) = Udmabuf::with_pages(MemfdPages::Shmem, memfd_size, offset, size)
                 .unwrap_or_else(|e| panic!("{what}, shmem: {e}"))
                 .into_parts();
             assert_eq!(buf.udmabuf_small_pages(), Some(true), "{what}, shmem");
             let region = MemoryRegion::register_dmabuf(&pd, buf, PAGE, len, None, RW);
             region.unwrap_or_else(|e| panic!("{what}, shmem: {e}"));
             // A udmabuf taken from a bare fd is judged by its pages too.
-            let (_memfd, buf) = Udmabuf::with_backing(Backing::Hugetlb2M, memfd_size, offset, size)
-                .unwrap_or_else(|e| panic!("{what}: {e}"))
-                .into_parts();
+            let (_memfd, buf) =
+                Udmabuf::with_pages(MemfdPages::Hugetlb2M, memfd_size, offset, size)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"))
+                    .into_parts();
             let foreign = drm_export::DmaBuf::try_from(buf.into_fd()).unwrap();
             let err = MemoryRegion::register_dmabuf(&pd, foreign, PAGE, len, None, RW).unwrap_err();
             assert!(err.is_unsupported(), "{what}, from an fd: {err}");
         }
         eprintln!(
             "hugetlb udmabufs refused on this kernel: {}",
-            drm_export::udmabuf::HUGE_PAGE_VMAP_BUG
+            drm_export::HUGE_PAGE_VMAP_BUG
         );
         return;
     }
@@ -150,7 +152,7 @@ fn hugetlb_udmabufs_at_offsets_land_at_their_offsets_or_are_refused() {
     for (i, (memfd_size, offset, len)) in cases.into_iter().enumerate() {
         let what = format!("hugetlb udmabuf at {offset:#x} of {memfd_size:#x}, {len:#x} bytes");
         let size = len + 2 * PAGE;
-        let u = Udmabuf::with_backing(Backing::Hugetlb2M, memfd_size, offset, size)
+        let u = Udmabuf::with_pages(MemfdPages::Hugetlb2M, memfd_size, offset, size)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(u.offset(), offset);
         assert_eq!(u.dmabuf().size(), size);
@@ -195,9 +197,10 @@ fn hugetlb_udmabufs_at_offsets_land_at_their_offsets_or_are_refused() {
         if seen == correct.after_writing(&p1) {
             assert!(back == p1, "{what}: read back");
             // The common round trip, on a fresh buffer of the same shape.
-            let (_memfd, buf) = Udmabuf::with_backing(Backing::Hugetlb2M, memfd_size, offset, size)
-                .unwrap_or_else(|e| panic!("{what}: {e}"))
-                .into_parts();
+            let (_memfd, buf) =
+                Udmabuf::with_pages(MemfdPages::Hugetlb2M, memfd_size, offset, size)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"))
+                    .into_parts();
             dmabuf_round_trip(&tb, buf, len, 50 + i as u8, &what);
         } else {
             panic!(

@@ -1,11 +1,11 @@
 //! drm-export against the real kernel: vgem, udmabuf, the system dma-heap, fences, bad input
 //! and descriptor leaks. Runs in the testbed VM.
 
-use drm_export::vgem::VgemFence;
 use drm_export::Mapping;
+use drm_export::VgemFence;
 use drm_export::{
-    prime, DmaBuf, DmaHeap, DrmDevice, DumbBuffer, Error, FenceAccess, GpuBuffer, NodeKind,
-    Placement, Udmabuf,
+    prime_export, prime_import, DmaBuf, DmaHeap, DrmDevice, DumbBuffer, Error, FenceAccess,
+    GpuBuffer, NodeKind, Placement, Udmabuf,
 };
 use integration_tests::testbed::Testbed;
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -45,8 +45,8 @@ fn read_all(map: &Mapping<'_>) -> Vec<u8> {
 #[ignore = "needs the testbed VM"]
 fn vgem_nodes_are_found_with_driver_and_capabilities() {
     Testbed::get();
-    let cards = drm_export::device::nodes(NodeKind::Card).unwrap();
-    let renders = drm_export::device::nodes(NodeKind::Render).unwrap();
+    let cards = drm_export::drm_nodes(NodeKind::Card).unwrap();
+    let renders = drm_export::drm_nodes(NodeKind::Render).unwrap();
     assert!(
         !cards.is_empty() && !renders.is_empty(),
         "{cards:?} {renders:?}"
@@ -81,14 +81,14 @@ fn vgem_dumb_buffer_round_trips_through_prime_import_on_the_render_node() {
     write_all(&mut exported.map().expect("map"), &data);
 
     let render = render();
-    let imported = prime::import(&render, &exported).expect("import on the render node");
+    let imported = prime_import(&render, &exported).expect("import on the render node");
     // The re-export is the same dma-buf (the kernel keeps one per GEM object), which
     // `exported` still owns: a second owner is refused until that one is gone.
-    let err = prime::export(&render, imported.handle()).unwrap_err();
+    let err = prime_export(&render, imported.handle()).unwrap_err();
     assert!(matches!(err, Error::AlreadyOwned { .. }), "{err}");
     let size = exported.size();
     drop(exported);
-    let mut again = prime::export(&render, imported.handle()).expect("re-export from render node");
+    let mut again = prime_export(&render, imported.handle()).expect("re-export from render node");
     assert_eq!(again.size(), size);
     assert_eq!(read_all(&again.map().expect("map re-export")), data);
 }
@@ -119,7 +119,7 @@ fn udmabuf_pattern_crosses_between_memfd_and_dmabuf_mapping() {
 #[ignore = "needs the testbed VM"]
 fn udmabuf_list_joins_ranges_in_order() {
     Testbed::get();
-    let page = drm_export::udmabuf::page_size();
+    let page = drm_export::page_size();
     let memfd = sealed_memfd(4 * page);
     let data = pattern(4 * page as usize, 11);
     nix::sys::uio::pwrite(&memfd, &data, 0).expect("fill memfd");
@@ -136,7 +136,7 @@ fn udmabuf_list_joins_ranges_in_order() {
 #[ignore = "needs the testbed VM"]
 fn system_heap_buffer_round_trips_a_pattern() {
     Testbed::get();
-    assert!(drm_export::heap::heaps()
+    assert!(drm_export::dma_heaps()
         .unwrap()
         .contains(&"system".to_string()));
     let heap = DmaHeap::system().expect("system heap");
@@ -229,7 +229,7 @@ fn assert_errno<T: std::fmt::Debug>(r: drm_export::Result<T>, errno: i32, hint: 
 #[ignore = "needs the testbed VM"]
 fn bad_input_gives_typed_errors() {
     Testbed::get();
-    let page = drm_export::udmabuf::page_size();
+    let page = drm_export::page_size();
 
     // Not a dma-buf: a regular file and a memfd.
     let file = OwnedFd::from(std::fs::File::open("/proc/self/status").unwrap());
@@ -245,7 +245,7 @@ fn bad_input_gives_typed_errors() {
     // Sizes refused before the kernel.
     assert_invalid(Udmabuf::new(0), "non-zero multiple");
     assert_invalid(Udmabuf::new(page + 1), "non-zero multiple");
-    let limit = drm_export::udmabuf::size_limit().expect("udmabuf.size_limit_mb readable");
+    let limit = drm_export::udmabuf_size_limit().expect("udmabuf.size_limit_mb readable");
     assert_invalid(Udmabuf::new(limit + page), "size_limit_mb");
     assert_invalid(DmaHeap::system().unwrap().allocate(0), "size 0");
     assert_invalid(DumbBuffer::new(&card(), 0), "size 0");
@@ -273,7 +273,7 @@ fn bad_input_gives_typed_errors() {
 
     // Importing something that is not a dma-buf.
     let not_dmabuf = sealed_memfd(page);
-    let err = prime::import(&render, &not_dmabuf.as_fd()).unwrap_err();
+    let err = prime_import(&render, &not_dmabuf.as_fd()).unwrap_err();
     assert!(err.errno().is_some(), "{err}");
     assert!(err.to_string().contains("not a dma-buf"), "{err}");
 }

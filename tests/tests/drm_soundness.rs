@@ -2,8 +2,11 @@
 //! import of its own export, checked sync_file construction, waits without a deadline, and
 //! dma-heap sizes refused before the kernel. The kernel tests run in the testbed VM.
 
-use drm_export::vgem::VgemFence;
-use drm_export::{prime, DmaHeap, DrmDevice, DumbBuffer, Error, FenceAccess, SyncFile, Udmabuf};
+use drm_export::VgemFence;
+use drm_export::{
+    prime_export, prime_import, DmaHeap, DrmDevice, DumbBuffer, Error, FenceAccess, SyncFile,
+    Udmabuf,
+};
 use integration_tests::testbed::Testbed;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -44,7 +47,7 @@ fn dropping_an_import_of_ones_own_export_leaves_later_handles_open() {
     Testbed::get();
     let card = card();
     let a = DumbBuffer::new(&card, MIB).expect("dumb buffer a");
-    let imported = prime::import(&card, &a.export().expect("export a")).expect("import");
+    let imported = prime_import(&card, &a.export().expect("export a")).expect("import");
     assert_eq!(
         imported.handle(),
         a.handle(),
@@ -69,8 +72,8 @@ fn a_shared_gem_handle_closes_with_its_last_owner() {
     let a = DumbBuffer::new(&card, MIB).expect("dumb buffer");
     let handle = a.handle();
     let d = a.export().expect("export");
-    let first = prime::import(&card, &d).expect("import 1");
-    let second = prime::import(&card, &d).expect("import 2");
+    let first = prime_import(&card, &d).expect("import 1");
+    let second = prime_import(&card, &d).expect("import 2");
     assert_eq!((first.handle(), second.handle()), (handle, handle));
     drop(first);
     drop(second);
@@ -79,15 +82,15 @@ fn a_shared_gem_handle_closes_with_its_last_owner() {
     owned_already(a.export(), "the buffer's handle survives both imports");
 
     // An import may outlive the buffer it came from.
-    let third = prime::import(&card, &d).expect("import 3");
+    let third = prime_import(&card, &d).expect("import 3");
     drop(a);
     owned_already(
-        prime::export(&card, third.handle()),
+        prime_export(&card, third.handle()),
         "the import still owns the handle",
     );
     drop(third);
     // The last owner closed it: the handle no longer exists on this file.
-    let err = prime::export(&card, handle).unwrap_err();
+    let err = prime_export(&card, handle).unwrap_err();
     assert_eq!(err.errno(), Some(libc::ENOENT), "{err}");
 }
 
@@ -168,7 +171,7 @@ fn a_terabyte_from_the_system_heap_is_refused_before_the_kernel() {
     assert!(msg.contains("MemTotal"), "{msg}");
 
     // Zero and partial pages are refused too (the kernel would round 4097 up to 8192).
-    let page = drm_export::udmabuf::page_size();
+    let page = drm_export::page_size();
     let err = heap.allocate(0).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
     assert!(err.to_string().contains("size 0"), "{err}");

@@ -219,7 +219,7 @@ fn rdma_link_delete_under_live_connections_ends_every_awaited_request_and_releas
         }
         // Every protection domain, region, queue pair and connection on the device was
         // dropped with the runtime's tasks above, and with them librdmacm's references.
-        rdma_dmabuf::cm::release_removed_devices();
+        rdma_dmabuf::release_removed_devices();
         std::thread::sleep(Duration::from_millis(100));
     }
     let del = wait(deleter, T, "rdma link delete");

@@ -90,7 +90,7 @@ fn sh(cmd: &mut Command) {
 
 /// Whether the verbs device list still has `dev`.
 fn listed(dev: &str) -> bool {
-    rdma_dmabuf::device::devices().is_ok_and(|d| d.iter().any(|d| d.name == dev))
+    rdma_dmabuf::devices().is_ok_and(|d| d.iter().any(|d| d.name == dev))
 }
 
 /// Starts `rdma link delete` of the testbed's device and waits until the device has left the
@@ -168,7 +168,7 @@ fn restore(tb: &Testbed, mut deleter: Child) {
             Instant::now() < deadline,
             "`rdma link delete {SPARE}` still waits {T:?} after everything was dropped"
         );
-        rdma_dmabuf::cm::release_removed_devices();
+        rdma_dmabuf::release_removed_devices();
         std::thread::sleep(Duration::from_millis(100));
     }
     sh(Command::new("ip").args([

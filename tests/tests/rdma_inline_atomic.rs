@@ -89,7 +89,7 @@ fn inline_bad_inputs_are_typed_errors() {
 
 /// Runs fetch-add and compare-and-swap against the value at byte 8 of `target` (whose old
 /// values land in `local`), checking each old value; returns `local`.
-fn atomics_against<B: rdma_dmabuf::mr::Backing>(
+fn atomics_against<B: rdma_dmabuf::Backing>(
     qp: &rdma_dmabuf::QueuePair,
     mut local: MemoryRegion<B>,
     remote: rdma_dmabuf::RemoteRegion,

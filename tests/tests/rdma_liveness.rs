@@ -363,7 +363,7 @@ fn a_scope_flushes_an_unanswered_receive_at_its_drain_deadline() {
     let t = Instant::now();
     let (b, dst) = within(Duration::from_secs(60), "scope drain", move || {
         let mut dst = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
-        rdma_dmabuf::scope::scope_with_deadline(Duration::from_millis(500), |s| {
+        rdma_dmabuf::scope_with_deadline(Duration::from_millis(500), |s| {
             let p = s.recv(&b, dst.part_mut(0..4096)).unwrap();
             // A bounded wait hands the handle back; the scope keeps the request.
             let _still_pending = p

@@ -23,7 +23,7 @@ trait OwnedRecv: Sized {
     fn bytes(self, what: &str) -> Vec<u8>;
 }
 
-impl<B: rdma_dmabuf::mr::Backing> OwnedRecv for rdma_dmabuf::Pending<'_, B>
+impl<B: rdma_dmabuf::Backing> OwnedRecv for rdma_dmabuf::Pending<'_, B>
 where
     MemoryRegion<B>: HostBytes,
 {
@@ -36,7 +36,7 @@ where
     }
 }
 
-impl<B: rdma_dmabuf::mr::Backing> OwnedRecv for rdma_dmabuf::SrqPending<'_, B>
+impl<B: rdma_dmabuf::Backing> OwnedRecv for rdma_dmabuf::SrqPending<'_, B>
 where
     MemoryRegion<B>: HostBytes,
 {

@@ -20,11 +20,11 @@ const RW: Access = Access::LOCAL_WRITE
 #[ignore = "needs the testbed VM"]
 fn device_port_and_gid_are_found() {
     let tb = Testbed::get();
-    let devs = rdma_dmabuf::device::devices().unwrap();
+    let devs = rdma_dmabuf::devices().unwrap();
     assert!(devs.iter().any(|d| d.name == tb.device), "{devs:?}");
     let ctx = Context::open(&tb.device).unwrap();
     let port = ctx.query_port(1).unwrap();
-    assert_eq!(port.state, rdma_dmabuf::device::PortState::Active);
+    assert_eq!(port.state, rdma_dmabuf::PortState::Active);
     let (index, gid) = ctx.roce_v2_ipv4_gid(1).unwrap();
     assert_eq!(
         index, tb.gid_index,

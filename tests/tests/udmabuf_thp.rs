@@ -9,7 +9,7 @@
 //! release as `/proc` tells it. Its own test binary: it changes machine-wide settings, which
 //! the tests of other binaries (run one binary at a time) never see. Runs in the testbed VM.
 
-use drm_export::udmabuf::{running_kernel_misplaces_huge_pages, sealed_memfd, Backing};
+use drm_export::{running_kernel_misplaces_huge_pages, sealed_memfd, MemfdPages};
 use drm_export::{DmaBuf, Udmabuf};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
@@ -126,7 +126,7 @@ fn udmabufs_with_large_pages_are_refused_where_the_kernel_misplaces_them() {
     // pages are what decides (the second review's case).
     let memfd = {
         let _set = Setting::set(&global, "always");
-        let m = sealed_memfd(Backing::Shmem, SIZE).unwrap();
+        let m = sealed_memfd(MemfdPages::Shmem, SIZE).unwrap();
         nix::sys::uio::pwrite(&m, &pattern(SIZE as usize, 3), 0).unwrap();
         m
     };

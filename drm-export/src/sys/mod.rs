@@ -161,12 +161,12 @@ fn driver_fd<'d>(dev: &'d DrmDevice, driver: &str) -> io::Result<BorrowedFd<'d>>
 pub struct UdmabufDevice(std::fs::File);
 
 impl UdmabufDevice {
-    /// Opens [`crate::udmabuf::DEVICE`].
+    /// Opens [`crate::UDMABUF_DEVICE`].
     pub fn open() -> io::Result<UdmabufDevice> {
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(crate::udmabuf::DEVICE)
+            .open(crate::UDMABUF_DEVICE)
             .map(UdmabufDevice)
     }
 }
