@@ -33,7 +33,7 @@ fn main() {
     let ctx = Context::open(&picked.device).unwrap_or_else(|e| fail(&e.to_string()));
     line("RDMA device", &picked.device);
 
-    let mut dm = match DeviceMemory::alloc(&ctx, size, 3) {
+    let mut dm = match DeviceMemory::allocate(&ctx, size, 3) {
         Ok(dm) => dm,
         Err(e) if e.is_unsupported() => {
             line("device memory", "none on this device");
@@ -81,9 +81,9 @@ fn main() {
     let sent = a
         .post_send(Local::new(staging, 0..size), None)
         .unwrap_or_else(|e| fail(&e.to_string()))
-        .wait()
+        .spin()
         .unwrap_or_else(|e| fail(&e.to_string()));
-    let got = inbox.wait().unwrap_or_else(|e| fail(&e.to_string()));
+    let got = inbox.spin().unwrap_or_else(|e| fail(&e.to_string()));
     let arrived = &got.region.bytes().unwrap_or_else(|e| fail(&e.to_string()))[..size as usize];
     let ok = arrived == message.as_slice();
     line(

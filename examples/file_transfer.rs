@@ -159,7 +159,7 @@ impl<'q> Messenger<'q> {
             .qp
             .post_send(Local::new(out, 0..MSG_LEN as u64), None)
             .unwrap_or_else(|e| fail(&e.to_string()))
-            .wait()
+            .spin()
             .unwrap_or_else(|e| fail(&e.to_string()));
         self.out = Some(done.region);
     }
@@ -170,7 +170,7 @@ impl<'q> Messenger<'q> {
             .inbox
             .take()
             .expect("a receive is always posted")
-            .wait_timeout(self.timeout)
+            .spin_timeout(self.timeout)
             .unwrap_or_else(|_| fail("the peer went quiet"))
             .unwrap_or_else(|e| fail(&format!("receive: {e}")));
         let msg = Msg::decode(&got.region.bytes().expect("local buffer")[..MSG_LEN])
@@ -407,7 +407,7 @@ fn send(args: &Args, port: u16, timeout: Duration) {
         let done = qp
             .post_write(Local::new(src, 0..n), target, None)
             .unwrap_or_else(|e| fail(&e.to_string()))
-            .wait()
+            .spin()
             .unwrap_or_else(|e| fail(&e.to_string()));
         staging = Some(done.region);
         m.send(&Msg::Chunk { len: n });

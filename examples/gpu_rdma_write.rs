@@ -177,7 +177,7 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     let got = qp
         .post_recv(note)
         .unwrap_or_else(|e| fail(&e.to_string()))
-        .wait_timeout(timeout)
+        .spin_timeout(timeout)
         .unwrap_or_else(|_| fail("no write with immediate arrived in time"))
         .unwrap_or_else(|e| fail(&e.to_string()));
     if got.wc.imm != Some(plan.iters) {
@@ -231,7 +231,7 @@ fn server(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
     msg.bytes_mut().expect("local")[..VERDICT_LEN].copy_from_slice(&verdict);
     qp.post_send(msg, None)
         .unwrap_or_else(|e| fail(&e.to_string()))
-        .wait()
+        .spin()
         .unwrap_or_else(|e| fail(&e.to_string()));
     let _ = qp.wait_disconnected(timeout);
     drop(alloc);
@@ -344,7 +344,7 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
             if inflight.len() == window as usize {
                 let p: rdma_dmabuf::ScopedPending<'_, '_> =
                     inflight.pop_front().expect("a full window");
-                moved += u64::from(p.wait()?.byte_len);
+                moved += u64::from(p.spin()?.byte_len);
             }
             let off = (w % per_pass) * chunk;
             let len = chunk.min(size - off);
@@ -357,7 +357,7 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
             )?);
         }
         for p in inflight {
-            moved += u64::from(p.wait()?.byte_len);
+            moved += u64::from(p.spin()?.byte_len);
         }
         Ok(moved)
     });
@@ -377,7 +377,7 @@ fn client(args: &Args, size: u64, place: Where, port: u16, timeout: Duration) {
         format!("{} over {secs:.3} s", rate(moved, secs)),
     );
     let got = verdict
-        .wait_timeout(timeout)
+        .spin_timeout(timeout)
         .unwrap_or_else(|_| fail("the server sent no verdict in time"))
         .unwrap_or_else(|e| fail(&e.to_string()));
     let v = got.region.bytes().expect("local");

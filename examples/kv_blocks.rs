@@ -127,7 +127,7 @@ fn main() {
     let mut targets: Vec<_> = targets.into_iter().map(Some).collect();
     for note in notes {
         let done = note
-            .wait_timeout(LIMIT)
+            .spin_timeout(LIMIT)
             .unwrap_or_else(|_| fail("no completion note within 60 s"))
             .unwrap_or_else(|e| fail(&e.to_string()));
         let r = readers_qps
@@ -237,10 +237,10 @@ fn send_blocks<B: rdma_dmabuf::Backing>(
     }
     let mut back = Vec::with_capacity(n);
     for p in pending {
-        back.extend(finished(p.wait_timeout(LIMIT).ok()));
+        back.extend(finished(p.spin_timeout(LIMIT).ok()));
     }
     for p in singles {
-        back.extend(finished(p.wait_timeout(LIMIT).ok()));
+        back.extend(finished(p.spin_timeout(LIMIT).ok()));
     }
     back
 }

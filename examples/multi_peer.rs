@@ -169,7 +169,7 @@ fn main() {
         .unwrap_or_else(|e| fail(&e.to_string()));
     drop(recvs);
     for s in sends {
-        s.wait().unwrap_or_else(|e| fail(&e.to_string()));
+        s.spin().unwrap_or_else(|e| fail(&e.to_string()));
     }
     check(
         "gather",
@@ -236,7 +236,7 @@ fn wait_all(pending: Vec<rdma_dmabuf::Pending<'_, HostBuffer>>, len: u64) -> Vec
     pending
         .into_iter()
         .map(|p| {
-            let done = p.wait().unwrap_or_else(|e| fail(&e.to_string()));
+            let done = p.spin().unwrap_or_else(|e| fail(&e.to_string()));
             done.region.bytes().expect("local")[..len as usize].to_vec()
         })
         .collect()

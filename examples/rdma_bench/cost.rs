@@ -8,7 +8,7 @@
 //! process sleeps on it until the completion is in the queue, and only then is the request
 //! completed, with exactly one poll of the completion queue. What is counted per write: the
 //! post (`measured_post*`) and that completion (`measured_complete*`). `--series` picks the
-//! layer: `owned` (`post_write`, `try_complete`), `scoped` (`Scope::write`, its `wait`) or
+//! layer: `owned` (`post_write`, `try_complete`), `scoped` (`Scope::write`, its `spin`) or
 //! `awaited` (`post_write`, one poll of the `Pending` future, as a runtime would).
 //! The C floor, the same loop straight over libibverbs, is `cost_floor.c` beside this file.
 
@@ -28,7 +28,7 @@ use std::time::Duration;
 pub enum Series {
     /// Owned posts: `post_write`, then `try_complete`.
     Owned,
-    /// Borrowed posts in a scope: `Scope::write`, then `ScopedPending::wait`.
+    /// Borrowed posts in a scope: `Scope::write`, then `ScopedPending::spin`.
     Scoped,
     /// Owned posts awaited: `post_write`, then one poll of the `Pending` future.
     Awaited,
@@ -181,5 +181,5 @@ fn measured_post_scoped<'s, 'e, B: Backing>(
 
 #[inline(never)]
 fn measured_complete_scoped(p: rdma_dmabuf::ScopedPending<'_, '_>) {
-    p.wait().unwrap_or_else(|e| fail(&e.to_string()));
+    p.spin().unwrap_or_else(|e| fail(&e.to_string()));
 }

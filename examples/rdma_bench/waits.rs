@@ -1,4 +1,4 @@
-//! How the bench waits for a request: busy-polling its handle (`wait`, the blocking path), or
+//! How the bench waits for a request: busy-polling its handle (`spin`, the blocking path), or
 //! awaiting it on a current-thread tokio runtime (`--async yes`), woken through the queue
 //! pair's completion channel. Each awaited wait is the runtime's `block_on` of the handle:
 //! the reactor path a service's task takes (arm the CQ, sleep in `epoll`, take the event,
@@ -18,25 +18,25 @@ pub trait Handle: Future + Sized {
 
 impl<B: Backing> Handle for Pending<'_, B> {
     fn wait_busy(self) -> Outcome<B> {
-        self.wait()
+        self.spin()
     }
 }
 
 impl<P: OwnedPart, const N: usize> Handle for PartsPending<'_, P, N> {
     fn wait_busy(self) -> PartsOutcome<P, N> {
-        self.wait()
+        self.spin()
     }
 }
 
 impl Handle for InlinePending<'_> {
     fn wait_busy(self) -> Result<WorkCompletion> {
-        self.wait()
+        self.spin()
     }
 }
 
 /// How requests are waited for.
 pub enum Waits {
-    /// Busy-polling, as `Pending::wait` does.
+    /// Busy-polling, as `Pending::spin` does.
     Busy,
     /// Awaited on this runtime.
     Awaited(tokio::runtime::Runtime),

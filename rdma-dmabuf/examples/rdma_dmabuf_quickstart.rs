@@ -28,7 +28,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let mut buf = HostBuffer::new(4096)?;
     buf.as_mut_slice()[..11].copy_from_slice(b"hello, GPU!");
     let src = MemoryRegion::register(&pd, buf, Access::empty())?;
-    let done = a.post_write(Local::new(src, 0..11), remote, None)?.wait()?;
+    let done = a.post_write(Local::new(src, 0..11), remote, None)?.spin()?;
     let _src = done.region; // the CPU's again
 
     // Deregistering revokes the peer's access; then the CPU reads through the mapping.

@@ -42,7 +42,7 @@ impl DeviceMemory {
     /// # Errors
     /// [`Error::Unsupported`] where the provider has no device memory; [`Error::Verbs`] (e.g.
     /// `ENOMEM` past the device's `max_dm_size`).
-    pub fn alloc(ctx: &Arc<Context>, len: u64, log_align: u32) -> Result<DeviceMemory> {
+    pub fn allocate(ctx: &Arc<Context>, len: u64, log_align: u32) -> Result<DeviceMemory> {
         if len == 0 {
             return Err(Error::invalid(Op::AllocDm, "length 0"));
         }

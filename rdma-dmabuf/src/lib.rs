@@ -7,7 +7,7 @@
 //! * [`QueuePairBuilder`] -> [`PreparedQp`] -> [`QueuePair`]: RC queue pairs connected by
 //!   exchanging [`Endpoint`]s out of band.
 //! * Posts take ownership: a region (or a [`Local`] part of one) moves into the request, and
-//!   [`Pending::wait`] hands it back with the completion.
+//!   [`Pending::spin`] hands it back with the completion.
 //! * Several parts per request: [`QueuePair::post_write_parts`] and its siblings gather from
 //!   or scatter into up to [`QueuePairBuilder::max_sge`] owned parts, all handed back
 //!   together; [`MemoryRegion::split`] cuts one registration into disjoint [`Shard`]s that
@@ -42,7 +42,7 @@
 //! # use rdma_dmabuf::*;
 //! # fn f(qp: QueuePair, region: MemoryRegion<HostBuffer>, mut d: MemoryRegion<DmaBuf>) {
 //! let pending = qp.post_send(region, None).unwrap();
-//! let done = pending.wait();
+//! let done = pending.spin();
 //! drop(qp);
 //! let mut first = [0u8; 1];
 //! d.map().unwrap().read().unwrap().read_at(0, &mut first).unwrap();
@@ -50,7 +50,7 @@
 //! # fn g(qp: &QueuePair, region: MemoryRegion<HostBuffer>) {
 //! scope(|s| {
 //!     let p = s.send(qp, region.part(0..64), None).unwrap();
-//!     p.wait()
+//!     p.spin()
 //! });
 //! # }
 //! ```

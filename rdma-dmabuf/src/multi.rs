@@ -444,7 +444,7 @@ impl MultiChannel {
     ) -> Result<Vec<WorkCompletion>> {
         let mut done = Vec::with_capacity(pending.len());
         for p in pending {
-            let r = match p.wait_timeout(self.timeout) {
+            let r = match p.spin_timeout(self.timeout) {
                 Ok(r) => r,
                 Err(_still_pending) => Err(Error::from_errno(
                     Op::PollCq,

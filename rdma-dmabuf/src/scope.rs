@@ -92,7 +92,7 @@ impl std::fmt::Debug for Scope<'_, '_> {
     }
 }
 
-/// A request posted in a scope; [`ScopedPending::wait`] returns its completion.
+/// A request posted in a scope; [`ScopedPending::spin`] returns its completion.
 #[derive(Debug)]
 pub struct ScopedPending<'scope, 'env> {
     scope: &'scope Scope<'scope, 'env>,
@@ -439,25 +439,25 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 impl<'scope, 'env> ScopedPending<'scope, 'env> {
     /// Waits for the request's completion, for as long as it takes (a send, write or read
     /// ends within its queue pair's retry budget; a receive waits for its message: see
-    /// [`ScopedPending::wait_timeout`]).
+    /// [`ScopedPending::spin_timeout`]).
     ///
     /// # Errors
     /// [`Error::Completion`] when it completed with an error status;
     /// [`Error::Verbs`] when the
     /// queue cannot be polled.
-    pub fn wait(self) -> Result<WorkCompletion> {
+    pub fn spin(self) -> Result<WorkCompletion> {
         self.scope.complete(self.entry, None)?;
         self.result()
     }
 
-    /// As [`ScopedPending::wait`], for at most `timeout` (`Duration::MAX`: as long as it
+    /// As [`ScopedPending::spin`], for at most `timeout` (`Duration::MAX`: as long as it
     /// takes). On time-out the handle comes back; the request stays in flight and the scope
     /// drains it at its end (flushing it after the scope's drain deadline).
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`; `Ok(Err(_))` as for
-    /// [`ScopedPending::wait`].
-    pub fn wait_timeout(
+    /// [`ScopedPending::spin`].
+    pub fn spin_timeout(
         self,
         timeout: Duration,
     ) -> std::result::Result<Result<WorkCompletion>, Self> {
@@ -519,7 +519,7 @@ impl Drop for ScopedPending<'_, '_> {
 }
 
 /// Awaiting a [`ScopedPending`] (the `tokio` feature) resolves to its completion, as its
-/// `wait` does; for a runtime driven inside the scope's closure (`block_on` in it: the scope
+/// `spin` does; for a runtime driven inside the scope's closure (`block_on` in it: the scope
 /// is synchronous, and still waits for every request at its end). A future dropped early
 /// leaves the request to that wait.
 #[cfg(feature = "tokio")]

@@ -4,7 +4,7 @@
 //! A reactor keeps one waker per fd and direction (tokio's `poll_read_ready` does), but many
 //! tasks may await requests of one queue. If the reactor held one of their wakers, that task
 //! would have to poll the queue for everyone; a task that stopped polling its request (kept
-//! it idle after a `select!`, finished it with a blocking `wait`, or forgot it) would strand
+//! it idle after a `select!`, finished it with a blocking `spin`, or forgot it) would strand
 //! the others, their completions unpolled in the CQ. So the reactor is given the queue's
 //! *fan-out* waker instead: when the fd turns readable it wakes every task registered in a
 //! slot; the first to run takes the events and polls the CQ, which records the completions,

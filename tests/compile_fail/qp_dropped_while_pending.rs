@@ -3,6 +3,6 @@ use rdma_dmabuf::*;
 fn f(qp: QueuePair, region: MemoryRegion<HostBuffer>) {
     let pending = qp.post_send(region, None).unwrap();
     drop(qp);
-    let _done = pending.wait();
+    let _done = pending.spin();
 }
 fn main() {}

@@ -4,7 +4,7 @@ fn f(qp: &QueuePair, mut region: MemoryRegion<DmaBuf>) {
     scope(|s| {
         let p = s.send(qp, region.part(0..64), None).unwrap();
         region.map().unwrap().write().unwrap().fill(0);
-        p.wait()
+        p.spin()
     });
 }
 fn main() {}

@@ -4,7 +4,7 @@ fn f(qp: &QueuePair, mut region: MemoryRegion<HostBuffer>) {
     scope(|s| {
         let p = s.send(qp, region.part(0..64), None).unwrap();
         region.bytes_mut().unwrap()[0] = 1;
-        p.wait()
+        p.spin()
     });
 }
 fn main() {}

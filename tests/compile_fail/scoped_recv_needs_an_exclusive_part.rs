@@ -4,7 +4,7 @@ use rdma_dmabuf::{scope, HostBuffer, MemoryRegion, QueuePair};
 fn f(qp: &QueuePair, region: MemoryRegion<HostBuffer>) {
     scope(|s| {
         let p = s.recv(qp, region.part(0..64)).unwrap();
-        p.wait()
+        p.spin()
     })
     .unwrap();
 }

@@ -40,7 +40,7 @@ pub fn dmabuf_round_trip(tb: &Testbed, buf: DmaBuf, size: u64, seed: u8, what: &
     let src = host_region(&pd, &p1, n, Access::empty());
     peer.post_write(Local::new(src, 0..size), remote, None)
         .unwrap()
-        .wait()
+        .spin()
         .unwrap_or_else(|e| panic!("{what}: write: {}", e.error));
 
     // RDMA READ it back.
@@ -48,7 +48,7 @@ pub fn dmabuf_round_trip(tb: &Testbed, buf: DmaBuf, size: u64, seed: u8, what: &
     let back = peer
         .post_read(Local::new(back, 0..size), remote)
         .unwrap()
-        .wait()
+        .spin()
         .unwrap_or_else(|e| panic!("{what}: read: {}", e.error));
     assert!(
         back.region.bytes().unwrap()[..n] == p1[..],
@@ -63,10 +63,10 @@ pub fn dmabuf_round_trip(tb: &Testbed, buf: DmaBuf, size: u64, seed: u8, what: &
     let src = host_region(&pd, &p2, n, Access::empty());
     peer.post_send(Local::new(src, 0..size), None)
         .unwrap()
-        .wait()
+        .spin()
         .unwrap();
     let got = recv
-        .wait()
+        .spin()
         .unwrap_or_else(|e| panic!("{what}: recv: {}", e.error));
     assert_eq!(got.wc.byte_len as u64, size);
 
@@ -99,9 +99,9 @@ pub fn dmabuf_round_trip(tb: &Testbed, buf: DmaBuf, size: u64, seed: u8, what: &
     owner
         .post_send(out, None)
         .unwrap()
-        .wait()
+        .spin()
         .unwrap_or_else(|e| panic!("{what}: send out: {}", e.error));
-    let got = inbox.wait().unwrap();
+    let got = inbox.spin().unwrap();
     assert!(
         got.region.bytes().unwrap()[..n] == p3[..],
         "{what}: sent from the dma-buf"

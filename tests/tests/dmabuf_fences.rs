@@ -75,14 +75,14 @@ fn fenced_send_waits_for_the_gpu_write_fence_and_times_out_while_unsignalled() {
             .post_fenced(send, region, Duration::from_secs(30))
             .expect("posted once signalled");
         let waited = t.elapsed();
-        p.wait().expect("send completes");
+        p.spin().expect("send completes");
         waited
     });
     assert!(
         waited >= Duration::from_millis(250),
         "the post waited for the fence ({waited:?})"
     );
-    let got = inbox.wait().unwrap();
+    let got = inbox.spin().unwrap();
     assert!(
         got.region.bytes().unwrap()[..SIZE as usize] == data[..],
         "the bytes arrived"
@@ -118,8 +118,8 @@ fn fenced_receive_waits_for_gpu_readers_before_the_nic_writes() {
         .expect("posted");
     let data = pattern(4096, 8);
     let src = host_region(&pd, &data, 4096, Access::empty());
-    peer.post_send(src, None).unwrap().wait().unwrap();
-    let got = recv.wait().unwrap();
+    peer.post_send(src, None).unwrap().spin().unwrap();
+    let got = recv.spin().unwrap();
     assert_eq!(got.wc.byte_len, 4096);
     let seen = Exporter::read(&mut got.region.into_inner().unwrap());
     assert!(seen[..4096] == data[..]);

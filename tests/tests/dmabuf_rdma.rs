@@ -172,7 +172,7 @@ fn hugetlb_udmabufs_at_offsets_land_at_their_offsets_or_are_refused() {
             None,
         )
         .unwrap()
-        .wait()
+        .spin()
         .unwrap_or_else(|e| panic!("{what}: write: {}", e.error));
         let seen = pread_all(&memfd, memfd_size);
         let back = peer
@@ -181,7 +181,7 @@ fn hugetlb_udmabufs_at_offsets_land_at_their_offsets_or_are_refused() {
                 remote,
             )
             .unwrap()
-            .wait()
+            .spin()
             .unwrap_or_else(|e| panic!("{what}: read: {}", e.error));
         let back = back.region.bytes().unwrap()[..n].to_vec();
         drop(region.into_inner().unwrap());
@@ -443,7 +443,7 @@ fn two_node_dmabuf_regions_receive_rdma_writes_across_the_wire() {
                 .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
                 .unwrap();
             let got = note
-                .wait_timeout(Duration::from_secs(120))
+                .spin_timeout(Duration::from_secs(120))
                 .expect("note arrives")
                 .expect("ok");
             assert_eq!(got.wc.imm, Some(i as u32));
@@ -465,12 +465,12 @@ fn two_node_dmabuf_regions_receive_rdma_writes_across_the_wire() {
             );
             qp.post_write(Local::new(src, 0..SIZE), remote, None)
                 .unwrap()
-                .wait()
+                .spin()
                 .expect("write across");
             let note = host_region(&pd, b"done", 4096, Access::empty());
             qp.post_send(Local::new(note, 0..4), Some(i as u32))
                 .unwrap()
-                .wait()
+                .spin()
                 .expect("note");
         }
     }

@@ -196,7 +196,7 @@ fn scoped_requests_to_three_peers_are_awaited_together_inside_their_scope() {
         // The receive's future is gone; the scope still has the request.
         let msg = pattern(100, 7);
         let r = host_region(&pd, &msg, 100, Access::empty());
-        peers[0].post_send(r, None).unwrap().wait().unwrap();
+        peers[0].post_send(r, None).unwrap().spin().unwrap();
     });
     for (i, t) in targets.into_iter().enumerate() {
         let got = t.into_inner().unwrap();

@@ -1,7 +1,7 @@
 //! No lost wakeup, whatever another task does with its own request on the same queue pair.
 //! Task B awaits a receive; then the main task polls another receive of the same queue pair
 //! once (so the reactor last saw it) and afterwards keeps it idle, finishes it with the
-//! blocking `wait`, or forgets it. The message for B then arrives: B must wake by itself.
+//! blocking `spin`, or forgets it. The message for B then arrives: B must wake by itself.
 //! Before the queue's fan-out waker, the reactor held the waker of whichever task parked
 //! last, and each of these three stranded B with its completion unpolled in the CQ (found by
 //! an independent review). Also: a handle polled after it resolved panics instead of
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 enum Other {
     /// Keeps it, never polls it again (a `timeout(.., &mut pending)` that fired).
     KeptIdle,
-    /// Finishes it with the blocking `wait` instead of awaiting it again.
+    /// Finishes it with the blocking `spin` instead of awaiting it again.
     FinishedByWait,
     /// `mem::forget`s it (safe: it may leak, it must not stall anyone else).
     Forgotten,
@@ -59,7 +59,7 @@ fn task_b_wakes_whatever_the_other_request_becomes(other: Other) {
         match other {
             Other::KeptIdle => keep = Some(mine),
             Other::FinishedByWait => {
-                let done = mine.wait().expect("the first message");
+                let done = mine.spin().expect("the first message");
                 assert_eq!(done.wc.byte_len, 64);
             }
             Other::Forgotten => std::mem::forget(mine),
@@ -114,7 +114,7 @@ fn a_handle_waited_on_after_its_await_resolved_panics() {
         .unwrap();
     rt.block_on(&mut w).expect("the write");
     drop(b);
-    let _ = w.wait();
+    let _ = w.spin();
 }
 
 /// A future that counts its polls.
@@ -174,7 +174,7 @@ fn a_receive_moved_to_a_second_runtime_wakes_there(drop_first: bool) {
             let at = Instant::now();
             a.post_send(src.into_part(0..64), None)
                 .unwrap()
-                .wait()
+                .spin()
                 .expect("send");
             (at, a)
         });

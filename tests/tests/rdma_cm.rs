@@ -36,7 +36,7 @@ fn serve(addr: SocketAddr, seed: u8, size: usize) -> (Endpoint, Endpoint) {
         .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
         .unwrap();
     let got = note
-        .wait_timeout(T)
+        .spin_timeout(T)
         .expect("the write's immediate arrives")
         .expect("ok");
     assert_eq!(got.wc.imm, Some(size as u32));
@@ -76,7 +76,7 @@ fn client(addr: SocketAddr, seed: u8, size: usize) -> (Endpoint, Endpoint) {
     let done = qp
         .post_write(Local::new(src, 0..size as u64), remote, Some(size as u32))
         .unwrap()
-        .wait();
+        .spin();
     done.expect("write completes");
     (qp.endpoint(), qp.remote_endpoint())
     // Dropping the queue pair disconnects.

@@ -48,8 +48,8 @@ fn parents_first_connected_queue_pairs_with_completion_channels() {
     drop(pd);
     let r = b.post_recv(dst).unwrap();
     let s = a.post_send(src, None).unwrap();
-    s.wait_blocking(T).expect("send completes").expect("ok");
-    let got = r.wait_blocking(T).expect("receive completes").expect("ok");
+    s.wait(T).expect("send completes").expect("ok");
+    let got = r.wait(T).expect("receive completes").expect("ok");
     assert_eq!(&got.region.bytes().unwrap()[..4096], &pattern(4096, 3)[..]);
     drop(got);
     drop(b.post_recv(orphan).unwrap());
@@ -157,7 +157,7 @@ fn parents_first_rdma_cm_queue_pairs_outlive_listener_connector_and_pd() {
         drop(listener);
         drop(ctx);
         drop(pd);
-        note.wait_blocking(T).expect("note arrives").expect("ok");
+        note.wait(T).expect("note arrives").expect("ok");
         qp.wait_disconnected(T).expect("the client disconnects");
         drop(qp);
     });
@@ -180,7 +180,7 @@ fn parents_first_rdma_cm_queue_pairs_outlive_listener_connector_and_pd() {
     };
     qp.post_send(note, None)
         .unwrap()
-        .wait_blocking(T)
+        .wait(T)
         .expect("note sent")
         .expect("ok");
     drop(qp);
@@ -193,7 +193,7 @@ fn parents_first_device_memory_is_refused_without_leaking_its_context() {
     let tb = Testbed::get();
     let (ctx, pd) = open(&tb);
     // rxe has no device memory: the refusal must not keep or free the context early.
-    match DeviceMemory::alloc(&ctx, 4096, 0) {
+    match DeviceMemory::allocate(&ctx, 4096, 0) {
         Err(e) => assert!(e.is_unsupported(), "{e}"),
         Ok(dm) => {
             let mr = MemoryRegion::register_dm(&pd, dm, Access::LOCAL_WRITE).unwrap();

@@ -77,8 +77,8 @@ fn post_and_poll_allocate_nothing() {
         let s = a
             .post_send(Local::new(src.take().unwrap(), 0..64), None)
             .unwrap();
-        src = Some(s.wait().unwrap().region);
-        let got = r.wait().unwrap();
+        src = Some(s.spin().unwrap().region);
+        let got = r.spin().unwrap();
         assert_eq!(got.wc.byte_len, 64);
         dst = Some(got.region);
     }
@@ -86,13 +86,13 @@ fn post_and_poll_allocate_nothing() {
         let w = a
             .post_write(Local::new(src.take().unwrap(), 0..64), remote, None)
             .unwrap();
-        src = Some(w.wait().unwrap().region);
+        src = Some(w.spin().unwrap().region);
     }
     // Inline writes (nothing lent) and atomics (the old value comes back in an 8-byte part).
     for i in 0..1_000u64 {
         a.post_write_inline(&i.to_ne_bytes(), remote, None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
         let add = AtomicOp::FetchAdd { add: 1 };
         let old = a
@@ -102,7 +102,7 @@ fn post_and_poll_allocate_nothing() {
                 add,
             )
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
         dst = Some(old.region);
     }
@@ -112,11 +112,11 @@ fn post_and_poll_allocate_nothing() {
         let w = a
             .post_write_parts(gather.take().unwrap(), remote, None)
             .unwrap();
-        let parts = w.wait().unwrap().parts;
+        let parts = w.spin().unwrap().parts;
         let r = b.post_recv_parts(scatter.take().unwrap()).unwrap();
         let s = a.post_send_parts(parts, None).unwrap();
-        gather = Some(s.wait().unwrap().parts);
-        let got = r.wait().unwrap();
+        gather = Some(s.spin().unwrap().parts);
+        let got = r.spin().unwrap();
         assert_eq!(got.wc.byte_len, 64);
         scatter = Some(got.parts);
     }
@@ -126,8 +126,8 @@ fn post_and_poll_allocate_nothing() {
         let s = c
             .post_send(Local::new(src.take().unwrap(), 0..64), None)
             .unwrap();
-        src = Some(s.wait().unwrap().region);
-        let got = r.wait_timeout(Duration::MAX).unwrap().unwrap();
+        src = Some(s.spin().unwrap().region);
+        let got = r.spin_timeout(Duration::MAX).unwrap().unwrap();
         assert_eq!(got.wc.qp_num, d.endpoint().qpn);
         dst = Some(got.region);
     }

@@ -47,8 +47,8 @@ fn inline_sends_and_writes_arrive_byte_for_byte() {
     let sent = a.post_send_inline(&msg, Some(7)).unwrap();
     // The data was copied at post time: the caller's bytes are its own again.
     msg.fill(0);
-    assert_eq!(sent.wait().unwrap().kind, WorkKind::Send);
-    let got = inbox.wait_timeout(T).unwrap().unwrap();
+    assert_eq!(sent.spin().unwrap().kind, WorkKind::Send);
+    let got = inbox.spin_timeout(T).unwrap().unwrap();
     assert_eq!((got.wc.byte_len, got.wc.imm), (8, Some(7)));
     assert_eq!(&got.region.bytes().unwrap()[..8], b"eight by");
 
@@ -57,7 +57,7 @@ fn inline_sends_and_writes_arrive_byte_for_byte() {
     let data: Vec<u8> = (0..64u8).collect();
     a.post_write_inline(&data, remote.slice(100, 64).unwrap(), None)
         .unwrap()
-        .wait()
+        .spin()
         .unwrap();
     let host = target.into_inner().unwrap();
     assert_eq!(&host.as_slice()[100..164], &data[..]);
@@ -118,7 +118,7 @@ fn atomics_against<B: rdma_dmabuf::Backing>(
         let done = qp
             .post_atomic(Local::new(local, 16..24), at, op)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
         local = done.region;
         assert_eq!(read_old(&mut local), old, "{op:?}");
@@ -218,7 +218,7 @@ fn atomic_bad_inputs_are_typed_errors() {
     let e = a
         .post_atomic(Local::new(local, 0..8), plain.remote().unwrap(), add)
         .unwrap()
-        .wait_timeout(T)
+        .spin_timeout(T)
         .unwrap()
         .unwrap_err();
     assert!(
@@ -262,7 +262,7 @@ fn two_node_inline_write_atomic_and_inline_send_across_the_wire() {
         let note = qp
             .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
             .unwrap();
-        let got = note.wait_timeout(Duration::from_secs(60)).unwrap().unwrap();
+        let got = note.spin_timeout(Duration::from_secs(60)).unwrap().unwrap();
         assert_eq!(&got.region.bytes().unwrap()[..4], b"done");
         let host = target.into_inner().unwrap();
         assert_eq!(&host.as_slice()[64..80], b"inline over wire");
@@ -277,17 +277,17 @@ fn two_node_inline_write_atomic_and_inline_send_across_the_wire() {
         let remote = RemoteRegion::from_bytes(rr).unwrap();
         qp.post_write_inline(b"inline over wire", remote.slice(64, 16).unwrap(), None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
         let local = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
         let add = AtomicOp::FetchAdd { add: 2 };
         let done = qp
             .post_atomic(Local::new(local, 0..8), remote.slice(8, 8).unwrap(), add)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
         let old = u64::from_ne_bytes(done.region.bytes().unwrap()[..8].try_into().unwrap());
         assert_eq!(old, 40);
-        qp.post_send_inline(b"done", None).unwrap().wait().unwrap();
+        qp.post_send_inline(b"done", None).unwrap().spin().unwrap();
     }
 }

@@ -97,7 +97,7 @@ fn send_fails_within(
     let outcome = qp
         .post_send(src, None)
         .unwrap()
-        .wait_timeout(budget + SLACK)
+        .spin_timeout(budget + SLACK)
         .unwrap_or_else(|_| panic!("no completion within {:?}: {forever}", budget + SLACK));
     let took = t.elapsed();
     let err = outcome.expect_err("the send cannot succeed").error;
@@ -155,20 +155,16 @@ fn duration_max_means_forever_in_every_wait() {
         let s = a
             .post_send(host_region(&pd, b"x", 4096, Access::empty()), None)
             .unwrap();
-        s.wait_timeout(Duration::MAX)
+        s.spin_timeout(Duration::MAX)
             .expect("completes")
             .expect("ok");
-        r.wait_blocking(Duration::MAX)
-            .expect("completes")
-            .expect("ok");
+        r.wait(Duration::MAX).expect("completes").expect("ok");
     }
     // Nothing sent: a short timeout still ends the wait, with the handle back.
     let r = b
         .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
         .unwrap();
-    let r = r
-        .wait_blocking(Duration::from_millis(50))
-        .expect_err("nothing sent");
+    let r = r.wait(Duration::from_millis(50)).expect_err("nothing sent");
     drop(r);
 }
 
@@ -188,10 +184,10 @@ fn duration_max_in_fenced_posts() {
         .expect("posted");
     a.post_send(host_region(&pd, b"fenced", 4096, Access::empty()), None)
         .unwrap()
-        .wait_timeout(Duration::from_secs(30))
+        .spin_timeout(Duration::from_secs(30))
         .expect("completes")
         .expect("ok");
-    r.wait_timeout(Duration::from_secs(30))
+    r.spin_timeout(Duration::from_secs(30))
         .expect("completes")
         .expect("ok");
 }
@@ -327,7 +323,7 @@ fn gather_recv_with_one_answer_times_out_and_flushes(peers: usize, second: usize
         let mut b = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
         let mut parts = [(0, a.part_mut(0..4096)), (second, b.part_mut(0..4096))];
         let err = hub.gather_recv(&mut parts).unwrap_err();
-        sent.wait_timeout(Duration::from_secs(30))
+        sent.spin_timeout(Duration::from_secs(30))
             .expect("the send completed")
             .expect("ok");
         (hub, peers, err)
@@ -367,7 +363,7 @@ fn a_scope_flushes_an_unanswered_receive_at_its_drain_deadline() {
             let p = s.recv(&b, dst.part_mut(0..4096)).unwrap();
             // A bounded wait hands the handle back; the scope keeps the request.
             let _still_pending = p
-                .wait_timeout(Duration::from_millis(100))
+                .spin_timeout(Duration::from_millis(100))
                 .expect_err("nobody sends");
         });
         (b, dst)
@@ -396,11 +392,11 @@ fn a_scope_flushes_a_queue_pair_whose_first_request_finished() {
         let ping = host_region(&pd, b"ping", 4096, Access::empty());
         let mut reply = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
         let results = rdma_dmabuf::scope_with_deadline(Duration::from_millis(500), |s| {
-            let sent = s.send(&b, ping.part(0..4), None).unwrap().wait();
+            let sent = s.send(&b, ping.part(0..4), None).unwrap().spin();
             let answer = s.recv(&b, reply.part_mut(0..4096)).unwrap();
             (
                 sent,
-                answer.wait_timeout(Duration::from_millis(100)).is_err(),
+                answer.spin_timeout(Duration::from_millis(100)).is_err(),
             )
         });
         (b, results)
@@ -411,7 +407,7 @@ fn a_scope_flushes_a_queue_pair_whose_first_request_finished() {
     assert!(took < Duration::from_millis(500) + SLACK, "{took:?}");
     assert_eq!(b.outstanding(), 0, "flushed before the scope returned");
     inbox
-        .wait_timeout(Duration::from_secs(10))
+        .spin_timeout(Duration::from_secs(10))
         .unwrap()
         .unwrap();
 }
@@ -431,7 +427,7 @@ fn a_panicking_scope_flushes_a_queue_pair_whose_first_request_finished() {
         let mut reply = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             rdma_dmabuf::scope(|s| {
-                s.send(&b, ping.part(0..4), None).unwrap().wait().unwrap();
+                s.send(&b, ping.part(0..4), None).unwrap().spin().unwrap();
                 let _answer = s.recv(&b, reply.part_mut(0..4096)).unwrap();
                 panic!("the caller gives up");
             })
@@ -441,7 +437,7 @@ fn a_panicking_scope_flushes_a_queue_pair_whose_first_request_finished() {
     assert!(caught, "the panic reached the caller");
     assert_eq!(b.outstanding(), 0);
     inbox
-        .wait_timeout(Duration::from_secs(10))
+        .spin_timeout(Duration::from_secs(10))
         .unwrap()
         .unwrap();
 }

@@ -81,7 +81,7 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     let wcs = hub.send_to_all(src.part(0..N as u64)).unwrap();
     assert_eq!(wcs.len(), PEERS);
     for r in recvs {
-        let got = r.wait().unwrap();
+        let got = r.spin().unwrap();
         assert_eq!(got.wc.byte_len as usize, N);
         assert_eq!(&got.region.bytes().unwrap()[..N], &data[..]);
     }
@@ -152,7 +152,7 @@ fn multi_peer_multicast_scatter_and_gather_with_three_peers() {
     hub.gather_recv(&mut parts).unwrap();
     drop(parts);
     for s in sends {
-        s.wait().unwrap();
+        s.spin().unwrap();
     }
     for (i, r) in inbox.iter().enumerate() {
         assert_eq!(

@@ -49,7 +49,7 @@ fn owned_gather_write_and_scatter_read_on_host_regions() {
     let done = a
         .post_write_parts(parts, remote.slice(50, 1400).unwrap(), None)
         .unwrap()
-        .wait_timeout(T)
+        .spin_timeout(T)
         .unwrap()
         .unwrap();
     assert_eq!(done.wc.kind, WorkKind::Write);
@@ -68,7 +68,7 @@ fn owned_gather_write_and_scatter_read_on_host_regions() {
     let back = a
         .post_read_parts(into, remote.slice(50, 1400).unwrap())
         .unwrap()
-        .wait_timeout(T)
+        .spin_timeout(T)
         .unwrap()
         .unwrap();
     let [first, second] = back.parts;
@@ -110,8 +110,8 @@ fn gather_and_scatter_on_dmabuf_regions_owned_and_scoped() {
         });
         let inbox = b.post_recv_parts(receivers).unwrap();
         let sent = a.post_send_parts(senders, Some(9)).unwrap();
-        assert_eq!(sent.wait_timeout(T).unwrap().unwrap().parts.len(), 3);
-        let got = inbox.wait_timeout(T).unwrap().unwrap();
+        assert_eq!(sent.spin_timeout(T).unwrap().unwrap().parts.len(), 3);
+        let got = inbox.spin_timeout(T).unwrap().unwrap();
         assert_eq!((got.wc.byte_len, got.wc.imm), (3000, Some(9)), "{what}");
         let sent: Vec<u8> = data.iter().flat_map(|d| d[1000..2000].to_vec()).collect();
         let [r0, r1] = got.parts;
@@ -145,11 +145,11 @@ fn gather_and_scatter_on_dmabuf_regions_owned_and_scoped() {
             let parts = [source.part(3000..3100), source.part(10..60)];
             s.write_parts(&a, parts, remote, None)
                 .unwrap()
-                .wait()
+                .spin()
                 .unwrap();
             let [i0, i1] = &mut into;
             let scatter = [i0.part_mut(0..100), i1.part_mut(500..550)];
-            s.read_parts(&a, scatter, remote).unwrap().wait().unwrap();
+            s.read_parts(&a, scatter, remote).unwrap().spin().unwrap();
         });
         let want = [&data[0][3000..3100], &data[0][10..60]].concat();
         let [i0, i1] = into.map(|r| Exporter::read(&mut r.into_inner().unwrap()));
@@ -192,7 +192,7 @@ fn shards_of_one_region_are_in_flight_at_once_on_two_threads() {
                     let back: Vec<_> = pending
                         .into_iter()
                         .map(|p| {
-                            let [sh] = p.wait_timeout(T).unwrap().unwrap().parts;
+                            let [sh] = p.spin_timeout(T).unwrap().unwrap().parts;
                             sh
                         })
                         .collect();
@@ -231,7 +231,7 @@ fn a_gather_of_shards_and_the_registration_lives_until_the_last_shard() {
     let done = a
         .post_write_parts(gather, remote, None)
         .unwrap()
-        .wait_timeout(T)
+        .spin_timeout(T)
         .unwrap()
         .unwrap();
     let expected = [&data[0..16], &data[100..116], &[0xee; 32][..]].concat();
@@ -367,10 +367,10 @@ fn scoped_and_multi_peer_parts_gather_and_scatter() {
         ];
         s.write_parts(&a, parts, remote, None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
         let into = [left.part_mut(0..12), right.part_mut(32..50)];
-        let wc = s.read_parts(&a, into, remote).unwrap().wait().unwrap();
+        let wc = s.read_parts(&a, into, remote).unwrap().spin().unwrap();
         assert_eq!(wc.kind, WorkKind::Read);
     });
     let expected = [&data[100..110], &data[0..10], &data[105..115]].concat();
@@ -467,7 +467,7 @@ fn two_node_gather_write_and_scattered_receive_across_the_wire() {
         let got = qp
             .post_recv_parts(into)
             .unwrap()
-            .wait_timeout(Duration::from_secs(60))
+            .spin_timeout(Duration::from_secs(60))
             .unwrap()
             .unwrap();
         assert_eq!(got.wc.byte_len, 3 * 4096);
@@ -499,13 +499,13 @@ fn two_node_gather_write_and_scattered_receive_across_the_wire() {
         let done = qp
             .post_write_parts(shards, remote, None)
             .unwrap()
-            .wait_timeout(T)
+            .spin_timeout(T)
             .unwrap()
             .unwrap();
         let [s0, s1, s2, s3] = done.parts;
         qp.post_send_parts([s0, s1, s2], None)
             .unwrap()
-            .wait_timeout(T)
+            .spin_timeout(T)
             .unwrap()
             .unwrap();
         drop(s3);

@@ -60,7 +60,7 @@ fn peer_death_child_process() {
     loop {
         let r = recvs.pop_front().unwrap();
         let got = r
-            .wait_timeout(Duration::from_secs(120))
+            .spin_timeout(Duration::from_secs(120))
             .expect("node b writes")
             .expect("ok");
         seen += 1;
@@ -163,7 +163,7 @@ fn peer_death_node_b(tb: &Testbed) {
             "the peer was never killed"
         );
         let p = window.pop_front().unwrap();
-        match p.wait_timeout(budget + SLACK) {
+        match p.spin_timeout(budget + SLACK) {
             Err(_) => panic!(
                 "a write still pending {:?} after it was posted: no error within the retry budget {budget:?}",
                 budget + SLACK
@@ -184,14 +184,14 @@ fn peer_death_node_b(tb: &Testbed) {
     let mut statuses = vec![status_of(&first)];
     let mut report = String::new();
     for p in window {
-        match p.wait_timeout(budget + SLACK) {
+        match p.spin_timeout(budget + SLACK) {
             Ok(Err(e)) => statuses.push(status_of(&e.error)),
             Ok(Ok(_)) => report += "a write succeeded after the first failure; ",
             Err(_) => report += "a write never ended; ",
         }
     }
     for r in recvs {
-        match r.wait_timeout(budget + SLACK) {
+        match r.spin_timeout(budget + SLACK) {
             Ok(Err(e)) => statuses.push(status_of(&e.error)),
             Ok(Ok(_)) => report += "a receive succeeded; ",
             Err(_) => report += "a receive never ended; ",

@@ -64,13 +64,13 @@ fn three_queue_pairs_receive_through_one_shared_queue() {
             let len = msg.len() as u64;
             a.post_send(r.into_part(0..len), Some(i as u32))
                 .unwrap()
-                .wait()
+                .spin()
                 .unwrap();
         }
     }
     let mut seen = Vec::new();
     for p in inbox {
-        let got = p.wait_timeout(T).unwrap().unwrap();
+        let got = p.spin_timeout(T).unwrap().unwrap();
         let i = qpn_of[&got.wc.qp_num];
         assert_eq!(got.wc.imm, Some(i as u32), "the immediate names the sender");
         let text = &got.region.bytes().unwrap()[..got.wc.byte_len as usize];
@@ -116,9 +116,9 @@ fn dmabuf_regions_receive_through_a_shared_queue() {
             .0
             .post_send(from.into_part(0..3000), None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
-        let got = p.wait_timeout(T).unwrap().unwrap();
+        let got = p.spin_timeout(T).unwrap().unwrap();
         assert_eq!(got.wc.qp_num, pairs[1].1.endpoint().qpn, "{what}");
         assert_eq!(got.wc.byte_len, 3000, "{what}");
         let mut buf = got.region.into_inner().unwrap();
@@ -147,11 +147,11 @@ fn a_multi_peer_channel_receives_through_a_shared_queue() {
         let r = host_region(&pd, &[i as u8; 8], 64, Access::empty());
         peer.post_send(r.into_part(0..8), None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
     }
     for p in inbox {
-        let got = p.wait_timeout(T).unwrap().unwrap();
+        let got = p.spin_timeout(T).unwrap().unwrap();
         let i = (0..3)
             .find(|&i| hub.peer(i).unwrap().endpoint().qpn == got.wc.qp_num)
             .expect("the message came through one of the hub's queue pairs");
@@ -251,7 +251,7 @@ fn the_limit_fires_when_posted_receives_run_low() {
             .0
             .post_send(r.into_part(0..4), None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
     };
     for n in 0..4 {
@@ -259,12 +259,12 @@ fn the_limit_fires_when_posted_receives_run_low() {
     }
     let done: Vec<_> = inbox
         .drain(..4)
-        .map(|p| p.wait_timeout(T).unwrap().unwrap())
+        .map(|p| p.spin_timeout(T).unwrap().unwrap())
         .collect();
     assert_eq!(done.len(), 4);
     assert_eq!(srq.limit().unwrap(), 4, "4 posted: not below the limit yet");
     send(4);
-    inbox.remove(0).wait_timeout(T).unwrap().unwrap();
+    inbox.remove(0).spin_timeout(T).unwrap().unwrap();
     // The device fired its limit event (IBV_EVENT_SRQ_LIMIT_REACHED) and disarmed it.
     assert_eq!(srq.limit().unwrap(), 0, "the limit fired");
 }
@@ -293,7 +293,7 @@ fn dropping_the_shared_queue_before_its_queue_pairs_is_safe() {
     let msg = host_region(&pd, b"into an orphaned receive", 4096, Access::empty());
     a.post_send(msg.into_part(0..24), None)
         .unwrap()
-        .wait()
+        .spin()
         .unwrap();
     assert_eq!(
         rdma_resources("mr"),
@@ -331,7 +331,7 @@ fn two_node_two_connections_share_one_receive_queue() {
         let theirs = oob::serve(&tb.local_addr, 18630, &mine);
         let qps = connect_both(qps, &theirs);
         for p in inbox {
-            let got = p.wait_timeout(Duration::from_secs(60)).unwrap().unwrap();
+            let got = p.spin_timeout(Duration::from_secs(60)).unwrap().unwrap();
             let i = (0..2)
                 .find(|&i| qps[i].endpoint().qpn == got.wc.qp_num)
                 .expect("one of the two");
@@ -348,7 +348,7 @@ fn two_node_two_connections_share_one_receive_queue() {
             let r = host_region(&pd, msg.as_bytes(), 4096, Access::empty());
             qp.post_send(r.into_part(0..msg.len() as u64), None)
                 .unwrap()
-                .wait_timeout(T)
+                .spin_timeout(T)
                 .unwrap()
                 .unwrap();
         }
@@ -409,7 +409,7 @@ fn a_receive_a_dying_queue_pair_was_filling_comes_back_flushed() {
             drop(a);
         }
         let e = rx
-            .wait_timeout(T)
+            .spin_timeout(T)
             .unwrap_or_else(|_| panic!("{what}: the receive never came back"))
             .expect_err("a 32 MiB message cannot have arrived in 30 ms");
         assert!(
@@ -428,9 +428,9 @@ fn a_receive_a_dying_queue_pair_was_filling_comes_back_flushed() {
         let r = host_region(&pd, b"after", 4096, Access::empty());
         c.post_send(r.into_part(0..5), None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
-        let got = rx.wait_timeout(T).unwrap().unwrap();
+        let got = rx.spin_timeout(T).unwrap().unwrap();
         assert_eq!(got.wc.qp_num, d.endpoint().qpn, "{what}");
         assert_eq!(&got.region.bytes().unwrap()[..5], b"after");
     }

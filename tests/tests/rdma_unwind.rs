@@ -55,9 +55,9 @@ fn a_panicking_waker_does_not_cut_a_scopes_drain_short() {
     );
     assert_eq!(&borrowed.bytes().unwrap()[..LEN], &[0; LEN][..]);
     e.disarm();
-    s1.wait()
+    s1.spin()
         .expect("the send's completion was recorded before the panic");
-    r1.wait().expect("the first message");
+    r1.spin().expect("the first message");
 }
 
 /// Hole 2. With stderr a closed pipe, `eprintln!` panics; the drain's "still in flight"
@@ -159,7 +159,7 @@ fn a_waker_that_panics_in_the_reactors_wake_does_not_stop_the_runtime() {
         "the runtime still runs: {slept:?}"
     );
     e.disarm();
-    let first = evil_recv.wait_timeout(T).expect("first message").unwrap();
+    let first = evil_recv.spin_timeout(T).expect("first message").unwrap();
     assert_eq!(&first.region.bytes().unwrap()[..LEN], &pattern(LEN, 1)[..]);
     drop(sender.join().unwrap());
 }

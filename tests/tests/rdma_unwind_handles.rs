@@ -31,7 +31,7 @@ where
         via.poll_once(rt, w, self)
     }
     fn bytes(self, what: &str) -> Vec<u8> {
-        let done = self.wait_timeout(T).expect(what).expect(what);
+        let done = self.spin_timeout(T).expect(what).expect(what);
         done.region.first_bytes()
     }
 }
@@ -44,7 +44,7 @@ where
         via.poll_once(rt, w, self)
     }
     fn bytes(self, what: &str) -> Vec<u8> {
-        let done = self.wait_timeout(T).expect(what).expect(what);
+        let done = self.spin_timeout(T).expect(what).expect(what);
         done.region.first_bytes()
     }
 }
@@ -54,7 +54,7 @@ impl OwnedRecv for rdma_dmabuf::PartsPending<'_, Local<HostBuffer>, 2> {
         poll_once(w, |cx| self.poll_with(cx, parked))
     }
     fn bytes(self, what: &str) -> Vec<u8> {
-        let done = self.wait_timeout(T).expect(what).expect(what);
+        let done = self.spin_timeout(T).expect(what).expect(what);
         let mut v = Vec::new();
         for p in done.parts {
             v.extend_from_slice(&p.into_region().first_bytes()[..LEN / 2]);
@@ -212,12 +212,12 @@ fn inline_send(site: Site) {
         let did = panicked(|| drop(a.poll()));
         expect_panic(&e, site, &[Site::Wake], did, "polling");
         e.disarm();
-        evil_send.wait().expect("first send");
+        evil_send.spin().expect("first send");
     }
     e.disarm();
-    plain.wait_timeout(T).expect("no completion lost").unwrap();
+    plain.spin_timeout(T).expect("no completion lost").unwrap();
     for (r, seed) in [(r1, 1), (r2, 2)] {
-        let got = r.wait_timeout(T).expect("message").unwrap();
+        let got = r.spin_timeout(T).expect("message").unwrap();
         assert_eq!(&got.region.bytes().unwrap()[..LEN], &pattern(LEN, seed)[..]);
     }
     a.poll().unwrap();
@@ -250,8 +250,8 @@ fn scoped_recv(site: Site) {
             let did = panicked(|| drop(b.poll()));
             expect_panic(&e, site, &[Site::Wake], did, "polling");
             e.disarm();
-            plain.wait().expect("no completion lost");
-            evil_recv.wait().expect("first message");
+            plain.spin().expect("no completion lost");
+            evil_recv.spin().expect("first message");
         })
     }));
     e.disarm();

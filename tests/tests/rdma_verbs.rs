@@ -47,9 +47,9 @@ fn send_and_receive_are_byte_exact_from_1_byte_to_8_mib() {
         let send = a
             .post_send(Local::new(src, 0..size as u64), None)
             .expect("post send");
-        let sent = send.wait().expect("send completes");
+        let sent = send.spin().expect("send completes");
         assert_eq!(sent.wc.kind, WorkKind::Send);
-        let got = recv.wait().expect("recv completes");
+        let got = recv.spin().expect("recv completes");
         assert_eq!(got.wc.byte_len as usize, size);
         assert_eq!(
             &got.region.bytes().unwrap()[..size],
@@ -72,14 +72,14 @@ fn rdma_write_then_read_back_are_byte_exact() {
         let src = host_region(&pd, &data, size, Access::empty());
         a.post_write(Local::new(src, 0..size as u64), remote, None)
             .unwrap()
-            .wait()
+            .spin()
             .expect("write");
         // Read it back into a third region.
         let back = host_region(&pd, &[], size, Access::LOCAL_WRITE);
         let read = a
             .post_read(Local::new(back, 0..size as u64), remote)
             .unwrap()
-            .wait()
+            .spin()
             .expect("read");
         assert_eq!(read.wc.kind, WorkKind::Read);
         assert_eq!(
@@ -107,9 +107,9 @@ fn write_with_immediate_consumes_a_receive_and_delivers_the_immediate() {
     let src = host_region(&pd, &data, 4096, Access::empty());
     a.post_write(Local::new(src, 0..3000), remote, Some(0xfeed_beef))
         .unwrap()
-        .wait()
+        .spin()
         .unwrap();
-    let got = recv.wait().expect("the receive completes");
+    let got = recv.spin().expect("the receive completes");
     assert_eq!(got.wc.imm, Some(0xfeed_beef));
     assert_eq!(got.wc.byte_len, 3000);
     assert_eq!(&target.into_inner().unwrap().as_slice()[..3000], &data[..]);
@@ -137,7 +137,7 @@ fn stock_only_rxe_has_no_dmabuf_regions_and_says_so() {
 fn device_memory_on_rxe_is_a_typed_unsupported() {
     let tb = Testbed::get();
     let ctx = Context::open(&tb.device).unwrap();
-    let err = rdma_dmabuf::DeviceMemory::alloc(&ctx, 4096, 0).unwrap_err();
+    let err = rdma_dmabuf::DeviceMemory::allocate(&ctx, 4096, 0).unwrap_err();
     assert!(err.is_unsupported(), "{err}");
     assert!(
         err.to_string().contains("mlx5"),
@@ -206,7 +206,7 @@ fn bad_input_gives_typed_errors() {
     let err = a
         .post_write(Local::new(src, 0..16), wrong, None)
         .unwrap()
-        .wait()
+        .spin()
         .unwrap_err();
     match &err.error {
         Error::Completion {
@@ -289,7 +289,7 @@ fn two_node_rdma_write_and_send_across_the_wire() {
             .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
             .unwrap();
         let got = note
-            .wait_timeout(Duration::from_secs(120))
+            .spin_timeout(Duration::from_secs(120))
             .expect("note arrives")
             .expect("ok");
         assert_eq!(got.wc.imm, Some(SIZE as u32));
@@ -304,13 +304,13 @@ fn two_node_rdma_write_and_send_across_the_wire() {
         let done = qp
             .post_write(src, remote, None)
             .unwrap()
-            .wait()
+            .spin()
             .expect("write across");
         let note = host_region(&pd, b"done", 4096, Access::empty());
         drop(done);
         qp.post_send(Local::new(note, 0..4), Some(SIZE as u32))
             .unwrap()
-            .wait()
+            .spin()
             .expect("note");
     }
 }
@@ -331,7 +331,7 @@ fn blocking_wait_sleeps_on_the_completion_channel_until_the_message_comes() {
         .unwrap();
     let t = std::time::Instant::now();
     let recv = recv
-        .wait_blocking(Duration::from_millis(300))
+        .wait(Duration::from_millis(300))
         .expect_err("nothing sent yet");
     assert!(t.elapsed() >= Duration::from_millis(300));
 
@@ -342,11 +342,11 @@ fn blocking_wait_sleeps_on_the_completion_channel_until_the_message_comes() {
         let src = host_region(&pd2, b"wake up", 4096, Access::empty());
         a.post_send(Local::new(src, 0..7), None)
             .unwrap()
-            .wait()
+            .spin()
             .unwrap();
     });
     let got = recv
-        .wait_blocking(Duration::from_secs(30))
+        .wait(Duration::from_secs(30))
         .expect("woken by the completion")
         .expect("ok");
     assert_eq!(&got.region.bytes().unwrap()[..7], b"wake up");

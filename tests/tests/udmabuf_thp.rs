@@ -68,7 +68,7 @@ fn read_over_the_wire(
     let p = qp.post_read(Local::new(into, 0..len as u64), region.remote().unwrap());
     let done = p
         .unwrap()
-        .wait_timeout(T)
+        .spin_timeout(T)
         .expect("bounded")
         .expect("the read");
     let back = &done.region.bytes().unwrap()[..len];

@@ -130,7 +130,7 @@ impl QueuePairBuilder {
         self
     }
 
-    /// Gives the completion queue a completion channel, so that [`Pending::wait_blocking`](crate::Pending::wait_blocking)
+    /// Gives the completion queue a completion channel, so that [`Pending::wait`](crate::Pending::wait)
     /// sleeps in the kernel instead of spinning (default: no channel).
     pub fn completion_channel(mut self, yes: bool) -> Self {
         self.channel = yes;

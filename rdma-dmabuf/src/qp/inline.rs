@@ -138,29 +138,26 @@ impl InlinePending<'_> {
     ///
     /// # Errors
     /// The completion's error.
-    pub fn wait(self) -> Result<WorkCompletion> {
+    pub fn spin(self) -> Result<WorkCompletion> {
         busy_wait(self)
     }
 
-    /// As [`InlinePending::wait`], for at most `timeout`.
+    /// As [`InlinePending::spin`], for at most `timeout`.
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`.
-    pub fn wait_timeout(
+    pub fn spin_timeout(
         self,
         timeout: Duration,
     ) -> std::result::Result<Result<WorkCompletion>, Self> {
         timed_wait(self, timeout)
     }
 
-    /// As [`Pending::wait_blocking`](crate::Pending::wait_blocking).
+    /// As [`Pending::wait`](crate::Pending::wait).
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`.
-    pub fn wait_blocking(
-        self,
-        timeout: Duration,
-    ) -> std::result::Result<Result<WorkCompletion>, Self> {
+    pub fn wait(self, timeout: Duration) -> std::result::Result<Result<WorkCompletion>, Self> {
         blocking_wait(self, timeout)
     }
 }

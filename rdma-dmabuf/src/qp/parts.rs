@@ -54,7 +54,7 @@ impl<P, const N: usize> From<PartsError<P, N>> for Error {
 /// How a posted request of several parts ended.
 pub type PartsOutcome<P, const N: usize> = std::result::Result<PartsDone<P, N>, PartsError<P, N>>;
 
-/// A posted request of several parts; [`PartsPending::wait`] returns them all with the
+/// A posted request of several parts; [`PartsPending::spin`] returns them all with the
 /// completion. Dropping it early is safe, as for [`Pending`](crate::Pending): the parts stay
 /// with the queue pair until the NIC is done with them.
 #[must_use = "dropping a PartsPending leaves its parts with the queue until the request completes"]
@@ -89,23 +89,23 @@ impl<'q, P: OwnedPart, const N: usize> PartsPending<'q, P, N> {
     }
 
     /// Busy-polls until the request completes.
-    pub fn wait(self) -> PartsOutcome<P, N> {
+    pub fn spin(self) -> PartsOutcome<P, N> {
         busy_wait(self)
     }
 
-    /// As [`Pending::wait_blocking`](crate::Pending::wait_blocking).
+    /// As [`Pending::wait`](crate::Pending::wait).
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`.
-    pub fn wait_blocking(self, timeout: Duration) -> std::result::Result<PartsOutcome<P, N>, Self> {
+    pub fn wait(self, timeout: Duration) -> std::result::Result<PartsOutcome<P, N>, Self> {
         blocking_wait(self, timeout)
     }
 
-    /// As [`Pending::wait_timeout`](crate::Pending::wait_timeout).
+    /// As [`Pending::spin_timeout`](crate::Pending::spin_timeout).
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`.
-    pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<PartsOutcome<P, N>, Self> {
+    pub fn spin_timeout(self, timeout: Duration) -> std::result::Result<PartsOutcome<P, N>, Self> {
         timed_wait(self, timeout)
     }
 }

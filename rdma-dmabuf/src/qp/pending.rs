@@ -53,7 +53,7 @@ impl<B: Backing> From<WorkError<B>> for Error {
     }
 }
 
-/// A posted request; [`Pending::wait`] returns its region with the completion.
+/// A posted request; [`Pending::spin`] returns its region with the completion.
 ///
 /// Dropping it before completion is safe: the region stays with the queue pair until the NIC
 /// is done with it (its completion, or the flush when the queue pair is destroyed).
@@ -90,7 +90,7 @@ impl<'q, B: Backing> Pending<'q, B> {
     }
 
     /// Busy-polls until the request completes.
-    pub fn wait(self) -> Outcome<B> {
+    pub fn spin(self) -> Outcome<B> {
         busy_wait(self)
     }
 
@@ -112,16 +112,16 @@ impl<'q, B: Backing> Pending<'q, B> {
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout` or the notification
     /// cannot be armed.
-    pub fn wait_blocking(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+    pub fn wait(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
         blocking_wait(self, timeout)
     }
 
-    /// As [`Pending::wait`], for at most `timeout` (`Duration::MAX` waits for as long as it
-    /// takes, as `wait` does).
+    /// As [`Pending::spin`], for at most `timeout` (`Duration::MAX` waits for as long as it
+    /// takes, as `spin` does).
     ///
     /// # Errors
     /// `Err(self)` if the request is still in flight after `timeout`.
-    pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+    pub fn spin_timeout(self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
         timed_wait(self, timeout)
     }
 }

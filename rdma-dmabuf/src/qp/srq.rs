@@ -373,7 +373,7 @@ impl Drop for SharedReceiveQueue {
     }
 }
 
-/// A receive posted on a [`SharedReceiveQueue`]; [`SrqPending::wait_timeout`] returns the region with
+/// A receive posted on a [`SharedReceiveQueue`]; [`SrqPending::spin_timeout`] returns the region with
 /// the completion, whose [`qp_num`](WorkCompletion::qp_num) names the queue pair the message
 /// came through. Dropping it early is safe: the region stays with the shared queue until the
 /// NIC is done with it.
@@ -446,7 +446,7 @@ impl<B: Backing> SrqPending<'_, B> {
     ///
     /// # Errors
     /// `Err(self)` if the receive is still posted after `timeout`.
-    pub fn wait_timeout(mut self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
+    pub fn spin_timeout(mut self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
         let deadline = deadline_after(timeout);
         let mut spins = 0u32;
         loop {

@@ -80,7 +80,7 @@ impl<'s, B: Backing> SrqPending<'s, B> {
 impl<B: Backing> Unpin for SrqPending<'_, B> {}
 
 /// Awaiting an [`SrqPending`] (the `tokio` feature) resolves to the same
-/// [`Outcome`] as its `wait_timeout`: the region back, the completion naming the queue pair
+/// [`Outcome`] as its `spin_timeout`: the region back, the completion naming the queue pair
 /// the message came through. Dropping the future early leaves the region with the shared
 /// queue until a message fills it (or the queue and its last queue pair are gone). A shared
 /// receive belongs to no connection until a message begins to fill it, so no peer's death or

@@ -267,7 +267,7 @@ impl<B: crate::mr::Backing> Unpin for super::Pending<'_, B> {}
 impl<P: crate::part::OwnedPart, const N: usize> Unpin for super::PartsPending<'_, P, N> {}
 
 /// Awaiting an [`InlinePending`](super::InlinePending) (the `tokio` feature) resolves to its
-/// completion, as its `wait` does.
+/// completion, as its `spin` does.
 #[cfg(feature = "tokio")]
 impl std::future::Future for super::InlinePending<'_> {
     type Output = Result<WorkCompletion>;
@@ -278,7 +278,7 @@ impl std::future::Future for super::InlinePending<'_> {
 }
 
 /// Awaiting a [`Pending`](super::Pending) (the `tokio` feature) resolves to the same
-/// [`Outcome`](super::Outcome) as [`Pending::wait`](super::Pending::wait): the region comes
+/// [`Outcome`](super::Outcome) as [`Pending::spin`](super::Pending::spin): the region comes
 /// back with the completion. Dropping the future before that (a `select!` that lost, a
 /// timeout) leaves the region in the request's slot until the NIC is done with it.
 #[cfg(feature = "tokio")]
@@ -291,7 +291,7 @@ impl<B: crate::mr::Backing> std::future::Future for super::Pending<'_, B> {
 }
 
 /// Awaiting a [`PartsPending`](super::PartsPending) (the `tokio` feature) resolves to the
-/// same [`PartsOutcome`](super::PartsOutcome) as its `wait`, every part back.
+/// same [`PartsOutcome`](super::PartsOutcome) as its `spin`, every part back.
 #[cfg(feature = "tokio")]
 impl<P: crate::part::OwnedPart, const N: usize> std::future::Future
     for super::PartsPending<'_, P, N>

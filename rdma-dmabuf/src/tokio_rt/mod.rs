@@ -45,7 +45,7 @@
 //!
 //! # What still blocks
 //!
-//! Registration (`MemoryRegion::register*`), queue pair bring-up and `wait`-style calls are
+//! Registration (`MemoryRegion::register*`), queue pair bring-up and `spin`-style calls are
 //! blocking system calls. Registering a dma-buf with the patched soft-RoCE opens a CPU-access
 //! window, which waits for the buffer's pending fences (an unsignalled vgem fence: up to
 //! vgem's 10 s timeout). Register before handing buffers to the runtime, or in
