@@ -76,6 +76,14 @@ impl AsFd for DrmDevice {
     }
 }
 
+// The proof `sys` asks of a DRM file: `open`, the only constructor, got the driver's name
+// from `DRM_IOCTL_VERSION` on it.
+impl crate::sys::DrmFile for DrmDevice {
+    fn driver_name(&self) -> &str {
+        &self.driver.name
+    }
+}
+
 impl DrmDevice {
     /// The file as the `drm` crate's device traits see it (crate-private: see the type's docs).
     pub(crate) fn ops(&self) -> FileRef<'_> {

@@ -2,7 +2,6 @@
 
 use crate::claim::Claim;
 use crate::error::{Error, Op, Result};
-use crate::mapping::Mapping;
 use crate::sync_file::{FenceAccess, SyncFile};
 use crate::sys;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -47,23 +46,6 @@ impl DmaBuf {
     pub fn into_fd(self) -> OwnedFd {
         // The claim drops here: the fd is the caller's, and a new `DmaBuf` may be made of it.
         self.fd
-    }
-
-    /// Maps the whole buffer for CPU access (`mmap`, `MAP_SHARED`, read-write).
-    ///
-    /// The mapping gives no bytes by itself: [`Mapping::read`] and [`Mapping::write`] return
-    /// guards that bracket the access with `DMA_BUF_IOCTL_SYNC` start and end, so that caches
-    /// are coherent with the device, and copy bytes in and out (volatile accesses: no slice
-    /// over shared memory, see [`crate::Mapping`]).
-    ///
-    /// It takes the `DmaBuf` exclusively: while a region or a request holds this `DmaBuf`
-    /// (or a shared borrow of it), it cannot be mapped. There is deliberately no way to clone a
-    /// `DmaBuf` into a second mappable handle.
-    ///
-    /// # Errors
-    /// [`Error::Os`] if the exporter refuses CPU mappings (hint on `EINVAL`/`EACCES`).
-    pub fn map(&mut self) -> Result<Mapping<'_>> {
-        Mapping::new(self)
     }
 
     /// `DMA_BUF_IOCTL_EXPORT_SYNC_FILE`: a sync_file that signals once the fences an access of
@@ -114,6 +96,13 @@ impl DmaBuf {
 impl AsFd for DmaBuf {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+// The proof `sys` asks of a dma-buf's file: `try_from`, the only constructor, checked it.
+impl sys::DmaBufFile for DmaBuf {
+    fn size(&self) -> u64 {
+        self.size
     }
 }
 

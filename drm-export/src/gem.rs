@@ -49,7 +49,7 @@ impl GemBuffer {
                     size,
                     ..Default::default()
                 };
-                sys::i915_gem_create(device, &mut arg)
+                sys::i915_gem_create(&**device, &mut arg)
                     .map_err(|e| Error::os(Op::GemCreate, target(), e))?;
                 handle(device, arg.handle)
             }
@@ -69,7 +69,7 @@ impl GemBuffer {
                     },
                 ];
                 let raw = sys::i915_gem_create_in_regions(
-                    device,
+                    &**device,
                     size,
                     sys::I915_GEM_CREATE_EXT_FLAG_NEEDS_CPU_ACCESS,
                     &regions,
@@ -105,7 +105,7 @@ impl GemBuffer {
             },
         };
         let create = || {
-            sys::amdgpu_gem_create(device, &mut arg)
+            sys::amdgpu_gem_create(&**device, &mut arg)
                 .map_err(|e| Error::os(Op::GemCreate, device.path().display(), e))?;
             handle(device, sys::amdgpu_gem_create_out_handle(&arg))
         };

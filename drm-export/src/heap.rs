@@ -83,9 +83,12 @@ impl DmaHeap {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
 
-    /// The heap's file, for the allocation ioctl (crate-private: only `sys` sends it ioctls).
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+// The proof `sys` asks of a heap's file: `open`, the only constructor, opened it in the heap
+// folder.
+impl sys::HeapFile for DmaHeap {
+    fn heap_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
 }

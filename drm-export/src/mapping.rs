@@ -24,6 +24,25 @@ pub struct Mapping<'b> {
     map: sys::Mmap,
 }
 
+impl DmaBuf {
+    /// Maps the whole buffer for CPU access (`mmap`, `MAP_SHARED`, read-write).
+    ///
+    /// The mapping gives no bytes by itself: [`Mapping::read`] and [`Mapping::write`] return
+    /// guards that bracket the access with `DMA_BUF_IOCTL_SYNC` start and end, so that caches
+    /// are coherent with the device, and copy bytes in and out (volatile accesses: no slice
+    /// over shared memory, see [`crate::Mapping`]).
+    ///
+    /// It takes the `DmaBuf` exclusively: while a region or a request holds this `DmaBuf`
+    /// (or a shared borrow of it), it cannot be mapped. There is deliberately no way to clone a
+    /// `DmaBuf` into a second mappable handle.
+    ///
+    /// # Errors
+    /// [`Error::Os`] if the exporter refuses CPU mappings (hint on `EINVAL`/`EACCES`).
+    pub fn map(&mut self) -> Result<Mapping<'_>> {
+        Mapping::new(self)
+    }
+}
+
 impl<'b> Mapping<'b> {
     pub(crate) fn new(buf: &'b mut DmaBuf) -> Result<Mapping<'b>> {
         let buf: &'b DmaBuf = buf;

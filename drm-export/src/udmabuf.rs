@@ -6,13 +6,10 @@
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
-use crate::sys;
+use crate::sys::{self, UDMABUF_DEVICE};
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-
-/// The udmabuf device node.
-pub const UDMABUF_DEVICE: &str = "/dev/udmabuf";
 
 /// The memory behind a udmabuf's memfd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

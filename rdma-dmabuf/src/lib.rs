@@ -99,12 +99,12 @@ pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, OwnedPart, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
-    AtomicOp, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
-    Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending, WorkError,
+    Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending, Pending,
+    PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending, WorkError,
     ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER,
     DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY, RETRY_COUNT_ENV,
 };
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use shard::{JoinError, Shard, SplitError};
-pub use wr::{WorkCompletion, WorkKind};
+pub use wr::{AtomicOp, WorkCompletion, WorkKind};

@@ -61,3 +61,29 @@ pub struct WorkCompletion {
     /// [`QueuePair::endpoint`](crate::QueuePair::endpoint)).
     pub qp_num: u32,
 }
+
+/// A remote atomic operation on a 64-bit value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Adds `add` (wrapping) to the remote value.
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
+    /// Writes `swap` if the remote value equals `compare`.
+    CompareSwap {
+        /// The value the remote one must have.
+        compare: u64,
+        /// The value written if it has.
+        swap: u64,
+    },
+}
+
+impl AtomicOp {
+    pub(crate) fn kind(self) -> WorkKind {
+        match self {
+            AtomicOp::FetchAdd { .. } => WorkKind::FetchAdd,
+            AtomicOp::CompareSwap { .. } => WorkKind::CompareSwap,
+        }
+    }
+}

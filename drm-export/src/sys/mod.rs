@@ -6,10 +6,12 @@
 //! * The file is of the kind the request number is for. Numbers are unique only within one
 //!   driver, and another driver could take ours for a command of its own, with its own idea of
 //!   the argument. So each wrapper takes the file as a type that can only hold the right kind:
-//!   [`DmaBuf`] (a dma-buf: `DmaBuf::try_from`, its only constructor, checks the fdinfo),
-//!   [`DrmDevice`] (a DRM node that answered `DRM_IOCTL_VERSION`, checked here for the driver
-//!   of driver-specific numbers), [`DmaHeap`] (a file in `/dev/dma_heap`) and
-//!   [`UdmabufDevice`] (`/dev/udmabuf`).
+//!   a [`DmaBufFile`] (a dma-buf: implemented by `DmaBuf` alone, whose only constructor,
+//!   `DmaBuf::try_from`, checks the fdinfo), a [`DrmFile`] (a DRM node that answered
+//!   `DRM_IOCTL_VERSION`: `DrmDevice`; checked here for the driver of driver-specific
+//!   numbers), a [`HeapFile`] (a file in `/dev/dma_heap`: `DmaHeap`) and [`UdmabufDevice`]
+//!   (`/dev/udmabuf`). The three traits are crate-private and name what the wrappers rely on,
+//!   so this layer depends on no type above it.
 //! * The argument pointer comes from a reference to a struct of the type the number encodes
 //!   (or, for `UDMABUF_CREATE_LIST`, from a buffer this module lays out and checks), so it is
 //!   valid, aligned and, for `_IOWR` numbers, writable for that size; the structs are plain
@@ -25,9 +27,6 @@
 
 #![allow(unsafe_code)]
 
-use crate::device::DrmDevice;
-use crate::dmabuf::DmaBuf;
-use crate::heap::DmaHeap;
 use nix::errno::Errno;
 use std::ffi::c_int;
 use std::io;
@@ -144,29 +143,54 @@ unsafe fn owned(fd: c_int) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// A file proven to be a dma-buf of a fixed size. Contract: implemented only by a type whose
+/// every constructor checked that its fd is a dma-buf and read its size from the kernel (the
+/// crate's `DmaBuf`); crate-private, so no other crate can.
+pub(crate) trait DmaBufFile: AsFd {
+    /// The size the kernel reported, fixed for the buffer's life.
+    fn size(&self) -> u64;
+}
+
+/// A file proven to be a DRM device node that answered `DRM_IOCTL_VERSION` (the crate's
+/// `DrmDevice`), with the driver name it gave. Same contract as [`DmaBufFile`].
+pub(crate) trait DrmFile: AsFd {
+    /// The driver's name, from `DRM_IOCTL_VERSION`.
+    fn driver_name(&self) -> &str;
+}
+
+/// A file proven to be a dma-heap opened in `/dev/dma_heap` (the crate's `DmaHeap`). Same
+/// contract as [`DmaBufFile`].
+pub(crate) trait HeapFile {
+    /// The heap's file.
+    fn heap_fd(&self) -> BorrowedFd<'_>;
+}
+
 /// A DRM device's file, refused (`ENOTTY`, the kernel's "not an ioctl of this file") unless
 /// its driver is `driver`. The DRM core dispatches driver-specific ioctls by number alone
 /// (`nr - DRM_COMMAND_BASE` indexes the driver's table), so another driver would run its own
 /// command of that number on our struct, and may read fields of it as user addresses.
-fn driver_fd<'d>(dev: &'d DrmDevice, driver: &str) -> io::Result<BorrowedFd<'d>> {
-    if dev.driver().name == driver {
+fn driver_fd<'d>(dev: &'d impl DrmFile, driver: &str) -> io::Result<BorrowedFd<'d>> {
+    if dev.driver_name() == driver {
         Ok(dev.as_fd())
     } else {
         Err(io::Error::from_raw_os_error(libc::ENOTTY))
     }
 }
 
+/// The udmabuf driver's device file.
+pub const UDMABUF_DEVICE: &str = "/dev/udmabuf";
+
 /// `/dev/udmabuf`, open read-write: the file the udmabuf ioctls go to.
 #[derive(Debug)]
 pub struct UdmabufDevice(std::fs::File);
 
 impl UdmabufDevice {
-    /// Opens [`crate::UDMABUF_DEVICE`].
+    /// Opens [`UDMABUF_DEVICE`].
     pub fn open() -> io::Result<UdmabufDevice> {
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(crate::UDMABUF_DEVICE)
+            .open(UDMABUF_DEVICE)
             .map(UdmabufDevice)
     }
 }
@@ -262,23 +286,23 @@ fn two_u32s(first: u32, second: u32) -> u64 {
 }
 
 /// `DMA_HEAP_IOCTL_ALLOC` on `heap`; returns the dma-buf.
-pub fn heap_alloc(heap: &DmaHeap, arg: &mut dma_heap_allocation_data) -> io::Result<OwnedFd> {
-    // SAFETY: `heap` is a DmaHeap, a file opened in /dev/dma_heap (its only constructor
+pub fn heap_alloc(heap: &impl HeapFile, arg: &mut dma_heap_allocation_data) -> io::Result<OwnedFd> {
+    // SAFETY: `heap` is a HeapFile (a DmaHeap), a file opened in /dev/dma_heap (its only constructor
     // refuses names that leave the folder), whose driver defines this number as
     // _IOWR('H', 0, struct dma_heap_allocation_data); `arg` is a live, writable struct of that
     // type, of integers only.
-    restart(|| unsafe { raw_heap_alloc(heap.fd().as_raw_fd(), arg) })?;
+    restart(|| unsafe { raw_heap_alloc(heap.heap_fd().as_raw_fd(), arg) })?;
     // SAFETY: the allocation succeeded, so the kernel has stored in `arg.fd` the dma-buf fd it
     // has just installed for this call; nothing else has seen it.
     Ok(unsafe { owned(arg.fd as c_int) })
 }
 
 /// `DMA_BUF_IOCTL_SYNC` with `flags` (`DMA_BUF_SYNC_{START,END}` | `{READ,WRITE}`).
-pub fn dmabuf_sync(buf: &DmaBuf, flags: u32) -> io::Result<()> {
+pub fn dmabuf_sync(buf: &impl DmaBufFile, flags: u32) -> io::Result<()> {
     let arg = dma_buf_sync {
         flags: u64::from(flags),
     };
-    // SAFETY: `buf` is a DmaBuf, so its fd is a dma-buf (`DmaBuf::try_from`, its only
+    // SAFETY: `buf` is a DmaBufFile (a DmaBuf), so its fd is a dma-buf (`DmaBuf::try_from`, its only
     // constructor, found the dma-buf fields in its fdinfo), whose driver defines this number
     // as _IOW('b', 0, struct dma_buf_sync); the kernel reads that struct from `&arg`, a live
     // local.
@@ -286,7 +310,7 @@ pub fn dmabuf_sync(buf: &DmaBuf, flags: u32) -> io::Result<()> {
 }
 
 /// `DMA_BUF_IOCTL_EXPORT_SYNC_FILE`: the buffer's current fences for `flags` as a sync_file.
-pub fn export_sync_file(buf: &DmaBuf, flags: u32) -> io::Result<OwnedFd> {
+pub fn export_sync_file(buf: &impl DmaBufFile, flags: u32) -> io::Result<OwnedFd> {
     let mut arg = dma_buf_export_sync_file { flags, fd: -1 };
     // SAFETY: `buf`'s fd is a dma-buf (a DmaBuf, checked by `DmaBuf::try_from`), whose driver
     // defines this number as _IOWR('b', 2, struct dma_buf_export_sync_file); `arg` is a live,
@@ -298,7 +322,11 @@ pub fn export_sync_file(buf: &DmaBuf, flags: u32) -> io::Result<OwnedFd> {
 }
 
 /// `DMA_BUF_IOCTL_IMPORT_SYNC_FILE`: adds `sync_file`'s fence to the buffer for `flags`.
-pub fn import_sync_file(buf: &DmaBuf, flags: u32, sync_file: BorrowedFd<'_>) -> io::Result<()> {
+pub fn import_sync_file(
+    buf: &impl DmaBufFile,
+    flags: u32,
+    sync_file: BorrowedFd<'_>,
+) -> io::Result<()> {
     let arg = dma_buf_import_sync_file {
         flags,
         fd: sync_file.as_raw_fd(),
@@ -311,7 +339,7 @@ pub fn import_sync_file(buf: &DmaBuf, flags: u32, sync_file: BorrowedFd<'_>) -> 
 }
 
 /// `DRM_IOCTL_I915_GEM_CREATE` (`ENOTTY` unless the driver is i915).
-pub fn i915_gem_create(dev: &DrmDevice, arg: &mut drm_i915_gem_create) -> io::Result<()> {
+pub fn i915_gem_create(dev: &impl DrmFile, arg: &mut drm_i915_gem_create) -> io::Result<()> {
     let fd = driver_fd(dev, "i915")?;
     // SAFETY: `fd` is an i915 DRM node (checked just above), whose driver defines this number
     // as DRM_IOWR(0x40 + 0x1b, struct drm_i915_gem_create); `arg` is a live, writable struct of
@@ -323,7 +351,7 @@ pub fn i915_gem_create(dev: &DrmDevice, arg: &mut drm_i915_gem_create) -> io::Re
 /// listing `regions` in order of preference; returns the new handle (`ENOTTY` unless the
 /// driver is i915).
 pub fn i915_gem_create_in_regions(
-    dev: &DrmDevice,
+    dev: &impl DrmFile,
     size: u64,
     flags: u32,
     regions: &[drm_i915_gem_memory_class_instance],
@@ -357,7 +385,7 @@ pub fn i915_gem_create_in_regions(
 }
 
 /// `DRM_IOCTL_AMDGPU_GEM_CREATE` (`ENOTTY` unless the driver is amdgpu).
-pub fn amdgpu_gem_create(dev: &DrmDevice, arg: &mut drm_amdgpu_gem_create) -> io::Result<()> {
+pub fn amdgpu_gem_create(dev: &impl DrmFile, arg: &mut drm_amdgpu_gem_create) -> io::Result<()> {
     let fd = driver_fd(dev, "amdgpu")?;
     // SAFETY: `fd` is an amdgpu DRM node (checked just above), whose driver defines this number
     // as DRM_IOWR(0x40 + 0x00, union drm_amdgpu_gem_create); `arg` is a live, writable union of
@@ -386,7 +414,7 @@ pub fn amdgpu_gem_create_out_handle(arg: &drm_amdgpu_gem_create) -> u32 {
 }
 
 /// `DRM_IOCTL_VGEM_FENCE_ATTACH` (`ENOTTY` unless the driver is vgem).
-pub fn vgem_fence_attach(dev: &DrmDevice, arg: &mut drm_vgem_fence_attach) -> io::Result<()> {
+pub fn vgem_fence_attach(dev: &impl DrmFile, arg: &mut drm_vgem_fence_attach) -> io::Result<()> {
     let fd = driver_fd(dev, "vgem")?;
     // SAFETY: `fd` is a vgem DRM node (checked just above), whose driver defines this number as
     // DRM_IOWR(0x41, struct drm_vgem_fence_attach); `arg` is a live, writable struct of that
@@ -395,7 +423,7 @@ pub fn vgem_fence_attach(dev: &DrmDevice, arg: &mut drm_vgem_fence_attach) -> io
 }
 
 /// `DRM_IOCTL_VGEM_FENCE_SIGNAL` (`ENOTTY` unless the driver is vgem).
-pub fn vgem_fence_signal(dev: &DrmDevice, fence: u32) -> io::Result<()> {
+pub fn vgem_fence_signal(dev: &impl DrmFile, fence: u32) -> io::Result<()> {
     let fd = driver_fd(dev, "vgem")?;
     let arg = drm_vgem_fence_signal { fence, flags: 0 };
     // SAFETY: `fd` is a vgem DRM node (checked just above), whose driver defines this number as
@@ -423,10 +451,10 @@ unsafe impl Sync for Mmap {}
 impl Mmap {
     /// `mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, buf, 0)`: all of a dma-buf, whose
     /// size the kernel reported (`DmaBuf::try_from` read it from the fdinfo). Taking a
-    /// `&DmaBuf`, not any fd and length, is what makes this safe: a dma-buf keeps its size for
+    /// [`DmaBufFile`] (a `DmaBuf`), not any fd and length, is what makes this safe: a dma-buf keeps its size for
     /// life and the kernel refuses to map past it (`EINVAL`), so no byte of the mapping lies
     /// past the end of its file (a memfd someone shrinks would give `SIGBUS` instead).
-    pub fn of(buf: &DmaBuf) -> io::Result<Mmap> {
+    pub fn of(buf: &impl DmaBufFile) -> io::Result<Mmap> {
         let len =
             usize::try_from(buf.size()).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
         // SAFETY: a dma-buf keeps its size for life and is `len` bytes long (see above).

@@ -9,33 +9,7 @@ use crate::error::{Error, Op};
 use crate::mr::Backing;
 use crate::part::Local;
 use crate::remote::RemoteRegion;
-use crate::wr::WorkKind;
-
-/// A remote atomic operation on a 64-bit value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomicOp {
-    /// Adds `add` (wrapping) to the remote value.
-    FetchAdd {
-        /// The addend.
-        add: u64,
-    },
-    /// Writes `swap` if the remote value equals `compare`.
-    CompareSwap {
-        /// The value the remote one must have.
-        compare: u64,
-        /// The value written if it has.
-        swap: u64,
-    },
-}
-
-impl AtomicOp {
-    fn kind(self) -> WorkKind {
-        match self {
-            AtomicOp::FetchAdd { .. } => WorkKind::FetchAdd,
-            AtomicOp::CompareSwap { .. } => WorkKind::CompareSwap,
-        }
-    }
-}
+use crate::wr::AtomicOp;
 
 impl QueuePair {
     /// A remote atomic `op` on the first 8 bytes of `remote` (8-byte aligned, in a region the

@@ -1,8 +1,8 @@
 //! Inline sends and writes: small payloads the provider copies into the work request at post
 //! time, so they need no registered region and nothing is lent to the NIC.
 
-use super::pending::{blocking_wait, busy_wait, timed_wait, Handle};
 use super::post::{Request, Sge};
+use super::ticket::{blocking_wait, busy_wait, timed_wait, Handle};
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
 use crate::remote::RemoteRegion;
@@ -186,5 +186,36 @@ impl Drop for InlinePending<'_> {
             // Last: the waker's `Drop` is code we do not control.
             self.qp.forget_waiter(self.index);
         }
+    }
+}
+
+impl<'q> super::InlinePending<'q> {
+    /// As [`Pending::poll_with`](super::Pending::poll_with), for an inline request (nothing
+    /// was lent: the outcome is the completion).
+    ///
+    /// # Panics
+    /// If polled again after it returned the outcome.
+    pub fn poll_with(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        wait: impl Fn(&'q QueuePair, &mut std::task::Context<'_>) -> crate::reactor::WaitStep,
+    ) -> std::task::Poll<Result<WorkCompletion>> {
+        let (qp, index) = (self.qp, self.index);
+        assert!(self.open, "InlinePending polled after it completed");
+        super::wake::poll_request(qp, index, cx, || self.finish(), wait)
+    }
+}
+
+/// Awaiting an [`InlinePending`](super::InlinePending) (the `tokio` feature) resolves to its
+/// completion, as its `spin` does.
+#[cfg(feature = "tokio")]
+impl std::future::Future for super::InlinePending<'_> {
+    type Output = Result<WorkCompletion>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.poll_with(cx, super::wake::with_tokio::step)
     }
 }

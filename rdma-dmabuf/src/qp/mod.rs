@@ -19,9 +19,9 @@ mod retry;
 mod retry_env;
 mod srq;
 mod srq_wake;
+mod ticket;
 pub(crate) mod wake;
 
-pub use atomic::AtomicOp;
 pub use builder::QueuePairBuilder;
 pub use connect::PreparedQp;
 pub use inline::InlinePending;

@@ -2,8 +2,8 @@
 //! into (receives, reads) up to the queue pair's `max_sge` parts, in order. Every part moves
 //! into the request and all come back together with the completion.
 
-use super::pending::{blocking_wait, busy_wait, timed_wait, Handle, Ticket};
 use super::post::{post_op, Request, Sge};
+use super::ticket::{blocking_wait, busy_wait, timed_wait, Handle, Ticket};
 use super::QueuePair;
 use crate::error::{Error, Result};
 use crate::mr::{Backing, MemoryRegion};
@@ -274,5 +274,42 @@ impl QueuePair {
             }
         }
         Ok(sges)
+    }
+}
+
+impl<'q, P: crate::part::OwnedPart, const N: usize> super::PartsPending<'q, P, N> {
+    /// As [`Pending::poll_with`](super::Pending::poll_with).
+    ///
+    /// # Panics
+    /// If polled again after it returned the outcome.
+    pub fn poll_with(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        wait: impl Fn(&'q QueuePair, &mut std::task::Context<'_>) -> crate::reactor::WaitStep,
+    ) -> std::task::Poll<super::PartsOutcome<P, N>> {
+        super::wake::poll_ticket(&mut self.ticket, cx, wait).map(|(parts, result)| match result {
+            Ok(wc) => Ok(super::PartsDone { parts, wc }),
+            Err(error) => Err(super::PartsError { error, parts }),
+        })
+    }
+}
+
+// Awaiting a handle polls its ticket; nothing in it is pinned (no pin projection is ever made),
+// so the handles are `Unpin` whatever they hold.
+impl<P: crate::part::OwnedPart, const N: usize> Unpin for super::PartsPending<'_, P, N> {}
+
+/// Awaiting a [`PartsPending`](super::PartsPending) (the `tokio` feature) resolves to the
+/// same [`PartsOutcome`](super::PartsOutcome) as its `spin`, every part back.
+#[cfg(feature = "tokio")]
+impl<P: crate::part::OwnedPart, const N: usize> std::future::Future
+    for super::PartsPending<'_, P, N>
+{
+    type Output = super::PartsOutcome<P, N>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.poll_with(cx, super::wake::with_tokio::step)
     }
 }

@@ -1,8 +1,8 @@
 //! A posted request's handle, and how a request ends: [`Done`] or [`WorkError`], each with
 //! the region back.
 
+use super::ticket::{blocking_wait, busy_wait, timed_wait, Handle, Ticket};
 use super::QueuePair;
-use crate::deadline::{deadline_after, time_left};
 use crate::error::Error;
 use crate::mr::{Backing, MemoryRegion};
 use crate::part::Local;
@@ -136,137 +136,6 @@ impl<'q, B: Backing> Handle<'q> for Pending<'q, B> {
     }
 }
 
-/// A handle to one posted request: the waits below work on any.
-pub(super) trait Handle<'q>: Sized {
-    /// What the request ends with.
-    type Out;
-    /// Polls once: the outcome, or the handle back.
-    fn try_complete(self) -> std::result::Result<Self::Out, Self>;
-    /// The queue pair it was posted on.
-    fn qp(&self) -> &'q QueuePair;
-}
-
-/// Busy-polls `h` until its request completes (yielding now and then).
-pub(super) fn busy_wait<'q, H: Handle<'q>>(mut h: H) -> H::Out {
-    let mut spins = 0u32;
-    loop {
-        match h.try_complete() {
-            Ok(out) => return out,
-            Err(again) => h = again,
-        }
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(64) {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-}
-
-/// Polls `h`, yielding between polls, for at most `timeout`.
-pub(super) fn timed_wait<'q, H: Handle<'q>>(
-    h: H,
-    timeout: Duration,
-) -> std::result::Result<H::Out, H> {
-    wait_with(h, timeout, |_, _| {
-        std::thread::yield_now();
-        true
-    })
-}
-
-/// Waits for `h` sleeping on the completion channel, for at most `timeout`.
-pub(super) fn blocking_wait<'q, H: Handle<'q>>(
-    h: H,
-    timeout: Duration,
-) -> std::result::Result<H::Out, H> {
-    wait_with(h, timeout, |h, left| {
-        h.qp().sleep_for_completion(left).is_ok()
-    })
-}
-
-/// Polls `h` until its request completes or `timeout` passes; between polls, `pause(h, time
-/// left)` waits, or says (`false`) that waiting cannot go on.
-fn wait_with<'q, H: Handle<'q>>(
-    mut h: H,
-    timeout: Duration,
-    mut pause: impl FnMut(&H, Duration) -> bool,
-) -> std::result::Result<H::Out, H> {
-    let deadline = deadline_after(timeout);
-    loop {
-        match h.try_complete() {
-            Ok(out) => return Ok(out),
-            Err(again) => h = again,
-        }
-        let left = time_left(deadline);
-        if left.is_zero() || !pause(&h, left) {
-            return Err(h);
-        }
-    }
-}
-
-/// What every owned post's handle holds: the request's slot and what it lent to the NIC,
-/// which stays here until the completion has been polled. Dropped before that, it leaves what
-/// was lent in the slot, where the completion (or the queue pair's destruction) frees it.
-pub(super) struct Ticket<'q, T: Send + 'static> {
-    pub(super) qp: &'q QueuePair,
-    pub(super) index: u32,
-    pub(super) gen: u32,
-    pub(super) kind: WorkKind,
-    pub(super) lent: Option<T>,
-}
-
-impl<'q, T: Send + 'static> Ticket<'q, T> {
-    /// The request's `wr_id`.
-    pub(super) fn wr_id(&self) -> u64 {
-        wr_id(self.index, self.gen)
-    }
-
-    /// Polls once: if the request has completed, what was lent and how it ended.
-    ///
-    /// # Panics
-    /// If the request's outcome was already returned (a future polled after it resolved).
-    pub(super) fn try_finish(&mut self) -> Option<(T, crate::Result<WorkCompletion>)> {
-        if self.lent.is_none() {
-            panic!("a request handle polled after it returned its outcome");
-        }
-        let c = self.qp.poll_for(self.index, self.gen)?;
-        let lent = self.lent.take().expect("present until completion");
-        let result = self
-            .qp
-            .completion_result(self.index, self.gen, self.kind, c);
-        // Last: dropping the task's waker runs its code, which may panic (docs/safety.md,
-        // "Unwinding"); by then the NIC is done with `lent` and the slot is free.
-        self.qp.forget_waiter(self.index);
-        Some((lent, result))
-    }
-
-    /// The handle's `Debug`, named `name`.
-    pub(super) fn fmt(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(name)
-            .field("wr_id", &self.wr_id())
-            .field("kind", &self.kind)
-            .finish()
-    }
-}
-
-impl<T: Send + 'static> Drop for Ticket<'_, T> {
-    fn drop(&mut self) {
-        if let Some(lent) = self.lent.take() {
-            // What was lent goes into the slot before anything we do not control runs: a
-            // panic from the waker's `Drop` below then unwinds with nothing of the NIC's on
-            // this stack (docs/safety.md, "Unwinding").
-            let back = self
-                .qp
-                .slots
-                .borrow_mut()
-                .abandon(self.index, self.gen, Box::new(lent));
-            // Completed already: the NIC is done with it, free it now (outside the borrow).
-            drop(back);
-            self.qp.forget_waiter(self.index);
-        }
-    }
-}
-
 /// A completion with an error status as a typed error naming the request.
 pub(super) fn completion_error(index: u32, gen: u32, kind: WorkKind, c: RawCompletion) -> Error {
     // SAFETY: ibv_wc_status_str takes any value.
@@ -281,5 +150,51 @@ pub(super) fn completion_error(index: u32, gen: u32, kind: WorkKind, c: RawCompl
         status: c.status,
         status_text: text,
         vendor_err: c.vendor_err,
+    }
+}
+
+impl<'q, B: crate::mr::Backing> super::Pending<'q, B> {
+    /// One poll of the request for a reactor's future (see [`crate::reactor`]): its outcome
+    /// if it has completed (or a poll of the CQ finds it), else its waker recorded in its
+    /// slot, the CQ armed, and `wait` asked to wait for the queue pair's fds
+    /// ([`QueuePair::completion_fd`], [`QueuePair::cm_event_fd`]) with the waker of the
+    /// `Context` it is given (not the task's: the queue pair's fan-out waker, which wakes
+    /// every task awaiting one of its requests, so that none depends on another's polls),
+    /// taking their events when one is ready. Allocates nothing and takes no lock.
+    ///
+    /// # Panics
+    /// If polled again after it returned the outcome.
+    pub fn poll_with(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        wait: impl Fn(&'q QueuePair, &mut std::task::Context<'_>) -> crate::reactor::WaitStep,
+    ) -> std::task::Poll<super::Outcome<B>> {
+        super::wake::poll_ticket(&mut self.ticket, cx, wait).map(|(local, result)| {
+            let region = local.into_region();
+            match result {
+                Ok(wc) => Ok(super::Done { region, wc }),
+                Err(error) => Err(super::WorkError { error, region }),
+            }
+        })
+    }
+}
+
+// Awaiting a handle polls its ticket; nothing in it is pinned (no pin projection is ever made),
+// so the handles are `Unpin` whatever they hold.
+impl<B: crate::mr::Backing> Unpin for super::Pending<'_, B> {}
+
+/// Awaiting a [`Pending`](super::Pending) (the `tokio` feature) resolves to the same
+/// [`Outcome`](super::Outcome) as [`Pending::spin`](super::Pending::spin): the region comes
+/// back with the completion. Dropping the future before that (a `select!` that lost, a
+/// timeout) leaves the region in the request's slot until the NIC is done with it.
+#[cfg(feature = "tokio")]
+impl<B: crate::mr::Backing> std::future::Future for super::Pending<'_, B> {
+    type Output = super::Outcome<B>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.poll_with(cx, super::wake::with_tokio::step)
     }
 }

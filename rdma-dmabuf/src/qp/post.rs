@@ -1,13 +1,14 @@
 //! Posting: the owned posts, the checks every request passes, and the verbs calls.
 
-use super::atomic::AtomicOp;
-use super::pending::{Pending, Ticket, WorkError};
+use super::pending::{Pending, WorkError};
+use super::ticket::Ticket;
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing, MemoryRegion};
 use crate::part::Local;
 use crate::remote::RemoteRegion;
 use crate::slots::wr_id;
+use crate::wr::AtomicOp;
 use crate::wr::WorkKind;
 use rdma_sys as ffi;
 use std::ops::Range;

@@ -4,7 +4,7 @@
 //! and the poll loop every awaited handle runs (also a shared receive queue's, through
 //! [`Waitable`]).
 
-use super::pending::Ticket;
+use super::ticket::Ticket;
 use super::QueuePair;
 use crate::cm_id::ConnectionEnd;
 use crate::cq::CompletionQueue;
@@ -199,108 +199,6 @@ pub(crate) fn poll_request<'q, Q: Waitable, R>(
     }
     cx.waker().wake_by_ref();
     Poll::Pending
-}
-
-impl<'q, B: crate::mr::Backing> super::Pending<'q, B> {
-    /// One poll of the request for a reactor's future (see [`crate::reactor`]): its outcome
-    /// if it has completed (or a poll of the CQ finds it), else its waker recorded in its
-    /// slot, the CQ armed, and `wait` asked to wait for the queue pair's fds
-    /// ([`QueuePair::completion_fd`], [`QueuePair::cm_event_fd`]) with the waker of the
-    /// `Context` it is given (not the task's: the queue pair's fan-out waker, which wakes
-    /// every task awaiting one of its requests, so that none depends on another's polls),
-    /// taking their events when one is ready. Allocates nothing and takes no lock.
-    ///
-    /// # Panics
-    /// If polled again after it returned the outcome.
-    pub fn poll_with(
-        &mut self,
-        cx: &mut Context<'_>,
-        wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
-    ) -> Poll<super::Outcome<B>> {
-        poll_ticket(&mut self.ticket, cx, wait).map(|(local, result)| {
-            let region = local.into_region();
-            match result {
-                Ok(wc) => Ok(super::Done { region, wc }),
-                Err(error) => Err(super::WorkError { error, region }),
-            }
-        })
-    }
-}
-
-impl<'q, P: crate::part::OwnedPart, const N: usize> super::PartsPending<'q, P, N> {
-    /// As [`Pending::poll_with`](super::Pending::poll_with).
-    ///
-    /// # Panics
-    /// If polled again after it returned the outcome.
-    pub fn poll_with(
-        &mut self,
-        cx: &mut Context<'_>,
-        wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
-    ) -> Poll<super::PartsOutcome<P, N>> {
-        poll_ticket(&mut self.ticket, cx, wait).map(|(parts, result)| match result {
-            Ok(wc) => Ok(super::PartsDone { parts, wc }),
-            Err(error) => Err(super::PartsError { error, parts }),
-        })
-    }
-}
-
-impl<'q> super::InlinePending<'q> {
-    /// As [`Pending::poll_with`](super::Pending::poll_with), for an inline request (nothing
-    /// was lent: the outcome is the completion).
-    ///
-    /// # Panics
-    /// If polled again after it returned the outcome.
-    pub fn poll_with(
-        &mut self,
-        cx: &mut Context<'_>,
-        wait: impl Fn(&'q QueuePair, &mut Context<'_>) -> Step,
-    ) -> Poll<Result<WorkCompletion>> {
-        let (qp, index) = (self.qp, self.index);
-        assert!(self.open, "InlinePending polled after it completed");
-        poll_request(qp, index, cx, || self.finish(), wait)
-    }
-}
-
-// Awaiting a handle polls its ticket; nothing in it is pinned (no pin projection is ever made),
-// so the handles are `Unpin` whatever they hold.
-impl<B: crate::mr::Backing> Unpin for super::Pending<'_, B> {}
-impl<P: crate::part::OwnedPart, const N: usize> Unpin for super::PartsPending<'_, P, N> {}
-
-/// Awaiting an [`InlinePending`](super::InlinePending) (the `tokio` feature) resolves to its
-/// completion, as its `spin` does.
-#[cfg(feature = "tokio")]
-impl std::future::Future for super::InlinePending<'_> {
-    type Output = Result<WorkCompletion>;
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.poll_with(cx, with_tokio::step)
-    }
-}
-
-/// Awaiting a [`Pending`](super::Pending) (the `tokio` feature) resolves to the same
-/// [`Outcome`](super::Outcome) as [`Pending::spin`](super::Pending::spin): the region comes
-/// back with the completion. Dropping the future before that (a `select!` that lost, a
-/// timeout) leaves the region in the request's slot until the NIC is done with it.
-#[cfg(feature = "tokio")]
-impl<B: crate::mr::Backing> std::future::Future for super::Pending<'_, B> {
-    type Output = super::Outcome<B>;
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.poll_with(cx, with_tokio::step)
-    }
-}
-
-/// Awaiting a [`PartsPending`](super::PartsPending) (the `tokio` feature) resolves to the
-/// same [`PartsOutcome`](super::PartsOutcome) as its `spin`, every part back.
-#[cfg(feature = "tokio")]
-impl<P: crate::part::OwnedPart, const N: usize> std::future::Future
-    for super::PartsPending<'_, P, N>
-{
-    type Output = super::PartsOutcome<P, N>;
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.poll_with(cx, with_tokio::step)
-    }
 }
 
 #[cfg(feature = "tokio")]

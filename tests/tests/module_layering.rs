@@ -1,0 +1,355 @@
+//! The library crates' modules depend on each other in one direction only, at every level:
+//! among the top-level modules of a crate, and among the files of each folder (`qp/post.rs`
+//! and `qp/atomic.rs` are siblings under `qp`). A cycle means two concepts that cannot be
+//! read, or changed, one without the other.
+//!
+//! Imports are read with a Rust parser (`syn`), not by text: grouped and nested `use` trees,
+//! `crate::`, `super::` and `self::` paths, paths through a child module declared in the file,
+//! and paths in types and expressions as well as in `use`. A name re-exported by a module
+//! (`crate::Error`, re-exported at the root from `error`) counts as a use of the module that
+//! defines it. `#[cfg(test)]` items are left out (unit tests may reach anywhere), and so are
+//! a folder's own file (`lib.rs`, `qp/mod.rs`): it declares and re-exports its children.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use syn::visit::Visit;
+
+type ModPath = Vec<String>;
+
+/// One source file: its module path and its parsed contents.
+struct File {
+    module: ModPath,
+    ast: syn::File,
+}
+
+/// The module a file under `src` defines: `lib.rs` -> [], `qp/mod.rs` and `qp.rs` -> [qp],
+/// `qp/post.rs` -> [qp, post].
+fn module_of(src: &Path, path: &Path) -> ModPath {
+    let rel = path.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+fn read_crate(src: &Path) -> Vec<File> {
+    let mut files = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path: PathBuf = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let ast =
+                    syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                files.push(File {
+                    module: module_of(src, &path),
+                    ast,
+                });
+            }
+        }
+    }
+    files
+}
+
+fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.meta
+                .require_list()
+                .is_ok_and(|l| l.tokens.to_string().trim() == "test")
+    })
+}
+
+/// What one module declares: its child modules, and the names it re-exports with the module
+/// path each `pub use` names.
+#[derive(Default)]
+struct Declared {
+    children: BTreeSet<String>,
+    reexports: BTreeMap<String, Vec<String>>,
+}
+
+/// Flattens a `use` tree into (path segments, name it binds); a glob binds "*".
+fn flatten(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<(Vec<String>, String)>) {
+    match tree {
+        syn::UseTree::Path(p) => {
+            prefix.push(p.ident.to_string());
+            flatten(&p.tree, prefix, out);
+            prefix.pop();
+        }
+        syn::UseTree::Name(n) => {
+            let mut path = prefix.clone();
+            path.push(n.ident.to_string());
+            out.push((path, n.ident.to_string()));
+        }
+        syn::UseTree::Rename(r) => {
+            let mut path = prefix.clone();
+            path.push(r.ident.to_string());
+            out.push((path, r.rename.to_string()));
+        }
+        syn::UseTree::Glob(_) => out.push((prefix.clone(), "*".into())),
+        syn::UseTree::Group(g) => {
+            for t in &g.items {
+                flatten(t, prefix, out);
+            }
+        }
+    }
+}
+
+fn declarations(files: &[File]) -> BTreeMap<ModPath, Declared> {
+    let mut all: BTreeMap<ModPath, Declared> = BTreeMap::new();
+    for f in files {
+        let decl = all.entry(f.module.clone()).or_default();
+        for item in &f.ast.items {
+            match item {
+                syn::Item::Mod(m) if !is_cfg_test(&m.attrs) => {
+                    decl.children.insert(m.ident.to_string());
+                }
+                syn::Item::Use(u) if !matches!(u.vis, syn::Visibility::Inherited) => {
+                    let mut out = Vec::new();
+                    flatten(&u.tree, &mut Vec::new(), &mut out);
+                    for (path, name) in out {
+                        decl.reexports.insert(name, path);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    all
+}
+
+/// The module that `path`, written in module `at`, lands in: `None` for paths that leave
+/// the crate (std, other crates) or name something local to the file.
+fn resolve(decls: &BTreeMap<ModPath, Declared>, at: &ModPath, path: &[String]) -> Option<ModPath> {
+    resolve_depth(decls, at, path, 0)
+}
+
+fn resolve_depth(
+    decls: &BTreeMap<ModPath, Declared>,
+    at: &ModPath,
+    path: &[String],
+    depth: usize,
+) -> Option<ModPath> {
+    if depth > 16 {
+        return None;
+    }
+    let mut segs = path.iter().peekable();
+    let mut cur: ModPath = match segs.peek()?.as_str() {
+        "crate" => {
+            segs.next();
+            Vec::new()
+        }
+        "self" => {
+            segs.next();
+            at.clone()
+        }
+        "super" => {
+            let mut m = at.clone();
+            while segs.peek().is_some_and(|s| *s == "super") {
+                segs.next();
+                m.pop();
+            }
+            m
+        }
+        first if decls.get(at).is_some_and(|d| d.children.contains(first)) => at.clone(),
+        _ => return None,
+    };
+    while let Some(seg) = segs.next() {
+        let decl = decls.get(&cur)?;
+        if decl.children.contains(seg.as_str()) {
+            cur.push(seg.clone());
+        } else if let Some(target) = decl.reexports.get(seg.as_str()) {
+            if target
+                .first()
+                .is_some_and(|t| t != "crate" && t != "self" && t != "super")
+                && !decl.children.contains(&target[0])
+            {
+                return Some(cur); // a re-export from another crate: stops here
+            }
+            let mut rest = target.clone();
+            rest.extend(segs.cloned());
+            return resolve_depth(decls, &cur, &rest, depth + 1).or(Some(cur));
+        } else {
+            return Some(cur); // an item of `cur` (or a glob we do not follow)
+        }
+    }
+    Some(cur)
+}
+
+/// Collects every path a file names (in `use`, types, expressions, patterns), skipping
+/// `#[cfg(test)]` items.
+#[derive(Default)]
+struct Paths(Vec<Vec<String>>);
+
+impl<'a> Visit<'a> for Paths {
+    fn visit_item_mod(&mut self, m: &'a syn::ItemMod) {
+        if !is_cfg_test(&m.attrs) {
+            syn::visit::visit_item_mod(self, m);
+        }
+    }
+    fn visit_item_fn(&mut self, f: &'a syn::ItemFn) {
+        if !is_cfg_test(&f.attrs) {
+            syn::visit::visit_item_fn(self, f);
+        }
+    }
+    fn visit_item_use(&mut self, u: &'a syn::ItemUse) {
+        if is_cfg_test(&u.attrs) {
+            return;
+        }
+        let mut out = Vec::new();
+        flatten(&u.tree, &mut Vec::new(), &mut out);
+        self.0.extend(out.into_iter().map(|(p, _)| p));
+    }
+    fn visit_path(&mut self, p: &'a syn::Path) {
+        self.0
+            .push(p.segments.iter().map(|s| s.ident.to_string()).collect());
+        syn::visit::visit_path(self, p);
+    }
+}
+
+/// File module -> the modules it uses (itself left out).
+fn file_graph(files: &[File]) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
+    let decls = declarations(files);
+    let mut graph = BTreeMap::new();
+    for f in files {
+        let mut paths = Paths::default();
+        paths.visit_file(&f.ast);
+        let uses: &mut BTreeSet<ModPath> = graph.entry(f.module.clone()).or_default();
+        for p in paths.0 {
+            if let Some(target) = resolve(&decls, &f.module, &p) {
+                if target != f.module {
+                    uses.insert(target);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// For each folder (module with children), the graph among its children: child A uses child
+/// B when a file under A uses a module under B.
+fn sibling_graphs(
+    graph: &BTreeMap<ModPath, BTreeSet<ModPath>>,
+) -> BTreeMap<ModPath, BTreeMap<String, BTreeSet<String>>> {
+    let mut levels: BTreeMap<ModPath, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (from, targets) in graph {
+        for depth in 0..from.len() {
+            let parent = from[..depth].to_vec();
+            let a = &from[depth];
+            let level = levels.entry(parent.clone()).or_default();
+            let edges = level.entry(a.clone()).or_default();
+            for t in targets {
+                if t.len() > depth && t[..depth] == parent[..] && &t[depth] != a {
+                    edges.insert(t[depth].clone());
+                }
+            }
+        }
+    }
+    levels
+}
+
+/// A cycle in `graph`, if any, as the path of nodes round it.
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        node: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|n| n == node) {
+            let mut c = path[i..].to_vec();
+            c.push(node.to_string());
+            return Some(c);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(c) = visit(graph, next, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(graph, n, &mut Vec::new(), &mut done))
+}
+
+fn cycles_in(krate: &str) -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
+        .join("src");
+    let files = read_crate(&src);
+    let graph = file_graph(&files);
+    sibling_graphs(&graph)
+        .into_iter()
+        .filter_map(|(parent, level)| {
+            cycle(&level).map(|c| {
+                let at = if parent.is_empty() {
+                    "the crate root".to_string()
+                } else {
+                    parent.join("::")
+                };
+                format!("{krate}, under {at}: {}", c.join(" -> "))
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn library_modules_have_no_cycle_at_any_level() {
+    let mut found = cycles_in("drm-export");
+    found.extend(cycles_in("rdma-dmabuf"));
+    assert!(found.is_empty(), "module cycles:\n{}", found.join("\n"));
+}
+
+/// The checker itself: a grouped `use` through `super::` and a re-export make an edge, so a
+/// cycle written that way is found.
+#[test]
+fn the_checker_sees_grouped_super_and_reexported_uses() {
+    let a: syn::File = syn::parse_quote! {
+        use super::{b::{Thing}, Other};
+        fn f(_: crate::top::Reexported) {}
+    };
+    let b: syn::File = syn::parse_quote! { pub struct Thing; fn g() { super::a::h(); } };
+    let top: syn::File = syn::parse_quote! {
+        mod a; mod b; pub struct Other; pub use self::b::Thing as Reexported;
+    };
+    let root: syn::File = syn::parse_quote! { mod top; };
+    let files = vec![
+        File {
+            module: vec![],
+            ast: root,
+        },
+        File {
+            module: vec!["top".into()],
+            ast: top,
+        },
+        File {
+            module: vec!["top".into(), "a".into()],
+            ast: a,
+        },
+        File {
+            module: vec!["top".into(), "b".into()],
+            ast: b,
+        },
+    ];
+    let levels = sibling_graphs(&file_graph(&files));
+    let under_top = &levels[&vec!["top".to_string()]];
+    assert!(under_top["a"].contains("b"), "{:?}", under_top);
+    assert!(under_top["b"].contains("a"), "{:?}", under_top);
+    assert!(cycle(under_top).is_some());
+}
