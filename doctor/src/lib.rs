@@ -274,3 +274,8 @@ pub fn verdict(checks: &[Check], matrix: &[Registration]) -> Verdict {
         line,
     }
 }
+
+// The README's examples are compiled as doc tests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -61,3 +61,8 @@ pub use udmabuf::{
     vmap_misplaces_huge_pages, MemfdPages, Udmabuf, HUGE_PAGE_VMAP_BUG, UNKNOWN_UDMABUF_PAGES,
 };
 pub use vgem::VgemFence;
+
+// The README's examples are compiled as doc tests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -108,3 +108,8 @@ pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use shard::{JoinError, Shard, SplitError};
 pub use wr::{AtomicOp, WorkCompletion, WorkKind};
+
+// The README's examples are compiled as doc tests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

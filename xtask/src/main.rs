@@ -6,6 +6,7 @@ mod bench;
 mod demo;
 mod initramfs;
 mod klog;
+mod packaging;
 mod patched;
 mod programs;
 mod rdmacore;
