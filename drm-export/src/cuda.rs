@@ -6,7 +6,11 @@
 //! page size. Sizes are rounded up to whole pages here. `cuMemAlloc` promises only an alignment
 //! fit for any variable, but places such sizes on page boundaries: on an H100 (driver 580) a
 //! 16 KiB buffer came 4 KiB after a 4 KiB one, page-aligned though not 2 MiB-aligned, and all
-//! exported. libcuda is loaded at run time.
+//! exported. libcuda is loaded at run time: `libcuda.so.1`, or the library that the
+//! environment variable `DRM_EXPORT_LIBCUDA` names ([`LIBCUDA_ENV`]).
+//!
+//! Memory the program already has, at any device pointer: [`range`]
+//! ([`CudaDevice::export_range`]).
 //!
 //! The only module besides `sys` with `unsafe` blocks: the calls that take a device address
 //! are `unsafe fn`s of `sys::cuda` (the driver checks no ownership), and [`CudaBuffer`], the
@@ -17,7 +21,11 @@
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
 use crate::sys::cuda::{self, Ctx, CuDevice, CuDevicePtr, Driver};
+pub use crate::sys::cuda::LIBCUDA_ENV;
 use std::sync::{Arc, OnceLock};
+
+pub mod range;
+pub use range::{CudaRange, PointerInfo};
 
 fn driver() -> Result<&'static Driver> {
     static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
@@ -51,6 +59,7 @@ fn cu_err(d: &Driver, what: &str, r: cuda::CuResult) -> Error {
 pub struct CudaDevice {
     dev: CuDevice,
     ctx: Ctx,
+    ordinal: i32,
 }
 
 impl CudaDevice {
@@ -79,7 +88,7 @@ impl CudaDevice {
         let ctx = d
             .retain_and_bind(dev)
             .map_err(|r| cu_err(d, "cuDevicePrimaryCtxRetain", r))?;
-        Ok(Arc::new(CudaDevice { dev, ctx }))
+        Ok(Arc::new(CudaDevice { dev, ctx, ordinal }))
     }
 
     fn bind(&self) -> Result<&'static Driver> {

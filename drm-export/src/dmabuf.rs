@@ -97,6 +97,24 @@ impl DmaBuf {
         self.udmabuf_small_pages
     }
 
+    /// For a udmabuf made elsewhere (received from another process, exported by another
+    /// API: a `DmaBuf` from [`DmaBuf::try_from`]), reads whether every one of its pages is a
+    /// small page, as [`DmaBuf::udmabuf_small_pages`] then reports: the buffer is mapped, each
+    /// page touched (read, never written, and the bytes ignored), and the page frames looked
+    /// up in `/proc/self/pagemap` and `/proc/kpageflags` (which needs `CAP_SYS_ADMIN`). A
+    /// udmabuf pins its pages for its life, so the answer holds as long as the buffer does.
+    /// Returns the answer (`None` for another exporter, or when the frames cannot be read).
+    /// Takes the buffer exclusively, as [`DmaBuf::map`] does.
+    pub fn inspect_udmabuf_pages(&mut self) -> Option<bool> {
+        if self.exporter != "udmabuf" {
+            return None;
+        }
+        if self.udmabuf_small_pages.is_none() {
+            self.udmabuf_small_pages = sys::udmabuf_pages_of(self);
+        }
+        self.udmabuf_small_pages
+    }
+
     pub(crate) fn set_udmabuf_small_pages(&mut self, small: Option<bool>) {
         self.udmabuf_small_pages = small;
     }

@@ -47,7 +47,7 @@ pub mod vgem;
 pub use device::{DrmDevice, NodeKind};
 pub use dmabuf::DmaBuf;
 pub use dumb::DumbBuffer;
-pub use error::{Error, Op, Result};
+pub use error::{CudaRefusal, Error, Op, Result};
 pub use gem::{GemBuffer, GpuBuffer, Placement};
 pub use heap::DmaHeap;
 pub use mapping::Mapping;
