@@ -98,21 +98,23 @@ impl DmaBuf {
     }
 
     /// For a udmabuf made elsewhere (received from another process, exported by another
-    /// API: a `DmaBuf` from [`DmaBuf::try_from`]), reads whether every one of its pages is a
-    /// small page, as [`DmaBuf::udmabuf_small_pages`] then reports: the buffer is mapped, each
-    /// page touched (read, never written, and the bytes ignored), and the page frames looked
-    /// up in `/proc/self/pagemap` and `/proc/kpageflags` (which needs `CAP_SYS_ADMIN`). A
-    /// udmabuf pins its pages for its life, so the answer holds as long as the buffer does.
-    /// Returns the answer (`None` for another exporter, or when the frames cannot be read).
-    /// Takes the buffer exclusively, as [`DmaBuf::map`] does.
-    pub fn inspect_udmabuf_pages(&mut self) -> Option<bool> {
-        if self.exporter != "udmabuf" {
-            return None;
+    /// library: a `DmaBuf` from [`DmaBuf::try_from`]), records that every one of its pages is
+    /// a small page, as [`DmaBuf::udmabuf_small_pages`] then reports. Its pages cannot be
+    /// looked at from here: a udmabuf's own mapping is a raw page-frame mapping, which
+    /// `/proc/self/pagemap` does not show. Without this, a region over such a udmabuf on a
+    /// device that moves data with the CPU is refused on kernels with
+    /// [`HUGE_PAGE_VMAP_BUG`](crate::udmabuf::HUGE_PAGE_VMAP_BUG).
+    ///
+    /// # Safety
+    /// Every page the udmabuf pins is a small page (its maker checked the page frames, as
+    /// [`Udmabuf`](crate::Udmabuf) does, or its memfd cannot have large pages: not hugetlbfs,
+    /// and shmem transparent huge pages disabled when its pages were allocated). Otherwise a
+    /// soft-RoCE device would read and write pages outside the buffer.
+    #[allow(unsafe_code)] // a promise the caller makes; no unsafe operation inside
+    pub unsafe fn assume_udmabuf_small_pages(&mut self) {
+        if self.exporter == "udmabuf" {
+            self.udmabuf_small_pages = Some(true);
         }
-        if self.udmabuf_small_pages.is_none() {
-            self.udmabuf_small_pages = sys::udmabuf_pages_of(self);
-        }
-        self.udmabuf_small_pages
     }
 
     pub(crate) fn set_udmabuf_small_pages(&mut self, small: Option<bool>) {

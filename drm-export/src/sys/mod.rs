@@ -127,12 +127,6 @@ fn restart(mut call: impl FnMut() -> nix::Result<c_int>) -> io::Result<c_int> {
 
 mod pages;
 
-/// Whether every page of `buf`, a udmabuf made elsewhere, is small (see `pages::of_udmabuf`);
-/// `None` if that cannot be told.
-pub(crate) fn udmabuf_pages_of(buf: &DmaBuf) -> Option<bool> {
-    pages::of_udmabuf(&Mmap::of(buf).ok()?)
-}
-
 #[cfg(feature = "cuda")]
 pub mod cuda;
 

@@ -65,7 +65,13 @@ pub(super) fn before(memfd: BorrowedFd<'_>, ranges: &[(u64, u64)]) -> Option<Bef
         // removed) and is at least `end` bytes long, so it can never be shorter than the
         // mapping: no access through it faults.
         let map = unsafe { Mmap::shared(memfd, offset, len) }.ok()?;
-        touch(&map, page)?;
+        let bytes = map.volatile();
+        let mut one = [0u8; 1];
+        for at in (0..len).step_by(page) {
+            vm_memory::VolatileMemory::get_slice(&bytes, at, 1)
+                .ok()?
+                .copy_to(&mut one[..]);
+        }
         let frames = frames(&pagemap, &map, page)?;
         out.push((map, frames));
     }
@@ -88,47 +94,17 @@ pub(super) fn after(before: Option<Before>) -> Option<bool> {
             page,
         } => (maps, pagemap, page),
     };
+    let kpageflags = std::fs::File::open("/proc/kpageflags").ok()?;
     let mut small = true;
     for (map, seen) in &maps {
         if frames(&pagemap, map, page)? != *seen {
             return None;
         }
-        small &= all_small(seen)?;
-    }
-    Some(small)
-}
-
-/// For a mapping of a whole udmabuf made elsewhere (another process, another API): whether
-/// every page is small. The udmabuf pins its pages for its life, so the frames seen through
-/// the mapping (each page touched first, to map it) stay its frames; `None` if they cannot
-/// be read (no `CAP_SYS_ADMIN`).
-pub(super) fn of_udmabuf(map: &Mmap) -> Option<bool> {
-    let page = page_size()?;
-    let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
-    touch(map, page)?;
-    all_small(&frames(&pagemap, map, page)?)
-}
-
-/// Reads one byte of every page of `map` (volatile copies), so that every page is mapped.
-fn touch(map: &Mmap, page: usize) -> Option<()> {
-    let bytes = map.volatile();
-    let mut one = [0u8; 1];
-    for at in (0..map.len()).step_by(page) {
-        vm_memory::VolatileMemory::get_slice(&bytes, at, 1)
-            .ok()?
-            .copy_to(&mut one[..]);
-    }
-    Some(())
-}
-
-/// Whether none of `frames` is part of a larger folio (`/proc/kpageflags`).
-fn all_small(frames: &[u64]) -> Option<bool> {
-    let kpageflags = std::fs::File::open("/proc/kpageflags").ok()?;
-    let mut small = true;
-    for &frame in frames {
-        let mut flags = [0u8; 8];
-        kpageflags.read_exact_at(&mut flags, frame * 8).ok()?;
-        small &= u64::from_ne_bytes(flags) & (COMPOUND_HEAD | COMPOUND_TAIL | HUGE | THP) == 0;
+        for &frame in seen {
+            let mut flags = [0u8; 8];
+            kpageflags.read_exact_at(&mut flags, frame * 8).ok()?;
+            small &= u64::from_ne_bytes(flags) & (COMPOUND_HEAD | COMPOUND_TAIL | HUGE | THP) == 0;
+        }
     }
     Some(small)
 }
