@@ -56,6 +56,7 @@
 //!
 //! [`DmaBuf`]: drm_export::DmaBuf
 
+pub mod cache;
 pub mod cm;
 mod cm_id;
 mod cq;
@@ -83,6 +84,7 @@ mod unwind;
 mod waiters;
 pub mod wr;
 
+pub use cache::{BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, RegistrationCache, SharedDmaBuf};
 pub use cm::{CmConnector, CmListener};
 pub use device::{AtomicCap, Context, DeviceAttr, Gid, Mtu};
 pub use dm::DeviceMemory;
