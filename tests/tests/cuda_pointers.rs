@@ -5,13 +5,17 @@
 //! end are registered with `iova = ptr` on rxe, RDMA-written and -read by a second queue pair,
 //! and every byte, with the bytes around the range, checked through the stand-in's host view;
 //! bad, freed, host and managed pointers, ranges past an allocation or across physical
-//! mappings are refused with typed errors. Runs in the testbed VM.
+//! mappings are refused with typed errors; the registration cache, keyed on the buffer id,
+//! registers afresh when an address is freed and allocated again. Runs in the testbed VM.
 
 use drm_export::{CudaRefusal, DmaBuf, Error};
 use integration_tests::cuda_standin::{device, standin, vouch_small_pages, Kind};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
-use rdma_dmabuf::{Access, Local, MemoryRegion, ProtectionDomain, RemoteRegion};
+use rdma_dmabuf::{
+    Access, BufferKey, CacheKey, CacheLimits, Local, MemoryRegion, ProtectionDomain,
+    RegistrationCache, RemoteRegion,
+};
 use std::sync::Arc;
 
 const RW: Access = Access::LOCAL_WRITE
@@ -170,4 +174,78 @@ fn cuda_pointers_that_cannot_be_exported_are_refused_with_typed_errors() {
     for p in [base, host, managed, vmm] {
         s.free(p);
     }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (peer, _owner) = loopback_pair(&pd);
+    let s = standin();
+    let dev = device();
+    let cache = RegistrationCache::new(&pd, CacheLimits::default());
+    let size = 16 * PAGE as usize;
+    let (at, len) = (100u64, 3 * PAGE);
+    // The key asks the driver for the allocation's buffer id before every checkout.
+    let key = |ptr: u64| CacheKey {
+        buffer: BufferKey::Cuda {
+            buffer_id: dev.pointer_info(ptr).unwrap().buffer_id,
+        },
+        offset: ptr,
+        len,
+        iova: ptr,
+        access: RW,
+    };
+    let dev2 = &dev;
+    let export = |ptr: u64| {
+        move || {
+            let r = dev2
+                .export_range(ptr, len)
+                .map_err(|e| rdma_dmabuf::Error::Adopt(Box::new(e)))?;
+            let (mut dmabuf, offset, _, _) = r.into_parts();
+            vouch_small_pages(&mut dmabuf);
+            Ok((dmabuf, offset))
+        }
+    };
+    let read = |c: &rdma_dmabuf::Checkout| {
+        let back = host_region(&pd, &[], len as usize, Access::LOCAL_WRITE);
+        let done = peer
+            .post_read(Local::new(back, 0..len), c.remote().unwrap())
+            .unwrap()
+            .wait()
+            .unwrap();
+        done.region.bytes().unwrap()[..len as usize].to_vec()
+    };
+
+    let first = s.alloc(size, 1, Kind::Device);
+    let ptr = first + at;
+    s.write(first, &pattern(size, 1));
+    let old = key(ptr);
+    let c = cache.checkout_with(old, export(ptr)).unwrap();
+    assert_eq!(c.addr(), ptr);
+    assert_eq!(read(&c), pattern(size, 1)[at as usize..][..len as usize]);
+    drop(c);
+    drop(cache.checkout_with(key(ptr), export(ptr)).unwrap());
+    assert_eq!((cache.stats().hits, cache.stats().misses), (1, 1));
+
+    // Freed, and the address given to a new allocation with other bytes.
+    s.free(first);
+    let second = s.alloc(size, 1, Kind::Device);
+    assert_eq!(second, first, "the stand-in reuses the address");
+    s.write(second, &pattern(size, 2));
+    let new = key(ptr);
+    assert_ne!(new, old, "a new buffer id");
+    let c = cache.checkout_with(new, export(ptr)).unwrap();
+    assert_eq!(cache.stats().misses, 2, "registered afresh");
+    assert_eq!(read(&c), pattern(size, 2)[at as usize..][..len as usize]);
+    drop(c);
+    // What a key of the address alone would have handed out: the freed allocation's memory
+    // (kept by its dma-buf), not the new one's.
+    let stale = cache
+        .checkout_with(old, || panic!("the old registration is still cached"))
+        .unwrap();
+    assert_eq!(read(&stale), pattern(size, 1)[at as usize..][..len as usize]);
+    drop(stale);
+    s.free(second);
 }
