@@ -20,8 +20,8 @@
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
-use crate::sys::cuda::{self, Ctx, CuDevice, CuDevicePtr, Driver};
 pub use crate::sys::cuda::LIBCUDA_ENV;
+use crate::sys::cuda::{self, Ctx, CuDevice, CuDevicePtr, Driver};
 use std::sync::{Arc, OnceLock};
 
 pub mod range;

@@ -45,12 +45,14 @@ pub fn run(pd: &Arc<ProtectionDomain>, alloc: &Allocator, run: &Run) {
             access,
         };
         let mut buf = Some(buf);
-        let export = |b: &mut Option<DmaBuf>| b.take().map(|d| (d, 0)).ok_or_else(|| {
-            rdma_dmabuf::Error::InvalidArgument {
-                op: rdma_dmabuf::Op::RegDmabufMr,
-                what: "a second miss".into(),
-            }
-        });
+        let export = |b: &mut Option<DmaBuf>| {
+            b.take()
+                .map(|d| (d, 0))
+                .ok_or_else(|| rdma_dmabuf::Error::InvalidArgument {
+                    op: rdma_dmabuf::Op::RegDmabufMr,
+                    what: "a second miss".into(),
+                })
+        };
         drop(
             cache
                 .checkout_with(key, || export(&mut buf))

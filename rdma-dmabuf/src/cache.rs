@@ -404,7 +404,13 @@ impl RegistrationCache {
     }
 }
 
-fn dmabuf_key(id: (u64, u64), offset: u64, len: u64, iova: Option<u64>, access: Access) -> CacheKey {
+fn dmabuf_key(
+    id: (u64, u64),
+    offset: u64,
+    len: u64,
+    iova: Option<u64>,
+    access: Access,
+) -> CacheKey {
     CacheKey {
         buffer: BufferKey::DmaBuf {
             dev: id.0,
@@ -449,7 +455,9 @@ impl Checkout {
 impl Deref for Checkout {
     type Target = MemoryRegion<SharedDmaBuf>;
     fn deref(&self) -> &Self::Target {
-        self.region.as_ref().expect("a checkout holds its region until dropped")
+        self.region
+            .as_ref()
+            .expect("a checkout holds its region until dropped")
     }
 }
 

@@ -84,7 +84,9 @@ mod unwind;
 mod waiters;
 pub mod wr;
 
-pub use cache::{BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, RegistrationCache, SharedDmaBuf};
+pub use cache::{
+    BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, RegistrationCache, SharedDmaBuf,
+};
 pub use cm::{CmConnector, CmListener};
 pub use device::{AtomicCap, Context, DeviceAttr, Gid, Mtu};
 pub use dm::DeviceMemory;

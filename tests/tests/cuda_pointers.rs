@@ -147,7 +147,10 @@ fn cuda_pointers_that_cannot_be_exported_are_refused_with_typed_errors() {
     let host = s.alloc(size as usize, 1, Kind::Host);
     assert_eq!(refusal(host, PAGE), CudaRefusal::HostMemory);
     let e = dev.export_range(host, PAGE).unwrap_err().to_string();
-    assert!(e.contains("HostBuffer"), "the hint names the host path: {e}");
+    assert!(
+        e.contains("HostBuffer"),
+        "the hint names the host path: {e}"
+    );
     let managed = s.alloc(size as usize, 1, Kind::Managed);
     assert_eq!(refusal(managed + 5, PAGE), CudaRefusal::ManagedMemory);
 
@@ -245,7 +248,10 @@ fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address(
     let stale = cache
         .checkout_with(old, || panic!("the old registration is still cached"))
         .unwrap();
-    assert_eq!(read(&stale), pattern(size, 1)[at as usize..][..len as usize]);
+    assert_eq!(
+        read(&stale),
+        pattern(size, 1)[at as usize..][..len as usize]
+    );
     drop(stale);
     s.free(second);
 }

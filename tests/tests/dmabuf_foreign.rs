@@ -145,7 +145,10 @@ fn dmabuf_fd_passed_between_processes_is_registered_on_the_receiving_side() {
         "the sender's bytes"
     );
     peer.post_write(
-        Local::new(host_region(&pd, &pattern(n, 2), n, Access::empty()), 0..SIZE),
+        Local::new(
+            host_region(&pd, &pattern(n, 2), n, Access::empty()),
+            0..SIZE,
+        ),
         remote,
         None,
     )

@@ -58,7 +58,10 @@ fn cache_hits_by_identity_range_and_access_and_evicts_least_recently_used() {
     let key = first.key();
     let (lkey, rkey) = (first.lkey(), first.rkey());
     let bytes = pattern(16 * PAGE as usize, 1);
-    assert_eq!(read(&pd, &peer, &first), bytes[PAGE as usize..][..2 * PAGE as usize]);
+    assert_eq!(
+        read(&pd, &peer, &first),
+        bytes[PAGE as usize..][..2 * PAGE as usize]
+    );
     drop(first);
 
     // The same buffer as another fd (as if received again): a hit, the same registration.
@@ -83,7 +86,13 @@ fn cache_hits_by_identity_range_and_access_and_evicts_least_recently_used() {
     assert_eq!(read(&pd, &peer, &other), bytes[..PAGE as usize]);
     drop(other);
     let ro = cache
-        .checkout_fd(a_fd.try_clone().unwrap(), PAGE, 2 * PAGE, None, Access::REMOTE_READ)
+        .checkout_fd(
+            a_fd.try_clone().unwrap(),
+            PAGE,
+            2 * PAGE,
+            None,
+            Access::REMOTE_READ,
+        )
         .unwrap();
     drop(ro);
     let s = cache.stats();
@@ -116,7 +125,10 @@ fn cache_hits_by_identity_range_and_access_and_evicts_least_recently_used() {
 
     // Everything of `a` was older than the big region: gone with it, and the buffer released.
     assert_eq!(after.entries, 0, "{after:?}");
-    assert!(DmaBuf::try_from(a_fd).is_ok(), "released with its last region");
+    assert!(
+        DmaBuf::try_from(a_fd).is_ok(),
+        "released with its last region"
+    );
 }
 
 #[test]
@@ -147,16 +159,27 @@ fn cache_never_deregisters_a_checked_out_region_and_invalidates_on_return() {
     let pending = owner.post_write_parts([src], remote, None).unwrap();
     let b = udmabuf(4 * PAGE, 6);
     drop(cache.checkout_dmabuf(b, 0, PAGE, None, RW).unwrap());
-    assert_eq!(cache.stats().entries, 1, "the returned region was evicted, not the posted one");
+    assert_eq!(
+        cache.stats().entries,
+        1,
+        "the returned region was evicted, not the posted one"
+    );
     assert_eq!(cache.invalidate(buffer), 0, "nothing of it is in the cache");
     let done = pending.wait().unwrap();
     let [src] = done.parts;
     // The write went through the posted region, untouched by the eviction and invalidation.
     let written = dst.into_inner().unwrap();
-    assert!(written.as_slice() == pattern(4 * PAGE as usize, 5), "written bytes");
+    assert!(
+        written.as_slice() == pattern(4 * PAGE as usize, 5),
+        "written bytes"
+    );
     drop(src);
     let s = cache.stats();
-    assert_eq!((s.entries, s.invalidations), (0, 1), "deregistered on return: {s:?}");
+    assert_eq!(
+        (s.entries, s.invalidations),
+        (0, 1),
+        "deregistered on return: {s:?}"
+    );
     // The next checkout registers afresh (the cache had let the buffer go: it comes back
     // as a DmaBuf of this test's, whose pages it knows).
     let mut a = DmaBuf::try_from(a_fd).unwrap();
@@ -165,7 +188,11 @@ fn cache_never_deregisters_a_checked_out_region_and_invalidates_on_return() {
     let again = cache.checkout_dmabuf(a, 0, 4 * PAGE, None, RW).unwrap();
     assert_eq!(cache.stats().misses, 3);
     drop(again);
-    assert_eq!(cache.invalidate(buffer), 1, "in the cache: deregistered now");
+    assert_eq!(
+        cache.invalidate(buffer),
+        1,
+        "in the cache: deregistered now"
+    );
 
     // A bad fd is a typed error.
     let (sock, _other) = std::os::unix::net::UnixStream::pair().unwrap();

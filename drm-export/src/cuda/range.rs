@@ -123,9 +123,8 @@ impl CudaDevice {
         // `pointer_info` checked that `ptr + len` does not wrap and ends inside the
         // allocation, whose end the driver keeps below the top of the address space.
         let end = (ptr + len).div_ceil(page) * page;
-        let size = usize::try_from(end - start).map_err(|_| {
-            refuse(ptr, len, CudaRefusal::EmptyOrWrapping)
-        })?;
+        let size = usize::try_from(end - start)
+            .map_err(|_| refuse(ptr, len, CudaRefusal::EmptyOrWrapping))?;
         // SAFETY: `[start, end)` covers `[ptr, ptr + len)`, which the driver reported to be
         // inside one live allocation of device memory (not host, not managed) of this device,
         // within one physical mapping, with the device's context bound on this thread by
@@ -156,9 +155,7 @@ fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerI
             driver: d.error_name(r),
         })
     };
-    let kind = d
-        .pointer_u32(cuda::PTR_MEMORY_TYPE, ptr)
-        .map_err(unknown)?;
+    let kind = d.pointer_u32(cuda::PTR_MEMORY_TYPE, ptr).map_err(unknown)?;
     if d.pointer_u32(cuda::PTR_IS_MANAGED, ptr).map_err(unknown)? != 0 {
         return Err(no(CudaRefusal::ManagedMemory));
     }

@@ -298,8 +298,7 @@ impl Driver {
         let mut v: u64 = 0;
         // SAFETY: for the attributes above the driver writes 8 bytes, and `v` is a live u64;
         // it only looks `p` up.
-        check(unsafe { (self.pointer_attribute)((&mut v as *mut u64).cast(), attr, p) })
-            .map(|()| v)
+        check(unsafe { (self.pointer_attribute)((&mut v as *mut u64).cast(), attr, p) }).map(|()| v)
     }
 
     /// `cuPointerGetAttribute` of an attribute whose value is 4 bytes (`unsigned int` or
@@ -312,8 +311,7 @@ impl Driver {
         let mut v: u32 = 0;
         // SAFETY: for the attributes above the driver writes 4 bytes, and `v` is a live u32;
         // it only looks `p` up.
-        check(unsafe { (self.pointer_attribute)((&mut v as *mut u32).cast(), attr, p) })
-            .map(|()| v)
+        check(unsafe { (self.pointer_attribute)((&mut v as *mut u32).cast(), attr, p) }).map(|()| v)
     }
 }
 
