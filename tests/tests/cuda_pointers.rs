@@ -11,7 +11,7 @@
 use drm_export::{CudaRefusal, DmaBuf, Error};
 use integration_tests::cuda_standin::{device, standin, vouch_small_pages, Kind};
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
+use integration_tests::verbs::{host_region, loopback_pair, pattern, pd, read_remote};
 use rdma_dmabuf::{
     Access, BufferKey, CacheKey, CacheLimits, Local, MemoryRegion, ProtectionDomain,
     RegistrationCache, RemoteRegion,
@@ -211,15 +211,7 @@ fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address(
             Ok((dmabuf, offset))
         }
     };
-    let read = |c: &rdma_dmabuf::Checkout| {
-        let back = host_region(&pd, &[], len as usize, Access::LOCAL_WRITE);
-        let done = peer
-            .post_read(Local::new(back, 0..len), c.remote().unwrap())
-            .unwrap()
-            .wait()
-            .unwrap();
-        done.region.bytes().unwrap()[..len as usize].to_vec()
-    };
+    let read = |c: &rdma_dmabuf::Checkout| read_remote(&pd, &peer, c.remote().unwrap());
 
     let first = s.alloc(size, 1, Kind::Device);
     let ptr = first + at;

@@ -5,9 +5,9 @@
 
 use drm_export::Udmabuf;
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
+use integration_tests::verbs::{host_region, loopback_pair, pattern, pd, read_remote};
 use rdma_dmabuf::{
-    Access, BufferKey, CacheLimits, Checkout, DmaBuf, Error, Local, ProtectionDomain, QueuePair,
+    Access, BufferKey, CacheLimits, Checkout, DmaBuf, Error, ProtectionDomain, QueuePair,
     RegistrationCache,
 };
 use std::os::fd::{AsFd, OwnedFd};
@@ -27,14 +27,7 @@ fn udmabuf(size: u64, seed: u8) -> DmaBuf {
 
 /// The bytes of `c`'s region, RDMA-read by `peer`.
 fn read(pd: &Arc<ProtectionDomain>, peer: &QueuePair, c: &Checkout) -> Vec<u8> {
-    let n = c.len();
-    let back = host_region(pd, &[], n as usize, Access::LOCAL_WRITE);
-    let done = peer
-        .post_read(Local::new(back, 0..n), c.remote().unwrap())
-        .unwrap()
-        .wait()
-        .unwrap();
-    done.region.bytes().unwrap()[..n as usize].to_vec()
+    read_remote(pd, peer, c.remote().unwrap())
 }
 
 fn dup(d: &DmaBuf) -> OwnedFd {
