@@ -144,6 +144,11 @@ impl CudaBuffer {
         self.size
     }
 
+    /// The device address of the first byte (for [`CudaDevice::export_range`] of a part).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
     /// `cuMemsetD8` over the whole buffer.
     ///
     /// # Errors
@@ -220,7 +225,10 @@ impl Drop for CudaBuffer {
     }
 }
 
-#[cfg(test)]
+// Built only with feature `gpu-tests`, so that the testbed, which runs every ignored test of
+// the workspace, does not run this one (the integration tests' `cuda_pointers` runs the same
+// calls there against a stand-in libcuda).
+#[cfg(all(test, feature = "gpu-tests"))]
 // Tests report what they allocated; they run in no drain or drop.
 #[allow(clippy::print_stderr)]
 mod tests {
@@ -229,7 +237,7 @@ mod tests {
     /// Everything this module does, on GPU 0: allocation sizes, fills and copies (from this
     /// thread and another), the length checks, and an export of each buffer whose memory is
     /// then freed before its dma-buf is closed. Needs an NVIDIA GPU with dma-buf support:
-    /// `cargo test -p drm-export --features cuda -- --ignored cuda_`.
+    /// `cargo test -p drm-export --features cuda,gpu-tests -- --ignored cuda_`.
     #[test]
     #[ignore = "needs an NVIDIA GPU with libcuda and dma-buf support"]
     fn cuda_buffers_fill_copy_and_export() {

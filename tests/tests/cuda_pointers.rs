@@ -247,3 +247,42 @@ fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address(
     drop(stale);
     s.free(second);
 }
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn cuda_buffers_fill_copy_export_and_export_a_part_by_pointer() {
+    let _tb = Testbed::get();
+    let s = standin();
+    let dev = device();
+    let buf = drm_export::cuda::CudaBuffer::new(&dev, 3 * PAGE as usize + 1).unwrap();
+    assert_eq!(buf.size(), 4 * PAGE as usize);
+    assert_eq!(buf.ptr() % PAGE, 0);
+    buf.fill(0xab).unwrap();
+    assert!(s.read(buf.ptr(), buf.size()).iter().all(|&b| b == 0xab));
+    let p = pattern(buf.size(), 9);
+    buf.copy_from_host(&p).unwrap();
+    let mut out = vec![0; buf.size()];
+    buf.copy_to_host(&mut out).unwrap();
+    assert_eq!(out, p);
+    assert!(matches!(
+        buf.copy_from_host(&vec![0; buf.size() + 1]),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let whole = buf.export().unwrap();
+    assert_eq!(
+        (whole.size(), whole.exporter()),
+        (buf.size() as u64, "udmabuf")
+    );
+    let part = dev.export_range(buf.ptr() + PAGE + 1, 10).unwrap();
+    assert_eq!((part.dmabuf().size(), part.offset()), (PAGE, 1));
+    let id = dev.pointer_info(buf.ptr()).unwrap().buffer_id;
+    assert_eq!(part.buffer_id(), id);
+    // Freed first: the dma-bufs keep their memory, the pointer is gone.
+    let ptr = buf.ptr();
+    drop(buf);
+    assert!(matches!(
+        dev.export_range(ptr, 1),
+        Err(Error::CudaPointer { .. })
+    ));
+    drop((whole, part));
+}
