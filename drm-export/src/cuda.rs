@@ -6,7 +6,11 @@
 //! page size. Sizes are rounded up to whole pages here. `cuMemAlloc` promises only an alignment
 //! fit for any variable, but places such sizes on page boundaries: on an H100 (driver 580) a
 //! 16 KiB buffer came 4 KiB after a 4 KiB one, page-aligned though not 2 MiB-aligned, and all
-//! exported. libcuda is loaded at run time.
+//! exported. libcuda is loaded at run time: `libcuda.so.1`, or the library that the
+//! environment variable `DRM_EXPORT_LIBCUDA` names ([`LIBCUDA_ENV`]).
+//!
+//! Memory the program already has, at any device pointer: [`range`]
+//! ([`CudaDevice::export_range`]).
 //!
 //! The only module besides `sys` with `unsafe` blocks: the calls that take a device address
 //! are `unsafe fn`s of `sys::cuda` (the driver checks no ownership), and [`CudaBuffer`], the
@@ -16,8 +20,12 @@
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
+pub use crate::sys::cuda::LIBCUDA_ENV;
 use crate::sys::cuda::{self, Ctx, CuDevice, CuDevicePtr, Driver};
 use std::sync::{Arc, OnceLock};
+
+pub mod range;
+pub use range::{CudaRange, PointerInfo};
 
 fn driver() -> Result<&'static Driver> {
     static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
@@ -51,6 +59,7 @@ fn cu_err(d: &Driver, what: &str, r: cuda::CuResult) -> Error {
 pub struct CudaDevice {
     dev: CuDevice,
     ctx: Ctx,
+    ordinal: i32,
 }
 
 impl CudaDevice {
@@ -79,7 +88,7 @@ impl CudaDevice {
         let ctx = d
             .retain_and_bind(dev)
             .map_err(|r| cu_err(d, "cuDevicePrimaryCtxRetain", r))?;
-        Ok(Arc::new(CudaDevice { dev, ctx }))
+        Ok(Arc::new(CudaDevice { dev, ctx, ordinal }))
     }
 
     fn bind(&self) -> Result<&'static Driver> {
@@ -133,6 +142,11 @@ impl CudaBuffer {
     /// The size in bytes (a multiple of the page size).
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The device address of the first byte (for [`CudaDevice::export_range`] of a part).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
     }
 
     /// `cuMemsetD8` over the whole buffer.
@@ -211,7 +225,10 @@ impl Drop for CudaBuffer {
     }
 }
 
-#[cfg(test)]
+// Built only with feature `gpu-tests`, so that the testbed, which runs every ignored test of
+// the workspace, does not run this one (the integration tests' `cuda_pointers` runs the same
+// calls there against a stand-in libcuda).
+#[cfg(all(test, feature = "gpu-tests"))]
 // Tests report what they allocated; they run in no drain or drop.
 #[allow(clippy::print_stderr)]
 mod tests {
@@ -220,7 +237,7 @@ mod tests {
     /// Everything this module does, on GPU 0: allocation sizes, fills and copies (from this
     /// thread and another), the length checks, and an export of each buffer whose memory is
     /// then freed before its dma-buf is closed. Needs an NVIDIA GPU with dma-buf support:
-    /// `cargo test -p drm-export --features cuda -- --ignored cuda_`.
+    /// `cargo test -p drm-export --features cuda,gpu-tests -- --ignored cuda_`.
     #[test]
     #[ignore = "needs an NVIDIA GPU with libcuda and dma-buf support"]
     fn cuda_buffers_fill_copy_and_export() {

@@ -79,6 +79,26 @@ impl DmaBuf {
         self.udmabuf_small_pages
     }
 
+    /// For a udmabuf made elsewhere (received from another process, exported by another
+    /// library: a `DmaBuf` from [`DmaBuf::try_from`]), records that every one of its pages is
+    /// a small page, as [`DmaBuf::udmabuf_small_pages`] then reports. Its pages cannot be
+    /// looked at from here: a udmabuf's own mapping is a raw page-frame mapping, which
+    /// `/proc/self/pagemap` does not show. Without this, a region over such a udmabuf on a
+    /// device that moves data with the CPU is refused on kernels with
+    /// [`HUGE_PAGE_VMAP_BUG`](crate::udmabuf::HUGE_PAGE_VMAP_BUG).
+    ///
+    /// # Safety
+    /// Every page the udmabuf pins is a small page (its maker checked the page frames, as
+    /// [`Udmabuf`](crate::Udmabuf) does, or its memfd cannot have large pages: not hugetlbfs,
+    /// and shmem transparent huge pages disabled when its pages were allocated). Otherwise a
+    /// soft-RoCE device would read and write pages outside the buffer.
+    #[allow(unsafe_code)] // a promise the caller makes; no unsafe operation inside
+    pub unsafe fn assume_udmabuf_small_pages(&mut self) {
+        if self.exporter == "udmabuf" {
+            self.udmabuf_small_pages = Some(true);
+        }
+    }
+
     pub(crate) fn set_udmabuf_small_pages(&mut self, small: Option<bool>) {
         self.udmabuf_small_pages = small;
     }

@@ -159,6 +159,87 @@ pub enum Error {
         /// What it is instead, where known.
         what: String,
     },
+    /// A CUDA pointer range that cannot be exported as a dma-buf, and why (feature `cuda`).
+    #[error("CUDA pointer {ptr:#x} + {len} bytes: {why}")]
+    CudaPointer {
+        /// The pointer asked for.
+        ptr: u64,
+        /// The length asked for.
+        len: u64,
+        /// Why it was refused.
+        why: CudaRefusal,
+    },
+}
+
+/// Why a CUDA pointer range was refused ([`Error::CudaPointer`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CudaRefusal {
+    /// Length 0, or a range that wraps around the address space.
+    EmptyOrWrapping,
+    /// The driver knows no allocation at the pointer: not CUDA memory, or freed.
+    NotCudaMemory {
+        /// The CUDA error name the driver answered with.
+        driver: String,
+    },
+    /// Page-locked host memory (`CU_MEMORYTYPE_HOST`).
+    HostMemory,
+    /// Managed (unified) memory, which migrates between host and device.
+    ManagedMemory,
+    /// Memory of another GPU than the device asked.
+    OtherDevice {
+        /// The ordinal of the GPU that owns the memory.
+        ordinal: i32,
+    },
+    /// The range runs past the end of the allocation holding the pointer.
+    PastAllocation {
+        /// The allocation's base.
+        base: u64,
+        /// The allocation's size.
+        size: u64,
+    },
+    /// The range crosses from one physical mapping into another (a virtual range mapped from
+    /// several physical allocations with `cuMemMap`).
+    SpansSegments {
+        /// Where the mapping holding the pointer starts.
+        base: u64,
+        /// Its size.
+        size: u64,
+    },
+}
+
+impl fmt::Display for CudaRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CudaRefusal::EmptyOrWrapping => f.write_str("the range is empty or wraps around"),
+            CudaRefusal::NotCudaMemory { driver } => write!(
+                f,
+                "no CUDA allocation holds it ({driver}): not device memory, or already freed"
+            ),
+            CudaRefusal::HostMemory => f.write_str(
+                "it is page-locked host memory, not device memory (hint: register host memory \
+                 as a host region, e.g. rdma_dmabuf::HostBuffer, whose owner can vouch that \
+                 nothing else reads or writes it)",
+            ),
+            CudaRefusal::ManagedMemory => f.write_str(
+                "it is managed memory, which the driver migrates between host and device; \
+                 it cannot be exported as a dma-buf (hint: use cuMemAlloc or cuMemCreate memory)",
+            ),
+            CudaRefusal::OtherDevice { ordinal } => {
+                write!(f, "it is memory of CUDA device {ordinal}: open that device")
+            }
+            CudaRefusal::PastAllocation { base, size } => write!(
+                f,
+                "it runs past the end of its allocation ({size} bytes at {base:#x})"
+            ),
+            CudaRefusal::SpansSegments { base, size } => write!(
+                f,
+                "it crosses the end of the physical mapping holding it ({size} bytes at \
+                 {base:#x}): one dma-buf covers one mapping; register each mapping's part as \
+                 a region of its own"
+            ),
+        }
+    }
 }
 
 fn hint_text(hint: Option<&'static str>) -> String {

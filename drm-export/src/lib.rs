@@ -12,7 +12,10 @@
 //!   slice over shared memory); implicit fences as [`SyncFile`]s.
 //! * [`VgemFence`]: vgem's hand-signalled fences, for testing implicit synchronisation.
 //! * `cuda` (feature `cuda`): CUDA device memory exported with
-//!   `cuMemGetHandleForAddressRange`, libcuda loaded at run time.
+//!   `cuMemGetHandleForAddressRange`, libcuda loaded at run time (`DRM_EXPORT_LIBCUDA` names
+//!   another library); `cuda::range`: any device pointer the program already has.
+//! * A dma-buf fd from elsewhere (Vulkan, Level Zero, ROCm, another process over
+//!   `SCM_RIGHTS`): [`DmaBuf::try_from`] checks it and reads its size, exporter and identity.
 //!
 //! The crate's example `drm_export_quickstart`, which `cargo xtask test` runs in the testbed
 //! VM (`cargo run -p drm-export --example drm_export_quickstart` on a machine with a GPU):
@@ -23,7 +26,8 @@
 //!
 //! `unsafe` lives in the private `sys` module (ioctls, `mmap`, libcuda), and with feature
 //! `cuda` in `cuda` too, which owns the device addresses that `sys`'s CUDA calls take as
-//! `unsafe fn`s; `unsafe_code` is denied everywhere else.
+//! `unsafe fn`s; `unsafe_code` is denied everywhere else (but for the declaration of
+//! [`DmaBuf::assume_udmabuf_small_pages`], a promise its caller makes).
 
 #![deny(unsafe_code)]
 // `eprintln!` panics on a closed stderr, and notices come from drops: see `diag`.
@@ -49,7 +53,7 @@ mod vgem;
 pub use device::{drm_nodes, Capabilities, DriverInfo, DrmDevice, NodeKind, DRI_DIR};
 pub use dmabuf::DmaBuf;
 pub use dumb::DumbBuffer;
-pub use error::{Error, Op, Result};
+pub use error::{CudaRefusal, Error, Op, Result};
 pub use gem::{GemBuffer, GpuBuffer, Placement};
 pub use heap::{dma_heaps, DmaHeap, DMA_HEAP_DIR};
 pub use mapping::{Mapping, ReadGuard, WriteGuard};

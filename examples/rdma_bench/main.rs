@@ -8,7 +8,10 @@
 //! rdma_bench client SERVER_ADDR [same options]
 //! rdma_bench reg [--region host] [--size 65536] [--iters 1000] [--device rxe0]
 //! rdma_bench cost [--series owned|scoped|awaited] [--size 65536] [--iters 1000] [--device rxe0]
+//! rdma_bench cache [--region udmabuf] [--iters 1000] [--device rxe0]
 //! ```
+//!
+//! `regcache.rs` (`cache`): a fresh dma-buf registration against a cached one, per size.
 //!
 //! Each mode is a file: `bw.rs` (the client keeps `--window` writes in flight, each from its
 //! own registered buffer, since a posted buffer belongs to the NIC until it completes), `lat.rs`
@@ -31,6 +34,7 @@ mod cost;
 mod gather;
 mod lat;
 mod reg;
+mod regcache;
 mod waits;
 
 use examples::kinds::{Allocator, RegionKind};
@@ -46,6 +50,7 @@ usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather] [--
        rdma_bench client SERVER_ADDR [the same options]
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
        rdma_bench cost [--series owned|scoped|awaited] [--size 65536] [--iters 1000] [--device rxe0]
+       rdma_bench cache [--region KIND, not host] [--iters 1000] [--device rxe0]
 KIND: host (default), udmabuf, heap (the system dma-heap) or gpu (vgem in the testbed)";
 
 /// perftest's `ib_write_lat` asks for messages up to this size to be sent inline by default.
@@ -124,8 +129,8 @@ fn main() {
     let client = match role {
         "server" => false,
         "client" => true,
-        "reg" | "cost" => false,
-        _ => fail("the role is server, client, reg or cost"),
+        "reg" | "cost" | "cache" => false,
+        _ => fail("the role is server, client, reg, cost or cache"),
     };
 
     let alloc = Allocator::new(kind).unwrap_or_else(|e| fail(&e));
@@ -133,6 +138,9 @@ fn main() {
     let pd = ProtectionDomain::new(&ctx).unwrap_or_else(|e| fail(&e.to_string()));
     if role == "reg" {
         return reg::run(&pd, &alloc, &run);
+    }
+    if role == "cache" {
+        return regcache::run(&pd, &alloc, &run);
     }
     if role == "cost" {
         return cost::run(&pd, &run, args.get("series", cost::Series::Owned));

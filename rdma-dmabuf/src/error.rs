@@ -170,6 +170,10 @@ pub enum Error {
     /// A dma-buf region could not be mapped for the CPU.
     #[error("mapping a dma-buf region: {0}")]
     Map(#[source] Box<drm_export::Error>),
+    /// An fd could not be taken as a dma-buf (not a dma-buf, or a live `DmaBuf` of this
+    /// process already owns the buffer).
+    #[error("taking an fd as a dma-buf: {0}")]
+    Adopt(#[source] Box<drm_export::Error>),
     /// A GID index the port cannot use as a queue pair's source GID: outside the port's GID
     /// table, past what the address vector holds (8 bits), or an empty entry.
     #[error("{op} on {device} port {port}: GID index {index} cannot be used: {why} (the port's GID table has {table_len} entries; `rdma link` and /sys/class/infiniband/{device}/ports/{port}/gids list them)")]

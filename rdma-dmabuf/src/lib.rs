@@ -13,6 +13,9 @@
 //!   together; [`MemoryRegion::split`] cuts one registration into disjoint [`Shard`]s that
 //!   are posted independently (many requests in flight from one GPU buffer) and
 //!   [`Shard::join`]ed back.
+//! * [`RegistrationCache`]: dma-buf registrations reused by buffer identity, range and
+//!   access, within byte and entry bounds; a [`Checkout`] is posted as an owned part and goes
+//!   back to the cache when dropped.
 //! * Async: [`reactor`] exposes the completion channel, rdma_cm event channels, a device's
 //!   asynchronous events and a dma-buf's fences as borrowed non-blocking fds with
 //!   non-blocking steps, for any reactor; the `tokio` feature (module `tokio_rt`) makes
@@ -57,6 +60,7 @@
 //!
 //! [`DmaBuf`]: drm_export::DmaBuf
 
+mod cache;
 mod cm;
 mod cm_id;
 mod cq;
@@ -84,6 +88,9 @@ mod unwind;
 mod waiters;
 mod wr;
 
+pub use cache::{
+    BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, RegistrationCache, SharedDmaBuf,
+};
 pub use cm::{release_removed_devices, CmConnector, CmListener, MAX_PRIVATE_DATA};
 pub use device::{
     devices, AtomicCap, Context, DeviceAttr, DeviceInfo, Gid, Mtu, PortAttr, PortState,

@@ -202,63 +202,8 @@ impl MemoryRegion<DmaBuf> {
         iova: Option<u64>,
         access: Access,
     ) -> Result<Self> {
-        access.check(Op::RegDmabufMr)?;
-        let iova = iova.unwrap_or(offset);
-        let page = page_size() as u64;
-        let bad = |what: String| Err(Error::invalid(Op::RegDmabufMr, what));
-        if len == 0 {
-            return bad("length 0".into());
-        }
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > dmabuf.size())
-        {
-            return bad(format!(
-                "offset {offset} + length {len} exceeds the dma-buf's {} bytes",
-                dmabuf.size()
-            ));
-        }
-        if iova.checked_add(len).is_none() {
-            return bad(format!(
-                "iova {iova:#x} + length {len} wraps around the address space"
-            ));
-        }
-        if iova % page != offset % page {
-            return bad(format!(
-                "iova {iova:#x} and offset {offset:#x} differ in their offset within a page"
-            ));
-        }
-        refuse_misplaced_huge_pages(pd, &dmabuf)?;
-        let fd = dmabuf.as_fd().as_raw_fd();
-        let target = || {
-            format!(
-                "{} (dma-buf fd {fd} from {}, offset {offset}, length {len}, iova {iova:#x})",
-                pd.context().name(),
-                dmabuf.exporter()
-            )
-        };
-        // SAFETY: `fd` is a live dma-buf owned by `dmabuf` (kept by the region); the kernel
-        // pins and maps the buffer's pages itself, so no user memory is referenced.
-        let mr = unsafe {
-            ffi::ibv_reg_dmabuf_mr(
-                pd.as_ptr(),
-                offset,
-                len as usize,
-                iova,
-                fd,
-                access.bits() as i32,
-            )
-        };
-        let mr = NonNull::new(mr)
-            .ok_or_else(|| dmabuf_error(pd, std::io::Error::last_os_error(), target()))?;
-        Ok(MemoryRegion {
-            mr,
-            pd: pd.clone(),
-            backing: ManuallyDrop::new(dmabuf),
-            addr: iova,
-            len,
-            access,
-        })
+        let (mr, iova) = reg_dmabuf_mr(pd, &dmabuf, offset, len, iova, access)?;
+        Ok(MemoryRegion::from_parts(mr, pd, dmabuf, iova, len, access))
     }
 
     /// Maps the dma-buf for the CPU ([`DmaBuf::map`]: sync guards, volatile copies in and out,
@@ -276,6 +221,69 @@ impl MemoryRegion<DmaBuf> {
         self.cpu_access()?;
         self.backing.map().map_err(|e| Error::Map(Box::new(e)))
     }
+}
+
+/// `ibv_reg_dmabuf_mr` with [`MemoryRegion::register_dmabuf`]'s checks; the new MR and its
+/// iova. The kernel holds its own reference to the buffer; the caller keeps the dma-buf with
+/// the region all the same, to give it back after deregistration.
+pub(crate) fn reg_dmabuf_mr(
+    pd: &Arc<ProtectionDomain>,
+    dmabuf: &DmaBuf,
+    offset: u64,
+    len: u64,
+    iova: Option<u64>,
+    access: Access,
+) -> Result<(NonNull<ffi::ibv_mr>, u64)> {
+    access.check(Op::RegDmabufMr)?;
+    let iova = iova.unwrap_or(offset);
+    let page = page_size() as u64;
+    let bad = |what: String| Err(Error::invalid(Op::RegDmabufMr, what));
+    if len == 0 {
+        return bad("length 0".into());
+    }
+    if offset
+        .checked_add(len)
+        .is_none_or(|end| end > dmabuf.size())
+    {
+        return bad(format!(
+            "offset {offset} + length {len} exceeds the dma-buf's {} bytes",
+            dmabuf.size()
+        ));
+    }
+    if iova.checked_add(len).is_none() {
+        return bad(format!(
+            "iova {iova:#x} + length {len} wraps around the address space"
+        ));
+    }
+    if iova % page != offset % page {
+        return bad(format!(
+            "iova {iova:#x} and offset {offset:#x} differ in their offset within a page"
+        ));
+    }
+    refuse_misplaced_huge_pages(pd, dmabuf)?;
+    let fd = dmabuf.as_fd().as_raw_fd();
+    let target = || {
+        format!(
+            "{} (dma-buf fd {fd} from {}, offset {offset}, length {len}, iova {iova:#x})",
+            pd.context().name(),
+            dmabuf.exporter()
+        )
+    };
+    // SAFETY: `fd` is a live dma-buf (`dmabuf` is borrowed for the call); the kernel
+    // pins and maps the buffer's pages itself, so no user memory is referenced.
+    let mr = unsafe {
+        ffi::ibv_reg_dmabuf_mr(
+            pd.as_ptr(),
+            offset,
+            len as usize,
+            iova,
+            fd,
+            access.bits() as i32,
+        )
+    };
+    let mr = NonNull::new(mr)
+        .ok_or_else(|| dmabuf_error(pd, std::io::Error::last_os_error(), target()))?;
+    Ok((mr, iova))
 }
 
 /// Why a dma-buf registration failed with `errno`, if that errno means "not supported here".

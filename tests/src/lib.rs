@@ -6,6 +6,7 @@
 //! testbed, on both nodes at once.
 
 pub mod counts;
+pub mod cuda_standin;
 pub mod device_admin;
 pub mod evil_waker;
 pub mod exporters;

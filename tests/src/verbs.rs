@@ -69,3 +69,22 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 10) as u8)
         .collect()
 }
+
+/// The bytes of `remote`, RDMA-read by `qp` into a fresh host region of `pd`.
+///
+/// # Panics
+/// If the read fails.
+pub fn read_remote(
+    pd: &Arc<ProtectionDomain>,
+    qp: &QueuePair,
+    remote: rdma_dmabuf::RemoteRegion,
+) -> Vec<u8> {
+    let n = remote.len;
+    let back = host_region(pd, &[], n as usize, Access::LOCAL_WRITE);
+    let done = qp
+        .post_read(rdma_dmabuf::Local::new(back, 0..n), remote)
+        .unwrap()
+        .spin()
+        .unwrap_or_else(|e| panic!("RDMA read of {n} bytes: {}", e.error));
+    done.region.bytes().unwrap()[..n as usize].to_vec()
+}

@@ -155,7 +155,11 @@ pub const PROGRAMS: &[Program] = &[
         "BTF for the module, run by the guest kernel headers' Makefile.modfinal (host)",
     ),
     deb("ld", "binutils", "links the module, run by kbuild (host)"),
-    deb("cc", "gcc", "compiles rdma-core, run by cmake (host)"),
+    deb(
+        "cc",
+        "gcc",
+        "compiles rdma-core, run by cmake, and the tests' stand-in libcuda, run by tests/build.rs through the cc crate (host)",
+    ),
     deb("cmake", "cmake", "configures rdma-core (host)"),
     deb("ninja", "ninja-build", "builds rdma-core (host)"),
     deb(

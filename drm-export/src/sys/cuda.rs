@@ -1,4 +1,5 @@
-//! The CUDA driver API, loaded at run time from `libcuda.so.1` (nothing is needed to build).
+//! The CUDA driver API, loaded at run time from `libcuda.so.1`, or from the file that
+//! [`LIBCUDA_ENV`] names (nothing is needed to build).
 //!
 //! Device memory is named by bare addresses (`CUdeviceptr`), and the driver does not check
 //! who owns an address: it accepts any range it has mapped, another allocation's or, under
@@ -36,6 +37,30 @@ pub const ATTR_DMA_BUF_SUPPORTED: c_int = 124;
 /// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
 pub const HANDLE_TYPE_DMA_BUF_FD: c_int = 1;
 
+/// The environment variable that names the library to load in place of `libcuda.so.1`: a
+/// path (or another soname) of a library with the same entry points, e.g. a test stand-in.
+/// Read once, when the first CUDA call of the process loads the driver.
+pub const LIBCUDA_ENV: &str = "DRM_EXPORT_LIBCUDA";
+
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (an `unsigned int`, a `CUmemorytype`).
+pub const PTR_MEMORY_TYPE: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_BUFFER_ID` (an `unsigned long long`, unique per allocation for the
+/// life of the process).
+pub const PTR_BUFFER_ID: c_int = 7;
+/// `CU_POINTER_ATTRIBUTE_IS_MANAGED` (an `unsigned int`, a boolean).
+pub const PTR_IS_MANAGED: c_int = 8;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (an `int`).
+pub const PTR_DEVICE_ORDINAL: c_int = 9;
+/// `CU_POINTER_ATTRIBUTE_MAPPING_SIZE` (a `size_t`: the size of the physical mapping that
+/// holds the pointer; CUDA >= 11.7).
+pub const PTR_MAPPING_SIZE: c_int = 18;
+/// `CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR` (a `CUdeviceptr`: where that mapping starts).
+pub const PTR_MAPPING_BASE_ADDR: c_int = 19;
+/// `CU_MEMORYTYPE_HOST`.
+pub const MEMORYTYPE_HOST: u32 = 1;
+/// `CU_MEMORYTYPE_DEVICE`.
+pub const MEMORYTYPE_DEVICE: u32 = 2;
+
 /// Entry points of libcuda used here (names as exported, with their `_v2` suffixes).
 pub struct Driver {
     /// Keeps libcuda loaded while the function pointers below may be called.
@@ -54,6 +79,8 @@ pub struct Driver {
     get_handle:
         unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize, c_int, c_ulonglong) -> CuResult,
     error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    address_range: unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> CuResult,
+    pointer_attribute: unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult,
 }
 
 macro_rules! sym {
@@ -67,12 +94,15 @@ macro_rules! sym {
 }
 
 impl Driver {
-    /// Loads libcuda and resolves the entry points.
+    /// Loads libcuda (or the library [`LIBCUDA_ENV`] names) and resolves the entry points.
     pub fn load() -> Result<Driver, String> {
+        let name = std::env::var_os(LIBCUDA_ENV).unwrap_or_else(|| "libcuda.so.1".into());
         // SAFETY: loading runs the library's initialisers. libcuda.so.1 is the NVIDIA driver's
         // user-space library, loaded by its soname as every CUDA program loads it; its
-        // initialisers set up its own state and ask nothing of the loading program.
-        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| e.to_string())?;
+        // initialisers set up its own state and ask nothing of the loading program. A library
+        // named by LIBCUDA_ENV is one the user chose to stand for it, with the same contract.
+        let lib = unsafe { libloading::Library::new(&name) }
+            .map_err(|e| format!("{}: {e}", name.to_string_lossy()))?;
         Ok(Driver {
             init: sym!(lib, "cuInit"),
             device_get: sym!(lib, "cuDeviceGet"),
@@ -87,6 +117,8 @@ impl Driver {
             memcpy_htod: sym!(lib, "cuMemcpyHtoD_v2"),
             get_handle: sym!(lib, "cuMemGetHandleForAddressRange"),
             error_name: sym!(lib, "cuGetErrorName"),
+            address_range: sym!(lib, "cuMemGetAddressRange_v2"),
+            pointer_attribute: sym!(lib, "cuPointerGetAttribute"),
             _lib: lib,
         })
     }
@@ -219,7 +251,9 @@ impl Driver {
     ///
     /// # Safety
     /// `[p, p + size)` lies inside one live allocation from [`Driver::alloc`] that the caller
-    /// owns, and its context is bound on this thread. The dma-buf lets whoever imports it (a
+    /// owns, or covers device memory (neither host nor managed, as the pointer attributes
+    /// tell) that the caller was asked to export; its context is bound on this thread. The
+    /// dma-buf lets whoever imports it (a
     /// NIC, a GPU) read and write the range by DMA for as long as it is open, so the range
     /// must be memory that the caller may hand out.
     pub unsafe fn dmabuf_fd(&self, p: CuDevicePtr, size: usize) -> Result<OwnedFd, CuResult> {
@@ -240,6 +274,44 @@ impl Driver {
         // NVIDIA kernel module has just created for it, which the caller owns and must close
         // (cuda.h); nothing else has seen it.
         Ok(unsafe { super::owned(fd) })
+    }
+}
+
+impl Driver {
+    /// `cuMemGetAddressRange`: the base and size of the allocation holding `p`. Only reads the
+    /// driver's tables: any address may be asked about.
+    pub fn address_range(&self, p: CuDevicePtr) -> Result<(CuDevicePtr, usize), CuResult> {
+        let (mut base, mut size) = (0, 0);
+        // SAFETY: both out-pointers are live locals of the right types (`CUdeviceptr`,
+        // `size_t`); the driver only looks `p` up, it does not access the memory.
+        check(unsafe { (self.address_range)(&mut base, &mut size, p) }).map(|()| (base, size))
+    }
+
+    /// `cuPointerGetAttribute` of an attribute whose value is a `u64` (`unsigned long long`,
+    /// `size_t` or `CUdeviceptr` on 64-bit Linux): [`PTR_BUFFER_ID`], [`PTR_MAPPING_SIZE`],
+    /// [`PTR_MAPPING_BASE_ADDR`].
+    pub fn pointer_u64(&self, attr: c_int, p: CuDevicePtr) -> Result<u64, CuResult> {
+        debug_assert!(matches!(
+            attr,
+            PTR_BUFFER_ID | PTR_MAPPING_SIZE | PTR_MAPPING_BASE_ADDR
+        ));
+        let mut v: u64 = 0;
+        // SAFETY: for the attributes above the driver writes 8 bytes, and `v` is a live u64;
+        // it only looks `p` up.
+        check(unsafe { (self.pointer_attribute)((&mut v as *mut u64).cast(), attr, p) }).map(|()| v)
+    }
+
+    /// `cuPointerGetAttribute` of an attribute whose value is 4 bytes (`unsigned int` or
+    /// `int`): [`PTR_MEMORY_TYPE`], [`PTR_IS_MANAGED`], [`PTR_DEVICE_ORDINAL`].
+    pub fn pointer_u32(&self, attr: c_int, p: CuDevicePtr) -> Result<u32, CuResult> {
+        debug_assert!(matches!(
+            attr,
+            PTR_MEMORY_TYPE | PTR_IS_MANAGED | PTR_DEVICE_ORDINAL
+        ));
+        let mut v: u32 = 0;
+        // SAFETY: for the attributes above the driver writes 4 bytes, and `v` is a live u32;
+        // it only looks `p` up.
+        check(unsafe { (self.pointer_attribute)((&mut v as *mut u32).cast(), attr, p) }).map(|()| v)
     }
 }
 
