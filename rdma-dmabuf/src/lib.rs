@@ -81,6 +81,7 @@ mod slots;
 pub mod tokio_rt;
 mod unwind;
 mod waiters;
+mod watch;
 pub mod wr;
 
 pub use cm::{CmConnector, CmListener};

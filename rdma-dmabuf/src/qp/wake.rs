@@ -13,6 +13,7 @@ use crate::reactor::WaitStep as Step;
 use crate::waiters::Waiters;
 use crate::wr::WorkCompletion;
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, Waker};
 
 /// What awaited requests wait on: a queue pair, or a shared receive queue. One thread uses
@@ -65,8 +66,8 @@ fn spin<Q: Waitable + ?Sized, R>(q: &Q, finish: &mut impl FnMut() -> Option<R>) 
     if let Some(done) = finish() {
         return Some(done);
     }
-    let budget = q.wait_state().busy_poll.get();
-    if budget.is_zero() {
+    let nanos = q.wait_state().busy_poll.load(Relaxed);
+    if nanos == 0 {
         return None;
     }
     let start = std::time::Instant::now();
@@ -78,7 +79,7 @@ fn spin<Q: Waitable + ?Sized, R>(q: &Q, finish: &mut impl FnMut() -> Option<R>) 
         }
         polls = polls.wrapping_add(1);
         // The clock is read every 8 polls: a poll of an empty CQ costs less than a read.
-        if polls.is_multiple_of(8) && start.elapsed() >= budget {
+        if polls.is_multiple_of(8) && start.elapsed().as_nanos() >= u128::from(nanos) {
             return None;
         }
     }
@@ -98,7 +99,8 @@ pub(crate) struct WaitState {
     /// The tasks awaiting requests, one per slot, and the fan-out waker over them.
     pub(crate) waiters: Waiters,
     /// How long an awaited request busy-polls before it arms the completion channel.
-    pub(crate) busy_poll: std::cell::Cell<std::time::Duration>,
+    /// In nanoseconds (atomic so that the queue's `Sync`-ness is the other fields' alone).
+    pub(crate) busy_poll: std::sync::atomic::AtomicU64,
     /// The fds as registered with tokio's reactor (of the runtime the last await ran on).
     #[cfg(feature = "tokio")]
     pub(crate) tokio: with_tokio::Registration,
@@ -109,7 +111,7 @@ impl WaitState {
     pub(crate) fn new(slots: usize) -> WaitState {
         WaitState {
             waiters: Waiters::new(slots),
-            busy_poll: std::cell::Cell::new(DEFAULT_BUSY_POLL),
+            busy_poll: std::sync::atomic::AtomicU64::new(DEFAULT_BUSY_POLL.as_nanos() as u64),
             #[cfg(feature = "tokio")]
             tokio: with_tokio::Registration::default(),
         }
@@ -133,12 +135,13 @@ impl QueuePair {
     /// [`Pending::wait`](crate::Pending::wait). Applies from the next poll of an awaited
     /// request.
     pub fn set_busy_poll(&self, budget: std::time::Duration) {
-        self.wait.busy_poll.set(budget);
+        let nanos = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        self.wait.busy_poll.store(nanos, Relaxed);
     }
 
     /// The busy-poll budget of awaited requests ([`QueuePair::set_busy_poll`]).
     pub fn busy_poll(&self) -> std::time::Duration {
-        self.wait.busy_poll.get()
+        std::time::Duration::from_nanos(self.wait.busy_poll.load(Relaxed))
     }
 
     /// `ibv_req_notify_cq`, then one more poll of the CQ (what completed before arming

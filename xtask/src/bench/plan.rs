@@ -154,6 +154,15 @@ pub const SERIES: &[Series] = &[
         "--mode gather --region host",
         Quick,
     ),
+    // Batched completions: 16 writes a post, only the last signalled, every region back with
+    // its batch's completion (perftest signals one write in a hundred).
+    series(
+        "ours/host+batch",
+        Bandwidth,
+        "rdma_bench",
+        "--mode batch --region host",
+        QuickTwoNode,
+    ),
     // The same writes awaited on a tokio runtime (woken by the completion channel) instead
     // of busy-polled: the async path's cost (issue 16).
     series(
@@ -171,6 +180,15 @@ pub const SERIES: &[Series] = &[
         Latency,
         "rdma_bench",
         "--mode lat --inline no --region host",
+        QuickTwoNode,
+    ),
+    // No receive completion: each side watches the last byte of its region for the peer's
+    // sequence number, as ib_write_lat polls its buffer.
+    series(
+        "ours/host+poll",
+        Latency,
+        "rdma_bench",
+        "--mode lat-poll --inline no --region host",
         QuickTwoNode,
     ),
     series(
@@ -297,7 +315,8 @@ const fn goal(metric: Metric, series: &'static str, base: &'static str, bound: f
     }
 }
 
-/// The goals of issues 17 and 16 (async), as ratios of medians taken in the same boot.
+/// The goals of issues 17, 16 (async) and 28 (batched completions, latency without a receive
+/// completion), as ratios of medians taken in the same boot.
 pub const GOALS: &[Goal] = &[
     goal(Bandwidth, "ours/host", "perftest", 1.00),
     goal(Latency, "ours/host", "perftest", 1.00),
@@ -308,6 +327,8 @@ pub const GOALS: &[Goal] = &[
     goal(Registration, "ours/heap", "ours/host", 1.10),
     goal(Registration, "ours/gpu", "ours/host", 1.10),
     goal(Bandwidth, "ours/host+async", "ours/host", 0.95),
+    goal(Bandwidth, "ours/host+batch", "perftest", 1.00),
+    goal(Latency, "ours/host+poll", "perftest", 1.00),
 ];
 
 /// How much a run measures.
