@@ -97,7 +97,6 @@ where
         rtt_ns.push(t0.elapsed().as_nanos() as u64);
     }
     let total = start.elapsed().as_secs_f64();
-    drop(ping);
     if let Some(p) = busy {
         p.wait().unwrap_or_else(|e| fail(&e.to_string()));
     }

@@ -39,12 +39,14 @@ impl MemoryRegion<HostBuffer> {
                 ),
             ));
         }
-        let base = self.host_ptr();
+        // Pointer arithmetic without `unsafe`: every address is checked above to be in the
+        // buffer.
+        let base = self.host_ptr().wrapping_add(offset as usize);
         for (i, byte) in out.iter_mut().enumerate() {
             // SAFETY: `offset + i` is inside the buffer (checked above), which stays mapped
             // while `self` lives; a volatile read of a `u8` is never torn and makes no
             // reference, so a concurrent write by a device or peer changes only the value.
-            *byte = unsafe { std::ptr::read_volatile(base.add(offset as usize + i)) };
+            *byte = unsafe { std::ptr::read_volatile(base.wrapping_add(i)) };
         }
         fence(Ordering::Acquire);
         Ok(())

@@ -1,5 +1,6 @@
 //! Batched writes (`QueuePair::post_write_batch`): `k` writes, only the last signalled, all
-//! `k` regions back with that one completion, also when a write of the batch fails. Runs in
+//! `k` regions back with that one completion, also when a write of the batch fails; and a
+//! peer's write learnt without a completion, through volatile reads of the region. Runs in
 //! the testbed VM.
 
 use integration_tests::testbed::Testbed;
@@ -153,4 +154,37 @@ fn a_failed_write_in_a_batch_ends_it_with_that_error_only_once_every_write_is_fl
     assert!(a.is_in_error());
     drop(failed);
     drop(a);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_peers_write_is_seen_through_volatile_reads_of_a_remotely_writable_region() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, _b) = connect_pair(QueuePairBuilder::new(&pd), QueuePairBuilder::new(&pd));
+    let target = host_region(&pd, &[], 4096, RW);
+    let r = target.remote().unwrap();
+    assert!(target.bytes().is_err(), "still no slice of it");
+    let mut src = host_region(&pd, &[], 4096, Access::empty());
+    for seq in 1..=100u8 {
+        src.bytes_mut().unwrap()[4095] = seq;
+        let w = a.post_write(
+            Local::new(src, 4000..4096),
+            r.slice(4000, 96).unwrap(),
+            None,
+        );
+        let w = w.unwrap();
+        // Watched before the write's completion is taken: the sequence byte tells.
+        let mut last = [0u8];
+        while last[0] != seq {
+            target.read_volatile(4095, &mut last).unwrap();
+        }
+        src = w.wait_timeout(T).unwrap().unwrap().region;
+    }
+    let mut out = [0u8; 2];
+    let e = target.read_volatile(4095, &mut out).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(target.read_volatile(u64::MAX, &mut out).is_err());
+    target.read_volatile(4094, &mut out).unwrap();
+    assert_eq!(out, [0, 100]);
 }
