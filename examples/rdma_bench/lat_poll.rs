@@ -100,12 +100,5 @@ where
     if let Some(p) = busy {
         p.wait().unwrap_or_else(|e| fail(&e.to_string()));
     }
-    if !client {
-        return None;
-    }
-    rtt_ns.sort_unstable();
-    Some(Latency {
-        avg_usec: total * 1e6 / (2 * run.iters) as f64,
-        typical_usec: rtt_ns[rtt_ns.len() / 2] as f64 / 2e3,
-    })
+    client.then(|| Latency::of(total, rtt_ns))
 }

@@ -114,7 +114,9 @@ impl Slots {
         slot.kind = kind;
         slot.state = State::Posted;
         slot.weight = weight;
-        slot.early = None;
+        if weight > 1 {
+            slot.early = None;
+        }
         Ok((index, slot.gen))
     }
 
@@ -157,7 +159,12 @@ impl Slots {
             }
             return None;
         }
-        let c = slot.early.take().unwrap_or(c);
+        // Only a batch has members (and so an early error).
+        let c = if slot.weight > 1 {
+            slot.early.take().unwrap_or(c)
+        } else {
+            c
+        };
         match std::mem::replace(&mut slot.state, State::Done(c)) {
             State::Abandoned(buf) => {
                 let kind = slot.kind;
