@@ -154,7 +154,10 @@ impl Slots {
             return None;
         }
         if wr_id & MEMBER != 0 {
-            if matches!(slot.state, State::Posted | State::Abandoned(_)) && slot.early.is_none() {
+            // (A member's success would come only from a queue pair that signals every
+            // request; ours do not. It says nothing the last completion will not.)
+            let pending = matches!(slot.state, State::Posted | State::Abandoned(_));
+            if c.status != 0 && pending && slot.early.is_none() {
                 slot.early = Some(c);
             }
             return None;
