@@ -46,7 +46,7 @@ use std::time::Duration;
 const USAGE: &str = "\
 usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather|batch|lat-poll] [--region KIND]
                          [--size 65536] [--iters 1000] [--window 128] [--inline yes|no|auto]
-                         [--async yes|no] [--device rxe0]
+                         [--async yes|no] [--busy-poll MICROS] [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
        rdma_bench cost [--series owned|scoped|awaited] [--size 65536] [--iters 1000] [--device rxe0]
@@ -70,14 +70,27 @@ pub struct Run {
     pub kind: RegionKind,
     /// Whether requests are awaited on a tokio runtime rather than busy-polled.
     pub awaited: bool,
+    /// `--busy-poll MICROS`: an awaited request's busy-poll budget (`QueuePair::set_busy_poll`;
+    /// the library's default without it).
+    pub busy_poll: Option<u64>,
 }
 
 fn main() {
     let args = Args::parse(
         USAGE,
         &[
-            "bind", "port", "mode", "size", "iters", "window", "inline", "device", "region",
-            "async", "series",
+            "bind",
+            "port",
+            "mode",
+            "size",
+            "iters",
+            "window",
+            "inline",
+            "device",
+            "region",
+            "async",
+            "series",
+            "busy-poll",
         ],
     );
     let role = args
@@ -110,6 +123,7 @@ fn main() {
         inline,
         kind,
         awaited,
+        busy_poll: args.text("busy-poll").map(|_| args.get("busy-poll", 0)),
     };
     if run.size == 0 || run.iters == 0 || run.window == 0 {
         fail("--size, --iters and --window must be at least 1");
@@ -199,6 +213,9 @@ fn connected<B: Backing>(
     let qp = qp
         .connect(&peer_ep)
         .unwrap_or_else(|e| fail(&e.to_string()));
+    if let Some(us) = run.busy_poll {
+        qp.set_busy_poll(Duration::from_micros(us));
+    }
     let kind = run.kind.name();
     match (mode, client) {
         ("bw" | "gather" | "batch", true) => {
