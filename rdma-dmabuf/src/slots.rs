@@ -114,9 +114,7 @@ impl Slots {
         slot.kind = kind;
         slot.state = State::Posted;
         slot.weight = weight;
-        if weight > 1 {
-            slot.early = None;
-        }
+        slot.early = None;
         Ok((index, slot.gen))
     }
 
@@ -162,12 +160,8 @@ impl Slots {
             }
             return None;
         }
-        // Only a batch has members (and so an early error).
-        let c = if slot.weight > 1 {
-            slot.early.take().unwrap_or(c)
-        } else {
-            c
-        };
+        // A batch's first error, if one of its members failed (never set for one request).
+        let c = slot.early.take().unwrap_or(c);
         match std::mem::replace(&mut slot.state, State::Done(c)) {
             State::Abandoned(buf) => {
                 let kind = slot.kind;
