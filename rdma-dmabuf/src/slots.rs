@@ -113,8 +113,9 @@ impl Slots {
         slot.gen = slot.gen.wrapping_add(1);
         slot.kind = kind;
         slot.state = State::Posted;
+        // `early` is None here: only a batch's members set it, and its last completion takes
+        // it (a stranded batch's slot is never reused).
         slot.weight = weight;
-        slot.early = None;
         Ok((index, slot.gen))
     }
 
@@ -161,7 +162,10 @@ impl Slots {
             return None;
         }
         // A batch's first error, if one of its members failed (never set for one request).
-        let c = slot.early.take().unwrap_or(c);
+        let c = match slot.early {
+            Some(_) => slot.early.take().unwrap_or(c),
+            None => c,
+        };
         match std::mem::replace(&mut slot.state, State::Done(c)) {
             State::Abandoned(buf) => {
                 let kind = slot.kind;
