@@ -85,6 +85,7 @@ mod slots;
 pub mod tokio_rt;
 mod unwind;
 mod waiters;
+mod watch;
 pub mod wr;
 
 pub use cache::{
@@ -103,9 +104,9 @@ pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, OwnedPart, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
-    AtomicOp, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
-    Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending, WorkError,
-    DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
+    AtomicOp, BatchError, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome,
+    PartsPending, Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending,
+    WorkError, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
     DEFAULT_RNR_RETRY,
 };
 pub use remote::RemoteRegion;
