@@ -124,12 +124,16 @@ pub fn run<B: Backing>(
     let total = start.elapsed().as_secs_f64();
     pinger.settle(&waits);
     drop(recvs);
-    if !client {
-        return None;
+    client.then(|| Latency::of(total, rtt_ns))
+}
+
+impl Latency {
+    /// From the round trips' times (`rtt_ns`, one per round trip) and their total in seconds.
+    pub fn of(total_secs: f64, mut rtt_ns: Vec<u64>) -> Latency {
+        rtt_ns.sort_unstable();
+        Latency {
+            avg_usec: total_secs * 1e6 / (2 * rtt_ns.len().max(1)) as f64,
+            typical_usec: rtt_ns.get(rtt_ns.len() / 2).copied().unwrap_or(0) as f64 / 2e3,
+        }
     }
-    rtt_ns.sort_unstable();
-    Some(Latency {
-        avg_usec: total * 1e6 / (2 * run.iters) as f64,
-        typical_usec: rtt_ns[rtt_ns.len() / 2] as f64 / 2e3,
-    })
 }

@@ -19,7 +19,9 @@
 //! (registration and deregistration of one region, no peer); `cost.rs` (one write at a time
 //! between two queue pairs of this process, shaped for an instruction counter); `gather.rs` (`--mode gather`: as
 //! bw, but each write gathers 16 blocks of `--size` bytes, the shards of one region, so that
-//! it can be set beside 16 separate writes). `--region` picks what backs every
+//! it can be set beside 16 separate writes); `batch.rs` (`--mode batch`: as bw, 16 writes a
+//! post, only the last signalled); `lat_poll.rs` (`--mode lat-poll`: the ping-pong learning
+//! of each write by a sequence byte in the watched region, no receive). `--region` picks what backs every
 //! region on this side (`host`, `udmabuf`, `heap`, `gpu`); `--inline yes` sends the latency
 //! pings inline (copied at post time), `auto` up to 220 bytes, perftest's default for
 //! `ib_write_lat` (on rxe perftest reports `Max inline data : 0[B]` and sends nothing inline,
@@ -29,10 +31,12 @@
 //! buffer and sample slot exists before the clock starts. The last line is machine-readable:
 //! `RESULT key=value ...`.
 
+mod batch;
 mod bw;
 mod cost;
 mod gather;
 mod lat;
+mod lat_poll;
 mod reg;
 mod regcache;
 mod waits;
@@ -44,9 +48,9 @@ use rdma_dmabuf::{Access, Context, MemoryRegion, PreparedQp, ProtectionDomain, Q
 use std::time::Duration;
 
 const USAGE: &str = "\
-usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather] [--region KIND]
+usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather|batch|lat-poll] [--region KIND]
                          [--size 65536] [--iters 1000] [--window 128] [--inline yes|no|auto]
-                         [--async yes|no] [--device rxe0]
+                         [--async yes|no] [--busy-poll MICROS] [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
        rdma_bench cost [--series owned|scoped|awaited] [--size 65536] [--iters 1000] [--device rxe0]
@@ -71,14 +75,27 @@ pub struct Run {
     pub kind: RegionKind,
     /// Whether requests are awaited on a tokio runtime rather than busy-polled.
     pub awaited: bool,
+    /// `--busy-poll MICROS`: an awaited request's busy-poll budget (`QueuePair::set_busy_poll`;
+    /// the library's default without it).
+    pub busy_poll: Option<u64>,
 }
 
 fn main() {
     let args = Args::parse(
         USAGE,
         &[
-            "bind", "port", "mode", "size", "iters", "window", "inline", "device", "region",
-            "async", "series",
+            "bind",
+            "port",
+            "mode",
+            "size",
+            "iters",
+            "window",
+            "inline",
+            "device",
+            "region",
+            "async",
+            "series",
+            "busy-poll",
         ],
     );
     let role = args
@@ -111,13 +128,17 @@ fn main() {
         inline,
         kind,
         awaited,
+        busy_poll: args.text("busy-poll").map(|_| args.get("busy-poll", 0)),
     };
     if run.size == 0 || run.iters == 0 || run.window == 0 {
         fail("--size, --iters and --window must be at least 1");
     }
     let mode = args.text("mode").unwrap_or_else(|| "bw".into());
-    if !matches!(mode.as_str(), "bw" | "lat" | "gather") {
-        fail("--mode is bw, lat or gather");
+    if !matches!(
+        mode.as_str(),
+        "bw" | "lat" | "gather" | "batch" | "lat-poll"
+    ) {
+        fail("--mode is bw, lat, gather, batch or lat-poll");
     }
     // A gather write takes gather::PARTS blocks of --size bytes from one region.
     let gather = mode == "gather";
@@ -189,7 +210,9 @@ fn connected<B: Backing>(
     client: bool,
     run: &Run,
     region: impl Fn(Access) -> MemoryRegion<B>,
-) {
+) where
+    MemoryRegion<B>: lat_poll::Watch,
+{
     let target = region(Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let (peer_ep, peer_region) = side
         .exchange(qp.endpoint(), target.remote())
@@ -198,13 +221,16 @@ fn connected<B: Backing>(
     let qp = qp
         .connect(&peer_ep)
         .unwrap_or_else(|e| fail(&e.to_string()));
+    if let Some(us) = run.busy_poll {
+        qp.set_busy_poll(Duration::from_micros(us));
+    }
     let kind = run.kind.name();
     match (mode, client) {
-        ("bw" | "gather", true) => {
-            let r = if mode == "gather" {
-                gather::client(&qp, remote, &region, run)
-            } else {
-                bw::client(&qp, remote, &region, run)
+        ("bw" | "gather" | "batch", true) => {
+            let r = match mode {
+                "gather" => gather::client(&qp, remote, &region, run),
+                "batch" => batch::client(&qp, remote, &region, run),
+                _ => bw::client(&qp, remote, &region, run),
             };
             println!(
                 " #bytes  #iterations  BW average[MB/sec]  MsgRate[Mpps]\n {:<7} {:<12} {:<19.2} {:.6}",
@@ -218,12 +244,16 @@ fn connected<B: Backing>(
                 yes_no(run.awaited)
             );
         }
-        ("bw" | "gather", false) => {
+        ("bw" | "gather" | "batch", false) => {
             // The client writes into `target`; its "done" ends the test.
             side.swap(b"ready").ok();
         }
         _ => {
-            let r = lat::run(&qp, remote, &region, run, client);
+            let r = if mode == "lat-poll" {
+                lat_poll::run(&qp, remote, &target, &region, run, client)
+            } else {
+                lat::run(&qp, remote, &region, run, client)
+            };
             if let Some(r) = r {
                 println!(
                     " #bytes  #iterations  t_typical[usec]  t_avg[usec]\n {:<7} {:<12} {:<16.2} {:.2}",

@@ -86,6 +86,7 @@ mod slots;
 pub mod tokio_rt;
 mod unwind;
 mod waiters;
+mod watch;
 mod wr;
 
 pub use cache::{
@@ -106,8 +107,8 @@ pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, OwnedPart, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
-    Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending, Pending,
-    PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending, WorkError,
+    BatchError, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
+    Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending, WorkError,
     ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER,
     DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY, RETRY_COUNT_ENV,
 };

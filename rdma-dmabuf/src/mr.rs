@@ -179,6 +179,11 @@ impl MemoryRegion<HostBuffer> {
     pub unsafe fn bytes_unchecked(&self) -> &[u8] {
         self.backing.as_slice()
     }
+
+    /// The buffer's first byte, for volatile reads (`watch`).
+    pub(crate) fn host_ptr(&self) -> *const u8 {
+        self.backing.addr()
+    }
 }
 
 impl MemoryRegion<DmaBuf> {

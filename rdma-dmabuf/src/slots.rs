@@ -21,12 +21,24 @@ pub(crate) enum State {
     Done(RawCompletion),
     /// The waiter was dropped before the completion: its buffer waits here for it.
     Abandoned(Box<dyn Send>),
+    /// Lent to requests no completion will end (a batch the provider took only part of,
+    /// its queue pair flushed): kept until the table drops, after the queue pair is
+    /// destroyed. Not outstanding: nothing waits for it.
+    Stranded(
+        #[allow(dead_code, reason = "held, never read: dropped with the table")] Box<dyn Send>,
+    ),
 }
 
 pub(crate) struct Slot {
     pub gen: u32,
     pub kind: WorkKind,
     pub state: State,
+    /// Send-queue entries the request holds: 1, or a batch's `k` (its unsignalled requests
+    /// occupy the queue until the signalled last one completes).
+    pub weight: u32,
+    /// The first error completion of a batch's unsignalled request, reported in place of
+    /// the last request's (then flushed) completion.
+    pub early: Option<RawCompletion>,
 }
 
 pub(crate) struct Slots {
@@ -43,22 +55,29 @@ pub(crate) fn wr_id(index: u32, gen: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(index)
 }
 
-/// The slot index of a `wr_id`.
+/// Set in the `wr_id` of a batch's unsignalled requests (all but its last): their
+/// completions, which come only when they fail or are flushed, never end the batch.
+pub(crate) const MEMBER: u64 = 1 << 31;
+
+/// The slot index of a `wr_id` (a batch member's too).
 pub(crate) fn slot_index(wr_id: u64) -> u32 {
-    (wr_id & 0xffff_ffff) as u32
+    (wr_id & 0x7fff_ffff) as u32
 }
 
 impl Slots {
     /// A table for `send_depth + recv_depth` requests (the builder checked both against the
     /// device's limits, so the sum fits a `u32`).
     pub fn new(send_depth: u32, recv_depth: u32) -> Slots {
-        let n = send_depth.saturating_add(recv_depth);
+        // Below 2^31, so that an index never reaches the `MEMBER` bit.
+        let n = send_depth.saturating_add(recv_depth).min(0x7fff_ffff);
         Slots {
             slots: (0..n)
                 .map(|_| Slot {
                     gen: 0,
                     kind: WorkKind::Send,
                     state: State::Free,
+                    weight: 1,
+                    early: None,
                 })
                 .collect(),
             free: (0..n).rev().collect(),
@@ -71,22 +90,32 @@ impl Slots {
 
     /// Takes a slot for a request of `kind`, or says the queue is full.
     pub fn acquire(&mut self, kind: WorkKind) -> Result<(u32, u32)> {
+        self.acquire_n(kind, 1)
+    }
+
+    /// Takes one slot for `weight` requests of `kind` that end with one completion (a
+    /// batch: each holds an entry of the queue until the last completes), or says the queue
+    /// has not that many entries free.
+    pub fn acquire_n(&mut self, kind: WorkKind, weight: u32) -> Result<(u32, u32)> {
         let (count, depth, op) = match kind {
             WorkKind::Recv => (&mut self.recvs, self.recv_depth, Op::PostRecv),
             _ => (&mut self.sends, self.send_depth, Op::PostSend),
         };
-        if *count >= depth {
+        if depth - *count < weight {
             return Err(Error::QueueFull { op, depth });
         }
         let index = self
             .free
             .pop()
             .expect("a free slot exists while the queue is not full");
-        *count += 1;
+        *count += weight;
         let slot = &mut self.slots[index as usize];
         slot.gen = slot.gen.wrapping_add(1);
         slot.kind = kind;
         slot.state = State::Posted;
+        // `early` is None here: only a batch's members set it, and its last completion takes
+        // it (a stranded batch's slot is never reused).
+        slot.weight = weight;
         Ok((index, slot.gen))
     }
 
@@ -102,21 +131,41 @@ impl Slots {
     }
 
     fn retire(&mut self, index: u32, kind: WorkKind) {
-        self.slots[index as usize].state = State::Free;
+        let slot = &mut self.slots[index as usize];
+        slot.state = State::Free;
+        let weight = slot.weight;
         self.free.push(index);
         match kind {
-            WorkKind::Recv => self.recvs -= 1,
-            _ => self.sends -= 1,
+            WorkKind::Recv => self.recvs -= weight,
+            _ => self.sends -= weight,
         }
     }
 
     /// Records a completion; returns an abandoned buffer to drop (outside the borrow).
+    ///
+    /// A batch member's completion (an unsignalled request that failed or was flushed)
+    /// only records the batch's first error: the batch ends with its last request's
+    /// completion, which the send queue delivers after every earlier one's.
     pub fn complete(&mut self, wr_id: u64, c: RawCompletion) -> Option<Box<dyn Send>> {
-        let (index, gen) = ((wr_id & 0xffff_ffff) as u32, (wr_id >> 32) as u32);
+        let (index, gen) = (slot_index(wr_id), (wr_id >> 32) as u32);
         let slot = self.slots.get_mut(index as usize)?;
         if slot.gen != gen {
             return None;
         }
+        if wr_id & MEMBER != 0 {
+            // (A member's success would come only from a queue pair that signals every
+            // request; ours do not. It says nothing the last completion will not.)
+            let pending = matches!(slot.state, State::Posted | State::Abandoned(_));
+            if c.status != 0 && pending && slot.early.is_none() {
+                slot.early = Some(c);
+            }
+            return None;
+        }
+        // A batch's first error, if one of its members failed (never set for one request).
+        let c = match slot.early {
+            Some(_) => slot.early.take().unwrap_or(c),
+            None => c,
+        };
         match std::mem::replace(&mut slot.state, State::Done(c)) {
             State::Abandoned(buf) => {
                 let kind = slot.kind;
@@ -163,6 +212,17 @@ impl Slots {
                 slot.state = State::Abandoned(buf);
                 None
             }
+        }
+    }
+
+    /// Keeps `buf` in slot `index` until the table drops (see [`State::Stranded`]).
+    pub fn strand(&mut self, index: u32, gen: u32, buf: Box<dyn Send>) {
+        let slot = &mut self.slots[index as usize];
+        if slot.gen == gen {
+            slot.state = State::Stranded(buf);
+        } else {
+            // Cannot happen (the slot was just acquired); keeping it is the safe side.
+            std::mem::forget(buf);
         }
     }
 
@@ -242,6 +302,29 @@ mod tests {
             "released exactly once"
         );
         assert_eq!(s.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_batch_holds_its_weight_and_ends_only_with_its_last_completion() {
+        let mut s = Slots::new(4, 0);
+        assert!(matches!(
+            s.acquire_n(WorkKind::Write, 5),
+            Err(Error::QueueFull { depth: 4, .. })
+        ));
+        let (i, g) = s.acquire_n(WorkKind::Write, 3).unwrap();
+        s.acquire(WorkKind::Write).unwrap();
+        assert!(s.acquire(WorkKind::Write).is_err(), "3 + 1 of 4 held");
+        let mut failed = ok();
+        failed.status = 10;
+        // A member's error completion, then a member's flush: the batch goes on.
+        assert!(s.complete(wr_id(i, g) | MEMBER, failed).is_none());
+        let mut flushed = ok();
+        flushed.status = 5;
+        assert!(s.complete(wr_id(i, g) | MEMBER, flushed).is_none());
+        assert!(s.take(i, g).is_none(), "not ended by a member");
+        s.complete(wr_id(i, g), flushed);
+        assert_eq!(s.take(i, g).unwrap().status, 10, "the first error is kept");
+        s.acquire_n(WorkKind::Write, 3).unwrap();
     }
 
     #[test]

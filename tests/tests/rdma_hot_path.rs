@@ -120,6 +120,16 @@ fn post_and_poll_allocate_nothing() {
         assert_eq!(got.wc.byte_len, 64);
         scatter = Some(got.parts);
     }
+    // Batches of four writes (the shards of the gather), one completion each, and a watch
+    // of the target's bytes with volatile reads.
+    let mut seen = [0u8; 8];
+    for _ in 0..1_000 {
+        let b4 = a
+            .post_write_batch(gather.take().unwrap(), [remote; 4])
+            .unwrap();
+        gather = Some(b4.spin().unwrap().parts);
+        target.read_volatile(0, &mut seen).unwrap();
+    }
     // Receives through a shared receive queue.
     for _ in 0..1_000 {
         let r = srq.post_recv(dst.take().unwrap()).unwrap();

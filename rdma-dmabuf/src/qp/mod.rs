@@ -8,6 +8,7 @@
 //! flight.
 
 mod atomic;
+mod batch;
 mod builder;
 mod connect;
 mod inline;
@@ -22,6 +23,7 @@ mod srq_wake;
 mod ticket;
 pub(crate) mod wake;
 
+pub use batch::BatchError;
 pub use builder::QueuePairBuilder;
 pub use connect::PreparedQp;
 pub use inline::InlinePending;
@@ -34,6 +36,7 @@ pub use retry::{
 };
 pub use retry_env::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
 pub use srq::{SharedReceiveQueue, SrqPending};
+pub use wake::DEFAULT_BUSY_POLL;
 
 use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;

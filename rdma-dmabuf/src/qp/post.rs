@@ -352,7 +352,7 @@ impl<'s> Request<'s> {
     }
 
     /// The send-queue work request, its SGE list pointing to `self.sges`.
-    fn send_wr(&self, id: u64, num_sge: i32) -> ffi::ibv_send_wr {
+    pub(super) fn send_wr(&self, id: u64, num_sge: i32) -> ffi::ibv_send_wr {
         // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero is
         // valid.
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };

@@ -3,7 +3,7 @@
 
 use super::plan::{Metric, Profile, GOALS, SERIES};
 use super::results::{spreads, Failure, Sample};
-use super::table::ratios;
+use super::table::{ratio_ranges, verdicts};
 use serde_json::{json, Value};
 
 /// What a run was: its profiles (one per node count), the guest kernel, and the host's load.
@@ -78,13 +78,17 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
             }
         }
         for g in GOALS {
-            let r = ratios(samples, g, p.nodes);
+            let r = verdicts(samples, g, p.nodes);
             if r.is_empty() {
                 continue;
             }
+            let ranges = ratio_ranges(samples, g, p.nodes);
             let at: Vec<Value> = r
                 .iter()
-                .map(|(&size, &x)| json!({"size": size, "ratio": x, "met": g.met(x)}))
+                .map(|(&size, &(x, v))| {
+                    json!({"size": size, "ratio": x, "met": g.met(x), "verdict": v.name(),
+                           "range": ranges.get(&size).map(|&(lo, hi)| [lo, hi])})
+                })
                 .collect();
             goals.push(json!({
                 "nodes": p.nodes, "goal": g.describe(), "metric": g.metric.key(),

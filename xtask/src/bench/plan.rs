@@ -154,6 +154,15 @@ pub const SERIES: &[Series] = &[
         "--mode gather --region host",
         Quick,
     ),
+    // Batched completions: 16 writes a post, only the last signalled, every region back with
+    // its batch's completion (perftest signals one write in a hundred).
+    series(
+        "ours/host+batch",
+        Bandwidth,
+        "rdma_bench",
+        "--mode batch --region host",
+        QuickTwoNode,
+    ),
     // The same writes awaited on a tokio runtime (woken by the completion channel) instead
     // of busy-polled: the async path's cost (issue 16).
     series(
@@ -171,6 +180,15 @@ pub const SERIES: &[Series] = &[
         Latency,
         "rdma_bench",
         "--mode lat --inline no --region host",
+        QuickTwoNode,
+    ),
+    // No receive completion: each side watches the last byte of its region for the peer's
+    // sequence number, as ib_write_lat polls its buffer.
+    series(
+        "ours/host+poll",
+        Latency,
+        "rdma_bench",
+        "--mode lat-poll --inline no --region host",
         QuickTwoNode,
     ),
     series(
@@ -297,7 +315,8 @@ const fn goal(metric: Metric, series: &'static str, base: &'static str, bound: f
     }
 }
 
-/// The goals of issues 17 and 16 (async), as ratios of medians taken in the same boot.
+/// The goals of issues 17, 16 (async) and 28 (batched completions, latency without a receive
+/// completion), as ratios of medians taken in the same boot.
 pub const GOALS: &[Goal] = &[
     goal(Bandwidth, "ours/host", "perftest", 1.00),
     goal(Latency, "ours/host", "perftest", 1.00),
@@ -308,6 +327,8 @@ pub const GOALS: &[Goal] = &[
     goal(Registration, "ours/heap", "ours/host", 1.10),
     goal(Registration, "ours/gpu", "ours/host", 1.10),
     goal(Bandwidth, "ours/host+async", "ours/host", 0.95),
+    goal(Bandwidth, "ours/host+batch", "perftest", 1.00),
+    goal(Latency, "ours/host+poll", "perftest", 1.00),
 ];
 
 /// How much a run measures.
@@ -517,86 +538,5 @@ pub fn parse_sizes(list: &str) -> Result<Vec<u64>, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn series_names_are_unique_per_metric_and_goals_name_real_series() {
-        for (i, a) in SERIES.iter().enumerate() {
-            for b in &SERIES[i + 1..] {
-                assert!(a.metric != b.metric || a.name != b.name, "{} twice", a.name);
-            }
-            assert!(!a.name.contains(char::is_whitespace));
-        }
-        for g in GOALS {
-            for name in [g.series, g.base] {
-                assert!(
-                    SERIES
-                        .iter()
-                        .any(|s| s.metric == g.metric && s.name == name),
-                    "{}: no series {name}",
-                    g.describe()
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn full_sweeps_every_power_of_two_and_two_nodes_reach_8_mib() {
-        let one = Profile::full(1);
-        assert_eq!(one.sizes.first(), Some(&2));
-        assert_eq!(one.sizes.last(), Some(&(8 << 20)));
-        assert_eq!(one.sizes.len(), 23);
-        let two = Profile::full(2);
-        assert!(two.sizes.iter().all(|&s| s <= TWO_NODE_MAX));
-        assert_eq!(two.sizes.last(), Some(&(8 << 20)));
-        assert!(steps(&two).iter().all(|s| SERIES[s.series].two_node));
-        assert!(steps(&two).iter().all(|s| !SERIES[s.series].local()));
-    }
-
-    #[test]
-    fn iterations_fit_the_budget_within_bounds() {
-        let p = Profile::quick(1);
-        assert_eq!(p.iters(Metric::Bandwidth, 8), 300);
-        assert_eq!(p.iters(Metric::Bandwidth, 64 << 10), 64);
-        assert_eq!(p.iters(Metric::Bandwidth, 8 << 20), MIN_ITERS);
-        assert_eq!(p.iters(Metric::Registration, 8), 5);
-        assert!(p.limit(Metric::Bandwidth, 8 << 20) >= 60);
-        assert!(Profile::full(1).limit(Metric::Latency, 8 << 20) <= 600);
-    }
-
-    #[test]
-    fn plans_interleave_and_have_unique_ids() {
-        let p = Profile::quick(1);
-        let st = steps(&p);
-        assert_eq!(st.len(), 3 * 2 * SERIES.iter().filter(|s| s.quick).count());
-        let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
-        assert_eq!(ids.len(), st.len());
-        // perftest then ours, at the same size, in the same round.
-        assert_eq!(st[0].id, "1n/r1/bw/perftest/8");
-        assert_eq!(st[1].id, "1n/r1/bw/ours/host/8");
-        let text = plan_text(&p, &st);
-        let first = text.lines().nth(1).unwrap();
-        assert_eq!(first, "pair 1n/r1/bw/perftest/8 60 ib_write_bw 8 300 ");
-        assert!(text.contains("local 1n/r1/reg/ours/gpu/8 60 rdma_bench 8 5 reg --region gpu"));
-        assert!(!text.contains("udmabuf"));
-        assert!(plan_text(&Profile::full(1), &steps(&Profile::full(1))).contains("udmabuf"));
-    }
-
-    #[test]
-    fn bandwidth_goals_compare_the_finer_figure() {
-        assert_eq!(GOALS[0].value(8), "mpps");
-        assert_eq!(GOALS[0].value(8 << 20), "bw_MBps");
-        assert_eq!(GOALS[1].value(8), "lat_usec");
-    }
-
-    #[test]
-    fn size_lists_parse() {
-        assert_eq!(parse_sizes("8,64K,1M"), Ok(vec![8, 64 << 10, 1 << 20]));
-        assert_eq!(parse_sizes("1M, 8"), Ok(vec![8, 1 << 20]));
-        assert!(parse_sizes("9M").is_err());
-        assert!(parse_sizes("x").is_err());
-        assert!(parse_sizes("0").is_err());
-        assert!(parse_sizes("").is_err());
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;

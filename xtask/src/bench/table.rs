@@ -95,8 +95,45 @@ pub fn values(samples: &[Sample], metric: Metric, nodes: u8, value: &str) -> Str
     t
 }
 
-/// The ratio of `goal` at each size (where both series have samples).
+/// The ratio of `goal` at each size (where both series have samples): the medians' ratio.
 pub fn ratios(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64, f64> {
+    per_size(samples, goal, nodes, |s, b| {
+        (b.median > 0.0).then(|| s.median / b.median)
+    })
+}
+
+/// The lowest and highest of the per-round ratios at each size: each round's sample of the
+/// series over the same round's sample of the base (taken minutes apart in the same boot, so
+/// that what the machine was doing meanwhile weighs on both).
+pub fn ratio_ranges(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64, (f64, f64)> {
+    let of = |name: &str| -> BTreeMap<(u64, u32), f64> {
+        samples
+            .iter()
+            .filter(|s| s.nodes == nodes && SERIES[s.series].metric == goal.metric)
+            .filter(|s| SERIES[s.series].name == name)
+            .filter_map(|s| Some(((s.size, s.round), *s.values.get(goal.value(s.size))?)))
+            .collect()
+    };
+    let (series, base) = (of(goal.series), of(goal.base));
+    let mut out: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for (key, x) in series {
+        let Some(&b) = base.get(&key).filter(|&&b| b > 0.0) else {
+            continue;
+        };
+        let r = x / b;
+        let e = out.entry(key.0).or_insert((r, r));
+        *e = (e.0.min(r), e.1.max(r));
+    }
+    out
+}
+
+/// `f(series' spread, base's spread)` at each size where both have samples.
+fn per_size<T>(
+    samples: &[Sample],
+    goal: &Goal,
+    nodes: u8,
+    f: impl Fn(&Spread, &Spread) -> Option<T>,
+) -> BTreeMap<u64, T> {
     let by_value: BTreeMap<&str, _> = [goal.value(1), goal.value(u64::MAX)]
         .into_iter()
         .map(|v| (v, spreads(samples, goal.metric, nodes, v)))
@@ -107,29 +144,72 @@ pub fn ratios(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64, f64> 
             if name != goal.series || goal.value(size) != *v {
                 continue;
             }
-            if let Some(b) = sp.get(&(goal.base, size)) {
-                if b.median > 0.0 {
-                    out.insert(size, s.median / b.median);
-                }
+            if let Some(x) = sp.get(&(goal.base, size)).and_then(|b| f(s, b)) {
+                out.insert(size, x);
             }
         }
     }
     out
 }
 
-/// The goals on `nodes` nodes: a row per size, a column per goal (`!` marks a miss), then one
-/// line per goal saying where it is not met.
+/// What a goal cell says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The medians' ratio meets the bound, and no round's ratio says otherwise.
+    Met,
+    /// It misses the bound, and no round's ratio says otherwise.
+    NotMet,
+    /// The round-to-round spread is wider than the margin: some rounds' ratios meet the
+    /// bound and others miss it, so the cell says neither.
+    WithinNoise,
+}
+
+impl Verdict {
+    /// The verdict on `ratio` (the medians'), given the `range` of the per-round ratios.
+    pub fn of(goal: &Goal, ratio: f64, range: Option<(f64, f64)>) -> Verdict {
+        if range.is_some_and(|(lo, hi)| goal.met(lo) != goal.met(hi)) {
+            Verdict::WithinNoise
+        } else if goal.met(ratio) {
+            Verdict::Met
+        } else {
+            Verdict::NotMet
+        }
+    }
+
+    /// As the JSON writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Met => "met",
+            Verdict::NotMet => "not met",
+            Verdict::WithinNoise => "within noise",
+        }
+    }
+}
+
+/// Each size's ratio and verdict for `goal`.
+pub fn verdicts(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64, (f64, Verdict)> {
+    let ranges = ratio_ranges(samples, goal, nodes);
+    ratios(samples, goal, nodes)
+        .into_iter()
+        .map(|(size, x)| (size, (x, Verdict::of(goal, x, ranges.get(&size).copied()))))
+        .collect()
+}
+
+/// The goals on `nodes` nodes: a row per size, a column per goal (`!` marks a miss, `~` a
+/// cell within noise), then one line per goal saying where it is not met and where the
+/// rounds cannot tell.
 pub fn goals(samples: &[Sample], nodes: u8) -> String {
-    let per: Vec<(&Goal, BTreeMap<u64, f64>)> = GOALS
+    let per: Vec<(&Goal, BTreeMap<u64, (f64, Verdict)>)> = GOALS
         .iter()
-        .map(|g| (g, ratios(samples, g, nodes)))
+        .map(|g| (g, verdicts(samples, g, nodes)))
         .filter(|(_, r)| !r.is_empty())
         .collect();
     if per.is_empty() {
         return String::new();
     }
     let mut t = format!(
-        "goals, {}: ratios of medians, same boot\n",
+        "goals, {}: ratios of medians, same boot (! not met; ~ within noise: some rounds' \
+         ratios meet the bound, others miss it)\n",
         nodes_name(nodes)
     );
     for (i, (g, _)) in per.iter().enumerate() {
@@ -145,23 +225,35 @@ pub fn goals(samples: &[Sample], nodes: u8) -> String {
     sizes.dedup();
     for s in sizes {
         let _ = write!(t, "  {:>8}", size(s));
-        for (g, r) in &per {
+        for (_, r) in &per {
             let c = match r.get(&s) {
-                Some(&x) => format!("{x:.2}{}", if g.met(x) { " " } else { "!" }),
+                Some(&(x, v)) => format!(
+                    "{x:.2}{}",
+                    match v {
+                        Verdict::Met => " ",
+                        Verdict::NotMet => "!",
+                        Verdict::WithinNoise => "~",
+                    }
+                ),
                 None => "-".into(),
             };
             let _ = write!(t, "  {c:>7}");
         }
         t.push('\n');
     }
-    for (i, (g, r)) in per.iter().enumerate() {
-        let missed: Vec<String> = r
-            .iter()
-            .filter(|(_, &x)| !g.met(x))
-            .map(|(&s, &x)| format!("{} ({x:.2})", size(s)))
-            .collect();
-        let verdict = if missed.is_empty() {
+    for (i, (_, r)) in per.iter().enumerate() {
+        let at = |want: Verdict| -> Vec<String> {
+            r.iter()
+                .filter(|(_, &(_, v))| v == want)
+                .map(|(&s, &(x, _))| format!("{} ({x:.2})", size(s)))
+                .collect()
+        };
+        let (missed, noise) = (at(Verdict::NotMet), at(Verdict::WithinNoise));
+        let met = r.len() - missed.len() - noise.len();
+        let mut verdict = if missed.is_empty() && noise.is_empty() {
             format!("met at all {} sizes", r.len())
+        } else if missed.is_empty() {
+            format!("met at {met} of {} sizes", r.len())
         } else {
             format!(
                 "NOT met at {} of {} sizes: {}",
@@ -170,6 +262,14 @@ pub fn goals(samples: &[Sample], nodes: u8) -> String {
                 missed.join(", ")
             )
         };
+        if !noise.is_empty() {
+            let _ = write!(
+                verdict,
+                "; within noise at {}: {}",
+                noise.len(),
+                noise.join(", ")
+            );
+        }
         let _ = writeln!(t, "  [{}] {verdict}", i + 1);
     }
     t
@@ -220,6 +320,15 @@ mod tests {
         assert!(g.contains("0.82!"), "{g}");
         assert!(g.contains("1.10 "), "{g}");
         assert!(g.contains("NOT met at 1 of 2 sizes: 8 B (0.82)"), "{g}");
+        // Rounds whose spread reaches across the bound say neither met nor missed.
+        let mut n = s.clone();
+        n[3] = sample("ours/host", bw, 8, 1, 10.5);
+        let g = goals(&n, 1);
+        assert!(g.contains("0.91~"), "{g}");
+        assert!(
+            g.contains("met at 1 of 2 sizes; within noise at 1: 8 B (0.91)"),
+            "{g}"
+        );
         assert_eq!(values(&s, Metric::Latency, 1, "lat_usec"), "");
         assert!(
             t.starts_with("RDMA write bandwidth, MiB/s [bw_MBps], one node"),

@@ -1,0 +1,170 @@
+//! Batched writes: `k` owned writes of which only the last is signalled, all `k` parts handed
+//! back by that one completion.
+//!
+//! Sound because a send queue completes in order: an RC queue pair reports the last request's
+//! completion only after every earlier request on its send queue has completed (acknowledged
+//! by the peer, or failed or flushed, each of those with a completion of its own, which the
+//! completion queue delivers first). So when the last write's completion is polled, the NIC is
+//! done with every part of the batch. The parts travel as one array inside one handle, which
+//! gives them back only with that completion.
+
+use super::parts::PartsPending;
+use super::post::{Request, Sge};
+use super::ticket::Ticket;
+use super::QueuePair;
+use crate::error::{Error, Op};
+use crate::part::{sealed::TOKEN, OwnedPart};
+use crate::remote::RemoteRegion;
+use crate::slots::{wr_id, MEMBER};
+use crate::wr::WorkKind;
+use rdma_sys as ffi;
+use std::fmt;
+
+/// A batch that was refused: the error, and the parts back when the NIC has none of them.
+#[derive(Debug)]
+pub struct BatchError<P, const K: usize> {
+    /// What went wrong.
+    pub error: Error,
+    /// The parts, in the order given, back with the CPU; `None` only when the provider took
+    /// part of the batch and refused the rest (never seen: every check it makes is made
+    /// first). The queue pair is then moved to the error state and keeps the parts until it
+    /// is destroyed, since requests it accepted may still read them and nothing would tell
+    /// when they stop.
+    pub parts: Option<[P; K]>,
+}
+
+impl<P, const K: usize> fmt::Display for BatchError<P, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<P: fmt::Debug, const K: usize> std::error::Error for BatchError<P, K> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// The error of a refused batch, its parts dropped.
+impl<P, const K: usize> From<BatchError<P, K>> for Error {
+    fn from(e: BatchError<P, K>) -> Error {
+        e.error
+    }
+}
+
+impl QueuePair {
+    /// `K` `IBV_WR_RDMA_WRITE`s, part `j` to the start of `remotes[j]`, posted in one call,
+    /// of which only the last asks for a completion: one completion for `K` writes, as
+    /// perftest signals one write in a hundred. All `K` parts come back together with it
+    /// ([`PartsPending::spin`], or awaited); its `wc` is the last write's. If any write
+    /// fails, the batch ends with the first failure's status, once the queue pair has
+    /// flushed every later write (the last one's flush completion comes after them all).
+    ///
+    /// The batch holds `K` entries of the send queue (unsignalled requests stay there until
+    /// a later signalled one completes), so `K` is at most
+    /// [`QueuePairBuilder::send_depth`](crate::QueuePairBuilder::send_depth), less what is
+    /// in flight. Nothing is allocated: the work requests are a stack array.
+    ///
+    /// # Errors
+    /// A [`BatchError`] with every part back: `K` of 0, a part that fails the checks of
+    /// [`QueuePair::post_write`], fewer than `K` free send-queue entries, or the provider's
+    /// refusal of the first write.
+    pub fn post_write_batch<P: OwnedPart, const K: usize>(
+        &self,
+        parts: [P; K],
+        remotes: [RemoteRegion; K],
+    ) -> std::result::Result<PartsPending<'_, P, K>, BatchError<P, K>> {
+        let back = |error| BatchError { error, parts: None };
+        let mut sges = [Sge::EMPTY; K];
+        for (j, part) in parts.iter().enumerate() {
+            let (region, range) = part.lent(TOKEN);
+            match self.checked_sge(WorkKind::Write, region, range, Some(remotes[j])) {
+                Ok(sge) => sges[j] = sge,
+                Err(error) => {
+                    return Err(BatchError {
+                        parts: Some(parts),
+                        ..back(error)
+                    })
+                }
+            }
+        }
+        let weight = match u32::try_from(K) {
+            Ok(w) if w > 0 => w,
+            _ => {
+                let error = Error::invalid(Op::PostSend, format!("a batch of {K} writes"));
+                return Err(BatchError {
+                    parts: Some(parts),
+                    ..back(error)
+                });
+            }
+        };
+        let (index, gen) = match self.slots.borrow_mut().acquire_n(WorkKind::Write, weight) {
+            Ok(slot) => slot,
+            Err(error) => {
+                return Err(BatchError {
+                    parts: Some(parts),
+                    ..back(error)
+                })
+            }
+        };
+        let id = wr_id(index, gen);
+        let mut wrs: [ffi::ibv_send_wr; K] = std::array::from_fn(|j| {
+            let req = Request::new(
+                WorkKind::Write,
+                std::slice::from_ref(&sges[j]),
+                Some(remotes[j]),
+                None,
+            );
+            let mut wr = req.send_wr(id | MEMBER, 1);
+            wr.send_flags = 0;
+            wr
+        });
+        if let Some(last) = wrs.last_mut() {
+            last.wr_id = id;
+            last.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        let first = wrs.as_mut_ptr();
+        for j in 1..K {
+            // The array stays where it is until the call below returns.
+            wrs[j - 1].next = first.wrapping_add(j);
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live QP; the chain of `K` work requests and their SGE lists (`sges`) are
+        // valid for the call (the provider copies them); every SGE was checked by
+        // `checked_sge` to lie in a region of this QP's PD; the parts move into the returned
+        // handle (or, if that is dropped early, its slot, which lives until the QP is
+        // destroyed), so their memory stays registered and out of the CPU's reach until the
+        // last write's completion, which the send queue delivers after every other's.
+        let rc = unsafe { ffi::ibv_post_send(self.raw.as_ptr(), first, &mut bad) };
+        if rc != 0 {
+            let error = Error::from_errno(
+                Op::PostSend,
+                format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn),
+                rc,
+            );
+            if bad == first {
+                // SAFETY: the provider refused the first request, and so the whole chain:
+                // the NIC has nothing of the batch.
+                unsafe { self.slots.borrow_mut().cancel(index) };
+                return Err(BatchError {
+                    parts: Some(parts),
+                    ..back(error)
+                });
+            }
+            // Part of the chain was taken, unsignalled: nothing will say when the NIC is done
+            // with it. Stop the queue pair and keep the parts until it is destroyed.
+            self.flush();
+            self.slots.borrow_mut().strand(index, gen, Box::new(parts));
+            return Err(back(error));
+        }
+        Ok(PartsPending {
+            ticket: Ticket {
+                qp: self,
+                index,
+                gen,
+                kind: WorkKind::Write,
+                lent: Some(parts),
+            },
+        })
+    }
+}

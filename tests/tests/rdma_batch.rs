@@ -1,0 +1,190 @@
+//! Batched writes (`QueuePair::post_write_batch`): `k` writes, only the last signalled, all
+//! `k` regions back with that one completion, also when a write of the batch fails; and a
+//! peer's write learnt without a completion, through volatile reads of the region. Runs in
+//! the testbed VM.
+
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{connect_pair, host_region, pattern, pd};
+use rdma_dmabuf::{Access, Error, Local, QueuePairBuilder, RemoteRegion, WorkKind};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_batch_lands_every_write_and_hands_every_region_back_with_one_completion() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, _b) = connect_pair(
+        QueuePairBuilder::new(&pd).send_depth(8),
+        QueuePairBuilder::new(&pd),
+    );
+    let target = host_region(&pd, &[], 4 * 512, RW);
+    let remote = target.remote().unwrap();
+    for round in 0..50u8 {
+        let data: [Vec<u8>; 4] = std::array::from_fn(|j| pattern(512, round ^ j as u8));
+        let parts: [_; 4] = std::array::from_fn(|j| {
+            Local::new(host_region(&pd, &data[j], 512, Access::empty()), 0..512)
+        });
+        let remotes = std::array::from_fn(|j| remote.slice(512 * j as u64, 512).unwrap());
+        let pending = a.post_write_batch(parts, remotes).unwrap();
+        assert_eq!(a.outstanding(), 1, "one slot for the batch");
+        let done = pending.spin_timeout(T).unwrap().unwrap();
+        assert_eq!(done.wc.kind, WorkKind::Write);
+        for (j, part) in done.parts.iter().enumerate() {
+            assert_eq!(part.range(), 0..512);
+            let bytes = &part.region().bytes().unwrap()[..512];
+            assert_eq!(bytes, &data[j][..], "region {j} back intact");
+        }
+        // SAFETY: every write into `target` has completed and nothing else writes it.
+        let landed = unsafe { target.bytes_unchecked() };
+        assert_eq!(
+            &landed[..2048],
+            data.concat(),
+            "round {round}: every write landed in order"
+        );
+        assert_eq!(a.outstanding(), 0);
+        assert_eq!(
+            a.poll().unwrap(),
+            0,
+            "the unsignalled writes left no completion"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_batch_holds_k_send_queue_entries_and_is_refused_past_the_depth_with_its_regions_back() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, _b) = connect_pair(
+        QueuePairBuilder::new(&pd).send_depth(4),
+        QueuePairBuilder::new(&pd),
+    );
+    let target = host_region(&pd, &[], 64, RW);
+    let r = target.remote().unwrap();
+    let src = |n| host_region(&pd, &pattern(64, n), 64, Access::empty());
+    let five = a
+        .post_write_batch(std::array::from_fn::<_, 5, _>(|j| src(j as u8)), [r; 5])
+        .unwrap_err();
+    assert!(
+        matches!(five.error, Error::QueueFull { depth: 4, .. }),
+        "{}",
+        five.error
+    );
+    assert_eq!(five.parts.expect("nothing posted: all back").len(), 5);
+    let three = a
+        .post_write_batch([src(1), src(2), src(3)], [r; 3])
+        .unwrap();
+    let one = a.post_write(src(4), r, None).unwrap();
+    // 3 + 1 of the 4 entries are held until the batch's completion is taken.
+    let full = a.post_write(src(5), r, None).unwrap_err();
+    assert!(
+        matches!(full.error, Error::QueueFull { .. }),
+        "{}",
+        full.error
+    );
+    let two = a.post_write_batch([src(6), src(7)], [r; 2]).unwrap_err();
+    assert!(matches!(two.error, Error::QueueFull { .. }));
+    assert_eq!(three.spin_timeout(T).unwrap().unwrap().parts.len(), 3);
+    one.spin_timeout(T).unwrap().unwrap();
+    let zero = a
+        .post_write_batch::<rdma_dmabuf::MemoryRegion<rdma_dmabuf::HostBuffer>, 0>([], [])
+        .unwrap_err();
+    assert!(
+        matches!(zero.error, Error::InvalidArgument { .. }),
+        "{}",
+        zero.error
+    );
+    a.post_write_batch([src(8), src(9), src(10), src(11)], [r; 4])
+        .unwrap()
+        .spin_timeout(T)
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_failed_write_in_a_batch_ends_it_with_that_error_only_once_every_write_is_flushed() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, _b) = connect_pair(
+        QueuePairBuilder::new(&pd).send_depth(64),
+        QueuePairBuilder::new(&pd),
+    );
+    let target = host_region(&pd, &[], 64, RW);
+    let r = target.remote().unwrap();
+    let bad = RemoteRegion {
+        rkey: r.rkey ^ 0x5a5a_0000,
+        ..r
+    };
+    let parts: [_; 40] =
+        std::array::from_fn(|j| host_region(&pd, &pattern(64, j as u8), 64, Access::empty()));
+    let mut remotes = [r; 40];
+    remotes[2] = bad;
+    let failed = a
+        .post_write_batch(parts, remotes)
+        .unwrap()
+        .spin_timeout(T)
+        .unwrap()
+        .unwrap_err();
+    // The third write's own status, not the flush the last write got.
+    let Error::Completion { status, kind, .. } = &failed.error else {
+        panic!("a completion error, not {}", failed.error);
+    };
+    assert_eq!(*kind, WorkKind::Write);
+    assert_eq!(
+        *status,
+        rdma_sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+        "{}",
+        failed.error
+    );
+    assert_eq!(failed.parts.len(), 40, "every region back");
+    // The batch ended with the last write's completion, which came after every other write's
+    // (its error and the flushes): nothing of the batch is left on the completion queue. (A
+    // poll takes 16 completions: had the third write's error ended the batch, the flushes of
+    // 20 later writes would still be there.)
+    assert_eq!(
+        a.poll().unwrap(),
+        0,
+        "a completion of the batch came after its end"
+    );
+    assert_eq!(a.outstanding(), 0);
+    assert!(a.is_in_error());
+    drop(failed);
+    drop(a);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_peers_write_is_seen_through_volatile_reads_of_a_remotely_writable_region() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, _b) = connect_pair(QueuePairBuilder::new(&pd), QueuePairBuilder::new(&pd));
+    let target = host_region(&pd, &[], 4096, RW);
+    let r = target.remote().unwrap();
+    assert!(target.bytes().is_err(), "still no slice of it");
+    let mut src = host_region(&pd, &[], 4096, Access::empty());
+    for seq in 1..=100u8 {
+        src.bytes_mut().unwrap()[4095] = seq;
+        let w = a.post_write(
+            Local::new(src, 4000..4096),
+            r.slice(4000, 96).unwrap(),
+            None,
+        );
+        let w = w.unwrap();
+        // Watched before the write's completion is taken: the sequence byte tells.
+        let mut last = [0u8];
+        while last[0] != seq {
+            target.read_volatile(4095, &mut last).unwrap();
+        }
+        src = w.spin_timeout(T).unwrap().unwrap().region;
+    }
+    let mut out = [0u8; 2];
+    let e = target.read_volatile(4095, &mut out).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(target.read_volatile(u64::MAX, &mut out).is_err());
+    target.read_volatile(4094, &mut out).unwrap();
+    assert_eq!(out, [0, 100]);
+}
