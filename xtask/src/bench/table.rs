@@ -195,11 +195,14 @@ pub fn verdicts(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64, (f6
         .collect()
 }
 
+/// A goal's ratio and verdict at each message size.
+type BySize = BTreeMap<u64, (f64, Verdict)>;
+
 /// The goals on `nodes` nodes: a row per size, a column per goal (`!` marks a miss, `~` a
 /// cell within noise), then one line per goal saying where it is not met and where the
 /// rounds cannot tell.
 pub fn goals(samples: &[Sample], nodes: u8) -> String {
-    let per: Vec<(&Goal, BTreeMap<u64, (f64, Verdict)>)> = GOALS
+    let per: Vec<(&Goal, BySize)> = GOALS
         .iter()
         .map(|g| (g, verdicts(samples, g, nodes)))
         .filter(|(_, r)| !r.is_empty())
