@@ -29,8 +29,11 @@ opts=trans=virtio,version=9p2000.L,msize=512000
 # /hostraw: the host's root as it is, without the tmpfs mounted below /host.
 mount -t 9p -o "$opts,ro" host /hostraw || { say "cannot mount the host's root"; poweroff -f; }
 if [ -n "$PKGS" ]; then
-    # Extra packages, unpacked on the host, over the host's root; both read-only.
-    mount -t overlay overlay -o "ro,lowerdir=/hostraw$PKGS:/hostraw" /host ||
+    # Extra packages, unpacked on the host ($PKGS, shared on its own), over the host's root;
+    # both read-only.
+    mkdir -p /pkgs
+    mount -t 9p -o "$opts,ro" pkgs /pkgs &&
+        mount -t overlay overlay -o "ro,lowerdir=/pkgs:/hostraw" /host ||
         { say "cannot lay the extra packages over the host's root"; poweroff -f; }
 else
     mount --bind /hostraw /host

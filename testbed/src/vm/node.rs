@@ -230,6 +230,13 @@ pub(super) fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Comm
             "local,path={},mount_tag=out,security_model=none,multidevs=remap",
             dir.display()
         ));
+    if let Some(pkgs) = boot.packages {
+        // A share of its own: overlayfs refuses layers that lie inside one another.
+        c.arg("-virtfs").arg(format!(
+            "local,path={},mount_tag=pkgs,security_model=none,readonly=on,multidevs=remap",
+            pkgs.display()
+        ));
+    }
     if let Some(cwd) = boot.cwd {
         c.arg("-virtfs").arg(format!(
             "local,path={},mount_tag=cwd,security_model=none,multidevs=remap",
