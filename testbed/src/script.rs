@@ -80,6 +80,34 @@ pub fn fill(template: &str, values: &[(&str, &str)]) -> Result<String> {
     Ok(out)
 }
 
+/// Checks that the folder `dir` holds exactly the scripts `listed` (file name, built-in text),
+/// each file's text the same as the built-in one: a crate's test that its `scripts/` folder and
+/// its constants agree.
+///
+/// # Errors
+/// Names the first difference.
+pub fn check_folder(dir: &std::path::Path, listed: &[(&str, &str)]) -> Result {
+    let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    on_disk.sort();
+    let mut names: Vec<&str> = listed.iter().map(|(n, _)| *n).collect();
+    names.sort();
+    if on_disk != names {
+        fail!(
+            "{} holds {on_disk:?}, the constants name {names:?}",
+            dir.display()
+        );
+    }
+    for (name, text) in listed {
+        if std::fs::read_to_string(dir.join(name))? != *text {
+            fail!("{name} differs from its built-in text");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,17 +146,6 @@ mod tests {
     #[test]
     fn every_script_file_is_listed() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/scripts");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
-        let mut listed: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
-        listed.sort();
-        assert_eq!(on_disk, listed, "src/scripts/ and this module differ");
-        for (name, text) in ALL {
-            let path = dir.join(name);
-            assert_eq!(std::fs::read_to_string(&path).unwrap(), *text, "{name}");
-        }
+        check_folder(&dir, ALL).unwrap();
     }
 }

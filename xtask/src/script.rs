@@ -29,17 +29,6 @@ mod tests {
     #[test]
     fn every_script_file_is_listed() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/scripts");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
-        let mut listed: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
-        listed.sort();
-        assert_eq!(on_disk, listed, "xtask/src/scripts/ and this module differ");
-        for (name, text) in ALL {
-            let path = dir.join(name);
-            assert_eq!(std::fs::read_to_string(&path).unwrap(), *text, "{name}");
-        }
+        dmabuf_testbed::script::check_folder(&dir, ALL).unwrap();
     }
 }
