@@ -403,6 +403,7 @@ mod tests {
         for d in [
             "xtask/src",
             "testbed/src",
+            "testbed/tests",
             "tests",
             "examples",
             "drm-export",

@@ -1,6 +1,6 @@
 //! Boots the testbed (one VM, or two joined by a virtual wire) and runs a command inside,
 //! chrooted into the host's root so host-built binaries run unchanged (`dmabuf-testbed run`,
-//! `cargo xtask vm`). The VMs' processes and their consoles are in [`node`].
+//! `cargo xtask vm`). The VMs' processes and their consoles are in `vm/node.rs`.
 
 mod node;
 
@@ -102,7 +102,7 @@ pub struct NodeResult {
     /// Kernel problems (warnings, oopses, taint).
     pub problems: Vec<String>,
     /// Set when the kernel log shows a CPU state no x86 CPU can hold (see
-    /// [`klog::emulator_fault`]); the same line is among `problems`.
+    /// [`crate::klog::emulator_fault`]); the same line is among `problems`.
     pub emulator_fault: Option<String>,
     /// Everything the VM printed on its console.
     pub console: String,
@@ -140,7 +140,7 @@ pub fn run_quiet(cache: &Cache, argv: &[String], opts: &Opts) -> Result<Vec<Node
 }
 
 /// As [`run`] (or [`run_quiet`] when `loud` is false), but when a node's kernel log shows an
-/// emulator fault ([`klog::emulator_fault`]), says so and boots the same command once more.
+/// emulator fault ([`crate::klog::emulator_fault`]), says so and boots the same command once more.
 /// Returns the last boot's results and whether there was a second boot. Only that signature
 /// earns the second boot: any other failure is returned as it is.
 pub fn run_past_emulator_fault(
