@@ -43,26 +43,30 @@ impl Cache {
     }
 
     /// `$DMABUF_TESTBED_CACHE` if set, else `$XDG_CACHE_HOME/dmabuf-testbed`, else
-    /// `$HOME/.cache/dmabuf-testbed`.
+    /// `$HOME/.cache/dmabuf-testbed`; created if missing, and named by its canonical path
+    /// (the patched stack's libraries are checked by path in the guest).
     ///
     /// # Errors
-    /// None of the three variables is set.
+    /// None of the three variables is set, or the folder cannot be created.
     pub fn from_env() -> sh::Result<Cache> {
         let var = |k: &str| {
             std::env::var_os(k)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        if let Some(dir) = var(CACHE_ENV) {
-            return Ok(Cache::new(dir));
-        }
-        if let Some(xdg) = var("XDG_CACHE_HOME") {
-            return Ok(Cache::new(xdg.join("dmabuf-testbed")));
-        }
-        match var("HOME") {
-            Some(home) => Ok(Cache::new(home.join(".cache/dmabuf-testbed"))),
-            None => fail!("no cache folder: set {CACHE_ENV} (or XDG_CACHE_HOME or HOME)"),
-        }
+        let dir = if let Some(dir) = var(CACHE_ENV) {
+            dir
+        } else if let Some(xdg) = var("XDG_CACHE_HOME") {
+            xdg.join("dmabuf-testbed")
+        } else if let Some(home) = var("HOME") {
+            home.join(".cache/dmabuf-testbed")
+        } else {
+            fail!("no cache folder: set {CACHE_ENV} (or XDG_CACHE_HOME or HOME)")
+        };
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| dir.canonicalize())
+            .map(Cache::new)
+            .map_err(|e| format!("cache folder {}: {e}", dir.display()).into())
     }
 }
 
