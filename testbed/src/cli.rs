@@ -6,8 +6,8 @@ use crate::vm::{Mode, NodeResult, Opts};
 use std::time::Duration;
 
 /// The run options, one per line, for help texts.
-pub const RUN_OPTIONS: &str = "\
-      --nodes 1|2           two VMs joined by a virtual wire (CMD runs on both, NODE=a|b;
+pub const RUN_OPTIONS: &str =
+    "      --nodes 1|2           two VMs joined by a virtual wire (CMD runs on both, NODE=a|b;
                             node b finds node a at $NODE_A_ADDR, also its $PEER_ADDR)
       --mode patched|stock  rxe and rdma-core with kernel-patches/ (default: dma-buf regions
                             work) or Debian's own
@@ -67,6 +67,11 @@ pub fn parse_run_args(args: &[String]) -> Result<(Opts, Vec<String>)> {
         }
     }
     fail!("no command given: run [options] -- <command> [args...]")
+}
+
+/// Whether the arguments ask for help: the first is `--help` or `-h`.
+pub fn wants_help(args: &[String]) -> bool {
+    matches!(args.first().map(String::as_str), Some("--help" | "-h"))
 }
 
 /// A run's exit status: the first node's non-zero status, else 1 when a node's kernel had a

@@ -50,6 +50,10 @@ fn dispatch(args: &[String]) -> Result<u8> {
         return Ok(2);
     };
     match cmd.as_str() {
+        "run" | "info" if cli::wants_help(rest) => {
+            print!("{}", help());
+            Ok(0)
+        }
         "run" => {
             let (mut opts, argv) = cli::parse_run_args(rest)?;
             opts.writable_cwd = true;

@@ -20,9 +20,9 @@ cargo xtask <command>
 
   setup                 install system packages (as root) and fetch the testbed kernel
   vm [opts] -- CMD...   boot the testbed VM and run CMD inside; exits with CMD's status
-                        (the workspace's dmabuf-testbed run, with the cache in target/testbed
-                        and the working folder read-only; options as there)
-  test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
+                        (dmabuf-testbed run, with the cache in target/testbed and the
+                        working folder read-only; its options:)
+@OPTIONS@  test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
                         `N passed, N failed, N skipped`
   bench [opts]          RDMA write bandwidth, message rate and latency beside perftest, over
                         host and dma-buf regions, and registration time; one node and two;
@@ -146,10 +146,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The help text, with the testbed's run options in place.
+fn help() -> String {
+    HELP.replace("@OPTIONS@", dmabuf_testbed::cli::RUN_OPTIONS)
+}
+
 fn dispatch(args: &[String]) -> Result<ExitCode> {
     let paths = Paths::find();
     let Some((cmd, rest)) = args.split_first() else {
-        eprint!("{HELP}");
+        eprint!("{}", help());
         return Ok(ExitCode::FAILURE);
     };
     match cmd.as_str() {
@@ -158,6 +163,10 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             let k = setup::kernel(&paths)?;
             initramfs::build(&paths, &k)?;
             ui::info(format!("testbed ready: kernel {}", k.version));
+            Ok(ExitCode::SUCCESS)
+        }
+        "vm" if dmabuf_testbed::cli::wants_help(rest) => {
+            eprint!("{}", help());
             Ok(ExitCode::SUCCESS)
         }
         "vm" => {
@@ -176,10 +185,10 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             bench::main(&paths, rest)
         }
         "help" | "-h" | "--help" => {
-            eprint!("{HELP}");
+            eprint!("{}", help());
             Ok(ExitCode::SUCCESS)
         }
-        other => fail!("unknown command `{other}`\n{HELP}"),
+        other => fail!("unknown command `{other}`\n{}", help()),
     }
 }
 
