@@ -1,4 +1,4 @@
-//! No source file of the libraries, the tests, the examples or xtask is over 600 lines: a file
+//! No source file of the libraries, the tests, the examples, xtask or the testbed is over 600 lines: a file
 //! that long holds more than one concept and should be split along them.
 
 use std::path::{Path, PathBuf};

@@ -76,6 +76,7 @@ pub fn prepare(paths: &Paths) -> Result<Vec<String>> {
 pub fn run(paths: &Paths, argv: &[String], print: bool) -> Result<Outcome> {
     let opts = vm::Opts {
         nodes: 2,
+        expose: paths.vm_expose(),
         ..vm::Opts::default()
     };
     let (results, rebooted) = vm::run_past_emulator_fault(paths, argv, &opts, false)?;

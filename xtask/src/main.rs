@@ -1,38 +1,29 @@
 //! Project automation. Run `cargo xtask help`.
 
-mod accel;
-mod backports;
 mod bench;
 mod demo;
-mod initramfs;
-mod klog;
 mod packaging;
-mod patched;
-mod programs;
 mod rdmacore;
 mod script;
-mod setup;
-mod sh;
-mod shscan;
 mod soak;
 mod testrun;
-mod ui;
-mod vm;
+
+// The testbed itself (VM, kernel, initramfs, patched stack, the programs table) is the
+// `dmabuf-testbed` library; xtask names its modules as its own.
+pub(crate) use dmabuf_testbed::{fail, initramfs, patched, programs, setup, sh, ui, vm};
 
 use sh::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 const HELP: &str = "\
 cargo xtask <command>
 
   setup                 install system packages (as root) and fetch the testbed kernel
   vm [opts] -- CMD...   boot the testbed VM and run CMD inside; exits with CMD's status
-      --nodes 1|2         two VMs joined by a virtual wire (CMD runs on both, NODE=a|b)
-      --timeout SECS      stop and fail after SECS (default 1800)
-      --mode patched|stock  rxe and rdma-core with kernel-patches/ (default) or Debian's
-  test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
+                        (dmabuf-testbed run, with the cache in target/testbed and the
+                        working folder read-only; its options:)
+@OPTIONS@  test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
                         `N passed, N failed, N skipped`
   bench [opts]          RDMA write bandwidth, message rate and latency beside perftest, over
                         host and dma-buf regions, and registration time; one node and two;
@@ -57,8 +48,19 @@ pub struct Paths {
     pub root: PathBuf,
     /// Cargo's target folder.
     pub target: PathBuf,
-    /// The testbed's cache (kernel, initramfs, runs).
+    /// The testbed's cache (kernel, initramfs, runs): `target/testbed`.
     pub testbed: PathBuf,
+    /// The same folder as the testbed library's cache.
+    cache: dmabuf_testbed::Cache,
+}
+
+/// xtask's paths stand for the testbed's cache wherever the library asks for one, so that
+/// `vm::run(paths, ...)` reads as it did when the testbed lived in xtask.
+impl std::ops::Deref for Paths {
+    type Target = dmabuf_testbed::Cache;
+    fn deref(&self) -> &dmabuf_testbed::Cache {
+        &self.cache
+    }
 }
 
 impl Paths {
@@ -75,8 +77,15 @@ impl Paths {
         Paths {
             root,
             target,
+            cache: dmabuf_testbed::Cache::new(&testbed),
             testbed,
         }
+    }
+
+    /// Folders the testbed must bind back when they are under `/tmp` or `/run`: the
+    /// workspace and its target folder (set these in every `vm::Opts::expose` of xtask).
+    pub fn vm_expose(&self) -> Vec<PathBuf> {
+        vec![self.root.clone(), self.target.clone()]
     }
 
     /// `cargo` (the one running this xtask), in the workspace root.
@@ -103,22 +112,16 @@ impl Paths {
     }
 }
 
-/// Every script xtask runs or writes (except the initramfs's `/init`, which runs busybox applets
-/// only, and `cmd.sh`, the `vm` command's caller's own), generated with sample inputs: the
-/// programs table's test checks each against the table. Filling a template in fails here when
-/// a placeholder is left unfilled or a value names none.
+/// Every script xtask runs or writes (the testbed library holds its own to the table),
+/// generated with sample inputs: the test below checks each against the programs table.
+/// Filling a template in fails here when a placeholder is left unfilled or a value names none.
 #[cfg(test)]
 pub(crate) fn scripts() -> Vec<(&'static str, String)> {
     use std::path::Path;
-    let (dir, cwd) = (Path::new("/t/run/a"), Path::new("/t/src"));
-    let patched = patched::Patched {
-        module: "/t/rdma_rxe.ko".into(),
-        exporter: "/t/dmabuf_test_exporter.ko".into(),
-        lib: "/t/lib".into(),
-    };
+    let cwd = Path::new("/t/src");
     let mut vm_tests = std::collections::BTreeMap::new();
     vm_tests.insert(PathBuf::from("/t/bin-1"), vec!["a_test".to_string()]);
-    let mut out = vec![
+    vec![
         ("bench.sh", script::BENCH.to_string()),
         ("demo.sh", script::DEMO.to_string()),
         ("self-check", testrun::SELF_CHECK.to_string()),
@@ -127,35 +130,10 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
             testrun::vm_script(&vm_tests, testrun::Phase::One),
         ),
         (
-            "initramfs packing",
-            initramfs::pack_script(Path::new("/t/x")),
-        ),
-        (
-            "rxe-sources.sh",
-            patched::source_script(Path::new("/t/x.deb"), Path::new("/t/x")).unwrap(),
-        ),
-        (
             "rdma-core-suite.sh",
             rdmacore::suite_script("/t/lib", cwd).unwrap(),
         ),
-        ("apt install", setup::install_script(&["a", "b"])),
-        (
-            "apt install with QEMU",
-            setup::install_script(&["a", backports::QEMU_PACKAGE]),
-        ),
-    ];
-    for nodes in [1, 2] {
-        for p in [None, Some(&patched)] {
-            let opts = vm::Opts {
-                nodes,
-                env: vec![("K".into(), "v".into())],
-                ..vm::Opts::default()
-            };
-            let inner = vm::inner_script(dir, cwd, 'a', &opts, p).unwrap();
-            out.push(("inner.sh", inner));
-        }
-    }
-    out
+    ]
 }
 
 fn main() -> ExitCode {
@@ -169,10 +147,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The help text, with the testbed's run options in place.
+fn help() -> String {
+    HELP.replace("@OPTIONS@", dmabuf_testbed::cli::RUN_OPTIONS)
+}
+
 fn dispatch(args: &[String]) -> Result<ExitCode> {
     let paths = Paths::find();
     let Some((cmd, rest)) = args.split_first() else {
-        eprint!("{HELP}");
+        eprint!("{}", help());
         return Ok(ExitCode::FAILURE);
     };
     match cmd.as_str() {
@@ -183,11 +166,16 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             ui::info(format!("testbed ready: kernel {}", k.version));
             Ok(ExitCode::SUCCESS)
         }
+        "vm" if dmabuf_testbed::cli::wants_help(rest) => {
+            eprint!("{}", help());
+            Ok(ExitCode::SUCCESS)
+        }
         "vm" => {
-            let (opts, argv) = parse_vm_args(rest)?;
+            let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(rest)?;
+            opts.expose = paths.vm_expose();
             setup::packages()?;
             let results = vm::run(&paths, &argv, &opts)?;
-            Ok(exit_code(&results))
+            Ok(ExitCode::from(dmabuf_testbed::cli::exit_status(&results)))
         }
         "test" => testrun::main(&paths, rest),
         "demo" => demo::main(&paths),
@@ -198,58 +186,21 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
             bench::main(&paths, rest)
         }
         "help" | "-h" | "--help" => {
-            eprint!("{HELP}");
+            eprint!("{}", help());
             Ok(ExitCode::SUCCESS)
         }
-        other => fail!("unknown command `{other}`\n{HELP}"),
+        other => fail!("unknown command `{other}`\n{}", help()),
     }
 }
 
-/// The first failing node's status (or 1 for a kernel problem), else 0.
-fn exit_code(results: &[vm::NodeResult]) -> ExitCode {
-    for r in results {
-        match r.status {
-            Some(0) if r.problems.is_empty() => continue,
-            Some(s) if s != 0 => return ExitCode::from(u8::try_from(s).unwrap_or(1)),
-            _ => return ExitCode::FAILURE,
-        }
-    }
-    ExitCode::SUCCESS
-}
-
-fn parse_vm_args(args: &[String]) -> Result<(vm::Opts, Vec<String>)> {
-    let mut opts = vm::Opts::default();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--" => return Ok((opts, it.cloned().collect())),
-            "--nodes" => {
-                opts.nodes = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .ok_or("--nodes takes 1 or 2")?
-            }
-            "--mode" => {
-                opts.mode = match it.next().map(String::as_str) {
-                    Some("patched") => vm::Mode::Patched,
-                    Some("stock") => vm::Mode::Stock,
-                    _ => fail!("--mode takes patched or stock"),
-                }
-            }
-            "--timeout" => {
-                let secs: u64 = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .ok_or("--timeout takes seconds")?;
-                opts.timeout = Duration::from_secs(secs);
-            }
-            _ => {
-                // No `--`: the rest is the command.
-                let mut argv = vec![a.clone()];
-                argv.extend(it.cloned());
-                return Ok((opts, argv));
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_script_runs_only_programs_of_the_table() {
+        for (name, script) in super::scripts() {
+            if let Err(e) = super::programs::check(&script, false) {
+                panic!("{name}: {e}");
             }
         }
     }
-    fail!("no command given: cargo xtask vm -- <command> [args...]")
 }

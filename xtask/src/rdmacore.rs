@@ -26,6 +26,7 @@ pub fn main(paths: &Paths) -> Result<ExitCode> {
         let opts = vm::Opts {
             mode,
             timeout: Duration::from_secs(1200),
+            expose: paths.vm_expose(),
             ..vm::Opts::default()
         };
         let step = Step::start(format!("rdma-core's tests on the {mode:?} stack"));

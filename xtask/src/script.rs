@@ -1,21 +1,8 @@
-//! The shell scripts xtask writes or runs, kept as real files under `xtask/src/scripts/` and
-//! built into xtask with `include_str!`. A script that needs values from xtask names them with
-//! placeholders, `@NAME@` (capitals, digits and `_` between two `@`), which [`fill`] replaces;
-//! nothing else in a script is special to xtask, so each reads as the shell it is.
+//! xtask's own shell scripts, kept as real files under `xtask/src/scripts/` and built in with
+//! `include_str!`; placeholders (`@NAME@`) are filled with the testbed's [`fill`]. The
+//! testbed's scripts (`/init`, `inner.sh`, ...) live in the testbed crate.
 
-use crate::fail;
-use crate::sh::Result;
-use std::collections::BTreeSet;
-
-/// The initramfs's `/init` (busybox applets only): loads the modules, mounts the host's root
-/// and the run folder, runs the run's `inner.sh` chrooted into the host's root, saves the
-/// kernel log and taint, powers off. No placeholders: it reads the kernel command line.
-pub const INIT: &str = include_str!("scripts/init.sh");
-
-/// Each node's `inner.sh`: network, rxe device (and the patched stack), then the command.
-/// Placeholders: `RUN`, `PEER_RUN`, `NODES`, `NODE`, `LOCAL_ADDR`, `PEER_ADDR`, `MODE`,
-/// `RXE_MODULE`, `EXPORTER_MODULE`, `RDMA_LIB`, `ENV`, `CWD` (see [`crate::vm`]).
-pub const INNER: &str = include_str!("scripts/inner.sh");
+pub use dmabuf_testbed::script::fill;
 
 /// `cargo xtask bench`'s command in the VM (arguments, no placeholders).
 pub const BENCH: &str = include_str!("scripts/bench.sh");
@@ -23,102 +10,18 @@ pub const BENCH: &str = include_str!("scripts/bench.sh");
 /// `cargo xtask demo`'s command on both nodes (arguments, no placeholders).
 pub const DEMO: &str = include_str!("scripts/demo.sh");
 
-/// Extracts rxe's sources from the `linux-source` deb (host). Placeholders: `DEB`, `INTO`,
-/// `SERIES`.
-pub const RXE_SOURCES: &str = include_str!("scripts/rxe-sources.sh");
-
 /// `cargo xtask rdma-core-tests`' command in the VM. Placeholders: `LIB_PATH`, `PYTHONPATH`,
 /// `TESTS`.
 pub const RDMA_CORE_SUITE: &str = include_str!("scripts/rdma-core-suite.sh");
-
-/// A placeholder found in a template: its name and the byte range of `@NAME@`.
-fn placeholders(template: &str) -> impl Iterator<Item = (&str, std::ops::Range<usize>)> {
-    let bytes = template.as_bytes();
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        while let Some(off) = template[at..].find('@') {
-            let start = at + off;
-            let name_len = bytes[start + 1..]
-                .iter()
-                .take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || **b == b'_')
-                .count();
-            let end = start + 1 + name_len;
-            if name_len > 0 && bytes.get(end) == Some(&b'@') {
-                at = end + 1;
-                return Some((&template[start + 1..end], start..end + 1));
-            }
-            at = start + 1;
-        }
-        None
-    })
-}
-
-/// `template` with every `@NAME@` replaced by the value given for `NAME`, as it is (quote
-/// words for the shell with [`crate::sh::quote`] first). Values are not searched for
-/// placeholders.
-///
-/// # Errors
-/// When the template has a placeholder that `values` does not fill, or `values` names one the
-/// template does not have (a typo on either side), or names one twice.
-pub fn fill(template: &str, values: &[(&str, &str)]) -> Result<String> {
-    let mut given = BTreeSet::new();
-    for (name, _) in values {
-        if !given.insert(*name) {
-            fail!("placeholder @{name}@ is given twice");
-        }
-    }
-    let mut out = String::with_capacity(template.len());
-    let mut used = BTreeSet::new();
-    let mut last = 0;
-    for (name, range) in placeholders(template) {
-        let Some((_, value)) = values.iter().find(|(n, _)| *n == name) else {
-            fail!("placeholder @{name}@ is not filled");
-        };
-        used.insert(name);
-        out.push_str(&template[last..range.start]);
-        out.push_str(value);
-        last = range.end;
-    }
-    out.push_str(&template[last..]);
-    if let Some(unknown) = given.difference(&used).next() {
-        fail!("placeholder @{unknown}@ is given but the script has none of that name");
-    }
-    Ok(out)
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn fills_every_placeholder_once_per_occurrence() {
-        let t = "A=@A@ B=@B_2@\necho @A@ $@ x@y user@host @@@ begin\n";
-        let s = fill(t, &[("A", "'1'"), ("B_2", "@A@")]).unwrap();
-        assert_eq!(s, "A='1' B=@A@\necho '1' $@ x@y user@host @@@ begin\n");
-        assert_eq!(fill("no placeholders", &[]).unwrap(), "no placeholders");
-    }
-
-    #[test]
-    fn an_unfilled_placeholder_is_an_error() {
-        let err = fill("a=@A@ b=@B@", &[("A", "1")]).unwrap_err();
-        assert!(err.to_string().contains("@B@ is not filled"), "{err}");
-    }
-
-    #[test]
-    fn an_unknown_placeholder_is_an_error() {
-        let err = fill("a=@A@", &[("A", "1"), ("NODE", "a")]).unwrap_err();
-        assert!(err.to_string().contains("@NODE@ is given"), "{err}");
-        let err = fill("a=@A@", &[("A", "1"), ("A", "2")]).unwrap_err();
-        assert!(err.to_string().contains("twice"), "{err}");
-    }
-
     /// Every file of `xtask/src/scripts/`, by file name.
     const ALL: &[(&str, &str)] = &[
-        ("init.sh", INIT),
-        ("inner.sh", INNER),
         ("bench.sh", BENCH),
         ("demo.sh", DEMO),
-        ("rxe-sources.sh", RXE_SOURCES),
         ("rdma-core-suite.sh", RDMA_CORE_SUITE),
     ];
 
@@ -126,17 +29,6 @@ mod tests {
     #[test]
     fn every_script_file_is_listed() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/scripts");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
-        let mut listed: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
-        listed.sort();
-        assert_eq!(on_disk, listed, "xtask/src/scripts/ and this module differ");
-        for (name, text) in ALL {
-            let path = dir.join(name);
-            assert_eq!(std::fs::read_to_string(&path).unwrap(), *text, "{name}");
-        }
+        dmabuf_testbed::script::check_folder(&dir, ALL).unwrap();
     }
 }

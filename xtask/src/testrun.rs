@@ -181,7 +181,16 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         } else {
             failed += 1;
         }
-        let bins = test_binaries(paths)?;
+        // The testbed program's own tests boot VMs themselves: they run here, on the host.
+        let (tool_bins, bins): (Vec<_>, Vec<_>) = test_binaries(paths)?
+            .into_iter()
+            .partition(|(name, _)| name == TOOL_TESTS);
+        for (_, exe) in &tool_bins {
+            let t = tool_tests(paths, exe)?;
+            passed += t.passed;
+            failed += t.failed;
+            ran_in_vm += t.passed + t.failed;
+        }
         // For tests/tests/rdma_cost.rs: instructions are counted in the release build.
         paths.release_example("rdma_bench")?;
         for (phase, set) in vm_tests(&bins)? {
@@ -371,6 +380,7 @@ fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool,
         nodes,
         mode: phase.mode(),
         timeout: Duration::from_secs(3600),
+        expose: paths.vm_expose(),
         ..vm::Opts::default()
     };
     let argv = vec!["sh".to_string(), script.to_string_lossy().into_owned()];
@@ -394,6 +404,31 @@ fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool,
         }
     }
     Ok((merged, vm_ok, rebooted))
+}
+
+/// The test binary of the `dmabuf-testbed` program (`testbed/tests/tool.rs`), as
+/// [`test_binaries`] names it.
+const TOOL_TESTS: &str = "tool::test";
+
+/// Runs the `dmabuf-testbed` program's ignored tests on the host, one at a time (each boots
+/// the testbed), with the cache in `target/testbed`.
+fn tool_tests(paths: &Paths, exe: &std::path::Path) -> Result<Tally> {
+    let step = Step::start("the dmabuf-testbed program's own tests (each boots the testbed)");
+    let out = stream(
+        programs::built(exe)
+            .args(["--ignored", "--test-threads=1", "--color", "never"])
+            .env(dmabuf_testbed::CACHE_ENV, &paths.testbed),
+    )?;
+    step.done();
+    let t = Tally::of(&parse(&out.text));
+    info(format!(
+        "dmabuf-testbed (host, booting VMs): {} passed, {} failed",
+        t.passed, t.failed
+    ));
+    if !out.success && t.failed == 0 {
+        fail!("the dmabuf-testbed program's tests failed without a failing test");
+    }
+    Ok(t)
 }
 
 /// The self-check's command: a kernel warning, a taint flag and exit status 3.

@@ -162,6 +162,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         let opts = vm::Opts {
             nodes: p.nodes,
             timeout: Duration::from_secs(limit + 300),
+            expose: paths.vm_expose(),
             ..vm::Opts::default()
         };
         let (results, rebooted) = vm::run_past_emulator_fault(paths, &argv, &opts, false)?;

@@ -1,5 +1,5 @@
 # Extracts rxe's sources (and checkpatch with its data) from a linux-source deb into a folder,
-# on the host; xtask/src/patched.rs fills in the placeholders (the series is
+# on the host; testbed/src/patched.rs fills in the placeholders (the series is
 # setup::KERNEL_SERIES).
 S=linux-source-@SERIES@
 dpkg-deb --fsys-tarfile @DEB@ | tar -xO "./usr/src/$S.tar.xz" |

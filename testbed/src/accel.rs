@@ -11,7 +11,7 @@
 
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, programs, setup, Paths};
+use crate::{fail, programs, setup, Cache};
 use std::io::Read;
 use std::path::Path;
 use std::process::Stdio;
@@ -94,7 +94,7 @@ impl Accel {
 ///
 /// # Errors
 /// `TESTBED_ACCEL` has an unknown value, or `kvm` was asked for and does not boot the guest.
-pub fn choose(paths: &Paths, kernel: &setup::Kernel, initrd: &Path) -> Result<Accel> {
+pub fn choose(cache: &Cache, kernel: &setup::Kernel, initrd: &Path) -> Result<Accel> {
     let asked = std::env::var(ACCEL_ENV).unwrap_or_default();
     match asked.as_str() {
         "tcg" => return Ok(Accel::tcg(format!("{ACCEL_ENV}=tcg"))),
@@ -109,7 +109,7 @@ pub fn choose(paths: &Paths, kernel: &setup::Kernel, initrd: &Path) -> Result<Ac
     }
     let mut failures = Vec::new();
     for cpu in KVM_CPUS {
-        match cached_probe(paths, kernel, initrd, cpu)? {
+        match cached_probe(cache, kernel, initrd, cpu)? {
             Ok(()) => {
                 return Ok(Accel {
                     kvm: true,
@@ -174,12 +174,12 @@ fn kvm_device() -> std::result::Result<(), String> {
 
 /// The probe's verdict for `cpu`, from the cache when this host boot already has one.
 fn cached_probe(
-    paths: &Paths,
+    cache: &Cache,
     kernel: &setup::Kernel,
     initrd: &Path,
     cpu: &str,
 ) -> Result<std::result::Result<(), String>> {
-    let dir = paths.testbed.join("kvm-probe");
+    let dir = cache.dir.join("kvm-probe");
     std::fs::create_dir_all(&dir)?;
     let file = dir.join(format!("{:016x}", probe_key(kernel, initrd, cpu)));
     if let Ok(text) = std::fs::read_to_string(&file) {

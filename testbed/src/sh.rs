@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-/// xtask's error: a message for a person.
+/// The error of the testbed and xtask: a message for a person.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
-/// xtask's result.
+/// Their result.
 pub type Result<T = ()> = std::result::Result<T, Error>;
 
 /// Returns early from the enclosing function with an [`Error`] built from a formatted message.

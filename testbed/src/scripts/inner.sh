@@ -1,5 +1,5 @@
-# cargo xtask vm, on each node: network, rxe device, then the command (cmd.sh in the run
-# folder). xtask/src/vm.rs fills in the placeholders; /init runs this chrooted into the host's
+# The testbed, on each node: network, rxe device, then the command (cmd.sh in the run folder).
+# testbed/src/vm/mod.rs fills in the placeholders; /init runs this chrooted into the host's
 # root.
 set -u
 RUN=@RUN@
@@ -8,6 +8,9 @@ PEER_RUN=@PEER_RUN@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp
 export TESTBED_VM=1 TESTBED_NODES=@NODES@ NODE=@NODE@ RDMA_DEVICE=rxe0
 export LOCAL_ADDR=@LOCAL_ADDR@ PEER_ADDR=@PEER_ADDR@ TESTBED_MODE=@MODE@
+# Node a's address on both nodes (the server's, by convention).
+if [ "$NODE" = a ]; then NODE_A_ADDR=$LOCAL_ADDR; else NODE_A_ADDR=$PEER_ADDR; fi
+export NODE_A_ADDR
 # This node's run folder (writable) and the peer's (read-only), e.g. for readiness files.
 export TESTBED_RUN="$RUN" TESTBED_PEER_RUN="$PEER_RUN"
 # The patched stack and the test exporter module (unused with TESTBED_MODE=stock).

@@ -1,5 +1,5 @@
 //! Every external program the project runs, on the host and inside the testbed VM, with the
-//! Debian package that provides it. xtask starts programs only through [`cmd`] (a name from
+//! Debian package that provides it. the testbed and xtask start programs only through [`cmd`] (a name from
 //! [`PROGRAMS`]), [`built`] (a binary this workspace built) and [`shell`] / [`write_script`]
 //! (scripts whose every command is checked against the table first). `cargo xtask setup`
 //! installs the packages and then checks that each program resolves ([`verify`]); a host test
@@ -227,11 +227,13 @@ pub fn lookup(name: &str) -> Option<&'static Program> {
 /// A [`Command`] for the table's program `name` (its `env` override applied).
 ///
 /// # Panics
-/// If `name` is not in the table: a bug in xtask, which the host test
+/// If `name` is not in the table: a bug in the caller, which the host test
 /// `every_spawned_program_is_in_the_table` catches first.
 pub fn cmd(name: &'static str) -> Command {
     let p = lookup(name).unwrap_or_else(|| {
-        panic!("xtask runs `{name}`, which is not in programs::PROGRAMS: add it and its package")
+        panic!(
+            "the project runs `{name}`, which is not in programs::PROGRAMS: add it and its package"
+        )
     });
     match p.env.and_then(std::env::var_os) {
         Some(other) => Command::new(other),
@@ -280,8 +282,8 @@ pub fn check(script: &str, initramfs: bool) -> Result {
         };
         if !known {
             fail!(
-                "a script runs `{name}`, which is not in xtask's programs table{}; add it with \
-                 the package that provides it (xtask/src/programs.rs)",
+                "a script runs `{name}`, which is not in the testbed's programs table{}; add it with \
+                 the package that provides it (testbed/src/programs.rs)",
                 if initramfs { " of busybox applets" } else { "" }
             );
         }
@@ -404,6 +406,8 @@ mod tests {
         let mut files = Vec::new();
         for d in [
             "xtask/src",
+            "testbed/src",
+            "testbed/tests",
             "tests",
             "examples",
             "drm-export",
@@ -415,13 +419,14 @@ mod tests {
         let mut bad = Vec::new();
         for f in &files {
             let text = std::fs::read_to_string(f).unwrap();
-            let here = f.ends_with("xtask/src/programs.rs");
+            let here = f.ends_with("testbed/src/programs.rs");
             let lines: Vec<&str> = text.lines().collect();
             for (n, line) in lines.iter().enumerate() {
                 let at = format!("{}:{}", f.display(), n + 1);
                 let code = line.split("//").next().unwrap_or("");
                 if let Some((_, rest)) = code.split_once("Command::new(") {
-                    let in_xtask = f.starts_with(workspace().join("xtask"));
+                    let in_xtask = f.starts_with(workspace().join("xtask"))
+                        || f.starts_with(workspace().join("testbed/src"));
                     match literal(rest) {
                         _ if here => {}
                         _ if in_xtask => bad.push(format!(

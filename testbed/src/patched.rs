@@ -1,6 +1,6 @@
 //! The patched stack for the testbed: `rdma_rxe.ko` rebuilt from Debian's sources of the guest
 //! kernel's series ([`KERNEL_SERIES`]) with `kernel-patches/linux/*.patch` (out of tree,
-//! against Debian's headers unpacked under `target/`), and rdma-core v55 (the copy vendored in
+//! against Debian's headers unpacked in the cache), and rdma-core v55 (the copy vendored in
 //! the `ibverbs-sys` package on crates.io) with `kernel-patches/rdma-core/*.patch`, built in
 //! place. With them, the test exporter `dmabuf_test_exporter.ko` (`kernel-patches/test-exporter/`,
 //! a dma-buf exporter whose sg_tables carry poisoned page pointers), built out of tree the same
@@ -11,7 +11,7 @@
 use crate::setup::{Kernel, KERNEL_SERIES};
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, programs, script, Paths};
+use crate::{fail, programs, script, Cache};
 use std::path::{Path, PathBuf};
 
 /// rdma-core as vendored by this crates.io package.
@@ -29,10 +29,10 @@ pub struct Patched {
 }
 
 /// Builds (or reuses) the patched module and rdma-core.
-pub fn build(paths: &Paths, kernel: &Kernel) -> Result<Patched> {
-    let patches = patch_files(&paths.root)?;
+pub fn build(cache: &Cache, kernel: &Kernel) -> Result<Patched> {
+    let patches = patch_files(&embedded_sources(cache)?)?;
     let key = cache_key(kernel, &patches)?;
-    let dir = paths.testbed.join(format!("patched-{key:016x}"));
+    let dir = cache.dir.join(format!("patched-{key:016x}"));
     let out = Patched {
         module: dir.join("rdma_rxe.ko"),
         exporter: dir.join(format!("{TEST_EXPORTER}.ko")),
@@ -42,26 +42,56 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<Patched> {
     {
         return Ok(out);
     }
-    remove_stale(&paths.testbed, "patched-", &dir);
+    remove_stale(&cache.dir, "patched-", &dir);
     std::fs::create_dir_all(&dir)?;
-    let headers = headers(paths, kernel)?;
-    build_module(paths, kernel, &headers, &patches.linux, &dir)?;
+    let headers = headers(cache, kernel)?;
+    build_module(cache, kernel, &headers, &patches.linux, &dir)?;
     build_test_exporter(&headers, &patches.test_exporter, &dir)?;
-    build_rdma_core(paths, &patches.rdma_core, &dir)?;
+    build_rdma_core(cache, &patches.rdma_core, &dir)?;
     Ok(out)
 }
 
-pub(crate) struct Patches {
-    pub(crate) linux: Vec<PathBuf>,
-    pub(crate) rdma_core: Vec<PathBuf>,
+/// The files of a `kernel-patches/` folder, each list sorted.
+pub struct Patches {
+    /// `linux/*.patch`: rxe's patches.
+    pub linux: Vec<PathBuf>,
+    /// `rdma-core/*.patch`: rdma-core's patches.
+    pub rdma_core: Vec<PathBuf>,
     /// The test exporter's sources (`kernel-patches/test-exporter/`, every file).
-    pub(crate) test_exporter: Vec<PathBuf>,
+    pub test_exporter: Vec<PathBuf>,
+}
+
+/// The files of `kernel-patches/` built into this crate (by `build.rs`): `(sub/name, bytes)`.
+const KERNEL_PATCHES: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/kernel_patches.rs"));
+
+/// Writes the built-in `kernel-patches/` files under the cache (unless already there) and
+/// returns the folder that holds `kernel-patches/`, for [`patch_files`].
+fn embedded_sources(cache: &Cache) -> Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    KERNEL_PATCHES.hash(&mut h);
+    let root = cache.dir.join(format!("sources-{:016x}", h.finish()));
+    if !root.join("kernel-patches").is_dir() {
+        remove_stale(&cache.dir, "sources-", &root);
+        let tmp = partial(&root)?;
+        for (name, bytes) in KERNEL_PATCHES {
+            let path = tmp.join("kernel-patches").join(name);
+            std::fs::create_dir_all(path.parent().ok_or("no parent folder")?)?;
+            std::fs::write(&path, bytes)?;
+        }
+        std::fs::rename(&tmp, &root)?;
+    }
+    Ok(root)
 }
 
 /// The test exporter module's name (its source folder is `kernel-patches/test-exporter/`).
 pub const TEST_EXPORTER: &str = "dmabuf_test_exporter";
 
-pub(crate) fn patch_files(root: &Path) -> Result<Patches> {
+/// The patches and sources under `root/kernel-patches/`.
+///
+/// # Errors
+/// A folder is missing or empty.
+pub fn patch_files(root: &Path) -> Result<Patches> {
     let list = |sub: &str| -> Result<Vec<PathBuf>> {
         let dir = root.join("kernel-patches").join(sub);
         let all = sub == "test-exporter";
@@ -97,7 +127,7 @@ fn cache_key(kernel: &Kernel, p: &Patches) -> Result<u64> {
 
 /// Removes the folders of `testbed` whose names start with `prefix`, except `keep`: builds
 /// cached under an older key.
-pub(crate) fn remove_stale(testbed: &Path, prefix: &str, keep: &Path) {
+pub fn remove_stale(testbed: &Path, prefix: &str, keep: &Path) {
     for e in std::fs::read_dir(testbed).into_iter().flatten().flatten() {
         let p = e.path();
         if p != keep && e.file_name().to_string_lossy().starts_with(prefix) {
@@ -117,7 +147,7 @@ fn partial(root: &Path) -> Result<PathBuf> {
 }
 
 /// Applies `patches` (`-p1`) to the source tree `tree`.
-pub(crate) fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
+pub fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
     for p in patches {
         sh::run(
             programs::cmd("patch")
@@ -130,7 +160,8 @@ pub(crate) fn apply_patches(tree: &Path, patches: &[PathBuf]) -> Result {
     Ok(())
 }
 
-fn apt_download(dir: &Path, pkgs: &[String]) -> Result {
+/// Downloads the packages `pkgs` (`name` or `name=version`) into `dir` with apt.
+pub(crate) fn apt_download(dir: &Path, pkgs: &[String]) -> Result {
     std::fs::create_dir_all(dir)?;
     sh::run(
         programs::cmd("apt-get")
@@ -153,8 +184,8 @@ fn find_deb(dir: &Path, prefix: &str) -> Result<PathBuf> {
 
 /// Debian's kbuild tree for the guest kernel, unpacked (never installed: the headers package
 /// depends on the kernel image). Returns the `linux-headers-<version>` folder.
-fn headers(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
-    let root = paths.testbed.join("kheaders").join(&kernel.version);
+fn headers(cache: &Cache, kernel: &Kernel) -> Result<PathBuf> {
+    let root = cache.dir.join("kheaders").join(&kernel.version);
     let build = root.join(format!("usr/src/linux-headers-{}", kernel.version));
     if build.join("Module.symvers").is_file() {
         return Ok(build);
@@ -170,7 +201,7 @@ fn headers(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
             }
         }
     }
-    let debs = paths.testbed.join("debs/headers");
+    let debs = cache.dir.join("debs/headers");
     apt_download(&debs, &pkgs)?;
     let tmp = partial(&root)?;
     let _ = std::fs::remove_dir_all(&tmp);
@@ -196,8 +227,8 @@ fn headers(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
 
 /// Debian's rxe sources for the guest kernel, from the matching `linux-source-<series>`
 /// package.
-fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
-    let root = paths.testbed.join("ksrc").join(&kernel.version);
+fn rxe_sources(cache: &Cache, kernel: &Kernel) -> Result<PathBuf> {
+    let root = cache.dir.join("ksrc").join(&kernel.version);
     let rxe = root.join("drivers/infiniband/sw/rxe");
     if rxe.join("rxe_mr.c").is_file() {
         return Ok(root);
@@ -206,7 +237,7 @@ fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
     let step = Step::start(format!("downloading the kernel's rxe sources ({source})"));
     // The source upload that built the image.
     let version = package_version(&format!("linux-image-{}", kernel.version))?;
-    let debs = paths.testbed.join("debs/source");
+    let debs = cache.dir.join("debs/source");
     apt_download(&debs, &[format!("{source}={version}")])?;
     let deb = find_deb(&debs, &format!("{source}_"))?;
     let tmp = partial(&root)?;
@@ -222,7 +253,7 @@ fn rxe_sources(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
 
 /// The script that extracts rxe's sources (and checkpatch) from the linux-source deb `deb`
 /// into `into`.
-pub(crate) fn source_script(deb: &Path, into: &Path) -> Result<String> {
+pub fn source_script(deb: &Path, into: &Path) -> Result<String> {
     script::fill(
         script::RXE_SOURCES,
         &[
@@ -243,13 +274,13 @@ fn package_version(pkg: &str) -> Result<String> {
 }
 
 fn build_module(
-    paths: &Paths,
+    cache: &Cache,
     kernel: &Kernel,
     headers: &Path,
     patches: &[PathBuf],
     dir: &Path,
 ) -> Result {
-    let src = rxe_sources(paths, kernel)?;
+    let src = rxe_sources(cache, kernel)?;
     let step = Step::start("building the patched rdma_rxe.ko");
     let tree = dir.join("linux");
     let rxe = tree.join("drivers/infiniband/sw/rxe");
@@ -295,8 +326,8 @@ fn build_test_exporter(headers: &Path, sources: &[PathBuf], dir: &Path) -> Resul
 }
 
 /// rdma-core's source, fetched through cargo as the `ibverbs-sys` package's vendored copy.
-pub(crate) fn rdma_core_source(paths: &Paths) -> Result<PathBuf> {
-    let stub = paths.testbed.join("fetch-rdma-core");
+pub fn rdma_core_source(cache: &Cache) -> Result<PathBuf> {
+    let stub = cache.dir.join("fetch-rdma-core");
     sh::write(
         &stub.join("Cargo.toml"),
         &format!(
@@ -306,8 +337,7 @@ pub(crate) fn rdma_core_source(paths: &Paths) -> Result<PathBuf> {
     )?;
     sh::write(&stub.join("lib.rs"), "")?;
     let meta = sh::output(
-        paths
-            .cargo()
+        programs::cmd("cargo")
             .args(["metadata", "--format-version", "1", "--manifest-path"])
             .arg(stub.join("Cargo.toml")),
     )?;
@@ -327,8 +357,8 @@ pub(crate) fn rdma_core_source(paths: &Paths) -> Result<PathBuf> {
     Ok(src)
 }
 
-fn build_rdma_core(paths: &Paths, patches: &[PathBuf], dir: &Path) -> Result {
-    let src = rdma_core_source(paths)?;
+fn build_rdma_core(cache: &Cache, patches: &[PathBuf], dir: &Path) -> Result {
+    let src = rdma_core_source(cache)?;
     let step = Step::start("building patched rdma-core v55 (libibverbs and providers, in place)");
     let tree = dir.join("rdma-core");
     let _ = std::fs::remove_dir_all(&tree);
@@ -343,7 +373,7 @@ fn build_rdma_core(paths: &Paths, patches: &[PathBuf], dir: &Path) -> Result {
 /// in, so the tree must not move afterwards). With `pyverbs`, everything is built, pyverbs
 /// against Debian's Python; without, only libibverbs and the rxe provider, and the other
 /// providers' entries are dropped so that libibverbs does not warn about each.
-pub(crate) fn build_in_place(tree: &Path, pyverbs: bool) -> Result {
+pub fn build_in_place(tree: &Path, pyverbs: bool) -> Result {
     let build = tree.join("build");
     std::fs::create_dir_all(&build)?;
     sh::run(

@@ -38,7 +38,7 @@ impl Step {
     }
 }
 
-/// Prints an informational line in the xtask voice.
+/// Prints an informational line, indented under the steps.
 pub fn info(msg: impl AsRef<str>) {
     eprintln!("    {}", msg.as_ref());
 }

@@ -1,17 +1,17 @@
-//! `cargo xtask vm`: boots the testbed (one VM, or two joined by a virtual wire) and runs a
-//! command inside, chrooted into the host's root so host-built binaries run unchanged.
+//! Boots the testbed (one VM, or two joined by a virtual wire) and runs a command inside,
+//! chrooted into the host's root so host-built binaries run unchanged (`dmabuf-testbed run`,
+//! `cargo xtask vm`). The VMs' processes and their consoles are in `vm/node.rs`.
+
+mod node;
 
 use crate::accel::{self, Accel};
 use crate::patched::Patched;
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, initramfs, klog, programs, script, setup, Paths};
-use std::io::{BufRead, BufReader, Write};
+use crate::{fail, initramfs, programs, script, setup, Cache};
+use node::{report, start, stop_all, wait, Boot};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Which RDMA stack the testbed runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,14 @@ pub struct Opts {
     pub env: Vec<(String, String)>,
     /// Guest memory per VM, in MiB.
     pub mem_mib: u32,
+    /// Host folders under `/tmp` or `/run` the command needs besides its working folder and
+    /// the cache (the VM has its own tmpfs there; these are bound back, read-only).
+    pub expose: Vec<PathBuf>,
+    /// Share the command's working folder writable (a 9p export of its own) instead of
+    /// read-only through the host's root.
+    pub writable_cwd: bool,
+    /// Debian packages to add to the guest's root ([`crate::packages`]).
+    pub packages: Vec<String>,
 }
 
 impl Default for Opts {
@@ -45,6 +53,9 @@ impl Default for Opts {
             timeout: Duration::from_secs(1800),
             env: Vec::new(),
             mem_mib: 2048,
+            expose: Vec::new(),
+            writable_cwd: false,
+            packages: Vec::new(),
         }
     }
 }
@@ -91,7 +102,7 @@ pub struct NodeResult {
     /// Kernel problems (warnings, oopses, taint).
     pub problems: Vec<String>,
     /// Set when the kernel log shows a CPU state no x86 CPU can hold (see
-    /// [`klog::emulator_fault`]); the same line is among `problems`.
+    /// [`crate::klog::emulator_fault`]); the same line is among `problems`.
     pub emulator_fault: Option<String>,
     /// Everything the VM printed on its console.
     pub console: String,
@@ -117,28 +128,28 @@ pub fn node_addr(node: char, nodes: u8) -> &'static str {
 }
 
 /// Boots the testbed and runs `argv` on every node. Output streams live to stderr.
-pub fn run(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
-    boot(paths, argv, opts, true)
+pub fn run(cache: &Cache, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
+    boot(cache, argv, opts, true)
 }
 
 /// As [`run`], but neither streams the console nor reports, and removes the run folder even
 /// after a failure: for runs whose caller reads the results and speaks for itself (the
 /// harness self-check, which is meant to fail; rdma-core's suite, whose output is long).
-pub fn run_quiet(paths: &Paths, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
-    boot(paths, argv, opts, false)
+pub fn run_quiet(cache: &Cache, argv: &[String], opts: &Opts) -> Result<Vec<NodeResult>> {
+    boot(cache, argv, opts, false)
 }
 
 /// As [`run`] (or [`run_quiet`] when `loud` is false), but when a node's kernel log shows an
-/// emulator fault ([`klog::emulator_fault`]), says so and boots the same command once more.
+/// emulator fault ([`crate::klog::emulator_fault`]), says so and boots the same command once more.
 /// Returns the last boot's results and whether there was a second boot. Only that signature
 /// earns the second boot: any other failure is returned as it is.
 pub fn run_past_emulator_fault(
-    paths: &Paths,
+    cache: &Cache,
     argv: &[String],
     opts: &Opts,
     loud: bool,
 ) -> Result<(Vec<NodeResult>, bool)> {
-    let first = boot(paths, argv, opts, loud)?;
+    let first = boot(cache, argv, opts, loud)?;
     let Some((node, fault)) = first
         .iter()
         .find_map(|r| Some((r.node, r.emulator_fault.clone()?)))
@@ -152,7 +163,7 @@ pub fn run_past_emulator_fault(
     };
     info(format!("{name}: {fault}"));
     info("booting the same command once more (one second boot, counted in the summary)");
-    Ok((boot(paths, argv, opts, loud)?, true))
+    Ok((boot(cache, argv, opts, loud)?, true))
 }
 
 /// What every boot of a run needs before a VM starts.
@@ -163,33 +174,18 @@ struct Stack {
     accel: Accel,
     /// `None` in stock mode.
     patched: Option<Patched>,
-}
-
-/// One node's VM while it runs.
-struct Node {
-    /// `a` or `b`.
-    name: char,
-    /// The node's folder in the run folder.
-    dir: PathBuf,
-    child: Child,
-    /// Everything the VM printed so far, filled by `readers`.
-    console: Arc<Mutex<String>>,
-    /// The threads that copy the VM's stdout and stderr.
-    readers: [JoinHandle<()>; 2],
-    /// Its VM has not exited yet.
-    running: bool,
-    /// Its VM was killed at the deadline.
-    stopped: bool,
+    /// The unpacked extra packages' root, if any were asked for.
+    packages: Option<PathBuf>,
 }
 
 /// One boot of the testbed: builds or finds what it needs, starts a VM per node with `argv`
 /// as its command, waits for them and collects what each left; `loud` as in [`run`] and
 /// [`run_quiet`].
-fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<NodeResult>> {
+fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<NodeResult>> {
     check_request(argv, opts)?;
-    let stack = prepare(paths, opts)?;
+    let stack = prepare(cache, opts)?;
     let cwd = std::env::current_dir()?;
-    let run_root = fresh_run_dir(paths)?;
+    let run_root = fresh_run_dir(cache)?;
     // Unix socket paths are limited to 108 bytes: keep them short, outside the tree.
     let sock_dir = std::env::temp_dir().join(format!("testbed-{}", std::process::id()));
     std::fs::create_dir_all(&sock_dir)?;
@@ -206,7 +202,14 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         vmlinuz: &vmlinuz,
         initrd: &stack.initrd,
         sock_dir: &sock_dir,
-        expose: hidden_paths(&[&paths.root, &paths.target, &cwd]).join(","),
+        expose: {
+            let mut shown: Vec<&Path> = opts.expose.iter().map(PathBuf::as_path).collect();
+            shown.extend([cache.dir.as_path(), &cwd]);
+            shown.extend(stack.packages.as_deref());
+            hidden_paths(&shown).join(",")
+        },
+        cwd: opts.writable_cwd.then_some(cwd.as_path()),
+        packages: stack.packages.as_deref(),
     };
     let mut nodes = Vec::new();
     for name in ['a', 'b'].into_iter().take(opts.nodes.into()) {
@@ -247,18 +250,10 @@ fn boot(paths: &Paths, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     Ok(results)
 }
 
-/// Kills and reaps the VMs already started, after a failure that ends the boot.
-fn stop_all(nodes: &mut [Node]) {
-    for n in nodes {
-        let _ = n.child.kill();
-        let _ = n.child.wait();
-    }
-}
-
 /// Refuses an empty command and a node count other than 1 or 2.
 fn check_request(argv: &[String], opts: &Opts) -> Result {
     if argv.is_empty() {
-        fail!("no command given: cargo xtask vm -- <command> [args...]");
+        fail!("no command given: run -- <command> [args...]");
     }
     if !(1..=2).contains(&opts.nodes) {
         fail!("--nodes must be 1 or 2");
@@ -268,19 +263,21 @@ fn check_request(argv: &[String], opts: &Opts) -> Result {
 
 /// The guest kernel, its initramfs and, in patched mode, the patched stack (each built on
 /// first use, then cached).
-fn prepare(paths: &Paths, opts: &Opts) -> Result<Stack> {
-    let kernel = setup::kernel(paths)?;
-    let initrd = initramfs::build(paths, &kernel)?;
+fn prepare(cache: &Cache, opts: &Opts) -> Result<Stack> {
+    let kernel = setup::kernel(cache)?;
+    let initrd = initramfs::build(cache, &kernel)?;
     let patched = match opts.mode {
-        Mode::Patched => Some(crate::patched::build(paths, &kernel)?),
+        Mode::Patched => Some(crate::patched::build(cache, &kernel)?),
         Mode::Stock => None,
     };
-    let accel = accel::choose(paths, &kernel, &initrd)?;
+    let accel = accel::choose(cache, &kernel, &initrd)?;
+    let packages = crate::packages::unpack(cache, &opts.packages)?;
     Ok(Stack {
         kernel,
         initrd,
         accel,
         patched,
+        packages,
     })
 }
 
@@ -316,139 +313,11 @@ fn write_node_scripts(
     programs::write_script(&dir.join("inner.sh"), &inner)
 }
 
-/// Starts the node's VM, its console copied by two threads (and streamed to stderr when
-/// `loud`).
-fn start(boot: &Boot<'_>, dir: PathBuf, name: char, opts: &Opts, loud: bool) -> Result<Node> {
-    let mut cmd = qemu(boot, &dir, name, opts);
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)"))?;
-    let console = Arc::new(Mutex::new(String::new()));
-    let prefix = if opts.nodes > 1 {
-        format!("[{name}] ")
-    } else {
-        String::new()
-    };
-    let readers = [
-        pump(child.stdout.take(), prefix.clone(), console.clone(), loud),
-        pump(
-            child.stderr.take(),
-            format!("{prefix}qemu: "),
-            console.clone(),
-            loud,
-        ),
-    ];
-    Ok(Node {
-        name,
-        dir,
-        child,
-        console,
-        readers,
-        running: true,
-        stopped: false,
-    })
-}
-
-/// Waits until every node's VM has exited; kills those still running at the deadline:
-/// `opts.timeout`, or [`PEER_GRACE`] after a VM died without recording an exit status,
-/// whichever comes first. Returns whether a VM died so.
-fn wait(nodes: &mut [Node], opts: &Opts) -> Result<bool> {
-    let mut deadline = Instant::now() + opts.timeout;
-    let mut peer_died = false;
-    while nodes.iter().any(|n| n.running) {
-        for n in nodes.iter_mut().filter(|n| n.running) {
-            if n.child.try_wait()?.is_some() {
-                n.running = false;
-                // No status: the guest died (a panic) before its command finished, so a
-                // peer's command may wait on it for as long as its own timeouts allow.
-                if !n.dir.join("status").exists() && !peer_died {
-                    peer_died = true;
-                    deadline = deadline.min(Instant::now() + PEER_GRACE);
-                }
-            } else if Instant::now() >= deadline {
-                let _ = n.child.kill();
-                let _ = n.child.wait();
-                n.running = false;
-                n.stopped = true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(peer_died)
-}
-
-impl Node {
-    /// What the exited VM left in its folder and on its console. `peer_died`: whether a
-    /// node's VM died without an exit status (from [`wait`]).
-    fn finish(self, opts: &Opts, peer_died: bool) -> NodeResult {
-        for r in self.readers {
-            let _ = r.join();
-        }
-        let dir = self.dir;
-        let status = read_trimmed(&dir.join("status")).and_then(|s| s.parse().ok());
-        let dmesg = read_trimmed(&dir.join("dmesg.txt")).unwrap_or_default();
-        let taint = read_trimmed(&dir.join("tainted")).and_then(|s| s.parse().ok());
-        let console = self.console.lock().map(|c| c.clone()).unwrap_or_default();
-        let mut problems = klog::problems(&dmesg, taint);
-        // A panicked guest writes no dmesg.txt: its oops is on the console only.
-        let emulator_fault =
-            klog::emulator_fault(&dmesg).or_else(|| klog::emulator_fault(&console));
-        problems.extend(emulator_fault.clone());
-        if self.stopped && peer_died {
-            problems.push(format!(
-                "the run was stopped {PEER_GRACE:?} after the other node's VM died"
-            ));
-        } else if self.stopped {
-            problems.push(format!("the run was stopped after {:?}", opts.timeout));
-        }
-        NodeResult {
-            node: self.name,
-            status,
-            problems,
-            emulator_fault,
-            console,
-            dir,
-        }
-    }
-}
-
-/// Prints each node's verdict; on a kernel problem, the kernel log too.
-fn report(results: &[NodeResult], nodes: u8) {
-    for r in results {
-        let name = if nodes > 1 {
-            format!("node {}", r.node)
-        } else {
-            "VM".into()
-        };
-        match r.status {
-            Some(s) => info(format!("{name}: command exited with status {s}")),
-            None => info(format!(
-                "{name}: the command's exit status was not recorded"
-            )),
-        }
-        if !r.problems.is_empty() {
-            info(format!("{name}: kernel problems:"));
-            for p in &r.problems {
-                info(format!("  {p}"));
-            }
-            if let Some(log) = read_trimmed(&r.dir.join("dmesg.txt")) {
-                eprintln!("----- {name} kernel log -----\n{log}\n----- end of kernel log -----");
-            }
-        }
-        if !r.ok() {
-            info(format!("{name}: run folder kept at {}", r.dir.display()));
-        }
-    }
-}
-
-/// A new folder for this run under `target/testbed/runs/`, refused when its path has a space,
+/// A new folder for this run under the cache's `runs/`, refused when its path has a space,
 /// a quote or a comma (it goes unquoted into QEMU's comma-separated options and the kernel
 /// command line).
-fn fresh_run_dir(paths: &Paths) -> Result<PathBuf> {
-    let runs = paths.testbed.join("runs");
+fn fresh_run_dir(cache: &Cache) -> Result<PathBuf> {
+    let runs = cache.dir.join("runs");
     std::fs::create_dir_all(&runs)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -471,7 +340,7 @@ fn cmd_script(argv: &[String]) -> String {
 
 /// The node's `inner.sh`: `scripts/inner.sh` filled in for the run folder `dir` (the node's),
 /// the command's working folder `cwd`, and the stack (`None`: stock).
-pub(crate) fn inner_script(
+pub fn inner_script(
     dir: &Path,
     cwd: &Path,
     node: char,
@@ -540,105 +409,6 @@ fn hidden_paths(paths: &[&Path]) -> Vec<String> {
     out
 }
 
-/// What every node of one run boots with.
-struct Boot<'a> {
-    accel: &'a Accel,
-    vmlinuz: &'a Path,
-    initrd: &'a Path,
-    sock_dir: &'a Path,
-    /// `testbed.expose=` value: host paths to bind back over the VM's tmpfs.
-    expose: String,
-}
-
-/// The QEMU command for `node`, whose run folder is `dir`: the second 9p share, and (two
-/// nodes) the wire to the other node's unix socket.
-fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
-    let Boot {
-        vmlinuz,
-        initrd,
-        sock_dir,
-        ..
-    } = *boot;
-    let mut c = programs::cmd("qemu-system-x86_64");
-    let smp = if opts.nodes > 1 { 1 } else { 2 };
-    c.args(["-machine", "q35"])
-        .args(boot.accel.qemu_args())
-        .args(["-smp", &smp.to_string(), "-m", &opts.mem_mib.to_string()])
-        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
-        .args(["-no-reboot", "-kernel"])
-        .arg(vmlinuz)
-        .arg("-initrd")
-        .arg(initrd)
-        .arg("-append")
-        .arg(format!(
-            "console=ttyS0 loglevel=1 panic=-1 hugepages={HUGE_PAGES} \
-             udmabuf.size_limit_mb={UDMABUF_LIMIT_MIB} testbed.node={node} \
-             testbed.run={} testbed.expose={} {} {}",
-            dir.display(),
-            boot.expose,
-            boot.accel.kernel_args(),
-            std::env::var(EXTRA_CMDLINE).unwrap_or_default()
-        ))
-        .arg("-virtfs")
-        .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
-        .arg("-virtfs")
-        .arg(format!(
-            "local,path={},mount_tag=out,security_model=none,multidevs=remap",
-            dir.display()
-        ));
-    if opts.nodes > 1 {
-        let (me, peer) = if node == 'a' { ("a", "b") } else { ("b", "a") };
-        let sock = |n: &str| sock_dir.join(format!("{n}.sock")).display().to_string();
-        c.arg("-netdev")
-            .arg(format!(
-                "dgram,id=wire,local.type=unix,local.path={},remote.type=unix,remote.path={}",
-                sock(me),
-                sock(peer)
-            ))
-            .arg("-device")
-            .arg(format!(
-                "virtio-net-pci,netdev=wire,mac=52:54:00:00:00:0{}",
-                if node == 'a' { 1 } else { 2 }
-            ));
-    } else {
-        c.args(["-nic", "none"]);
-    }
-    c
-}
-
-/// Copies a child's output into `sink`, and to stderr (with `prefix`) when `loud`.
-fn pump(
-    stream: Option<impl std::io::Read + Send + 'static>,
-    prefix: String,
-    sink: Arc<Mutex<String>>,
-    loud: bool,
-) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let Some(stream) = stream else { return };
-        let mut reader = BufReader::new(stream);
-        let mut buf = Vec::new();
-        while reader.read_until(b'\n', &mut buf).unwrap_or(0) > 0 {
-            let line = String::from_utf8_lossy(&buf);
-            let line = line.trim_end_matches(['\n', '\r']);
-            if loud {
-                let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
-            }
-            if let Ok(mut s) = sink.lock() {
-                s.push_str(line);
-                s.push('\n');
-            }
-            buf.clear();
-        }
-    })
-}
-
-/// The text of the file at `path` without surrounding whitespace, if it can be read.
-fn read_trimmed(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -659,25 +429,5 @@ mod tests {
         };
         let s = inner_script(Path::new("/r"), Path::new("/c"), 'a', &opts, None).unwrap();
         assert!(s.contains("export _OK_1='a b'"), "{s}");
-    }
-
-    #[test]
-    fn a_failed_boot_stops_the_vms_already_started() {
-        let child = crate::programs::cmd("sleep")
-            .arg("60")
-            .spawn()
-            .expect("sleep stands in for a VM");
-        let mut nodes = vec![Node {
-            name: 'a',
-            dir: PathBuf::new(),
-            child,
-            console: Arc::new(Mutex::new(String::new())),
-            readers: [std::thread::spawn(|| {}), std::thread::spawn(|| {})],
-            running: true,
-            stopped: false,
-        }];
-        stop_all(&mut nodes);
-        let exited = nodes[0].child.try_wait().expect("try_wait");
-        assert!(exited.is_some(), "the started VM is still running");
     }
 }

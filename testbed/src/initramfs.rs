@@ -1,5 +1,5 @@
 //! The testbed's initramfs: static busybox, the guest kernel's modules, and `/init`
-//! (`xtask/src/scripts/init.sh`, [`script::INIT`]).
+//! (`src/scripts/init.sh`, [`script::INIT`]).
 //!
 //! `/init` loads the modules, mounts the host's root read-only over 9p at `/host`, mounts the
 //! run's writable folder (a second 9p share) at its host path inside `/host`, adds the usual
@@ -10,7 +10,7 @@
 use crate::setup::Kernel;
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, programs, script, Paths};
+use crate::{fail, programs, script, Cache};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -28,19 +28,21 @@ pub const MODULES: &[&str] = &[
     "vgem",
     "veth",
     "virtio_net",
+    // Extra packages are laid over the host's root (crate::packages).
+    "overlay",
 ];
 
 /// Builds (or reuses) the initramfs for `kernel`; returns its path.
-pub fn build(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
+pub fn build(cache: &Cache, kernel: &Kernel) -> Result<PathBuf> {
     let order = load_order(&kernel.modules())?;
     let key = cache_key(kernel, &order);
-    let out = paths.testbed.join(format!("initramfs-{key:016x}.cpio.gz"));
+    let out = cache.dir.join(format!("initramfs-{key:016x}.cpio.gz"));
     if out.is_file() {
         return Ok(out);
     }
     let step = Step::start(format!("building initramfs ({} modules)", order.len()));
-    remove_stale_images(&paths.testbed);
-    let stage = paths.testbed.join("initramfs.stage");
+    remove_stale_images(&cache.dir);
+    let stage = cache.dir.join("initramfs.stage");
     let _ = std::fs::remove_dir_all(&stage);
     for d in ["bin", "dev", "proc", "sys", "lib/modules"] {
         std::fs::create_dir_all(stage.join(d))?;
@@ -69,7 +71,7 @@ pub fn build(paths: &Paths, kernel: &Kernel) -> Result<PathBuf> {
 }
 
 /// The script that packs the current folder into the gzipped cpio archive `out`.
-pub(crate) fn pack_script(out: &Path) -> String {
+pub fn pack_script(out: &Path) -> String {
     format!(
         "find . | cpio -o -H newc --quiet | gzip -1 > {}",
         sh::quote(&out.to_string_lossy())
@@ -93,7 +95,7 @@ fn busybox() -> Result<&'static str> {
         return Ok(programs::BUSYBOX);
     }
     fail!(
-        "{} not found: run `cargo xtask setup` (package busybox-static)",
+        "{} not found: run `dmabuf-testbed setup` or `cargo xtask setup` (package busybox-static)",
         programs::BUSYBOX
     )
 }

@@ -1,4 +1,5 @@
-//! `cargo xtask setup`: system packages and the testbed's kernel.
+//! The testbed's set-up (`dmabuf-testbed setup`, `cargo xtask setup`): system packages and the
+//! guest kernel.
 //!
 //! Packages come from the distribution (apt-get, as root). The guest kernel is Debian's
 //! `linux-image-<series>.*-amd64` of the series [`KERNEL_SERIES`], downloaded with
@@ -7,7 +8,7 @@
 
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{backports, fail, programs, Paths};
+use crate::{backports, fail, programs, Cache};
 use std::path::PathBuf;
 
 /// The guest kernel's series (Debian's `linux-image-<series>-amd64`), the one place it is
@@ -167,7 +168,7 @@ pub fn packages() -> Result {
 /// The shell line that installs `packages`; when they include QEMU, it first adds the
 /// backports source and the pin of [`backports`], so that QEMU comes from there and nothing
 /// else does.
-pub(crate) fn install_script(packages: &[&str]) -> String {
+pub fn install_script(packages: &[&str]) -> String {
     let install = format!(
         "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {}",
         packages.join(" ")
@@ -211,8 +212,8 @@ impl Kernel {
 ///
 /// `TESTBED_KERNEL=<version>` pins a version (its full `uname -r`), which must belong to the
 /// series.
-pub fn kernel(paths: &Paths) -> Result<Kernel> {
-    let kdir = paths.testbed.join("kernel");
+pub fn kernel(cache: &Cache) -> Result<Kernel> {
+    let kdir = cache.dir.join("kernel");
     let pinned = std::env::var("TESTBED_KERNEL").ok();
     if let Some(p) = pinned.as_deref().filter(|p| !in_series(p)) {
         fail!(
@@ -228,7 +229,7 @@ pub fn kernel(paths: &Paths) -> Result<Kernel> {
         None => resolve_version()?,
     };
     let step = Step::start(format!("downloading guest kernel linux-image-{version}"));
-    let debs = paths.testbed.join("debs");
+    let debs = cache.dir.join("debs");
     std::fs::create_dir_all(&debs)?;
     sh::run(
         programs::cmd("apt-get")

@@ -1,0 +1,128 @@
+//! The options `dmabuf-testbed run` and `cargo xtask vm` share, and the exit status of a run.
+
+use crate::fail;
+use crate::sh::Result;
+use crate::vm::{Mode, NodeResult, Opts};
+use std::time::Duration;
+
+/// The run options, one per line, for help texts.
+pub const RUN_OPTIONS: &str =
+    "      --nodes 1|2           two VMs joined by a virtual wire (CMD runs on both, NODE=a|b;
+                            node b finds node a at $NODE_A_ADDR, also its $PEER_ADDR)
+      --mode patched|stock  rxe and rdma-core with kernel-patches/ (default: dma-buf regions
+                            work) or Debian's own
+      --timeout SECS        stop and fail after SECS (default 1800)
+      --package PKG         a Debian package the guest needs (repeatable); see the README
+";
+
+/// Parses `[options] [--] CMD ARGS...` into the options and the command (`Opts::default()`
+/// for whatever is not given).
+///
+/// # Errors
+/// An unknown option, a bad value, or no command.
+pub fn parse_run_args(args: &[String]) -> Result<(Opts, Vec<String>)> {
+    let mut opts = Opts::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--" => {
+                let argv: Vec<String> = it.cloned().collect();
+                if argv.is_empty() {
+                    break;
+                }
+                return Ok((opts, argv));
+            }
+            "--nodes" => {
+                opts.nodes = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| (1..=2).contains(n))
+                    .ok_or("--nodes takes 1 or 2")?
+            }
+            "--mode" => {
+                opts.mode = match it.next().map(String::as_str) {
+                    Some("patched") => Mode::Patched,
+                    Some("stock") => Mode::Stock,
+                    _ => fail!("--mode takes patched or stock"),
+                }
+            }
+            "--timeout" => {
+                let secs: u64 = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("--timeout takes seconds")?;
+                opts.timeout = Duration::from_secs(secs);
+            }
+            "--package" => {
+                let p = it.next().ok_or("--package takes a Debian package name")?;
+                opts.packages.push(p.clone());
+            }
+            other if other.starts_with("--") => fail!("unknown option `{other}`"),
+            _ => {
+                // No `--`: the rest is the command.
+                let mut argv = vec![a.clone()];
+                argv.extend(it.cloned());
+                return Ok((opts, argv));
+            }
+        }
+    }
+    fail!("no command given: run [options] -- <command> [args...]")
+}
+
+/// Whether the arguments ask for help: the first is `--help` or `-h`.
+pub fn wants_help(args: &[String]) -> bool {
+    matches!(args.first().map(String::as_str), Some("--help" | "-h"))
+}
+
+/// A run's exit status: the first node's non-zero status, else 1 when a node's kernel had a
+/// problem or recorded no status, else 0.
+pub fn exit_status(results: &[NodeResult]) -> u8 {
+    for r in results {
+        match r.status {
+            Some(0) if r.problems.is_empty() => continue,
+            Some(s) if s != 0 => return u8::try_from(s).unwrap_or(1),
+            _ => return 1,
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn options_then_the_command() {
+        let (o, argv) = parse_run_args(&args(
+            "--nodes 2 --mode stock --timeout 60 --package gcc -- ls -l",
+        ))
+        .unwrap();
+        assert_eq!((o.nodes, o.mode, o.timeout.as_secs()), (2, Mode::Stock, 60));
+        assert_eq!(o.packages, ["gcc"]);
+        assert_eq!(argv, ["ls", "-l"]);
+        let (_, argv) = parse_run_args(&args("true --nodes 2")).unwrap();
+        assert_eq!(
+            argv,
+            ["true", "--nodes", "2"],
+            "options after the command are its own"
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        for bad in [
+            "--nodes 3 -- x",
+            "--mode fast -- x",
+            "--timeout -- x",
+            "--frob -- x",
+            "--",
+            "",
+        ] {
+            assert!(parse_run_args(&args(bad)).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,31 @@
+# dmabuf-testbed info: what the guest has, one `key: value` line each.
+echo "kernel: $(uname -r)"
+echo "stack: $TESTBED_MODE"
+if [ "$TESTBED_MODE" = patched ]; then
+    echo "rdma-core: v55 with kernel-patches/rdma-core (libibverbs and the rxe provider: $LD_LIBRARY_PATH)"
+else
+    echo "rdma-core: Debian's $(dpkg-query -W -f '${Version}' libibverbs1)"
+fi
+echo "rdma-core (Debian's, for everything else): $(dpkg-query -W -f '${Version}' rdma-core)"
+echo "perftest: $(dpkg-query -W -f '${Version}' perftest)"
+rdma link show | while read -r l; do echo "rdma link: $l"; done
+for d in /sys/class/infiniband/*; do
+    echo "rdma device: ${d##*/} (node GUID $(cat "$d/node_guid"), GID index $RDMA_GID_INDEX)"
+done
+echo "rdma address: $LOCAL_ADDR on $NETDEV (two nodes: a is 169.254.10.1, b is 169.254.10.2)"
+for c in /sys/class/drm/card*; do
+    [ -e "$c/dev" ] || continue
+    # vgem is a platform device with no driver bound: its MODALIAS names it.
+    drv=$(sed -n 's/^DRIVER=//p; s/^MODALIAS=platform://p' "$c/device/uevent" 2>/dev/null)
+    echo "dma-buf exporter: /dev/dri/${c##*/} ($drv, GEM buffers exported with PRIME)"
+done
+[ -e /dev/udmabuf ] && echo "dma-buf exporter: /dev/udmabuf (size_limit_mb $(cat /sys/module/udmabuf/parameters/size_limit_mb))"
+for h in /dev/dma_heap/*; do
+    [ -e "$h" ] && echo "dma-buf exporter: $h (dma-heap)"
+done
+[ -e /dev/dmabuf_test_exporter ] && echo "dma-buf exporter: /dev/dmabuf_test_exporter (test exporter, poisoned page pointers)"
+echo "huge pages: $(cat /proc/sys/vm/nr_hugepages) x 2 MiB reserved"
+echo "memory: $(grep MemTotal /proc/meminfo | sed 's/MemTotal: *//')"
+echo "cpus: $(grep -c ^processor /proc/cpuinfo)"
+echo "locked memory: $(grep 'Max locked memory' /proc/self/limits | sed 's/  */ /g')"
+exit 0
