@@ -155,13 +155,17 @@ pub const PROGRAMS: &[Program] = &[
         "BTF for the module, run by the guest kernel headers' Makefile.modfinal (host)",
     ),
     deb("ld", "binutils", "links the module, run by kbuild (host)"),
-    deb("cc", "gcc", "compiles rdma-core, run by cmake (host)"),
+    deb(
+        "cc",
+        "gcc",
+        "compiles rdma-core, run by cmake (host); the dmabuf-alloc C example (VM)",
+    ),
     deb("cmake", "cmake", "configures rdma-core (host)"),
     deb("ninja", "ninja-build", "builds rdma-core (host)"),
     deb(
         "/usr/bin/python3",
         "python3-minimal",
-        "rdma-core's test suite and pyverbs' build (host and VM)",
+        "rdma-core's test suite, pyverbs' build, the dmabuf-alloc Python example (host and VM)",
     ),
     deb("ip", "iproute2", "addresses and veth links (VM)"),
     deb(
@@ -405,6 +409,7 @@ mod tests {
             "drm-export",
             "rdma-dmabuf",
             "doctor",
+            "dmabuf-alloc",
         ] {
             rust_files(&workspace().join(d), &mut files);
         }
