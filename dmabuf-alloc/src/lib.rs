@@ -165,7 +165,7 @@ pub unsafe extern "C" fn dmabuf_alloc_udmabuf(size: u64, out_size: *mut u64) -> 
 /// A buffer of at least `size` bytes from the dma-heap `heap` (null: `system`).
 ///
 /// # Safety
-/// `heap` is null or a valid C string; `out_size` is null or valid for a write of a `u64`.
+/// `heap_name` is null or a valid C string; `out_size` is null or valid for a write of a `u64`.
 #[no_mangle]
 pub unsafe extern "C" fn dmabuf_alloc_heap(
     heap_name: *const c_char,
@@ -261,6 +261,31 @@ pub unsafe extern "C" fn dmabuf_alloc_size(fd: c_int, out_size: *mut u64) -> c_i
     })
 }
 
+/// What the two copies share: checks `fd`, the range and (for a non-empty copy) that the
+/// caller's pointer, named `what`, is not null, then runs `copy` with the dma-buf and the
+/// offset.
+fn copy_with(
+    fd: c_int,
+    offset: u64,
+    len: usize,
+    null: bool,
+    what: &str,
+    copy: impl FnOnce(&mut DmaBuf, usize) -> Result<(), Failure>,
+) -> c_int {
+    call(|| {
+        let mut buf = borrowed(fd)?;
+        let at = range(offset, len, buf.size())?;
+        if len == 0 {
+            return Ok(0);
+        }
+        if null {
+            return Err(invalid(format!("{what} is NULL")));
+        }
+        copy(&mut buf, at)?;
+        Ok(0)
+    })
+}
+
 /// Copies `len` bytes from `src` to `offset` of the dma-buf `fd`, in a synced CPU access.
 ///
 /// # Safety
@@ -272,21 +297,11 @@ pub unsafe extern "C" fn dmabuf_alloc_write(
     src: *const c_void,
     len: usize,
 ) -> c_int {
-    call(|| {
-        let mut buf = borrowed(fd)?;
-        let at = range(offset, len, buf.size())?;
-        if len == 0 {
-            return Ok(0);
-        }
-        if src.is_null() {
-            return Err(invalid("src is NULL"));
-        }
-        // SAFETY: the caller's contract; the caller's memory is not the dma-buf's mapping,
-        // which is made below.
+    copy_with(fd, offset, len, src.is_null(), "src", |buf, at| {
+        // SAFETY: the caller's contract (non-null, checked); the caller's memory is not the
+        // dma-buf's mapping, which is made below.
         let src = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
-        let mut map = buf.map()?;
-        map.write()?.write_at(at, src)?;
-        Ok(0)
+        Ok(buf.map()?.write()?.write_at(at, src)?)
     })
 }
 
@@ -301,20 +316,10 @@ pub unsafe extern "C" fn dmabuf_alloc_read(
     dst: *mut c_void,
     len: usize,
 ) -> c_int {
-    call(|| {
-        let mut buf = borrowed(fd)?;
-        let at = range(offset, len, buf.size())?;
-        if len == 0 {
-            return Ok(0);
-        }
-        if dst.is_null() {
-            return Err(invalid("dst is NULL"));
-        }
-        // SAFETY: the caller's contract.
+    copy_with(fd, offset, len, dst.is_null(), "dst", |buf, at| {
+        // SAFETY: the caller's contract (non-null, checked).
         let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) };
-        let map = buf.map()?;
-        map.read()?.read_at(at, dst)?;
-        Ok(0)
+        Ok(buf.map()?.read()?.read_at(at, dst)?)
     })
 }
 

@@ -59,7 +59,7 @@ fn check_report(out: &Output, errors: &[(&str, i32)]) {
             .find_map(|w| w.strip_prefix("size="))
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no size in {line:?}"));
-        assert!(size >= 1_000_000 && size % 4096 == 0, "{line}");
+        assert!(size >= 1_000_000 && size.is_multiple_of(4096), "{line}");
         assert!(line.ends_with(" ok"), "{line}");
     }
     for (what, errno) in errors {
