@@ -158,14 +158,14 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "cc",
         "gcc",
-        "compiles rdma-core, run by cmake, and the tests' stand-in libcuda, run by tests/build.rs through the cc crate (host)",
+        "compiles rdma-core, run by cmake, and the tests' stand-in libcuda, run by tests/build.rs through the cc crate (host); the dmabuf-alloc C example (VM)",
     ),
     deb("cmake", "cmake", "configures rdma-core (host)"),
     deb("ninja", "ninja-build", "builds rdma-core (host)"),
     deb(
         "/usr/bin/python3",
         "python3-minimal",
-        "rdma-core's test suite and pyverbs' build (host and VM)",
+        "rdma-core's test suite, pyverbs' build, the dmabuf-alloc Python example (host and VM)",
     ),
     deb("ip", "iproute2", "addresses and veth links (VM)"),
     deb(
@@ -413,6 +413,7 @@ mod tests {
             "drm-export",
             "rdma-dmabuf",
             "doctor",
+            "dmabuf-alloc",
         ] {
             rust_files(&workspace().join(d), &mut files);
         }
