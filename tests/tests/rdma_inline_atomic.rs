@@ -311,9 +311,11 @@ fn concurrent_fetch_adds_from_two_queue_pairs_on_one_vgem_region_are_exact() {
     let olds: Vec<Vec<u64>> = std::thread::scope(|s| {
         let threads: Vec<_> = pairs
             .into_iter()
-            .map(|(a, _b)| {
+            .map(|(a, b)| {
                 let pd = &pd;
                 s.spawn(move || {
+                    // The peer lives as long as the thread's atomics.
+                    let _b = b;
                     let mut local = host_region(pd, &[], 8, Access::LOCAL_WRITE);
                     let mut seen = Vec::new();
                     for _ in 0..EACH {
