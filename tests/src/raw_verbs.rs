@@ -86,10 +86,9 @@ impl Drop for RawMr<'_> {
 
 impl Drop for RawPd {
     fn drop(&mut self) {
-        // SAFETY: every region borrowed the PD and is gone; each freed once, the PD first.
-        unsafe {
-            ffi::ibv_dealloc_pd(self.pd);
-            ffi::ibv_close_device(self.ctx);
-        }
+        // SAFETY: every region borrowed the PD and is gone; freed once, before its context.
+        unsafe { ffi::ibv_dealloc_pd(self.pd) };
+        // SAFETY: the PD on it was freed just above; closed once.
+        unsafe { ffi::ibv_close_device(self.ctx) };
     }
 }

@@ -408,22 +408,10 @@ fn a_receive_a_dying_queue_pair_was_filling_comes_back_flushed() {
             drop(s);
             drop(a);
         }
-        let e = rx
-            .wait_timeout(T)
-            .unwrap_or_else(|_| panic!("{what}: the receive never came back"))
-            .expect_err("a 32 MiB message cannot have arrived in 30 ms");
-        assert!(
-            matches!(e.error, Error::Completion { status, .. }
-                if status == rdma_sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR),
-            "{what}: {}",
-            e.error
-        );
+        let e = flushed(rx, what);
         assert_eq!(srq.outstanding(), 0, "{what}");
         // The queue is whole again: a new receive fits, and a new connection fills it.
-        let (c, d) = connect_pair(
-            QueuePairBuilder::new(&pd),
-            QueuePairBuilder::new(&pd).srq(&srq),
-        );
+        let (c, d) = srq_pair(&pd, &srq);
         let rx = srq.post_recv(e.region).unwrap();
         let r = host_region(&pd, b"after", 4096, Access::empty());
         c.post_send(r.into_part(0..5), None)
@@ -449,10 +437,7 @@ fn destroying_a_queue_pair_mid_receive_completes_only_the_receive_it_held() {
     let pd = pd(&tb);
     const BIG: usize = 32 << 20;
     let srq = SharedReceiveQueue::new(&pd, 4).unwrap();
-    let (a, b) = connect_pair(
-        QueuePairBuilder::new(&pd),
-        QueuePairBuilder::new(&pd).srq(&srq),
-    );
+    let (a, b) = srq_pair(&pd, &srq);
     let held = srq
         .post_recv(host_region(&pd, &[], BIG, Access::LOCAL_WRITE))
         .unwrap();
@@ -470,21 +455,9 @@ fn destroying_a_queue_pair_mid_receive_completes_only_the_receive_it_held() {
     drop(b);
     drop(s);
     drop(a);
-    let e = held
-        .wait_timeout(T)
-        .expect("the half-filled receive came back")
-        .expect_err("a 32 MiB message cannot have arrived in 30 ms");
-    assert!(
-        matches!(e.error, Error::Completion { status, .. }
-            if status == rdma_sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR),
-        "{}",
-        e.error
-    );
+    flushed(held, "destroyed mid-receive");
     assert_eq!(srq.outstanding(), 3, "only the held receive completed");
-    let (c, d) = connect_pair(
-        QueuePairBuilder::new(&pd),
-        QueuePairBuilder::new(&pd).srq(&srq),
-    );
+    let (c, d) = srq_pair(&pd, &srq);
     for (i, rx) in queued.into_iter().enumerate() {
         let msg = [b'0' + i as u8; 5];
         let r = host_region(&pd, &msg, 4096, Access::empty());
@@ -497,4 +470,31 @@ fn destroying_a_queue_pair_mid_receive_completes_only_the_receive_it_held() {
         assert_eq!(&got.region.bytes().unwrap()[..5], &msg, "in order");
     }
     assert_eq!(srq.outstanding(), 0);
+}
+
+/// A connected pair whose `b` side receives through `srq`.
+fn srq_pair(pd: &Arc<ProtectionDomain>, srq: &SharedReceiveQueue) -> (QueuePair, QueuePair) {
+    connect_pair(
+        QueuePairBuilder::new(pd),
+        QueuePairBuilder::new(pd).srq(srq),
+    )
+}
+
+/// Waits for `rx`, a receive whose queue pair went away mid-message (32 MiB, 30 ms in), and
+/// checks that it came back flushed; returns it.
+fn flushed(
+    rx: rdma_dmabuf::SrqPending<'_, rdma_dmabuf::HostBuffer>,
+    what: &str,
+) -> rdma_dmabuf::WorkError<rdma_dmabuf::HostBuffer> {
+    let e = rx
+        .wait_timeout(T)
+        .unwrap_or_else(|_| panic!("{what}: the receive never came back"))
+        .expect_err("a 32 MiB message cannot have arrived in 30 ms");
+    assert!(
+        matches!(e.error, Error::Completion { status, .. }
+            if status == rdma_sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR),
+        "{what}: {}",
+        e.error
+    );
+    e
 }
