@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(30);
+/// A message that cannot arrive in 30 ms (rxe in the testbed moves well under 1 GB/s).
+const BIG: usize = 32 << 20;
 
 /// `n` pairs whose `b` side receives through `srq`.
 fn pairs_on(
@@ -379,7 +381,6 @@ fn a_receive_a_dying_queue_pair_was_filling_comes_back_flushed() {
     let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
-    const BIG: usize = 32 << 20;
     let srq = SharedReceiveQueue::new(&pd, 1).unwrap();
     let data = integration_tests::verbs::pattern(BIG, 9);
     for sender_dies_first in [false, true] {
@@ -435,7 +436,6 @@ fn destroying_a_queue_pair_mid_receive_completes_only_the_receive_it_held() {
     let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::get();
     let pd = pd(&tb);
-    const BIG: usize = 32 << 20;
     let srq = SharedReceiveQueue::new(&pd, 4).unwrap();
     let (a, b) = srq_pair(&pd, &srq);
     let held = srq
