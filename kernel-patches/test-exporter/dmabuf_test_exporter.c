@@ -14,19 +14,38 @@
  * (iosys_map.is_iomem), for importers that must refuse such mappings. The
  * pages are still system memory: only the report differs.
  *
- * /dev/dmabuf_test_exporter takes one ioctl, DTE_IOCTL_CREATE, which
- * returns the fd of a new, zero-filled dma-buf of the given size (rounded
- * up to pages).
+ * A third kind is a dynamic exporter (it has pin and unpin) that moves its
+ * backing on request (DTE_IOCTL_MOVE) unless an attachment has pinned it,
+ * and then calls dma_buf_move_notify(), as a TTM driver evicting a buffer
+ * does. An importer that neither pins nor listens would keep using the old
+ * pages; those are kept until the buffer is released, so such an importer
+ * shows in the counters and in its data, not as a use after free.
+ *
+ * Every buffer counts the calls importers make into it (attach, detach,
+ * map, unmap, pin, unpin, vmap, vunmap, begin_cpu_access, end_cpu_access,
+ * moves): debugfs dmabuf_test_exporter/buffers has one line per live
+ * buffer, keyed by the inode number of its file (what fstat() of the fd
+ * says), and a last line with the number of buffers released while an
+ * importer still held one of them (attach, pin, vmap or begin without its
+ * counterpart).
+ *
+ * /dev/dmabuf_test_exporter takes DTE_IOCTL_CREATE, which returns the fd of
+ * a new, zero-filled dma-buf of the given size (rounded up to pages), and
+ * DTE_IOCTL_MOVE.
  */
 
+#include <linux/debugfs.h>
 #include <linux/dma-buf.h>
+#include <linux/dma-resv.h>
 #include <linux/dma-mapping.h>
 #include <linux/file.h>
 #include <linux/iosys-map.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/mutex.h>
 #include <linux/scatterlist.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/vmalloc.h>
@@ -40,18 +59,61 @@ struct dte_create {
 };
 
 #define DTE_IOMEM		0x1
+#define DTE_MOVABLE		0x2
 #define DTE_IOCTL_CREATE	_IOWR('D', 0xe0, struct dte_create)
+/* Moves the backing of the movable buffer whose fd is the argument. */
+#define DTE_IOCTL_MOVE		_IO('D', 0xe1)
 #define DTE_MAX_SIZE		(256ULL << 20)
 
 /* As mangle_sg_table(): every bit of the page pointer but the SG_ flags. */
 #define DTE_POISON		(~0xffUL)
 
-struct dte_buffer {
-	struct page **pages;
-	unsigned long npages;
-	void *vaddr;
-	bool iomem;
+enum dte_counter {
+	DTE_ATTACH, DTE_DETACH, DTE_MAP, DTE_UNMAP, DTE_PIN, DTE_UNPIN,
+	DTE_VMAP, DTE_VUNMAP, DTE_BEGIN, DTE_END, DTE_MOVE, DTE_COUNTERS
 };
+
+static const char * const dte_counter_names[DTE_COUNTERS] = {
+	"attach", "detach", "map", "unmap", "pin", "unpin",
+	"vmap", "vunmap", "begin", "end", "moves",
+};
+
+/* The pages of one placement of a buffer, with their kernel mapping. */
+struct dte_backing {
+	struct list_head node;	/* dte_buffer.retired */
+	struct page **pages;
+	void *vaddr;
+};
+
+struct dte_buffer {
+	struct list_head node;	/* dte_buffers */
+	unsigned long ino;
+	unsigned long npages;
+	struct dte_backing *backing;
+	/* earlier placements of a movable buffer, freed at release */
+	struct list_head retired;
+	bool iomem;
+	atomic_t count[DTE_COUNTERS];
+};
+
+static LIST_HEAD(dte_buffers);
+static DEFINE_MUTEX(dte_buffers_lock);
+/* Buffers released with an attach, pin, vmap or begin not undone. */
+static atomic_t dte_unbalanced;
+static struct dentry *dte_debugfs;
+
+static void dte_count(struct dma_buf *dmabuf, enum dte_counter c)
+{
+	struct dte_buffer *buf = dmabuf->priv;
+
+	atomic_inc(&buf->count[c]);
+}
+
+static int dte_held(struct dte_buffer *buf, enum dte_counter take)
+{
+	return atomic_read(&buf->count[take]) -
+	       atomic_read(&buf->count[take + 1]);
+}
 
 static void dte_poison(struct sg_table *sgt)
 {
@@ -69,11 +131,12 @@ static struct sg_table *dte_map_dma_buf(struct dma_buf_attachment *attach,
 	struct sg_table *sgt;
 	int err;
 
+	dte_count(attach->dmabuf, DTE_MAP);
 	sgt = kzalloc(sizeof(*sgt), GFP_KERNEL);
 	if (!sgt)
 		return ERR_PTR(-ENOMEM);
 
-	err = sg_alloc_table_from_pages(sgt, buf->pages, buf->npages, 0,
+	err = sg_alloc_table_from_pages(sgt, buf->backing->pages, buf->npages, 0,
 					buf->npages << PAGE_SHIFT, GFP_KERNEL);
 	if (err)
 		goto err_free;
@@ -96,6 +159,7 @@ static void dte_unmap_dma_buf(struct dma_buf_attachment *attach,
 			      struct sg_table *sgt,
 			      enum dma_data_direction dir)
 {
+	dte_count(attach->dmabuf, DTE_UNMAP);
 	dte_poison(sgt);
 	dma_unmap_sgtable(attach->dev, sgt, dir, 0);
 	sg_free_table(sgt);
@@ -105,11 +169,56 @@ static void dte_unmap_dma_buf(struct dma_buf_attachment *attach,
 static int dte_vmap(struct dma_buf *dmabuf, struct iosys_map *map)
 {
 	struct dte_buffer *buf = dmabuf->priv;
+	void *vaddr = buf->backing->vaddr;
 
+	dte_count(dmabuf, DTE_VMAP);
 	if (buf->iomem)
-		iosys_map_set_vaddr_iomem(map, (void __force __iomem *)buf->vaddr);
+		iosys_map_set_vaddr_iomem(map, (void __force __iomem *)vaddr);
 	else
-		iosys_map_set_vaddr(map, buf->vaddr);
+		iosys_map_set_vaddr(map, vaddr);
+	return 0;
+}
+
+static void dte_vunmap(struct dma_buf *dmabuf, struct iosys_map *map)
+{
+	dte_count(dmabuf, DTE_VUNMAP);
+}
+
+static int dte_attach(struct dma_buf *dmabuf,
+		      struct dma_buf_attachment *attach)
+{
+	dte_count(dmabuf, DTE_ATTACH);
+	return 0;
+}
+
+static void dte_detach(struct dma_buf *dmabuf,
+		       struct dma_buf_attachment *attach)
+{
+	dte_count(dmabuf, DTE_DETACH);
+}
+
+static int dte_pin(struct dma_buf_attachment *attach)
+{
+	dte_count(attach->dmabuf, DTE_PIN);
+	return 0;
+}
+
+static void dte_unpin(struct dma_buf_attachment *attach)
+{
+	dte_count(attach->dmabuf, DTE_UNPIN);
+}
+
+static int dte_begin_cpu_access(struct dma_buf *dmabuf,
+				enum dma_data_direction dir)
+{
+	dte_count(dmabuf, DTE_BEGIN);
+	return 0;
+}
+
+static int dte_end_cpu_access(struct dma_buf *dmabuf,
+			      enum dma_data_direction dir)
+{
+	dte_count(dmabuf, DTE_END);
 	return 0;
 }
 
@@ -117,62 +226,177 @@ static int dte_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma)
 {
 	struct dte_buffer *buf = dmabuf->priv;
 
-	return vm_map_pages(vma, buf->pages, buf->npages);
+	return vm_map_pages(vma, buf->backing->pages, buf->npages);
+}
+
+static void dte_free_backing(struct dte_backing *b, unsigned long npages)
+{
+	unsigned long i;
+
+	if (b->vaddr)
+		vunmap(b->vaddr);
+	for (i = 0; i < npages; i++)
+		if (b->pages[i])
+			__free_page(b->pages[i]);
+	kvfree(b->pages);
+	kfree(b);
+}
+
+static struct dte_backing *dte_alloc_backing(unsigned long npages)
+{
+	struct dte_backing *b;
+	unsigned long i;
+
+	b = kzalloc(sizeof(*b), GFP_KERNEL);
+	if (!b)
+		return NULL;
+	b->pages = kvcalloc(npages, sizeof(*b->pages), GFP_KERNEL);
+	if (!b->pages)
+		goto err;
+	for (i = 0; i < npages; i++) {
+		b->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
+		if (!b->pages[i])
+			goto err;
+	}
+	b->vaddr = vmap(b->pages, npages, VM_MAP, PAGE_KERNEL);
+	if (!b->vaddr)
+		goto err;
+	return b;
+
+err:
+	dte_free_backing(b, npages);
+	return NULL;
 }
 
 static void dte_free(struct dte_buffer *buf)
 {
-	unsigned long i;
+	struct dte_backing *b, *tmp;
 
-	if (buf->vaddr)
-		vunmap(buf->vaddr);
-	for (i = 0; i < buf->npages; i++)
-		if (buf->pages[i])
-			__free_page(buf->pages[i]);
-	kvfree(buf->pages);
+	list_for_each_entry_safe(b, tmp, &buf->retired, node)
+		dte_free_backing(b, buf->npages);
+	if (buf->backing)
+		dte_free_backing(buf->backing, buf->npages);
 	kfree(buf);
 }
 
 static void dte_release(struct dma_buf *dmabuf)
 {
-	dte_free(dmabuf->priv);
+	struct dte_buffer *buf = dmabuf->priv;
+
+	mutex_lock(&dte_buffers_lock);
+	list_del(&buf->node);
+	mutex_unlock(&dte_buffers_lock);
+	if (dte_held(buf, DTE_ATTACH) || dte_held(buf, DTE_PIN) ||
+	    dte_held(buf, DTE_VMAP) || dte_held(buf, DTE_BEGIN)) {
+		pr_info("dmabuf_test_exporter: buffer %lu released unbalanced\n",
+			buf->ino);
+		atomic_inc(&dte_unbalanced);
+	}
+	dte_free(buf);
 }
 
-static const struct dma_buf_ops dte_ops = {
-	.map_dma_buf = dte_map_dma_buf,
-	.unmap_dma_buf = dte_unmap_dma_buf,
-	.vmap = dte_vmap,
-	.mmap = dte_mmap,
-	.release = dte_release,
-};
+#define DTE_OPS(...) {						\
+	.attach = dte_attach,					\
+	.detach = dte_detach,					\
+	.map_dma_buf = dte_map_dma_buf,				\
+	.unmap_dma_buf = dte_unmap_dma_buf,			\
+	.begin_cpu_access = dte_begin_cpu_access,		\
+	.end_cpu_access = dte_end_cpu_access,			\
+	.vmap = dte_vmap,					\
+	.vunmap = dte_vunmap,					\
+	.mmap = dte_mmap,					\
+	.release = dte_release,					\
+	__VA_ARGS__						\
+}
+
+/* A static exporter: its buffers never move. */
+static const struct dma_buf_ops dte_ops = DTE_OPS();
+
+/* A dynamic exporter: a buffer moves on DTE_IOCTL_MOVE unless pinned. */
+static const struct dma_buf_ops dte_movable_ops =
+	DTE_OPS(.pin = dte_pin, .unpin = dte_unpin);
 
 static struct dte_buffer *dte_alloc(unsigned long npages, bool iomem)
 {
 	struct dte_buffer *buf;
-	unsigned long i;
 
 	buf = kzalloc(sizeof(*buf), GFP_KERNEL);
 	if (!buf)
 		return NULL;
+	INIT_LIST_HEAD(&buf->node);
+	INIT_LIST_HEAD(&buf->retired);
 	buf->iomem = iomem;
-	buf->pages = kvcalloc(npages, sizeof(*buf->pages), GFP_KERNEL);
-	if (!buf->pages)
-		goto err;
 	buf->npages = npages;
-	for (i = 0; i < npages; i++) {
-		buf->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
-		if (!buf->pages[i])
-			goto err;
+	buf->backing = dte_alloc_backing(npages);
+	if (!buf->backing) {
+		dte_free(buf);
+		return NULL;
 	}
-	buf->vaddr = vmap(buf->pages, npages, VM_MAP, PAGE_KERNEL);
-	if (!buf->vaddr)
-		goto err;
 	return buf;
-
-err:
-	dte_free(buf);
-	return NULL;
 }
+
+/*
+ * Moves a movable buffer to new pages, as a driver evicting it would:
+ * refused with -EBUSY while an attachment has it pinned; otherwise the
+ * contents are copied, the importers told (move_notify), and the old pages
+ * kept until release. User mappings made before keep the old pages.
+ */
+static long dte_move(int fd)
+{
+	struct dte_backing *next;
+	struct dte_buffer *buf;
+	struct dma_buf *dmabuf;
+	long err = 0;
+
+	dmabuf = dma_buf_get(fd);
+	if (IS_ERR(dmabuf))
+		return PTR_ERR(dmabuf);
+	if (dmabuf->ops != &dte_movable_ops) {
+		err = -EINVAL;
+		goto out;
+	}
+	buf = dmabuf->priv;
+	next = dte_alloc_backing(buf->npages);
+	if (!next) {
+		err = -ENOMEM;
+		goto out;
+	}
+	dma_resv_lock(dmabuf->resv, NULL);
+	if (dte_held(buf, DTE_PIN)) {
+		dma_resv_unlock(dmabuf->resv);
+		dte_free_backing(next, buf->npages);
+		err = -EBUSY;
+		goto out;
+	}
+	memcpy(next->vaddr, buf->backing->vaddr, buf->npages << PAGE_SHIFT);
+	list_add(&buf->backing->node, &buf->retired);
+	buf->backing = next;
+	atomic_inc(&buf->count[DTE_MOVE]);
+	dma_buf_move_notify(dmabuf);
+	dma_resv_unlock(dmabuf->resv);
+out:
+	dma_buf_put(dmabuf);
+	return err;
+}
+
+static int dte_buffers_show(struct seq_file *s, void *unused)
+{
+	struct dte_buffer *buf;
+	int i;
+
+	mutex_lock(&dte_buffers_lock);
+	list_for_each_entry(buf, &dte_buffers, node) {
+		seq_printf(s, "%lu", buf->ino);
+		for (i = 0; i < DTE_COUNTERS; i++)
+			seq_printf(s, " %s=%d", dte_counter_names[i],
+				   atomic_read(&buf->count[i]));
+		seq_putc(s, '\n');
+	}
+	mutex_unlock(&dte_buffers_lock);
+	seq_printf(s, "unbalanced=%d\n", atomic_read(&dte_unbalanced));
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(dte_buffers);
 
 static long dte_create(struct dte_create __user *arg)
 {
@@ -184,7 +408,8 @@ static long dte_create(struct dte_create __user *arg)
 
 	if (copy_from_user(&req, arg, sizeof(req)))
 		return -EFAULT;
-	if (!req.size || req.size > DTE_MAX_SIZE || req.flags & ~DTE_IOMEM)
+	if (!req.size || req.size > DTE_MAX_SIZE ||
+	    req.flags & ~(DTE_IOMEM | DTE_MOVABLE))
 		return -EINVAL;
 
 	buf = dte_alloc(PAGE_ALIGN(req.size) >> PAGE_SHIFT,
@@ -192,8 +417,15 @@ static long dte_create(struct dte_create __user *arg)
 	if (!buf)
 		return -ENOMEM;
 
-	exp_info.exp_name = buf->iomem ? "test_exporter_iomem" : "test_exporter";
-	exp_info.ops = &dte_ops;
+	if (req.flags & DTE_MOVABLE) {
+		exp_info.exp_name = buf->iomem ? "test_exporter_movable_iomem" :
+						 "test_exporter_movable";
+		exp_info.ops = &dte_movable_ops;
+	} else {
+		exp_info.exp_name = buf->iomem ? "test_exporter_iomem" :
+						 "test_exporter";
+		exp_info.ops = &dte_ops;
+	}
 	exp_info.size = buf->npages << PAGE_SHIFT;
 	exp_info.flags = O_RDWR;
 	exp_info.priv = buf;
@@ -202,6 +434,10 @@ static long dte_create(struct dte_create __user *arg)
 		dte_free(buf);
 		return PTR_ERR(dmabuf);
 	}
+	buf->ino = file_inode(dmabuf->file)->i_ino;
+	mutex_lock(&dte_buffers_lock);
+	list_add_tail(&buf->node, &dte_buffers);
+	mutex_unlock(&dte_buffers_lock);
 
 	fd = get_unused_fd_flags(O_CLOEXEC);
 	if (fd < 0) {
@@ -219,9 +455,14 @@ static long dte_create(struct dte_create __user *arg)
 
 static long dte_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
-	if (cmd != DTE_IOCTL_CREATE)
+	switch (cmd) {
+	case DTE_IOCTL_CREATE:
+		return dte_create((struct dte_create __user *)arg);
+	case DTE_IOCTL_MOVE:
+		return dte_move((int)arg);
+	default:
 		return -ENOTTY;
-	return dte_create((struct dte_create __user *)arg);
+	}
 }
 
 static const struct file_operations dte_fops = {
@@ -237,7 +478,26 @@ static struct miscdevice dte_misc = {
 	.mode = 0666,
 };
 
-module_misc_device(dte_misc);
+static int __init dte_init(void)
+{
+	int err = misc_register(&dte_misc);
+
+	if (err)
+		return err;
+	dte_debugfs = debugfs_create_dir("dmabuf_test_exporter", NULL);
+	debugfs_create_file("buffers", 0444, dte_debugfs, NULL,
+			    &dte_buffers_fops);
+	return 0;
+}
+
+static void __exit dte_exit(void)
+{
+	debugfs_remove_recursive(dte_debugfs);
+	misc_deregister(&dte_misc);
+}
+
+module_init(dte_init);
+module_exit(dte_exit);
 
 MODULE_DESCRIPTION("dma-buf exporter with poisoned sg_table pages, for testing importers");
 MODULE_LICENSE("GPL");

@@ -295,12 +295,17 @@ fn build_module(
             .arg("-C")
             .arg(headers)
             .arg(format!("M={}", rxe.display()))
-            .args(["CC=gcc-12", "-j2", "-s", "modules"]),
+            .args(["CC=gcc-12", "-j2", "-s", "modules"])
+            .args(SPARSE),
     )?;
     std::fs::copy(rxe.join("rdma_rxe.ko"), dir.join("rdma_rxe.ko"))?;
     step.done();
     Ok(())
 }
+
+/// kbuild's arguments that run the sparse checker on every file it compiles, its warnings
+/// (`__iomem` misuse among them) as errors.
+const SPARSE: [&str; 3] = ["C=1", "CHECK=sparse", "CF=-Wsparse-error"];
 
 /// Builds the test exporter module from `sources` (its folder's files) against `headers`, as
 /// `dir/<TEST_EXPORTER>.ko`.
@@ -317,7 +322,8 @@ fn build_test_exporter(headers: &Path, sources: &[PathBuf], dir: &Path) -> Resul
             .arg("-C")
             .arg(headers)
             .arg(format!("M={}", tree.display()))
-            .args(["CC=gcc-12", "-s", "modules"]),
+            .args(["CC=gcc-12", "-s", "modules"])
+            .args(SPARSE),
     )?;
     let ko = format!("{TEST_EXPORTER}.ko");
     std::fs::copy(tree.join(&ko), dir.join(&ko))?;

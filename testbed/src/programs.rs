@@ -150,6 +150,11 @@ pub const PROGRAMS: &[Program] = &[
         "compiles rdma_rxe.ko with the kernel's own compiler (host)",
     ),
     deb(
+        "sparse",
+        "sparse",
+        "checks the patched rxe and the test exporter (__iomem, locking), run by kbuild's C=1 (host)",
+    ),
+    deb(
         "pahole",
         "pahole",
         "BTF for the module, run by the guest kernel headers' Makefile.modfinal (host)",

@@ -44,6 +44,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "gcc-12",
         "the compiler Debian's guest kernel was built with (the module must match)",
     ),
+    (
+        "sparse",
+        "checks the patched rxe and the test exporter (kbuild C=1), warnings are errors",
+    ),
     ("gcc", "cc: compiles rdma-core and links Rust programs"),
     ("libc6-dev", "C headers and start files for every C build"),
     ("binutils", "ld and objcopy, run by kbuild"),

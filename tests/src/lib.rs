@@ -13,6 +13,7 @@ pub mod exporters;
 pub mod injection;
 pub mod oob;
 pub mod process;
+pub mod raw_verbs;
 pub mod roundtrip;
 pub mod runtime;
 pub mod test_exporter;

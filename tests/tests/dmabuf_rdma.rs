@@ -294,55 +294,14 @@ fn pread_all(fd: &OwnedFd, len: u64) -> Vec<u8> {
 /// crate would refuse first.
 mod raw {
     use integration_tests::exporters::Exporter;
+    use integration_tests::raw_verbs::RawPd;
     use integration_tests::testbed::Testbed;
     use rdma_sys as ffi;
     use std::os::fd::AsRawFd;
 
-    fn errno_of(
-        pd: *mut ffi::ibv_pd,
-        offset: u64,
-        len: usize,
-        iova: u64,
-        fd: i32,
-        access: i32,
-    ) -> i32 {
-        // SAFETY: a live PD; the kernel validates every other argument; an MR returned by
-        // mistake is deregistered at once.
-        let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access) };
-        if !mr.is_null() {
-            // SAFETY: just returned, deregistered once.
-            unsafe { ffi::ibv_dereg_mr(mr) };
-            return 0;
-        }
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
-    }
-
     pub fn check_kernel_refusals(tb: &Testbed) {
-        let mut n = 0;
-        // SAFETY: `n` is a valid out-pointer; the list is freed below.
-        let list = unsafe { ffi::ibv_get_device_list(&mut n) };
-        assert!(!list.is_null() && n > 0);
-        // SAFETY: `n` valid entries until freed.
-        let devs = unsafe { std::slice::from_raw_parts(list, n as usize) };
-        let dev = devs
-            .iter()
-            .copied()
-            .find(|&d| {
-                // SAFETY: a live entry of the list.
-                let name = unsafe { ffi::ibv_get_device_name(d) };
-                // SAFETY: a NUL-terminated string owned by the device.
-                unsafe { std::ffi::CStr::from_ptr(name) }.to_str() == Ok(&tb.device)
-            })
-            .expect("the testbed device");
-        // SAFETY: a live entry of the list.
-        let ctx = unsafe { ffi::ibv_open_device(dev) };
-        // SAFETY: freed once; the context stays valid.
-        unsafe { ffi::ibv_free_device_list(list) };
-        assert!(!ctx.is_null());
-        // SAFETY: open context.
-        let pd = unsafe { ffi::ibv_alloc_pd(ctx) };
-        assert!(!pd.is_null());
-
+        let raw = RawPd::open(tb);
+        let errno_of = |offset, len, iova, fd, access| raw.reg_errno(offset, len, iova, fd, access);
         let buf = Exporter::Udmabuf.allocate(4 * 4096);
         let fd = std::os::fd::AsFd::as_fd(&buf).as_raw_fd();
         let rw = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
@@ -353,43 +312,38 @@ mod raw {
         let cases: [(&str, i32, i32); 8] = [
             (
                 "probe: fd -1, length 0",
-                errno_of(pd, 0, 0, 0, -1, 0),
+                errno_of(0, 0, 0, -1, 0),
                 libc::EBADF,
             ),
             (
                 "iova and offset differ within a page",
-                errno_of(pd, 4096, 4096, 0x1008, fd, rw),
+                errno_of(4096, 4096, 0x1008, fd, rw),
                 libc::EINVAL,
             ),
             (
                 "range past the end",
-                errno_of(pd, 4096, 4 * 4096, 4096, fd, rw),
+                errno_of(4096, 4 * 4096, 4096, fd, rw),
                 libc::EINVAL,
             ),
             (
                 "length 0 on a real dma-buf",
-                errno_of(pd, 0, 0, 0, fd, rw),
+                errno_of(0, 0, 0, fd, rw),
                 libc::EINVAL,
             ),
-            (
-                "a closed fd",
-                errno_of(pd, 0, 4096, 0, 9999, rw),
-                libc::EBADF,
-            ),
+            ("a closed fd", errno_of(0, 4096, 0, 9999, rw), libc::EBADF),
             (
                 "a memfd",
-                errno_of(pd, 0, 4096, 0, memfd.as_raw_fd(), rw),
+                errno_of(0, 4096, 0, memfd.as_raw_fd(), rw),
                 libc::EINVAL,
             ),
             (
                 "a regular file",
-                errno_of(pd, 0, 4096, 0, file.as_raw_fd(), rw),
+                errno_of(0, 4096, 0, file.as_raw_fd(), rw),
                 libc::EINVAL,
             ),
             (
                 "remote write without local write",
                 errno_of(
-                    pd,
                     0,
                     4096,
                     0,
@@ -403,15 +357,7 @@ mod raw {
             assert_eq!(got, want, "{what}: errno {got}, expected {want}");
         }
         // A valid registration works after all the refusals.
-        assert_eq!(errno_of(pd, 4096, 4096, 0x1000, fd, rw), 0);
-        // SAFETY: no MR is left on the PD; each freed once.
-        unsafe {
-            ffi::ibv_dealloc_pd(pd);
-        }
-        // SAFETY: the PD was freed just above.
-        unsafe {
-            ffi::ibv_close_device(ctx);
-        }
+        assert_eq!(errno_of(4096, 4096, 0x1000, fd, rw), 0);
     }
 }
 
