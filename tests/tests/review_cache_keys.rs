@@ -61,3 +61,44 @@ fn review_checkout_with_a_dmabuf_key_of_another_buffer_poisons_later_checkouts()
         &want[..8]
     );
 }
+
+/// `invalidate` while a miss is between its export and its registration (another thread's
+/// call; made deterministic here by invalidating from inside the export closure, after the
+/// export): the new region takes the epoch read after registering, so it goes back into the
+/// cache when returned and is handed out again, although it was made from memory exported
+/// before the invalidation. The epoch should be read before `export` runs.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn review_a_region_exported_before_an_invalidate_is_cached_after_it() {
+    use std::os::fd::AsFd;
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let cache = RegistrationCache::new(&pd, CacheLimits::default());
+    let x = udmabuf(4 * PAGE, 3);
+    let x_fd = x.as_fd().try_clone_to_owned().unwrap();
+    let (dev, ino) = x.buffer_id();
+    let buffer = BufferKey::DmaBuf { dev, ino };
+    let key = CacheKey {
+        buffer,
+        offset: 0,
+        len: PAGE,
+        iova: 0,
+        access: RW,
+    };
+    let c = cache
+        .checkout_with(key, || {
+            let exported = (x, 0); // the export, made before the memory is said to change
+            cache.invalidate(buffer); // another thread: "this buffer's memory changed"
+            Ok(exported)
+        })
+        .unwrap();
+    drop(c);
+    let again = cache.checkout_fd(x_fd, 0, PAGE, None, RW).unwrap();
+    let s = cache.stats();
+    drop(again);
+    assert_eq!(
+        s.hits, 0,
+        "a region registered from an export made before invalidate() was cached on return \
+         and handed out again after it ({s:?})"
+    );
+}
