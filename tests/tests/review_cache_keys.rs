@@ -1,0 +1,104 @@
+//! Independent review: `RegistrationCache::checkout_with` trusts the caller's `CacheKey`.
+//! For a `BufferKey::DmaBuf` key it records the exported dma-buf as the key's buffer in the
+//! cache's buffer table without checking that the dma-buf is that buffer, so one wrong key
+//! poisons later, honest `checkout_fd` calls of the other buffer: they register (and RDMA
+//! moves) the wrong buffer's bytes and report success. Runs in the testbed VM.
+
+use drm_export::Udmabuf;
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::{loopback_pair, pattern, pd, read_remote};
+use rdma_dmabuf::{Access, BufferKey, CacheKey, CacheLimits, DmaBuf, RegistrationCache};
+
+const PAGE: u64 = 4096;
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+fn udmabuf(size: u64, seed: u8) -> DmaBuf {
+    let u = Udmabuf::new(size).expect("udmabuf");
+    nix::sys::uio::pwrite(u.memfd(), &pattern(size as usize, seed), 0).unwrap();
+    u.into_parts().1
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn review_checkout_with_a_dmabuf_key_of_another_buffer_poisons_later_checkouts() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (peer, _owner) = loopback_pair(&pd);
+    let cache = RegistrationCache::new(&pd, CacheLimits::default());
+    let x = udmabuf(4 * PAGE, 1);
+    let (dev, ino) = x.buffer_id();
+    // X is given up as a plain fd (as if it were to be received again later).
+    let x_fd = x.into_fd();
+    let y = udmabuf(4 * PAGE, 2);
+    let key = CacheKey {
+        buffer: BufferKey::DmaBuf { dev, ino },
+        offset: 0,
+        len: PAGE,
+        iova: 0,
+        access: RW,
+    };
+    // The export closure hands back Y under X's key (a bug in the caller, or a mix-up of two
+    // fds): nothing checks that the dma-buf is the key's buffer.
+    let first = cache.checkout_with(key, move || Ok((y, 0)));
+    let Ok(first) = first else {
+        return; // refused: the fix
+    };
+    drop(first);
+    // An honest checkout of X, another range: a miss, which registers... the buffer the
+    // cache recorded for X.
+    let honest = cache
+        .checkout_fd(x_fd, PAGE, PAGE, None, RW)
+        .expect("checkout of X's second page");
+    let got = read_remote(&pd, &peer, honest.remote().unwrap());
+    let want = &pattern(4 * PAGE as usize, 1)[PAGE as usize..2 * PAGE as usize];
+    assert!(
+        got == want,
+        "checkout_fd of buffer X at offset {PAGE} registered another buffer's memory (the \
+         one an earlier checkout_with recorded under X's identity): got {:?}.., want {:?}..",
+        &got[..8],
+        &want[..8]
+    );
+}
+
+/// `invalidate` while a miss is between its export and its registration (another thread's
+/// call; made deterministic here by invalidating from inside the export closure, after the
+/// export): the new region takes the epoch read after registering, so it goes back into the
+/// cache when returned and is handed out again, although it was made from memory exported
+/// before the invalidation. The epoch should be read before `export` runs.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn review_a_region_exported_before_an_invalidate_is_cached_after_it() {
+    use std::os::fd::AsFd;
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let cache = RegistrationCache::new(&pd, CacheLimits::default());
+    let x = udmabuf(4 * PAGE, 3);
+    let x_fd = x.as_fd().try_clone_to_owned().unwrap();
+    let (dev, ino) = x.buffer_id();
+    let buffer = BufferKey::DmaBuf { dev, ino };
+    let key = CacheKey {
+        buffer,
+        offset: 0,
+        len: PAGE,
+        iova: 0,
+        access: RW,
+    };
+    let c = cache
+        .checkout_with(key, || {
+            let exported = (x, 0); // the export, made before the memory is said to change
+            cache.invalidate(buffer); // another thread: "this buffer's memory changed"
+            Ok(exported)
+        })
+        .unwrap();
+    drop(c);
+    let again = cache.checkout_fd(x_fd, 0, PAGE, None, RW).unwrap();
+    let s = cache.stats();
+    drop(again);
+    assert_eq!(
+        s.hits, 0,
+        "a region registered from an export made before invalidate() was cached on return \
+         and handed out again after it ({s:?})"
+    );
+}
