@@ -264,12 +264,16 @@ impl RegistrationCache {
         if let Some(c) = self.hit(key) {
             return Ok(c);
         }
-        let shared = lock(&self.state).buffers.get(&id).and_then(Weak::upgrade);
+        let (shared, epoch) = {
+            let st = lock(&self.state);
+            let shared = st.buffers.get(&id).and_then(Weak::upgrade);
+            (shared, st.epoch(key.buffer))
+        };
         let shared = match shared {
             Some(s) => s,
             None => Arc::new(DmaBuf::try_from(fd).map_err(|e| Error::Adopt(Box::new(e)))?),
         };
-        self.register(key, shared, offset)
+        self.register(key, shared, offset, epoch)
     }
 
     /// As [`RegistrationCache::checkout_fd`], for a [`DmaBuf`] the caller owns: it becomes
@@ -290,17 +294,59 @@ impl RegistrationCache {
         if let Some(c) = self.hit(key) {
             return Ok(c);
         }
-        self.register(key, Arc::new(dmabuf), offset)
+        let epoch = lock(&self.state).epoch(key.buffer);
+        self.register(key, Arc::new(dmabuf), offset, epoch)
     }
 
-    /// A registration for `key`, cached or new; on a miss `export` gives the dma-buf and the
-    /// offset of the key's range in it (for CUDA memory: `CudaDevice::export_range` of the
-    /// key's device address and length, under [`BufferKey::Cuda`] with the buffer id that
-    /// `CudaDevice::pointer_info` gave just before).
+    /// A registration for `key` (a [`BufferKey::DmaBuf`] key), cached or new; on a miss
+    /// `export` gives the dma-buf and the offset of the key's range in it. The dma-buf must
+    /// be the key's buffer at the key's offset: it is checked, so that a wrong key cannot
+    /// file one buffer's registration under another's name.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for a [`BufferKey::Cuda`] key (see
+    /// [`RegistrationCache::checkout_with_unchecked`]) or a dma-buf that is not the key's;
     /// `export`'s, and the registration's.
     pub fn checkout_with(
+        &self,
+        key: CacheKey,
+        export: impl FnOnce() -> Result<(DmaBuf, u64)>,
+    ) -> Result<Checkout> {
+        if let BufferKey::Cuda { buffer_id } = key.buffer {
+            return Err(Error::invalid(
+                Op::RegDmabufMr,
+                format!(
+                    "the cache cannot check that an export is CUDA buffer {buffer_id}: \
+                     use checkout_with_unchecked"
+                ),
+            ));
+        }
+        self.miss_with(key, export)
+    }
+
+    /// As [`RegistrationCache::checkout_with`], for any key: for CUDA memory,
+    /// `CudaDevice::export_range` of the key's device address and length, under
+    /// [`BufferKey::Cuda`] with the buffer id that `CudaDevice::pointer_info` gave just
+    /// before. A dma-buf key is still checked against the dma-buf.
+    ///
+    /// # Safety
+    /// For a [`BufferKey::Cuda`] key, the dma-buf `export` gives must hold the memory the
+    /// key names (that allocation, from the key's offset, for the key's length): the cache
+    /// cannot check it, and a registration filed under another buffer's key would be handed
+    /// out for that buffer, so that transfers would move the wrong memory while reporting
+    /// success.
+    ///
+    /// # Errors
+    /// As [`RegistrationCache::checkout_with`], but for the CUDA key.
+    pub unsafe fn checkout_with_unchecked(
+        &self,
+        key: CacheKey,
+        export: impl FnOnce() -> Result<(DmaBuf, u64)>,
+    ) -> Result<Checkout> {
+        self.miss_with(key, export)
+    }
+
+    fn miss_with(
         &self,
         key: CacheKey,
         export: impl FnOnce() -> Result<(DmaBuf, u64)>,
@@ -308,8 +354,11 @@ impl RegistrationCache {
         if let Some(c) = self.hit(key) {
             return Ok(c);
         }
+        // The epoch before the export: an `invalidate` during the export or the
+        // registration makes this region one not to be taken back.
+        let epoch = lock(&self.state).epoch(key.buffer);
         let (dmabuf, offset) = export()?;
-        self.register(key, Arc::new(dmabuf), offset)
+        self.register(key, Arc::new(dmabuf), offset, epoch)
     }
 
     fn hit(&self, key: CacheKey) -> Option<Checkout> {
@@ -319,7 +368,28 @@ impl RegistrationCache {
         Some(self.checkout(key, region, epoch))
     }
 
-    fn register(&self, key: CacheKey, dmabuf: Arc<DmaBuf>, offset: u64) -> Result<Checkout> {
+    /// Registers `dmabuf` from `offset` for `key`; `epoch` is the key's buffer's epoch from
+    /// before the dma-buf was obtained.
+    fn register(
+        &self,
+        key: CacheKey,
+        dmabuf: Arc<DmaBuf>,
+        offset: u64,
+        epoch: u64,
+    ) -> Result<Checkout> {
+        if let BufferKey::DmaBuf { dev, ino } = key.buffer {
+            if dmabuf.buffer_id() != (dev, ino) || offset != key.offset {
+                let (d, i) = dmabuf.buffer_id();
+                return Err(Error::invalid(
+                    Op::RegDmabufMr,
+                    format!(
+                        "the key names dma-buf ({dev}, {ino}) at offset {}, the export is \
+                         ({d}, {i}) at offset {offset}",
+                        key.offset
+                    ),
+                ));
+            }
+        }
         // Registered without the lock: other threads' hits go on meanwhile.
         let (mr, iova) = reg_dmabuf_mr(
             &self.pd,
@@ -346,7 +416,6 @@ impl RegistrationCache {
         st.stats.entries += 1;
         st.stats.checked_out += 1;
         st.stats.bytes += key.len;
-        let epoch = st.epoch(key.buffer);
         Ok(self.checkout(key, region, epoch))
     }
 

@@ -179,6 +179,17 @@ fn cuda_pointers_that_cannot_be_exported_are_refused_with_typed_errors() {
     }
 }
 
+/// A cached checkout under a CUDA key, whose memory the cache cannot check.
+fn checkout(
+    cache: &RegistrationCache,
+    key: CacheKey,
+    export: impl FnOnce() -> rdma_dmabuf::Result<(DmaBuf, u64)>,
+) -> rdma_dmabuf::Result<rdma_dmabuf::Checkout> {
+    // SAFETY: every export given here is `export_range` of the key's address and length,
+    // and the key's buffer id is the one `pointer_info` gave for that address just before.
+    unsafe { cache.checkout_with_unchecked(key, export) }
+}
+
 #[test]
 #[ignore = "needs the testbed VM"]
 fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address() {
@@ -217,11 +228,11 @@ fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address(
     let ptr = first + at;
     s.write(first, &pattern(size, 1));
     let old = key(ptr);
-    let c = cache.checkout_with(old, export(ptr)).unwrap();
+    let c = checkout(&cache, old, export(ptr)).unwrap();
     assert_eq!(c.addr(), ptr);
     assert_eq!(read(&c), pattern(size, 1)[at as usize..][..len as usize]);
     drop(c);
-    drop(cache.checkout_with(key(ptr), export(ptr)).unwrap());
+    drop(checkout(&cache, key(ptr), export(ptr)).unwrap());
     assert_eq!((cache.stats().hits, cache.stats().misses), (1, 1));
 
     // Freed, and the address given to a new allocation with other bytes.
@@ -231,15 +242,16 @@ fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address(
     s.write(second, &pattern(size, 2));
     let new = key(ptr);
     assert_ne!(new, old, "a new buffer id");
-    let c = cache.checkout_with(new, export(ptr)).unwrap();
+    let c = checkout(&cache, new, export(ptr)).unwrap();
     assert_eq!(cache.stats().misses, 2, "registered afresh");
     assert_eq!(read(&c), pattern(size, 2)[at as usize..][..len as usize]);
     drop(c);
     // What a key of the address alone would have handed out: the freed allocation's memory
     // (kept by its dma-buf), not the new one's.
-    let stale = cache
-        .checkout_with(old, || panic!("the old registration is still cached"))
-        .unwrap();
+    let stale = checkout(&cache, old, || {
+        panic!("the old registration is still cached")
+    })
+    .unwrap();
     assert_eq!(
         read(&stale),
         pattern(size, 1)[at as usize..][..len as usize]

@@ -52,6 +52,13 @@ impl<P, const K: usize> From<BatchError<P, K>> for Error {
     }
 }
 
+/// The most writes one batch may hold. The batch's work requests, SGEs and parts live on the
+/// caller's stack (nothing is allocated), so `K` is bounded at compile time: 256 writes take
+/// some tens of KiB, well within a default 2 MiB thread stack, and amortise the completion as
+/// well as perftest's one in a hundred. A larger `K` does not compile (checked when the
+/// function is instantiated).
+pub const MAX_BATCH: usize = 256;
+
 impl QueuePair {
     /// `K` `IBV_WR_RDMA_WRITE`s, part `j` to the start of `remotes[j]`, posted in one call,
     /// of which only the last asks for a completion: one completion for `K` writes, as
@@ -63,7 +70,8 @@ impl QueuePair {
     /// The batch holds `K` entries of the send queue (unsignalled requests stay there until
     /// a later signalled one completes), so `K` is at most
     /// [`QueuePairBuilder::send_depth`](crate::QueuePairBuilder::send_depth), less what is
-    /// in flight. Nothing is allocated: the work requests are a stack array.
+    /// in flight, and at most [`MAX_BATCH`] (a larger `K` does not compile). Nothing is
+    /// allocated: the work requests are a stack array.
     ///
     /// # Errors
     /// A [`BatchError`] with every part back: `K` of 0, a part that fails the checks of
@@ -74,6 +82,7 @@ impl QueuePair {
         parts: [P; K],
         remotes: [RemoteRegion; K],
     ) -> std::result::Result<PartsPending<'_, P, K>, BatchError<P, K>> {
+        const { assert!(K <= MAX_BATCH, "a batch holds at most MAX_BATCH writes") };
         let back = |error| BatchError { error, parts: None };
         let mut sges = [Sge::EMPTY; K];
         for (j, part) in parts.iter().enumerate() {

@@ -23,7 +23,7 @@ mod srq_wake;
 mod ticket;
 pub(crate) mod wake;
 
-pub use batch::BatchError;
+pub use batch::{BatchError, MAX_BATCH};
 pub use builder::QueuePairBuilder;
 pub use connect::PreparedQp;
 pub use inline::InlinePending;
@@ -36,7 +36,7 @@ pub use retry::{
 };
 pub use retry_env::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
 pub use srq::{SharedReceiveQueue, SrqPending};
-pub use wake::DEFAULT_BUSY_POLL;
+pub use wake::{DEFAULT_BUSY_POLL, MAX_BUSY_POLL};
 
 use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;

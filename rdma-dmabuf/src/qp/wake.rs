@@ -61,6 +61,12 @@ impl Waitable for QueuePair {
 /// is taken without them (the value Linux suggests for its own socket busy polling).
 pub const DEFAULT_BUSY_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
+/// The longest busy-poll budget [`QueuePair::set_busy_poll`] takes: 1 ms. The budget is spent
+/// inside one poll of a future, so a longer one would starve the runtime's other tasks (an
+/// independent review's test: a 20 s budget kept the sending task, and a 1 s timeout around
+/// the await, from running for 20 s).
+pub const MAX_BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Busy-polls `finish` for at most `q`'s busy-poll budget: the outcome if it came meanwhile.
 fn spin<Q: Waitable + ?Sized, R>(q: &Q, finish: &mut impl FnMut() -> Option<R>) -> Option<R> {
     if let Some(done) = finish() {
@@ -133,9 +139,11 @@ impl QueuePair {
     /// parks at once). A completion that comes within it is taken without the arm, the
     /// sleep in `epoll` and the wake; the task's thread is busy meanwhile, as in
     /// [`Pending::spin`](crate::Pending::spin). Applies from the next poll of an awaited
-    /// request.
+    /// request. At most [`MAX_BUSY_POLL`]: a longer budget is cut to it, since the budget is
+    /// spent inside one poll of a future, while nothing else on its runtime's thread runs
+    /// (not even the task that would complete the request, nor a timeout around the await).
     pub fn set_busy_poll(&self, budget: std::time::Duration) {
-        let nanos = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = u64::try_from(budget.min(MAX_BUSY_POLL).as_nanos()).unwrap_or(u64::MAX);
         self.wait.busy_poll.store(nanos, Relaxed);
     }
 

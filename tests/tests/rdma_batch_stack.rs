@@ -1,16 +1,16 @@
-//! Independent review: `post_write_batch` keeps its `K` work requests, SGEs and parts on the
-//! stack, and nothing bounds `K` but the send queue's depth. A batch within that documented
-//! bound (`K` at most `send_depth`, here 8192 of rxe's 16384 `max_qp_wr`) overflows a
-//! thread's default 2 MiB stack (debug build): the process aborts ("has overflowed its
-//! stack") instead of getting an error. Runs in the testbed VM; the batch runs in a child process so that the
-//! abort is observed rather than taking the test binary down.
+//! `post_write_batch` keeps its `K` work requests, SGEs and parts on the stack, so `K` is
+//! bounded at compile time (`MAX_BATCH`): before, a batch within the send queue's depth (8192
+//! of rxe's 16384 `max_qp_wr`, found by an independent review) overflowed a thread's default
+//! 2 MiB stack in a debug build and aborted the process. The largest batch allowed runs here
+//! on such a thread, in a child process so that an abort is observed rather than taking the
+//! test binary down.
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pd};
-use rdma_dmabuf::{Access, QueuePairBuilder, Shard};
+use rdma_dmabuf::{Access, QueuePairBuilder, Shard, MAX_BATCH};
 use std::time::Duration;
 
-const K: usize = 8192;
+const K: usize = MAX_BATCH;
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
 fn batch_of_k() {
@@ -48,8 +48,8 @@ fn batch_of_k() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn review_a_batch_within_the_send_depth_does_not_overflow_a_default_thread_stack() {
-    if std::env::var_os("REVIEW_BATCH_CHILD").is_some() {
+fn the_largest_batch_fits_a_default_thread_stack() {
+    if std::env::var_os("BATCH_STACK_CHILD").is_some() {
         batch_of_k();
         return;
     }
@@ -59,10 +59,10 @@ fn review_a_batch_within_the_send_depth_does_not_overflow_a_default_thread_stack
         .args([
             "--ignored",
             "--exact",
-            "review_a_batch_within_the_send_depth_does_not_overflow_a_default_thread_stack",
+            "the_largest_batch_fits_a_default_thread_stack",
             "--nocapture",
         ])
-        .env("REVIEW_BATCH_CHILD", "1")
+        .env("BATCH_STACK_CHILD", "1")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

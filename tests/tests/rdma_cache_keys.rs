@@ -1,8 +1,10 @@
-//! Independent review: `RegistrationCache::checkout_with` trusts the caller's `CacheKey`.
-//! For a `BufferKey::DmaBuf` key it records the exported dma-buf as the key's buffer in the
-//! cache's buffer table without checking that the dma-buf is that buffer, so one wrong key
-//! poisons later, honest `checkout_fd` calls of the other buffer: they register (and RDMA
-//! moves) the wrong buffer's bytes and report success. Runs in the testbed VM.
+//! `RegistrationCache` checks a dma-buf key against the dma-buf it registers, and takes a
+//! buffer's epoch before its export (both found by an independent review: a key of another
+//! buffer made later checkouts move that buffer's bytes, and an `invalidate` during an export
+//! let its region be handed out again).
+//! Before, the exported dma-buf was recorded as the key's buffer unchecked, so one wrong key
+//! poisoned later, honest `checkout_fd` calls of the other buffer: they registered (and RDMA
+//! moved) the wrong buffer's bytes and reported success. Runs in the testbed VM.
 
 use drm_export::Udmabuf;
 use integration_tests::testbed::Testbed;
@@ -22,7 +24,7 @@ fn udmabuf(size: u64, seed: u8) -> DmaBuf {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn review_checkout_with_a_dmabuf_key_of_another_buffer_poisons_later_checkouts() {
+fn a_dmabuf_key_of_another_buffer_is_refused() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (peer, _owner) = loopback_pair(&pd);
@@ -42,10 +44,8 @@ fn review_checkout_with_a_dmabuf_key_of_another_buffer_poisons_later_checkouts()
     // The export closure hands back Y under X's key (a bug in the caller, or a mix-up of two
     // fds): nothing checks that the dma-buf is the key's buffer.
     let first = cache.checkout_with(key, move || Ok((y, 0)));
-    let Ok(first) = first else {
-        return; // refused: the fix
-    };
-    drop(first);
+    let err = first.expect_err("an export of another buffer under X's key must be refused");
+    assert!(err.to_string().contains("the key names dma-buf"), "{err}");
     // An honest checkout of X, another range: a miss, which registers... the buffer the
     // cache recorded for X.
     let honest = cache
@@ -64,12 +64,12 @@ fn review_checkout_with_a_dmabuf_key_of_another_buffer_poisons_later_checkouts()
 
 /// `invalidate` while a miss is between its export and its registration (another thread's
 /// call; made deterministic here by invalidating from inside the export closure, after the
-/// export): the new region takes the epoch read after registering, so it goes back into the
-/// cache when returned and is handed out again, although it was made from memory exported
-/// before the invalidation. The epoch should be read before `export` runs.
+/// export): the new region must carry the epoch from before the export, so that it is not
+/// taken back into the cache when returned (before, it took the epoch read after
+/// registering, and was handed out again).
 #[test]
 #[ignore = "needs the testbed VM"]
-fn review_a_region_exported_before_an_invalidate_is_cached_after_it() {
+fn a_region_exported_before_an_invalidate_is_not_cached_after_it() {
     use std::os::fd::AsFd;
     let tb = Testbed::get();
     let pd = pd(&tb);
