@@ -59,9 +59,9 @@ pub use heap::{dma_heaps, DmaHeap, DMA_HEAP_DIR};
 pub use mapping::{Mapping, ReadGuard, WriteGuard};
 pub use prime::{prime_export, prime_import, PrimeImport};
 pub use sync_file::{FenceAccess, SyncFile};
-pub use sys::UDMABUF_DEVICE;
+pub use sys::{page_size, UDMABUF_DEVICE};
 pub use udmabuf::{
-    page_size, running_kernel_misplaces_huge_pages, sealed_memfd, udmabuf_size_limit,
+    running_kernel_misplaces_huge_pages, sealed_memfd, udmabuf_size_limit,
     vmap_misplaces_huge_pages, MemfdPages, Udmabuf, HUGE_PAGE_VMAP_BUG, UNKNOWN_UDMABUF_PAGES,
 };
 pub use vgem::VgemFence;

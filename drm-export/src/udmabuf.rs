@@ -6,7 +6,7 @@
 
 use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
-use crate::sys::{self, UDMABUF_DEVICE};
+use crate::sys::{self, page_size, UDMABUF_DEVICE};
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -300,14 +300,6 @@ fn check_size(size: u64) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The CPU page size.
-pub fn page_size() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .map_or(4096, |p| p as u64)
 }
 
 #[cfg(test)]

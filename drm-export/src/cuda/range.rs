@@ -118,7 +118,7 @@ impl CudaDevice {
     pub fn export_range(&self, ptr: u64, len: u64) -> Result<CudaRange> {
         let d = self.bind()?;
         let info = pointer_info(d, self.ordinal, ptr, len)?;
-        let page = crate::udmabuf::page_size();
+        let page = crate::page_size();
         let start = ptr - ptr % page;
         // `pointer_info` checked that `ptr + len` does not wrap and ends inside the
         // allocation, whose end the driver keeps below the top of the address space.

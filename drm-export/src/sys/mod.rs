@@ -125,6 +125,7 @@ fn restart(mut call: impl FnMut() -> nix::Result<c_int>) -> io::Result<c_int> {
 }
 
 mod pages;
+pub use pages::page_size;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

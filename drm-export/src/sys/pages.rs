@@ -36,9 +36,12 @@ pub(super) enum Before {
     },
 }
 
-fn page_size() -> Option<usize> {
-    let p = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok()??;
-    usize::try_from(p).ok()
+/// The CPU page size (4096 if `sysconf` cannot tell).
+pub fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map_or(4096, |p| p as u64)
 }
 
 /// The frames of the `(offset, size)` ranges of `memfd`, each page touched first; `None` if
@@ -52,7 +55,7 @@ pub(super) fn before(memfd: BorrowedFd<'_>, ranges: &[(u64, u64)]) -> Option<Bef
     }
     let seals = SealFlag::from_bits_truncate(fcntl(memfd, FcntlArg::F_GET_SEALS).ok()?);
     let size = u64::try_from(nix::sys::stat::fstat(memfd).ok()?.st_size).ok()?;
-    let page = page_size()?;
+    let page = usize::try_from(page_size()).ok()?;
     let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
     let mut out = Vec::with_capacity(ranges.len());
     for &(offset, len) in ranges {
