@@ -240,10 +240,13 @@ pub(crate) fn poll_request<'q, Q: Waitable, R>(
     if let Some(done) = spin(q, &mut finish) {
         return Poll::Ready(done);
     }
-    // Bounded, so that a busy queue cannot keep one task from yielding.
-    for _ in 0..32 {
-        if let Some(done) = finish() {
-            return Poll::Ready(done);
+    // Bounded, so that a busy queue cannot keep one task from yielding. `spin` has just
+    // polled: the first round goes straight to registering.
+    for round in 0..32 {
+        if round > 0 {
+            if let Some(done) = finish() {
+                return Poll::Ready(done);
+            }
         }
         waiters.register(index, cx.waker());
         if !q.cq().is_armed() {
