@@ -8,16 +8,19 @@
 //! process sleeps on it until the completion is in the queue, and only then is the request
 //! completed, with exactly one poll of the completion queue. What is counted per write: the
 //! post (`measured_post*`) and that completion (`measured_complete*`). `--series` picks the
-//! layer: `owned` (`post_write`, `try_complete`), `scoped` (`Scope::write`, its `spin`) or
-//! `awaited` (`post_write`, one poll of the `Pending` future, as a runtime would).
+//! layer: `owned` (`post_write`, `try_complete`), `scoped` (`Scope::write`, its `spin`),
+//! `awaited` (`post_write`, one poll of the `Pending` future, as a runtime would) or `batch`
+//! (`post_write_batch` of [`BATCH`] writes, only the last signalled, and the one completion
+//! that hands all of them back: an iteration is then a batch, and the count per write is the
+//! count per iteration over [`BATCH`]).
 //! The C floor, the same loop straight over libibverbs, is `cost_floor.c` beside this file.
 
 use crate::Run;
 use examples::fail;
 use rdma_dmabuf::Backing;
 use rdma_dmabuf::{
-    Access, Local, MemoryRegion, Pending, ProtectionDomain, QueuePair, QueuePairBuilder,
-    RemoteRegion,
+    Access, Local, MemoryRegion, PartsPending, Pending, ProtectionDomain, QueuePair,
+    QueuePairBuilder, RemoteRegion,
 };
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -32,7 +35,12 @@ pub enum Series {
     Scoped,
     /// Owned posts awaited: `post_write`, then one poll of the `Pending` future.
     Awaited,
+    /// Batched owned posts: `post_write_batch` of [`BATCH`] writes, then `try_complete`.
+    Batch,
 }
+
+/// Writes per iteration of [`Series::Batch`] (as `rdma_bench --mode batch`).
+pub const BATCH: usize = crate::batch::BATCH;
 
 impl std::str::FromStr for Series {
     type Err = String;
@@ -41,7 +49,10 @@ impl std::str::FromStr for Series {
             "owned" => Ok(Series::Owned),
             "scoped" => Ok(Series::Scoped),
             "awaited" => Ok(Series::Awaited),
-            _ => Err(format!("--series is owned, scoped or awaited, not {s:?}")),
+            "batch" => Ok(Series::Batch),
+            _ => Err(format!(
+                "--series is owned, scoped, awaited or batch, not {s:?}"
+            )),
         }
     }
 }
@@ -66,6 +77,21 @@ pub fn run(pd: &Arc<ProtectionDomain>, run: &Run, series: Series) {
     let remote = target
         .remote()
         .unwrap_or_else(|| fail("the target has no rkey"));
+    if series == Series::Batch {
+        let mut parts: [Local<_>; BATCH] =
+            std::array::from_fn(|_| Local::new(host(Access::empty()), 0..run.size as u64));
+        for _ in 0..run.iters {
+            arm(&a);
+            let p = measured_post_batch(&a, parts, remote);
+            sleep_for_event(&a);
+            parts = measured_complete_batch(p);
+        }
+        println!(
+            "RESULT cost_iters={} size={} series={series:?} writes_per_iter={BATCH}",
+            run.iters, run.size
+        );
+        return;
+    }
     let mut src = host(Access::empty());
     for _ in 0..run.iters {
         src = match series {
@@ -75,6 +101,7 @@ pub fn run(pd: &Arc<ProtectionDomain>, run: &Run, series: Series) {
                 rdma_dmabuf::scope(|s| scoped(s, &a, &src, remote));
                 src
             }
+            Series::Batch => unreachable!("batches run above"),
         };
     }
     println!(
@@ -153,6 +180,25 @@ fn measured_complete_awaited<B: Backing>(mut p: Pending<'_, B>) -> MemoryRegion<
         std::task::Poll::Ready(Ok(done)) => done.region,
         std::task::Poll::Ready(Err(e)) => fail(&e.error.to_string()),
         std::task::Poll::Pending => fail("the completion was not in the queue after its event"),
+    }
+}
+
+#[inline(never)]
+fn measured_post_batch<'q, B: Backing>(
+    qp: &'q QueuePair,
+    parts: [Local<B>; BATCH],
+    remote: RemoteRegion,
+) -> PartsPending<'q, Local<B>, BATCH> {
+    qp.post_write_batch(parts, [remote; BATCH])
+        .unwrap_or_else(|e| fail(&e.error.to_string()))
+}
+
+#[inline(never)]
+fn measured_complete_batch<B: Backing>(p: PartsPending<'_, Local<B>, BATCH>) -> [Local<B>; BATCH] {
+    match p.try_complete() {
+        Ok(Ok(done)) => done.parts,
+        Ok(Err(e)) => fail(&e.error.to_string()),
+        Err(_) => fail("the batch's completion was not in the queue after its event"),
     }
 }
 

@@ -7,7 +7,11 @@
  * (measured_complete). Count with:
  *
  *   valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*measured_*' \
- *       cost_floor DEVICE GID_INDEX SIZE ITERS
+ *       cost_floor DEVICE GID_INDEX SIZE ITERS [BATCH]
+ *
+ * With BATCH (at most 16), each iteration posts BATCH writes as one chain in one
+ * ibv_post_send, only the last signalled, and takes the one completion: the floor for
+ * `rdma_bench cost --series batch`.
  *
  * Built by the workspace's tests (cc -O2 ... -libverbs).
  */
@@ -15,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define MAX_BATCH 16
 
 static void die(const char *what)
 {
@@ -27,7 +33,7 @@ static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *cq)
 	struct ibv_qp_init_attr init = {
 		.send_cq = cq,
 		.recv_cq = cq,
-		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+		.cap = { .max_send_wr = MAX_BATCH, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
 		.qp_type = IBV_QPT_RC,
 	};
 	struct ibv_qp *qp = ibv_create_qp(pd, &init);
@@ -91,6 +97,26 @@ __attribute__((noinline)) static int measured_post(struct ibv_qp *qp, struct ibv
 	return ibv_post_send(qp, &wr, &bad);
 }
 
+/* BATCH writes chained in one ibv_post_send, only the last signalled. */
+__attribute__((noinline)) static int measured_post_batch(struct ibv_qp *qp, struct ibv_sge *sge,
+							 uint64_t addr, uint32_t rkey, int batch)
+{
+	struct ibv_send_wr wr[MAX_BATCH];
+	for (int i = 0; i < batch; i++) {
+		wr[i] = (struct ibv_send_wr){
+			.wr_id = 1 + i,
+			.next = i + 1 < batch ? &wr[i + 1] : NULL,
+			.sg_list = &sge[i],
+			.num_sge = 1,
+			.opcode = IBV_WR_RDMA_WRITE,
+			.send_flags = i + 1 == batch ? IBV_SEND_SIGNALED : 0,
+			.wr.rdma = { .remote_addr = addr, .rkey = rkey },
+		};
+	}
+	struct ibv_send_wr *bad;
+	return ibv_post_send(qp, wr, &bad);
+}
+
 __attribute__((noinline)) static int measured_complete(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
@@ -100,8 +126,13 @@ __attribute__((noinline)) static int measured_complete(struct ibv_cq *cq)
 
 int main(int argc, char **argv)
 {
-	if (argc != 5) {
-		fprintf(stderr, "usage: cost_floor DEVICE GID_INDEX SIZE ITERS\n");
+	if (argc != 5 && argc != 6) {
+		fprintf(stderr, "usage: cost_floor DEVICE GID_INDEX SIZE ITERS [BATCH]\n");
+		return 2;
+	}
+	int batch = argc == 6 ? atoi(argv[5]) : 1;
+	if (batch < 1 || batch > MAX_BATCH) {
+		fprintf(stderr, "BATCH is 1 to %d\n", MAX_BATCH);
 		return 2;
 	}
 	int gid_index = atoi(argv[2]);
@@ -120,8 +151,9 @@ int main(int argc, char **argv)
 	struct ibv_cq *other = ibv_create_cq(ctx, 8, NULL, NULL, 0);
 	if (!pd || !ch || !cq || !other)
 		die("pd, channel or cq");
-	char *src = calloc(1, size), *dst = calloc(1, size);
-	struct ibv_mr *smr = ibv_reg_mr(pd, src, size, 0);
+	/* One source buffer per write of a batch, as rdma_bench's batch has one region each. */
+	char *src = calloc(MAX_BATCH, size), *dst = calloc(1, size);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, MAX_BATCH * size, 0);
 	struct ibv_mr *dmr = ibv_reg_mr(pd, dst, size, IBV_ACCESS_LOCAL_WRITE |
 							      IBV_ACCESS_REMOTE_WRITE);
 	if (!smr || !dmr)
@@ -132,11 +164,16 @@ int main(int argc, char **argv)
 		die("ibv_query_gid");
 	connect_qp(a, b->qp_num, gid, gid_index);
 	connect_qp(b, a->qp_num, gid, gid_index);
-	struct ibv_sge sge = { .addr = (uintptr_t)src, .length = size, .lkey = smr->lkey };
+	struct ibv_sge sge[MAX_BATCH];
+	for (int i = 0; i < MAX_BATCH; i++)
+		sge[i] = (struct ibv_sge){ .addr = (uintptr_t)(src + i * size), .length = size,
+					   .lkey = smr->lkey };
 	for (long i = 0; i < iters; i++) {
 		if (ibv_req_notify_cq(cq, 0))
 			die("ibv_req_notify_cq");
-		if (measured_post(a, &sge, (uintptr_t)dst, dmr->rkey))
+		int rc = batch == 1 ? measured_post(a, sge, (uintptr_t)dst, dmr->rkey)
+				    : measured_post_batch(a, sge, (uintptr_t)dst, dmr->rkey, batch);
+		if (rc)
 			die("ibv_post_send");
 		struct ibv_cq *ev_cq;
 		void *ev_ctx;
@@ -146,7 +183,7 @@ int main(int argc, char **argv)
 		if (measured_complete(cq))
 			die("the completion was not in the queue after its event");
 	}
-	printf("RESULT cost_iters=%ld size=%zu series=c\n", iters, size);
+	printf("RESULT cost_iters=%ld size=%zu series=c writes_per_iter=%d\n", iters, size, batch);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_dereg_mr(smr);

@@ -132,6 +132,7 @@ impl CompletionQueue {
 
     /// Polls once, handing each completion (its `wr_id` and what it said) to `each`.
     /// Returns how many were consumed. No allocation, no lock.
+    #[inline]
     pub(crate) fn poll(&self, mut each: impl FnMut(u64, RawCompletion)) -> Result<usize> {
         let mut wcs: [MaybeUninit<ffi::ibv_wc>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
         // SAFETY: live CQ; `wcs` has room for BATCH entries, the count passed.

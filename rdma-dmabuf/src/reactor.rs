@@ -394,6 +394,7 @@ impl Registered {
     }
 
     /// Whether a fatal event moved the queue pair to the error state (one atomic load).
+    #[inline]
     pub(crate) fn flushed(&self) -> bool {
         self.flushed.load(Ordering::Acquire)
     }

@@ -15,18 +15,20 @@ pub(crate) struct RawCompletion {
     pub qp_num: u32,
 }
 
+/// Where a slot's request is. `Copy`, so that moving a slot from one state to the next runs
+/// no drop glue on the hot path; what an abandoned or stranded request lent is in
+/// [`Slot::held`].
+#[derive(Clone, Copy)]
 pub(crate) enum State {
     Free,
     Posted,
     Done(RawCompletion),
-    /// The waiter was dropped before the completion: its buffer waits here for it.
-    Abandoned(Box<dyn Send>),
+    /// The waiter was dropped before the completion: its buffer waits in `held` for it.
+    Abandoned,
     /// Lent to requests no completion will end (a batch the provider took only part of,
-    /// its queue pair flushed): kept until the table drops, after the queue pair is
-    /// destroyed. Not outstanding: nothing waits for it.
-    Stranded(
-        #[allow(dead_code, reason = "held, never read: dropped with the table")] Box<dyn Send>,
-    ),
+    /// its queue pair flushed): `held` keeps it until the table drops, after the queue pair
+    /// is destroyed. Not outstanding: nothing waits for it.
+    Stranded,
 }
 
 pub(crate) struct Slot {
@@ -39,6 +41,8 @@ pub(crate) struct Slot {
     /// The first error completion of a batch's unsignalled request, reported in place of
     /// the last request's (then flushed) completion.
     pub early: Option<RawCompletion>,
+    /// What an [`State::Abandoned`] or [`State::Stranded`] request lent; `None` otherwise.
+    pub held: Option<Box<dyn Send>>,
 }
 
 pub(crate) struct Slots {
@@ -78,6 +82,7 @@ impl Slots {
                     state: State::Free,
                     weight: 1,
                     early: None,
+                    held: None,
                 })
                 .collect(),
             free: (0..n).rev().collect(),
@@ -89,6 +94,7 @@ impl Slots {
     }
 
     /// Takes a slot for a request of `kind`, or says the queue is full.
+    #[inline]
     pub fn acquire(&mut self, kind: WorkKind) -> Result<(u32, u32)> {
         self.acquire_n(kind, 1)
     }
@@ -96,6 +102,7 @@ impl Slots {
     /// Takes one slot for `weight` requests of `kind` that end with one completion (a
     /// batch: each holds an entry of the queue until the last completes), or says the queue
     /// has not that many entries free.
+    #[inline]
     pub fn acquire_n(&mut self, kind: WorkKind, weight: u32) -> Result<(u32, u32)> {
         let (count, depth, op) = match kind {
             WorkKind::Recv => (&mut self.recvs, self.recv_depth, Op::PostRecv),
@@ -130,6 +137,7 @@ impl Slots {
         self.retire(index, kind);
     }
 
+    #[inline]
     fn retire(&mut self, index: u32, kind: WorkKind) {
         let slot = &mut self.slots[index as usize];
         slot.state = State::Free;
@@ -146,6 +154,7 @@ impl Slots {
     /// A batch member's completion (an unsignalled request that failed or was flushed)
     /// only records the batch's first error: the batch ends with its last request's
     /// completion, which the send queue delivers after every earlier one's.
+    #[inline]
     pub fn complete(&mut self, wr_id: u64, c: RawCompletion) -> Option<Box<dyn Send>> {
         let (index, gen) = (slot_index(wr_id), (wr_id >> 32) as u32);
         let slot = self.slots.get_mut(index as usize)?;
@@ -155,7 +164,7 @@ impl Slots {
         if wr_id & MEMBER != 0 {
             // (A member's success would come only from a queue pair that signals every
             // request; ours do not. It says nothing the last completion will not.)
-            let pending = matches!(slot.state, State::Posted | State::Abandoned(_));
+            let pending = matches!(slot.state, State::Posted | State::Abandoned);
             if c.status != 0 && pending && slot.early.is_none() {
                 slot.early = Some(c);
             }
@@ -166,22 +175,41 @@ impl Slots {
             Some(_) => slot.early.take().unwrap_or(c),
             None => c,
         };
-        match std::mem::replace(&mut slot.state, State::Done(c)) {
-            State::Abandoned(buf) => {
-                let kind = slot.kind;
+        match slot.state {
+            State::Abandoned => {
+                let (kind, buf) = (slot.kind, slot.held.take());
                 self.retire(index, kind);
-                Some(buf)
+                buf
             }
-            State::Posted => None,
-            other => {
-                // A second completion for one request cannot happen; keep what was there.
-                slot.state = other;
+            State::Posted => {
+                slot.state = State::Done(c);
                 None
             }
+            // A second completion for one request cannot happen; keep what was there.
+            State::Free | State::Done(_) | State::Stranded => None,
         }
     }
 
+    /// Ends the request `wr_id` with its completion `c` at once, for the poller that holds
+    /// its handle: [`Slots::complete`] then [`Slots::take`] in one step, without recording
+    /// the completion. `None` (nothing changed) unless the request is posted and waiting,
+    /// and `wr_id` is not a batch member's; the caller then records `c` as usual.
+    #[inline]
+    pub fn finish(&mut self, wr_id: u64, c: RawCompletion) -> Option<RawCompletion> {
+        let (index, gen) = (slot_index(wr_id), (wr_id >> 32) as u32);
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.gen != gen || wr_id & MEMBER != 0 || !matches!(slot.state, State::Posted) {
+            return None;
+        }
+        // A batch's first error, if one of its members failed (never set for one request).
+        let c = slot.early.take().unwrap_or(c);
+        let kind = slot.kind;
+        self.retire(index, kind);
+        Some(c)
+    }
+
     /// Takes the completion of a finished request and frees its slot.
+    #[inline]
     pub fn take(&mut self, index: u32, gen: u32) -> Option<RawCompletion> {
         let slot = &mut self.slots[index as usize];
         if slot.gen != gen {
@@ -208,8 +236,9 @@ impl Slots {
                 self.retire(index, kind);
                 Some(buf)
             }
-            _ => {
-                slot.state = State::Abandoned(buf);
+            State::Free | State::Posted | State::Abandoned | State::Stranded => {
+                slot.state = State::Abandoned;
+                slot.held = Some(buf);
                 None
             }
         }
@@ -219,7 +248,8 @@ impl Slots {
     pub fn strand(&mut self, index: u32, gen: u32, buf: Box<dyn Send>) {
         let slot = &mut self.slots[index as usize];
         if slot.gen == gen {
-            slot.state = State::Stranded(buf);
+            slot.state = State::Stranded;
+            slot.held = Some(buf);
         } else {
             // Cannot happen (the slot was just acquired); keeping it is the safe side.
             std::mem::forget(buf);
@@ -235,7 +265,7 @@ impl Slots {
     pub fn outstanding(&self) -> usize {
         self.slots
             .iter()
-            .filter(|s| matches!(s.state, State::Posted | State::Abandoned(_)))
+            .filter(|s| matches!(s.state, State::Posted | State::Abandoned))
             .count()
     }
 }
@@ -325,6 +355,34 @@ mod tests {
         s.complete(wr_id(i, g), flushed);
         assert_eq!(s.take(i, g).unwrap().status, 10, "the first error is kept");
         s.acquire_n(WorkKind::Write, 3).unwrap();
+    }
+
+    #[test]
+    fn finish_ends_only_a_waiting_request_and_keeps_a_batchs_first_error() {
+        let mut s = Slots::new(4, 0);
+        let (i, g) = s.acquire(WorkKind::Write).unwrap();
+        assert!(
+            s.finish(wr_id(i, g + 1), ok()).is_none(),
+            "stale generation"
+        );
+        assert!(s.finish(wr_id(i, g) | MEMBER, ok()).is_none(), "a member");
+        assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len, 1);
+        assert_eq!(s.outstanding(), 0, "the slot is free");
+        assert!(s.finish(wr_id(i, g), ok()).is_none(), "not twice");
+        let (i, g) = s.acquire_n(WorkKind::Write, 2).unwrap();
+        let mut failed = ok();
+        failed.status = 10;
+        assert!(s.complete(wr_id(i, g) | MEMBER, failed).is_none());
+        let mut flushed = ok();
+        flushed.status = 5;
+        assert_eq!(s.finish(wr_id(i, g), flushed).unwrap().status, 10);
+        let (i, g) = s.acquire(WorkKind::Write).unwrap();
+        assert!(s.abandon(i, g, Box::new(())).is_none());
+        assert!(
+            s.finish(wr_id(i, g), ok()).is_none(),
+            "abandoned: complete() frees it"
+        );
+        assert!(s.complete(wr_id(i, g), ok()).is_some());
     }
 
     #[test]

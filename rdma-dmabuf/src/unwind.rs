@@ -25,6 +25,7 @@ impl Deferred {
     /// `AssertUnwindSafe` is right here because every caller runs `f` at a point where its
     /// own state is consistent (recorded before calling out), which is what unwind safety
     /// asks for.
+    #[inline]
     pub(crate) fn run(&mut self, f: impl FnOnce()) {
         if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
             self.keep(p);
@@ -49,6 +50,7 @@ impl Deferred {
     /// Raises the kept panic again, now that the batch is done. When the thread is already
     /// unwinding (the batch ran in a drop guard), a second panic would abort the process, so
     /// the payload is leaked instead and the first panic goes on.
+    #[inline]
     pub(crate) fn resume(self) {
         if let Some(p) = self.0 {
             if std::thread::panicking() {

@@ -94,6 +94,7 @@ impl Waiters {
 
     /// The request in slot `index` completed: wakes its task, if one awaits it. A panic of
     /// the task's waker is kept in `panics`, for the caller to raise once its batch is done.
+    #[inline]
     pub(crate) fn wake(&self, index: u32, panics: &mut Deferred) {
         if let Some((table, _)) = self.table.get() {
             if let Some(w) = table.slots.get(index as usize) {
@@ -105,6 +106,7 @@ impl Waiters {
     /// Nobody awaits slot `index` any more (its request ended, or its handle was dropped):
     /// its waker is dropped, so that the slot keeps no task alive. The waker's `Drop` is code
     /// we do not control and may panic: callers call this last, once their state is recorded.
+    #[inline]
     pub(crate) fn forget(&self, index: u32) {
         if let Some((table, _)) = self.table.get() {
             if let Some(w) = table.slots.get(index as usize) {

@@ -2,7 +2,8 @@
 //! callgrind counts the instructions retired in user space by the post and the completion of
 //! each 8-byte write (`rdma_bench cost`, release build), for the owned, scoped and awaited
 //! layers and for the same loop in C straight over libibverbs (`cost_floor.c`, the floor:
-//! what the provider itself costs). Each count is the difference between a run of 60 and one
+//! what the provider itself costs); and per write of a batch of 16 (`--series batch`,
+//! `post_write_batch`, one completion per batch) beside the C loop posting the same chain. Each count is the difference between a run of 60 and one
 //! of 10 writes, divided by 50, so start-up work drops out; the same binary and inputs give
 //! the same count whatever the machine is doing. The test fails when one of ours grows more
 //! than 10% over `tests/data/write_cost.txt`, and prints every count and its ratio to the C
@@ -19,6 +20,8 @@ const T: Duration = Duration::from_secs(240);
 const SIZE: &str = "8";
 const SHORT: u64 = 10;
 const LONG: u64 = 60;
+/// Writes per iteration of the batch series (`rdma_bench`'s `batch::BATCH`).
+const BATCH: u64 = 16;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -80,8 +83,13 @@ fn counted(dir: &Path, name: &str, program: &Path, args: &[String]) -> u64 {
         .unwrap_or_else(|| panic!("{name}: no summary in {}", file.display()))
 }
 
-/// Instructions per write of one series: (count of LONG writes - count of SHORT) / difference.
-fn per_write(dir: &Path, series: &str, run_with: impl Fn(u64) -> (PathBuf, Vec<String>)) -> u64 {
+/// Instructions per iteration of one series: (count of LONG iterations - count of SHORT) /
+/// difference.
+fn per_iteration(
+    dir: &Path,
+    series: &str,
+    run_with: impl Fn(u64) -> (PathBuf, Vec<String>),
+) -> u64 {
     let at = |iters| {
         let (program, args) = run_with(iters);
         counted(dir, &format!("{series}.{iters}"), &program, &args)
@@ -112,8 +120,8 @@ fn an_rdma_writes_instruction_count_does_not_grow() {
     let bench = release_bench();
     let floor = cost_floor(&dir);
     let mut counts = BTreeMap::new();
-    for series in ["owned", "scoped", "awaited"] {
-        let n = per_write(&dir, series, |iters| {
+    for series in ["owned", "scoped", "awaited", "batch"] {
+        let n = per_iteration(&dir, series, |iters| {
             let args = [
                 "cost", "--series", series, "--size", SIZE, "--device", &tb.device,
             ];
@@ -121,32 +129,52 @@ fn an_rdma_writes_instruction_count_does_not_grow() {
             args.extend(["--iters".into(), iters.to_string()]);
             (bench.clone(), args)
         });
+        // A batch's iteration is BATCH writes.
+        let n = if series == "batch" { n / BATCH } else { n };
         counts.insert(series.to_string(), n);
     }
-    let c = per_write(&dir, "c", |iters| {
-        let args = [
-            tb.device.clone(),
-            tb.gid_index.to_string(),
-            SIZE.into(),
-            iters.to_string(),
-        ];
-        (floor.clone(), args.to_vec())
-    });
-    counts.insert("c".into(), c);
+    for (name, batch) in [("c", 1), ("c-batch", BATCH)] {
+        let n = per_iteration(&dir, name, |iters| {
+            let args = [
+                tb.device.clone(),
+                tb.gid_index.to_string(),
+                SIZE.into(),
+                iters.to_string(),
+                batch.to_string(),
+            ];
+            (floor.clone(), args.to_vec())
+        });
+        counts.insert(name.into(), n / batch);
+    }
+    let c = counts["c"];
     let kept = baseline();
     let mut report = String::new();
     for (series, n) in &counts {
-        let was = kept[series.as_str()];
+        // The batch is compared with the C loop posting the same chain.
+        let (floor, floor_name) = if series == "batch" {
+            (counts["c-batch"], "the C batch")
+        } else {
+            (c, "the C loop")
+        };
+        let kept_text = match kept.get(series.as_str()) {
+            Some(&was) => format!(
+                "kept: {was}, {:+.1}%",
+                (*n as f64 / was as f64 - 1.0) * 100.0
+            ),
+            None => "not in tests/data/write_cost.txt".into(),
+        };
         report += &format!(
-            "{series:>8}: {n} instructions per write ({:.2}x the C loop; kept: {was}, {:+.1}%)\n",
-            *n as f64 / c as f64,
-            (*n as f64 / was as f64 - 1.0) * 100.0
+            "{series:>8}: {n} instructions per write ({:.2}x {floor_name}; {kept_text})\n",
+            *n as f64 / floor as f64,
         );
     }
     eprintln!("{report}");
     assert!(c > 100, "the C loop's count is implausible:\n{report}");
-    for series in ["owned", "scoped", "awaited"] {
-        let (n, was) = (counts[series], kept[series]);
+    for series in ["owned", "scoped", "awaited", "batch"] {
+        let n = counts[series];
+        let Some(&was) = kept.get(series) else {
+            panic!("{series} has no line in tests/data/write_cost.txt:\n{report}");
+        };
         assert!(
             n * 10 <= was * 11,
             "{series} grew more than 10% over tests/data/write_cost.txt:\n{report}"

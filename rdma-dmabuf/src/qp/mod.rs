@@ -189,11 +189,29 @@ impl QueuePair {
     /// If a task's waker panics when woken: only once every completion the poll consumed
     /// is recorded and every other task woken, so nothing is lost (docs/safety.md,
     /// "Unwinding").
+    #[inline]
     pub fn poll(&self) -> Result<usize> {
+        self.poll_finding(None).map(|(n, _)| n)
+    }
+
+    /// [`QueuePair::poll`], which also finishes the request `mine` (a `wr_id`) if its
+    /// completion is among those consumed: its slot is freed at once and its completion
+    /// returned, instead of being recorded for a second look-up.
+    #[inline]
+    fn poll_finding(&self, mine: Option<u64>) -> Result<(usize, Option<RawCompletion>)> {
         let mut panics = crate::unwind::Deferred::default();
+        let mut found = None;
         let n = self.raw.cq.poll(|wr_id, c| {
             if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
                 self.in_error.set(true);
+            }
+            if Some(wr_id) == mine {
+                // The caller holds the request's handle, so nothing else waits for it: no
+                // waker to wake, and (never abandoned) no buffer to release.
+                if let Some(c) = self.slots.borrow_mut().finish(wr_id, c) {
+                    found = Some(c);
+                    return;
+                }
             }
             let released = self.slots.borrow_mut().complete(wr_id, c);
             // An abandoned buffer whose request just completed: safe to free now (outside
@@ -203,7 +221,7 @@ impl QueuePair {
             self.wait.waiters.wake(slot_index(wr_id), &mut panics);
         });
         panics.resume();
-        n
+        n.map(|n| (n, found))
     }
 
     /// Sleeps until the completion queue has something, or `timeout` passes (see
@@ -222,6 +240,7 @@ impl QueuePair {
     /// Whether the queue pair is known to be in the error state (flushed by us, told so by
     /// a completion with an error status, or moved there by a fatal asynchronous event read
     /// with [`AsyncEvents`](crate::reactor::AsyncEvents)): it then takes no more requests.
+    #[inline]
     pub fn is_in_error(&self) -> bool {
         self.in_error.get() || self.registered.flushed()
     }
@@ -229,20 +248,26 @@ impl QueuePair {
     /// The completion of slot `index` (generation `gen`): taken if it has arrived, else
     /// after one poll of the completion queue; `None` while in flight (or if the queue
     /// cannot be polled, when the request may still be in flight).
+    #[inline]
     pub(crate) fn poll_for(&self, index: u32, gen: u32) -> Option<RawCompletion> {
         if let Some(c) = self.take_completion(index, gen) {
             return Some(c);
         }
-        self.poll().ok()?;
-        self.take_completion(index, gen)
+        match self.poll_finding(Some(wr_id(index, gen))).ok()? {
+            (_, Some(c)) => Some(c),
+            // Recorded by this poll's fallback path (e.g. a batch's member error).
+            (_, None) => self.take_completion(index, gen),
+        }
     }
 
     /// The completion of slot `index` (generation `gen`), if it has arrived.
+    #[inline]
     pub(crate) fn take_completion(&self, index: u32, gen: u32) -> Option<RawCompletion> {
         self.slots.borrow_mut().take(index, gen)
     }
 
     /// A completion as a result: the work completion, or a typed error.
+    #[inline]
     pub(crate) fn completion_result(
         &self,
         index: u32,

@@ -82,6 +82,9 @@ impl<'q, P: OwnedPart, const N: usize> PartsPending<'q, P, N> {
         let Some((parts, result)) = self.ticket.try_finish() else {
             return Err(self);
         };
+        // As in `Pending::try_complete`: the ticket has given the parts back, its `Drop`
+        // would have nothing to do.
+        std::mem::forget(self);
         Ok(match result {
             Ok(wc) => Ok(PartsDone { parts, wc }),
             Err(error) => Err(PartsError { error, parts }),

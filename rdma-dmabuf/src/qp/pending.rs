@@ -82,6 +82,10 @@ impl<'q, B: Backing> Pending<'q, B> {
         let Some((local, result)) = self.ticket.try_finish() else {
             return Err(self);
         };
+        // The ticket has given back what it lent: its `Drop` would have nothing to do (it
+        // holds only a reference and plain numbers besides), so it is skipped. A panic in
+        // `try_finish` still drops `self` as usual.
+        std::mem::forget(self);
         let region = local.into_region();
         Ok(match result {
             Ok(wc) => Ok(Done { region, wc }),

@@ -117,6 +117,10 @@ impl QueuePair {
 
     /// Checks a request on `range` of `region` against the region, the queue pair and the
     /// verb; returns the checked offset and length to post.
+    ///
+    /// The checks are plain comparisons on the hot path; only a refused request goes to
+    /// [`QueuePair::refusal`], out of line, to find which check failed and say why.
+    #[inline]
     pub(crate) fn check<B: Backing>(
         &self,
         kind: WorkKind,
@@ -124,8 +128,46 @@ impl QueuePair {
         range: Range<u64>,
         remote: Option<RemoteRegion>,
     ) -> Result<(u64, u32)> {
+        let Range { start, end } = range;
+        let len = end.wrapping_sub(start);
+        let through_srq = kind == WorkKind::Recv && self.raw.srq.is_some();
+        let accepted = !self.is_in_error()
+            && !through_srq
+            && end > start
+            && end <= region.len()
+            && len <= u64::from(u32::MAX)
+            && (!kind.writes_local() || region.access().contains(Access::LOCAL_WRITE))
+            && Arc::ptr_eq(region.pd(), &self.raw.pd)
+            && remote.is_none_or(|r| r.len >= len);
+        if accepted {
+            // At most u32::MAX (checked above).
+            return Ok((start, len as u32));
+        }
+        Err(self.refusal(
+            kind,
+            Facts {
+                region_len: region.len(),
+                writable: region.access().contains(Access::LOCAL_WRITE),
+                same_pd: Arc::ptr_eq(region.pd(), &self.raw.pd),
+            },
+            range,
+            remote,
+        ))
+    }
+
+    /// Why [`QueuePair::check`] refused a request: the first check it fails, in words.
+    #[cold]
+    #[inline(never)]
+    fn refusal(
+        &self,
+        kind: WorkKind,
+        region: Facts,
+        range: Range<u64>,
+        remote: Option<RemoteRegion>,
+    ) -> Error {
         let op = post_op(kind);
-        let refuse = |what: String| Err(Error::invalid(op, what));
+        let refuse = |what: String| Error::invalid(op, what);
+        let Range { start, end } = range;
         if self.is_in_error() {
             return refuse(format!(
                 "{kind} on qp {:#x}, which is in the error state (flushed, or a request \
@@ -140,16 +182,15 @@ impl QueuePair {
                 self.local.qpn
             ));
         }
-        let region_len = region.len();
-        let Range { start, end } = range;
         if end <= start {
             return refuse(format!(
                 "{kind} of {start}..{end}: an empty range (length 0) or a reversed one"
             ));
         }
-        if end > region_len {
+        if end > region.region_len {
             return refuse(format!(
-                "{kind} of {start}..{end} outside the region's {region_len} bytes"
+                "{kind} of {start}..{end} outside the region's {} bytes",
+                region.region_len
             ));
         }
         let Ok(len) = u32::try_from(end - start) else {
@@ -158,21 +199,20 @@ impl QueuePair {
                 end - start
             ));
         };
-        if kind.writes_local() && !region.access().contains(Access::LOCAL_WRITE) {
+        if kind.writes_local() && !region.writable {
             return refuse(format!("{kind} into a region without LOCAL_WRITE access"));
         }
-        if !Arc::ptr_eq(region.pd(), &self.raw.pd) {
+        if !region.same_pd {
             return refuse("the region belongs to another protection domain".into());
         }
-        if let Some(r) = remote {
-            if r.len < u64::from(len) {
-                return refuse(format!(
-                    "{kind} of {len} bytes to a remote region of {}",
-                    r.len
-                ));
-            }
+        match remote {
+            Some(r) if r.len < u64::from(len) => refuse(format!(
+                "{kind} of {len} bytes to a remote region of {}",
+                r.len
+            )),
+            // Unreachable while `check` and this function test the same things.
+            _ => refuse(format!("{kind} of {start}..{end} refused")),
         }
-        Ok((start, len))
     }
 
     /// Takes a slot and posts one work request; returns the slot.
@@ -187,6 +227,7 @@ impl QueuePair {
     /// There are at most as many SGEs as the queue pair was granted for the request's queue
     /// (the provider refuses more, and the request then fails cleanly; the checks of the
     /// `*_parts` posts keep that from happening).
+    #[inline]
     pub(super) unsafe fn post_raw(&self, req: Request<'_>) -> Result<(u32, u32)> {
         let kind = req.kind;
         let (index, gen) = self.slots.borrow_mut().acquire(kind)?;
@@ -248,6 +289,13 @@ impl QueuePair {
     }
 }
 
+/// What [`QueuePair::refusal`] needs to know of the region a refused request was on.
+struct Facts {
+    region_len: u64,
+    writable: bool,
+    same_pd: bool,
+}
+
 /// The verb a request of `kind` is posted with, as errors name it.
 pub(super) fn post_op(kind: WorkKind) -> Op {
     match kind {
@@ -293,6 +341,7 @@ impl Sge {
 impl QueuePair {
     /// [`QueuePair::check`], then the SGE of the checked bytes of `region`: the only way to
     /// an SGE of a region.
+    #[inline]
     pub(crate) fn checked_sge<B: Backing>(
         &self,
         kind: WorkKind,
@@ -352,6 +401,7 @@ impl<'s> Request<'s> {
     }
 
     /// The send-queue work request, its SGE list pointing to `self.sges`.
+    #[inline]
     pub(super) fn send_wr(&self, id: u64, num_sge: i32) -> ffi::ibv_send_wr {
         // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero is
         // valid.

@@ -203,6 +203,7 @@ impl QueuePair {
 
     /// Nobody awaits the request in slot `index` any more (it completed, or its handle was
     /// dropped): the slot lets go of its task's waker.
+    #[inline]
     pub(crate) fn forget_waiter(&self, index: u32) {
         self.wait.waiters.forget(index);
     }
