@@ -13,6 +13,8 @@ pub struct Context<'a> {
     pub profiles: &'a [Profile],
     /// The guest kernel's version.
     pub kernel: &'a str,
+    /// The guest scheduler's setting for the run (`bench.sh` prints it).
+    pub sched: &'a str,
     /// The host's `/proc/loadavg` when the run began, and when it ended.
     pub load: [String; 2],
     /// Seconds since the Unix epoch when the run began.
@@ -101,6 +103,7 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
         "bench": "cargo xtask bench",
         "started_unix": ctx.started,
         "guest_kernel": ctx.kernel,
+        "guest_scheduler": ctx.sched,
         "host_loadavg": {"start": ctx.load[0], "end": ctx.load[1]},
         "profiles": profiles,
         "series": series,
@@ -177,6 +180,7 @@ mod tests {
         let ctx = Context {
             profiles: &p,
             kernel: "6.12.0",
+            sched: "NO_RUN_TO_PARITY",
             load: ["1.0".into(), "2.0".into()],
             started: 1,
         };

@@ -134,6 +134,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let mut samples: Vec<Sample> = Vec::new();
     let mut failures: Vec<Failure> = Vec::new();
     let mut kernel = String::new();
+    let mut sched = String::new();
     for p in &profiles {
         let steps = plan::steps(p);
         if p.sizes.is_empty() || steps.is_empty() {
@@ -174,13 +175,18 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             let file = out.join(format!("console-{}node-{}.txt", p.nodes, r.node));
             std::fs::write(&file, &r.console)?;
             consoles.push(r.console.as_str());
-            if kernel.is_empty() {
-                kernel = r
-                    .console
+            let said = |what: &str| {
+                r.console
                     .lines()
-                    .find_map(|l| l.trim().strip_prefix("### kernel "))
+                    .find_map(|l| l.trim().strip_prefix(what))
                     .unwrap_or_default()
-                    .to_string();
+                    .to_string()
+            };
+            if kernel.is_empty() {
+                kernel = said("### kernel ");
+            }
+            if sched.is_empty() {
+                sched = said("### sched ");
             }
             let vm_id = format!("{}n/vm/{}", p.nodes, r.node);
             for problem in &r.problems {
@@ -221,6 +227,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             println!("{g}");
         }
     }
+    info(format!("guest scheduler: {sched}"));
     info(format!(
         "host load average (1, 5, 15 min) at start {load_start}, at end {load_end}: \
          figures taken under load are noisy"
@@ -230,6 +237,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         &json::Context {
             profiles: &profiles,
             kernel: &kernel,
+            sched: &sched,
             load: [load_start, load_end],
             started,
         },

@@ -82,6 +82,19 @@ serve() {
 }
 
 echo "### kernel $(uname -r)"
+# The scheduler. A ping-pong's two busy-polling processes and rxe's kworkers (which carry
+# every packet) share the VM's vCPUs. Under EEVDF's RUN_TO_PARITY (6.12's default) a kworker
+# woken behind a spinner waits for the spinner's slice to run out, which the tick notices:
+# whole runs of ib_write_lat and rdma_bench alike then measured about 4 ms (Debian's HZ=250)
+# one way instead of tens of microseconds, at random. NO_RUN_TO_PARITY lets the woken kworker
+# run at once (docs/performance.md, "One-node latency and the scheduler"). Both sides of every
+# comparison run under the same setting; it is printed for the report.
+FEATURES=/sys/kernel/debug/sched/features
+if [ -w "$FEATURES" ] && echo NO_RUN_TO_PARITY > "$FEATURES" 2>/dev/null; then
+    echo "### sched NO_RUN_TO_PARITY"
+else
+    echo "### sched default (no $FEATURES to change)"
+fi
 i=0
 while read -r kind id LIMIT prog size iters rest; do
     case "$kind" in '' | '#'*) continue ;; esac
