@@ -27,7 +27,7 @@ pub fn client<B: Backing>(
         .collect();
     let waits = Waits::new(run.awaited);
     let start = Instant::now();
-    windowed(
+    let regions = windowed(
         run.iters,
         free,
         |parts| match qp.post_write_parts(parts, remote, None) {
@@ -41,7 +41,9 @@ pub fn client<B: Backing>(
                 .parts
         },
     );
-    Bandwidth::since(start, run.iters * PARTS, run.size)
+    let bw = Bandwidth::since(start, run.iters * PARTS, run.size);
+    drop(regions); // deregistered after the clock stopped (see `windowed`)
+    bw
 }
 
 /// The region's first [`PARTS`] blocks of `block` bytes, as shards.

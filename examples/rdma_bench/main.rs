@@ -6,7 +6,7 @@
 //! ```text
 //! rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--region host] [--size 65536] [--iters 1000] [--device rxe0]
 //! rdma_bench client SERVER_ADDR [same options]
-//! rdma_bench reg [--region host] [--size 65536] [--iters 1000] [--device rxe0]
+//! rdma_bench reg [--region host] [--size 65536] [--iters 1000] [--hold-map yes|no] [--device rxe0]
 //! rdma_bench cost [--series owned|scoped|awaited|batch] [--size 65536] [--iters 1000] [--device rxe0]
 //! rdma_bench cache [--region udmabuf] [--iters 1000] [--device rxe0]
 //! ```
@@ -52,7 +52,7 @@ usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather|batc
                          [--size 65536] [--iters 1000] [--window 128] [--inline yes|no|auto]
                          [--async yes|no] [--busy-poll MICROS] [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
-       rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--device rxe0]
+       rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--hold-map yes|no] [--device rxe0]
        rdma_bench cost [--series owned|scoped|awaited|batch] [--size 65536] [--iters 1000] [--device rxe0]
        rdma_bench cache [--region KIND, not host] [--iters 1000] [--device rxe0]
 KIND: host (default), udmabuf, heap (the system dma-heap) or gpu (vgem in the testbed)";
@@ -78,6 +78,9 @@ pub struct Run {
     /// `--busy-poll MICROS`: an awaited request's busy-poll budget (`QueuePair::set_busy_poll`;
     /// the library's default without it).
     pub busy_poll: Option<u64>,
+    /// `--hold-map yes` (reg): a CPU mapping of each dma-buf stays open while it is registered
+    /// and deregistered, so the exporter's pages are held by someone else (`reg.rs`).
+    pub hold_map: bool,
 }
 
 fn main() {
@@ -96,6 +99,7 @@ fn main() {
             "async",
             "series",
             "busy-poll",
+            "hold-map",
         ],
     );
     let role = args
@@ -129,6 +133,11 @@ fn main() {
         kind,
         awaited,
         busy_poll: args.text("busy-poll").map(|_| args.get("busy-poll", 0)),
+        hold_map: match args.text("hold-map").as_deref() {
+            None | Some("no") => false,
+            Some("yes") => true,
+            Some(other) => fail(&format!("--hold-map is yes or no, not {other:?}")),
+        },
     };
     if run.size == 0 || run.iters == 0 || run.window == 0 {
         fail("--size, --iters and --window must be at least 1");
