@@ -4,7 +4,7 @@
 
 use super::QueuePair;
 use crate::deadline::{deadline_after, time_left};
-use crate::slots::wr_id;
+use crate::slots::{wr_id, RawCompletion};
 use crate::wr::{WorkCompletion, WorkKind};
 use std::fmt;
 use std::time::Duration;
@@ -99,18 +99,29 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     /// # Panics
     /// If the request's outcome was already returned (a future polled after it resolved).
     pub(super) fn try_finish(&mut self) -> Option<(T, crate::Result<WorkCompletion>)> {
+        let (lent, c) = self.try_finish_raw()?;
+        let result = self
+            .qp
+            .completion_result(self.index, self.gen, self.kind, c);
+        Some((lent, result))
+    }
+
+    /// [`Ticket::try_finish`] with the completion as the poller recorded it, for callers that
+    /// build their own outcome from it (see [`QueuePair::completion_result`]).
+    ///
+    /// # Panics
+    /// As [`Ticket::try_finish`].
+    #[inline]
+    pub(super) fn try_finish_raw(&mut self) -> Option<(T, RawCompletion)> {
         if self.lent.is_none() {
             panic!("a request handle polled after it returned its outcome");
         }
         let c = self.qp.poll_for(self.index, self.gen)?;
         let lent = self.lent.take().expect("present until completion");
-        let result = self
-            .qp
-            .completion_result(self.index, self.gen, self.kind, c);
         // Last: dropping the task's waker runs its code, which may panic (docs/safety.md,
         // "Unwinding"); by then the NIC is done with `lent` and the slot is free.
         self.qp.forget_waiter(self.index);
-        Some((lent, result))
+        Some((lent, c))
     }
 
     /// The handle's `Debug`, named `name`.
