@@ -117,6 +117,7 @@ impl Slots {
             .expect("a free slot exists while the queue is not full");
         *count += weight;
         let slot = &mut self.slots[index as usize];
+        debug_assert!(slot.held.is_none(), "a free slot holds no buffer");
         slot.gen = slot.gen.wrapping_add(1);
         slot.kind = kind;
         slot.state = State::Posted;
@@ -236,7 +237,10 @@ impl Slots {
                 self.retire(index, kind);
                 Some(buf)
             }
-            State::Free | State::Posted | State::Abandoned | State::Stranded => {
+            // Its request has ended and the slot was freed: nothing waits to release `buf`,
+            // so it goes back to be dropped now (as for another generation).
+            State::Free => Some(buf),
+            State::Posted | State::Abandoned | State::Stranded => {
                 slot.state = State::Abandoned;
                 slot.held = Some(buf);
                 None
@@ -383,6 +387,19 @@ mod tests {
             "abandoned: complete() frees it"
         );
         assert!(s.complete(wr_id(i, g), ok()).is_some());
+    }
+
+    #[test]
+    fn a_free_slot_does_not_take_an_abandoned_buffer() {
+        let dropped = std::sync::Arc::new(());
+        let mut s = Slots::new(1, 0);
+        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len, 1);
+        let back = s.abandon(i, g, Box::new(dropped.clone()));
+        assert!(back.is_some(), "handed back, not kept in a free slot");
+        drop(back);
+        assert_eq!(std::sync::Arc::strong_count(&dropped), 1);
+        assert_eq!(s.outstanding(), 0);
     }
 
     #[test]

@@ -47,6 +47,12 @@ impl Deferred {
         self.0.is_some()
     }
 
+    /// Whether no panic was kept (so far).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// Raises the kept panic again, now that the batch is done. When the thread is already
     /// unwinding (the batch ran in a drop guard), a second panic would abort the process, so
     /// the payload is leaked instead and the first panic goes on.

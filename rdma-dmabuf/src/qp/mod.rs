@@ -197,21 +197,24 @@ impl QueuePair {
     /// [`QueuePair::poll`], which also finishes the request `mine` (a `wr_id`) if its
     /// completion is among those consumed: its slot is freed at once and its completion
     /// returned, instead of being recorded for a second look-up.
+    ///
+    /// `mine` is finished only once the whole batch is recorded and no waker panicked: if one
+    /// did, its completion is recorded in the slot like every other before the panic goes on,
+    /// so that the handle finds it at its next poll (or, dropped while unwinding, releases its
+    /// region at once) rather than losing it with this stack frame.
     #[inline]
     fn poll_finding(&self, mine: Option<u64>) -> Result<(usize, Option<RawCompletion>)> {
         let mut panics = crate::unwind::Deferred::default();
-        let mut found = None;
+        let mut seen = None;
         let n = self.raw.cq.poll(|wr_id, c| {
             if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
                 self.in_error.set(true);
             }
             if Some(wr_id) == mine {
-                // The caller holds the request's handle, so nothing else waits for it: no
-                // waker to wake, and (never abandoned) no buffer to release.
-                if let Some(c) = self.slots.borrow_mut().finish(wr_id, c) {
-                    found = Some(c);
-                    return;
-                }
+                // The caller holds the request's handle: nothing else waits for it, so no
+                // waker to wake. Kept aside until the batch is recorded (above).
+                seen = Some((wr_id, c));
+                return;
             }
             let released = self.slots.borrow_mut().complete(wr_id, c);
             // An abandoned buffer whose request just completed: safe to free now (outside
@@ -220,6 +223,19 @@ impl QueuePair {
             drop(released);
             self.wait.waiters.wake(slot_index(wr_id), &mut panics);
         });
+        let mut found = None;
+        if let Some((wr_id, c)) = seen {
+            let mut slots = self.slots.borrow_mut();
+            if !panics.is_empty() {
+                // Never an abandoned buffer: the caller's handle still holds what it lent.
+                drop(slots.complete(wr_id, c));
+            } else if let Some(c) = slots.finish(wr_id, c) {
+                found = Some(c);
+            } else {
+                // Not a request waiting on its own (e.g. a batch member's id): as usual.
+                drop(slots.complete(wr_id, c));
+            }
+        }
         panics.resume();
         n.map(|n| (n, found))
     }
