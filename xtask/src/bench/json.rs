@@ -1,8 +1,9 @@
 //! The JSON file of a run: how it was run, every sample, every failure, and the spread and
 //! goal ratios derived from them.
 
-use super::plan::{Metric, Profile, GOALS, SERIES};
+use super::plan::Profile;
 use super::results::{spreads, Failure, Sample};
+use super::series::{Metric, GOALS, SERIES};
 use super::table::{ratio_ranges, verdicts};
 use serde_json::{json, Value};
 

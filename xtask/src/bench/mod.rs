@@ -3,7 +3,8 @@
 //! host, udmabuf, system-heap and GPU (vgem) regions, and what registering each kind costs;
 //! on one node (rxe loopback) and across the two-node testbed's wire.
 //!
-//! * [`plan`]: the series, goals, sizes and budgets, and the plan `bench.sh` runs;
+//! * [`series`]: the metrics, the series and the goals;
+//! * [`plan`]: the sizes, rounds and budgets, and the plan `bench.sh` runs;
 //! * [`results`]: reading the consoles into samples and failures; min/median/max;
 //! * [`table`]: the terminal report and the goals as ratios;
 //! * [`json`]: the JSON file with every sample;
@@ -16,13 +17,15 @@ mod json;
 mod plan;
 mod plot;
 mod results;
+mod series;
 mod table;
 
 use crate::sh::Result;
 use crate::ui::info;
 use crate::{fail, programs, script, vm, Paths};
-use plan::{Metric, Profile, GOALS, SERIES};
+use plan::Profile;
 use results::{spreads, Failure, Sample, Spread};
+use series::{Metric, GOALS, SERIES};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

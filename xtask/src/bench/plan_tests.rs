@@ -1,27 +1,7 @@
 //! Tests of the bench plan (`plan.rs`).
 
 use super::*;
-
-#[test]
-fn series_names_are_unique_per_metric_and_goals_name_real_series() {
-    for (i, a) in SERIES.iter().enumerate() {
-        for b in &SERIES[i + 1..] {
-            assert!(a.metric != b.metric || a.name != b.name, "{} twice", a.name);
-        }
-        assert!(!a.name.contains(char::is_whitespace));
-    }
-    for g in GOALS {
-        for name in [g.series, g.base] {
-            assert!(
-                SERIES
-                    .iter()
-                    .any(|s| s.metric == g.metric && s.name == name),
-                "{}: no series {name}",
-                g.describe()
-            );
-        }
-    }
-}
+use crate::bench::series::Metric;
 
 #[test]
 fn full_sweeps_every_power_of_two_and_two_nodes_reach_8_mib() {
@@ -63,13 +43,6 @@ fn plans_interleave_and_have_unique_ids() {
     assert!(text.contains("local 1n/r1/reg/ours/gpu/8 60 rdma_bench 8 5 reg --region gpu"));
     assert!(!text.contains("udmabuf"));
     assert!(plan_text(&Profile::full(1), &steps(&Profile::full(1))).contains("udmabuf"));
-}
-
-#[test]
-fn bandwidth_goals_compare_the_finer_figure() {
-    assert_eq!(GOALS[0].value(8), "mpps");
-    assert_eq!(GOALS[0].value(8 << 20), "bw_MBps");
-    assert_eq!(GOALS[1].value(8), "lat_usec");
 }
 
 #[test]

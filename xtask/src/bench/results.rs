@@ -1,7 +1,8 @@
 //! Reading what `bench.sh` printed: each step's status and figures, as samples and failures,
 //! and the spread (min, median, max) of a set of samples.
 
-use super::plan::{Metric, Step, SERIES};
+use super::plan::Step;
+use super::series::{Metric, SERIES};
 use std::collections::BTreeMap;
 
 /// One step's figures.

@@ -1,8 +1,8 @@
 //! The terminal report: for each metric a table of medians with their spread, then the goals
 //! as ratios of medians at every size.
 
-use super::plan::{Goal, Metric, GOALS, SERIES};
 use super::results::{spreads, Sample, Spread};
+use super::series::{Goal, Metric, GOALS, SERIES};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
