@@ -23,6 +23,9 @@ pub struct Profile {
     pub lat_max: u64,
     /// Registrations in a registration step.
     pub reg_iters: u64,
+    /// The sizes of `sizes` whose instructions per write are counted (none on two nodes).
+    /// Counted in the first round only: the count is deterministic.
+    pub cost_sizes: Vec<u64>,
     /// Only the series marked for `--quick`.
     pub quick: bool,
 }
@@ -34,6 +37,15 @@ pub const ALL_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 /// The largest message of the two-node run: 8 MiB, as in the one-node run (it was 1 MiB while
 /// QEMU 7.2's TCG fault grew with the bytes moved; docs/testbed.md).
 pub const TWO_NODE_MAX: u64 = 8 << 20;
+/// The largest size whose instructions per write a one-node run counts.
+pub const COST_MAX: u64 = 64 << 10;
+/// The sizes a full one-node run counts at: a few, since each count is two runs under
+/// callgrind (tens of seconds each in the emulated VM) and the count barely moves with size.
+pub const FULL_COST_SIZES: [u64; 5] = [8, 64, 512, 4 << 10, COST_MAX];
+/// Iterations of the two runs of a count (`bench.sh`'s `cost` step): a write's count is the
+/// difference over the difference, so that start-up and tear-down drop out (as in
+/// tests/tests/rdma_cost.rs).
+pub const COST_ITERS: [u64; 2] = [10, 60];
 
 impl Profile {
     /// Every power of two from 2 B to 8 MiB, three rounds (one node); every other power of
@@ -53,6 +65,7 @@ impl Profile {
                 lat_bytes: 256 << 10,
                 lat_max: 100,
                 reg_iters: 0,
+                cost_sizes: Vec::new(),
                 quick: false,
             };
         }
@@ -65,6 +78,7 @@ impl Profile {
             lat_bytes: 4 << 20,
             lat_max: 300,
             reg_iters: 10,
+            cost_sizes: FULL_COST_SIZES.to_vec(),
             quick: false,
         }
     }
@@ -81,6 +95,7 @@ impl Profile {
             lat_bytes: 512 << 10,
             lat_max: 40,
             reg_iters: if nodes > 1 { 0 } else { 5 },
+            cost_sizes: if nodes > 1 { vec![] } else { vec![8, 64 << 10] },
             quick: true,
         }
     }
@@ -93,12 +108,17 @@ impl Profile {
             Metric::Bandwidth => fit(self.bw_bytes, self.bw_max),
             Metric::Latency => fit(self.lat_bytes, self.lat_max),
             Metric::Registration => self.reg_iters.max(1),
+            Metric::Instructions => COST_ITERS[1],
         }
     }
 
     /// Seconds a step may take (each of its processes, and the wait for its server): a minute
     /// to start, plus its bytes at 0.5 MiB/s, plus 50 ms a round trip; at most ten minutes.
+    /// A count: five minutes for each run under callgrind.
     pub fn limit(&self, metric: Metric, size: u64) -> u64 {
+        if metric == Metric::Instructions {
+            return 300;
+        }
         let iters = self.iters(metric, size);
         let bytes = iters * size * if metric == Metric::Latency { 2 } else { 1 };
         let trips = if metric == Metric::Latency {
@@ -142,6 +162,11 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
                 if s.local() && profile.reg_iters == 0 {
                     continue;
                 }
+                if s.metric == Metric::Instructions
+                    && (round > 1 || !profile.cost_sizes.contains(&size))
+                {
+                    continue;
+                }
                 out.push(Step {
                     id: format!(
                         "{}n/r{round}/{}/{}/{size}",
@@ -161,20 +186,24 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
     out
 }
 
-/// The plan file `bench.sh` reads: one line per step.
+/// The plan file `bench.sh` reads: one line per step (a count's iterations are those of its
+/// two runs, `10,60`).
 pub fn plan_text(profile: &Profile, steps: &[Step]) -> String {
     let mut t = String::from("# kind id limit program size iters args\n");
     for st in steps {
         let s = &SERIES[st.series];
+        let iters = match s.metric {
+            Metric::Instructions => format!("{},{}", COST_ITERS[0], st.iters),
+            _ => st.iters.to_string(),
+        };
         let _ = writeln!(
             t,
-            "{} {} {} {} {} {} {}",
-            if s.local() { "local" } else { "pair" },
+            "{} {} {} {} {} {iters} {}",
+            s.kind(),
             st.id,
             profile.limit(s.metric, st.size),
             s.program,
             st.size,
-            st.iters,
             s.args
         );
     }

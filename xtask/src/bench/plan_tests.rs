@@ -31,7 +31,12 @@ fn iterations_fit_the_budget_within_bounds() {
 fn plans_interleave_and_have_unique_ids() {
     let p = Profile::quick(1);
     let st = steps(&p);
-    assert_eq!(st.len(), 3 * 2 * SERIES.iter().filter(|s| s.quick).count());
+    let timed = SERIES
+        .iter()
+        .filter(|s| s.quick && s.metric != Metric::Instructions)
+        .count();
+    // Counts in the first round only, at both sizes (8 B and 64 KiB).
+    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6);
     let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
     assert_eq!(ids.len(), st.len());
     // perftest then ours, at the same size, in the same round.
@@ -43,6 +48,34 @@ fn plans_interleave_and_have_unique_ids() {
     assert!(text.contains("local 1n/r1/reg/ours/gpu/8 60 rdma_bench 8 5 reg --region gpu"));
     assert!(!text.contains("udmabuf"));
     assert!(plan_text(&Profile::full(1), &steps(&Profile::full(1))).contains("udmabuf"));
+}
+
+#[test]
+fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
+    let mut p = Profile::full(1);
+    p.sizes = vec![8, 16, 64 << 10, 128 << 10];
+    let st = steps(&p);
+    let counts: Vec<_> = st
+        .iter()
+        .filter(|s| SERIES[s.series].metric == Metric::Instructions)
+        .collect();
+    assert_eq!(counts.len(), 2 * 6);
+    assert!(counts
+        .iter()
+        .all(|s| s.round == 1 && s.size <= COST_MAX && s.size != 16));
+    assert_eq!(counts[0].id, "1n/r1/ins/c/8");
+    let text = plan_text(&p, &st);
+    assert!(
+        text.contains("\ncost 1n/r1/ins/c/8 300 cost_floor 8 10,60 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("cost 1n/r1/ins/c/batch/65536 300 cost_floor 65536 10,60 16\n"));
+    assert!(
+        text.contains("cost 1n/r1/ins/ours/owned/8 300 rdma_bench 8 10,60 cost --series owned\n")
+    );
+    assert!(steps(&Profile::full(2))
+        .iter()
+        .all(|s| SERIES[s.series].metric != Metric::Instructions));
 }
 
 #[test]

@@ -12,11 +12,19 @@ pub enum Metric {
     Latency,
     /// Memory-region registration (and deregistration) time.
     Registration,
+    /// User-space instructions per RDMA write, counted by valgrind's callgrind: deterministic,
+    /// so one round measures it (a repeat in the same run gives the same count).
+    Instructions,
 }
 
 impl Metric {
     /// Every metric, in report order.
-    pub const ALL: [Metric; 3] = [Metric::Bandwidth, Metric::Latency, Metric::Registration];
+    pub const ALL: [Metric; 4] = [
+        Metric::Bandwidth,
+        Metric::Latency,
+        Metric::Registration,
+        Metric::Instructions,
+    ];
 
     /// Short name, used in step ids, files and JSON.
     pub fn key(self) -> &'static str {
@@ -24,6 +32,7 @@ impl Metric {
             Metric::Bandwidth => "bw",
             Metric::Latency => "lat",
             Metric::Registration => "reg",
+            Metric::Instructions => "ins",
         }
     }
 
@@ -33,6 +42,7 @@ impl Metric {
             Metric::Bandwidth => "bw_MBps",
             Metric::Latency => "lat_usec",
             Metric::Registration => "reg_usec",
+            Metric::Instructions => "ins_per_write",
         }
     }
 
@@ -41,6 +51,7 @@ impl Metric {
         match self {
             Metric::Bandwidth => "MiB/s",
             Metric::Latency | Metric::Registration => "usec",
+            Metric::Instructions => "instructions per write",
         }
     }
 
@@ -50,6 +61,7 @@ impl Metric {
             Metric::Bandwidth => "RDMA write bandwidth",
             Metric::Latency => "RDMA write latency (one way, mean)",
             Metric::Registration => "memory-region registration time (median)",
+            Metric::Instructions => "user-space instructions per RDMA write (callgrind)",
         }
     }
 }
@@ -61,7 +73,8 @@ pub struct Series {
     pub name: &'static str,
     /// What it measures.
     pub metric: Metric,
-    /// `ib_write_bw`, `ib_write_lat` or `rdma_bench`.
+    /// `ib_write_bw`, `ib_write_lat`, `rdma_bench` or `cost_floor` (`cost_floor.c`, which
+    /// `bench.sh` compiles in the VM).
     pub program: &'static str,
     /// Arguments for both sides (for a local step: all of its arguments).
     pub args: &'static str,
@@ -77,6 +90,16 @@ impl Series {
     /// Whether it is one process (registration) rather than a server and a client.
     pub fn local(&self) -> bool {
         self.metric == Metric::Registration
+    }
+
+    /// The step kind `bench.sh` runs it as: `pair` (a server and a client), `local` (one
+    /// process) or `cost` (one process under callgrind, twice).
+    pub fn kind(&self) -> &'static str {
+        match self.metric {
+            Metric::Registration => "local",
+            Metric::Instructions => "cost",
+            Metric::Bandwidth | Metric::Latency => "pair",
+        }
     }
 }
 
@@ -109,7 +132,7 @@ const fn series(
 }
 
 use Also::{No, Quick, QuickTwoNode};
-use Metric::{Bandwidth, Latency, Registration};
+use Metric::{Bandwidth, Instructions, Latency, Registration};
 
 /// Every series, in the order each round runs them at each size: perftest first, ours beside
 /// it, then the dma-buf kinds.
@@ -252,6 +275,39 @@ pub const SERIES: &[Series] = &[
         "reg --region gpu",
         Quick,
     ),
+    // Instructions per write (`rdma_bench cost`, `cost_floor.c`; tests/tests/rdma_cost.rs):
+    // the C loop over libibverbs first, then each of our layers, then a chain of 16 writes
+    // with one completion, ours and the C loop's (cost_floor's last argument: writes a chain).
+    series("c", Instructions, "cost_floor", "1", Quick),
+    series(
+        "ours/owned",
+        Instructions,
+        "rdma_bench",
+        "cost --series owned",
+        Quick,
+    ),
+    series(
+        "ours/scoped",
+        Instructions,
+        "rdma_bench",
+        "cost --series scoped",
+        Quick,
+    ),
+    series(
+        "ours/awaited",
+        Instructions,
+        "rdma_bench",
+        "cost --series awaited",
+        Quick,
+    ),
+    series(
+        "ours/batch",
+        Instructions,
+        "rdma_bench",
+        "cost --series batch",
+        Quick,
+    ),
+    series("c/batch", Instructions, "cost_floor", "16", Quick),
 ];
 
 /// A goal: the median of `series` over the median of `base`, at every size.
@@ -314,7 +370,8 @@ const fn goal(metric: Metric, series: &'static str, base: &'static str, bound: f
 }
 
 /// The goals of issues 17, 16 (async) and 28 (batched completions, latency without a receive
-/// completion), as ratios of medians taken in the same boot.
+/// completion, our owned write's instructions against the C loop's), as ratios of medians
+/// taken in the same boot.
 pub const GOALS: &[Goal] = &[
     goal(Bandwidth, "ours/host", "perftest", 1.00),
     goal(Latency, "ours/host", "perftest", 1.00),
@@ -327,6 +384,7 @@ pub const GOALS: &[Goal] = &[
     goal(Bandwidth, "ours/host+async", "ours/host", 0.95),
     goal(Bandwidth, "ours/host+batch", "perftest", 1.00),
     goal(Latency, "ours/host+poll", "perftest", 1.00),
+    goal(Instructions, "ours/owned", "c", 1.10),
 ];
 
 #[cfg(test)]

@@ -43,6 +43,7 @@ pub fn label(value: &str) -> &'static str {
         "typ_usec" => "RDMA write latency, one way, median (perftest's t_typical), usec",
         "reg_usec" => "registration time, median of the step's calls, usec",
         "dereg_usec" => "deregistration time, median of the step's calls, usec",
+        "ins_per_write" => "user-space instructions per RDMA write (callgrind)",
         _ => "figure",
     }
 }
