@@ -163,7 +163,7 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "cc",
         "gcc",
-        "compiles rdma-core, run by cmake, and the tests' stand-in libcuda, run by tests/build.rs through the cc crate (host); the dmabuf-alloc C example (VM)",
+        "compiles rdma-core, run by cmake, and the tests' stand-in libcuda, run by tests/build.rs through the cc crate (host); the dmabuf-alloc C example and rdma_bench's cost_floor.c (VM)",
     ),
     deb("cmake", "cmake", "configures rdma-core (host)"),
     deb("ninja", "ninja-build", "builds rdma-core (host)"),
@@ -201,7 +201,11 @@ pub const PROGRAMS: &[Program] = &[
         "perftest",
         "the latency peer in cargo xtask bench (VM)",
     ),
-    deb("valgrind", "valgrind", "memcheck of drop paths (VM)"),
+    deb(
+        "valgrind",
+        "valgrind",
+        "memcheck of drop paths; callgrind's instruction counts in the tests and cargo xtask bench (VM)",
+    ),
     Program {
         name: BUSYBOX,
         source: Source::Busybox,

@@ -1,8 +1,10 @@
 //! The JSON file of a run: how it was run, every sample, every failure, and the spread and
 //! goal ratios derived from them.
 
-use super::plan::{Metric, Profile, GOALS, SERIES};
+use super::ins;
+use super::plan::{Profile, COST_ITERS};
 use super::results::{spreads, Failure, Sample};
+use super::series::{Metric, GOALS, SERIES};
 use super::table::{ratio_ranges, verdicts};
 use serde_json::{json, Value};
 
@@ -36,6 +38,8 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
                 "lat_bytes": p.lat_bytes,
                 "lat_max_iters": p.lat_max,
                 "reg_iters": p.reg_iters,
+                "cost_sizes": p.cost_sizes,
+                "cost_iters": COST_ITERS,
             })
         })
         .collect();
@@ -67,7 +71,9 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
         .collect();
     let mut summary = Vec::new();
     let mut goals = Vec::new();
+    let mut instructions = Vec::new();
     for p in ctx.profiles {
+        instructions.extend(ins::json(samples, p.nodes));
         for m in Metric::ALL {
             for value in value_names(m) {
                 for ((name, size), sp) in spreads(samples, m, p.nodes, value) {
@@ -111,6 +117,7 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
         "failures": failures.iter().map(|f| json!({"id": f.id, "why": f.why})).collect::<Vec<_>>(),
         "summary": summary,
         "goals": goals,
+        "instructions": instructions,
     })
 }
 
@@ -166,6 +173,7 @@ pub fn value_names(m: Metric) -> &'static [&'static str] {
         Metric::Bandwidth => &["bw_MBps", "mpps"],
         Metric::Latency => &["lat_usec", "typ_usec"],
         Metric::Registration => &["reg_usec", "dereg_usec"],
+        Metric::Instructions => &["ins_per_write"],
     }
 }
 
@@ -222,6 +230,9 @@ mod tests {
         let g = &d["goals"][0];
         assert_eq!(g["ratios"][0]["ratio"].as_f64(), Some(16.0 / 15.0));
         assert_eq!(g["ratios"][0]["met"], true);
+        // Nothing counted: an empty instructions section.
+        assert_eq!(d["instructions"], json!([]));
+        assert_eq!(d["profiles"][0]["cost_iters"], json!([10, 60]));
         // It reads back as text.
         let text = serde_json::to_string_pretty(&d).unwrap();
         let back: Value = serde_json::from_str(&text).unwrap();

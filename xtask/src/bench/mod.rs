@@ -3,26 +3,31 @@
 //! host, udmabuf, system-heap and GPU (vgem) regions, and what registering each kind costs;
 //! on one node (rxe loopback) and across the two-node testbed's wire.
 //!
-//! * [`plan`]: the series, goals, sizes and budgets, and the plan `bench.sh` runs;
+//! * [`series`]: the metrics, the series and the goals;
+//! * [`plan`]: the sizes, rounds and budgets, and the plan `bench.sh` runs;
 //! * [`results`]: reading the consoles into samples and failures; min/median/max;
 //! * [`table`]: the terminal report and the goals as ratios;
+//! * [`ins`]: instructions per write beside the C loop's;
 //! * [`json`]: the JSON file with every sample;
 //! * [`plot`]: PNG and SVG plots.
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
 
+mod ins;
 mod json;
 mod plan;
 mod plot;
 mod results;
+mod series;
 mod table;
 
 use crate::sh::Result;
 use crate::ui::info;
 use crate::{fail, programs, script, vm, Paths};
-use plan::{Metric, Profile, GOALS, SERIES};
+use plan::Profile;
 use results::{spreads, Failure, Sample, Spread};
+use series::{Metric, GOALS, SERIES};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -103,6 +108,8 @@ impl Request {
                 }
                 if let Some(s) = &self.sizes {
                     p.sizes = s.clone();
+                    p.cost_sizes.clone_from(&p.sizes);
+                    p.cost_sizes.retain(|&s| n == 1 && s <= plan::COST_MAX);
                     if n > 1 {
                         p.sizes.retain(|&s| s <= plan::TWO_NODE_MAX);
                     }
@@ -159,6 +166,11 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             script_file.display().to_string(),
             plan_file.display().to_string(),
             bench.display().to_string(),
+            paths
+                .root
+                .join("examples/rdma_bench/cost_floor.c")
+                .display()
+                .to_string(),
         ];
         let opts = vm::Opts {
             nodes: p.nodes,
@@ -214,13 +226,20 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
 
     println!();
     for p in &profiles {
-        for m in Metric::ALL {
+        for m in Metric::ALL
+            .into_iter()
+            .filter(|&m| m != Metric::Instructions)
+        {
             for value in json::value_names(m) {
                 let t = table::values(&samples, m, p.nodes, value);
                 if !t.is_empty() {
                     println!("{t}");
                 }
             }
+        }
+        let t = ins::table(&samples, p.nodes);
+        if !t.is_empty() {
+            println!("{t}");
         }
         let g = table::goals(&samples, p.nodes);
         if !g.is_empty() {
@@ -334,12 +353,22 @@ fn charts(samples: &[Sample], p: &Profile) -> Vec<(&'static str, plot::Chart)> {
     };
     let mut out = Vec::new();
     let spread_note = format!("median, bars min-max of {} rounds", p.rounds);
-    for (name, m) in [("bw", Metric::Bandwidth), ("lat", Metric::Latency)] {
+    let ins_note = "one round: the count is deterministic".to_string();
+    for (name, m) in [
+        ("bw", Metric::Bandwidth),
+        ("lat", Metric::Latency),
+        ("ins", Metric::Instructions),
+    ] {
+        let note = if m == Metric::Instructions {
+            &ins_note
+        } else {
+            &spread_note
+        };
         out.push((
             name,
             plot::Chart {
                 title: format!("{}, {where_}", m.title()),
-                y_label: format!("{} ({spread_note})", m.unit()),
+                y_label: format!("{} ({note})", m.unit()),
                 lines: lines(m, m.value(), "", false),
                 reference: None,
             },
@@ -414,6 +443,10 @@ mod tests {
             (p.nodes, p.rounds, p.sizes.clone()),
             (2, 5, vec![8, 4 << 20])
         );
+        assert!(p.cost_sizes.is_empty());
+        let r = parse_args(&words("--quick --sizes 8,4K,256K")).unwrap();
+        assert_eq!(r.profiles()[0].cost_sizes, [8, 4 << 10]);
+        assert_eq!(Profile::full(1).cost_sizes.len(), 5);
         for bad in [
             "--nodes 3",
             "--rounds 0",
@@ -449,5 +482,25 @@ mod tests {
         assert_eq!(c[0].1.lines.len(), 2);
         assert_eq!(c[0].1.lines[1].points.len(), 2);
         assert_eq!(c[1].1.lines[0].points[0].1.median, 1.1);
+        // Instruction counts: a chart of their own, and the goal's ratio among the ratios.
+        let ins = |name: &str| {
+            SERIES
+                .iter()
+                .position(|s| s.name == name && s.metric == Metric::Instructions)
+                .unwrap()
+        };
+        let s = [mk(ins("c"), 8, 305.0), mk(ins("ours/owned"), 8, 897.0)];
+        let c = charts(&s, &Profile::quick(1));
+        let names: Vec<_> = c.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["ins", "ratios"]);
+        assert_eq!(c[0].1.lines[1].label, "ours/owned");
+        assert_eq!(c[0].1.lines[1].points[0].1.median, 897.0);
+        assert!(c[0]
+            .1
+            .y_label
+            .starts_with("instructions per write (one round"));
+        let owned = &c[1].1.lines[0];
+        assert_eq!(owned.label, "ins ours/owned / c <= 1.10");
+        assert_eq!(owned.points[0].1.median, 897.0 / 305.0);
     }
 }

@@ -1,335 +1,8 @@
-//! What a bench run measures: the series (a column of the table and a line of a plot each),
-//! the goals, the sizes, rounds and budgets, and the plan file that `bench.sh` runs.
-//!
-//! A new series is one entry in [`SERIES`] (and, if it needs one, a mode of `rdma_bench`).
+//! How a bench run measures: the sizes, rounds and budgets of a profile, and the plan of steps
+//! that `bench.sh` runs ([`super::series`] holds what is measured).
 
+use super::series::{Metric, SERIES};
 use std::fmt::Write as _;
-
-/// What a series measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Metric {
-    /// RDMA write bandwidth (and message rate), one way.
-    Bandwidth,
-    /// RDMA write latency, one way (half a ping-pong's round trip).
-    Latency,
-    /// Memory-region registration (and deregistration) time.
-    Registration,
-}
-
-impl Metric {
-    /// Every metric, in report order.
-    pub const ALL: [Metric; 3] = [Metric::Bandwidth, Metric::Latency, Metric::Registration];
-
-    /// Short name, used in step ids, files and JSON.
-    pub fn key(self) -> &'static str {
-        match self {
-            Metric::Bandwidth => "bw",
-            Metric::Latency => "lat",
-            Metric::Registration => "reg",
-        }
-    }
-
-    /// The sample value the table, the plots and the goals use.
-    pub fn value(self) -> &'static str {
-        match self {
-            Metric::Bandwidth => "bw_MBps",
-            Metric::Latency => "lat_usec",
-            Metric::Registration => "reg_usec",
-        }
-    }
-
-    /// The value's unit.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Metric::Bandwidth => "MiB/s",
-            Metric::Latency | Metric::Registration => "usec",
-        }
-    }
-
-    /// What the value is, for titles.
-    pub fn title(self) -> &'static str {
-        match self {
-            Metric::Bandwidth => "RDMA write bandwidth",
-            Metric::Latency => "RDMA write latency (one way, mean)",
-            Metric::Registration => "memory-region registration time (median)",
-        }
-    }
-}
-
-/// One series.
-#[derive(Debug)]
-pub struct Series {
-    /// Its name in the table, the plots and the JSON: `perftest`, or `ours/<region kind>`.
-    pub name: &'static str,
-    /// What it measures.
-    pub metric: Metric,
-    /// `ib_write_bw`, `ib_write_lat` or `rdma_bench`.
-    pub program: &'static str,
-    /// Arguments for both sides (for a local step: all of its arguments).
-    pub args: &'static str,
-    /// Whether the two-node run has it too (it moves bytes over the emulated wire, where
-    /// every byte counts: see docs/testbed.md, "Emulator faults").
-    pub two_node: bool,
-    /// Whether `--quick` runs it (host memory and the GPU stand-in; the other dma-buf kinds
-    /// and variants only in full runs).
-    pub quick: bool,
-}
-
-impl Series {
-    /// Whether it is one process (registration) rather than a server and a client.
-    pub fn local(&self) -> bool {
-        self.metric == Metric::Registration
-    }
-}
-
-/// Where a series runs besides full one-node runs.
-#[derive(Clone, Copy)]
-enum Also {
-    /// Nowhere else.
-    No,
-    /// In `--quick` runs.
-    Quick,
-    /// In `--quick` runs and across two nodes.
-    QuickTwoNode,
-}
-
-const fn series(
-    name: &'static str,
-    metric: Metric,
-    program: &'static str,
-    args: &'static str,
-    also: Also,
-) -> Series {
-    Series {
-        name,
-        metric,
-        program,
-        args,
-        two_node: matches!(also, Also::QuickTwoNode),
-        quick: !matches!(also, Also::No),
-    }
-}
-
-use Also::{No, Quick, QuickTwoNode};
-use Metric::{Bandwidth, Latency, Registration};
-
-/// Every series, in the order each round runs them at each size: perftest first, ours beside
-/// it, then the dma-buf kinds.
-pub const SERIES: &[Series] = &[
-    series("perftest", Bandwidth, "ib_write_bw", "", QuickTwoNode),
-    series(
-        "ours/host",
-        Bandwidth,
-        "rdma_bench",
-        "--mode bw --region host",
-        QuickTwoNode,
-    ),
-    series(
-        "ours/udmabuf",
-        Bandwidth,
-        "rdma_bench",
-        "--mode bw --region udmabuf",
-        No,
-    ),
-    series(
-        "ours/heap",
-        Bandwidth,
-        "rdma_bench",
-        "--mode bw --region heap",
-        No,
-    ),
-    series(
-        "ours/gpu",
-        Bandwidth,
-        "rdma_bench",
-        "--mode bw --region gpu",
-        QuickTwoNode,
-    ),
-    // Each write gathers 16 blocks of the size (the shards of one region), beside one write
-    // per block (ours/host above, whose message rate counts the same blocks).
-    series(
-        "ours/host+gather16",
-        Bandwidth,
-        "rdma_bench",
-        "--mode gather --region host",
-        Quick,
-    ),
-    // Batched completions: 16 writes a post, only the last signalled, every region back with
-    // its batch's completion (perftest signals one write in a hundred).
-    series(
-        "ours/host+batch",
-        Bandwidth,
-        "rdma_bench",
-        "--mode batch --region host",
-        QuickTwoNode,
-    ),
-    // The same writes awaited on a tokio runtime (woken by the completion channel) instead
-    // of busy-polled: the async path's cost (issue 16).
-    series(
-        "ours/host+async",
-        Bandwidth,
-        "rdma_bench",
-        "--mode bw --async yes --region host",
-        Quick,
-    ),
-    // perftest sends nothing inline on rxe ("Max inline data : 0[B]"), so neither do we;
-    // ours/host+inline shows what inline pings would change.
-    series("perftest", Latency, "ib_write_lat", "", QuickTwoNode),
-    series(
-        "ours/host",
-        Latency,
-        "rdma_bench",
-        "--mode lat --inline no --region host",
-        QuickTwoNode,
-    ),
-    // No receive completion: each side watches the last byte of its region for the peer's
-    // sequence number, as ib_write_lat polls its buffer.
-    series(
-        "ours/host+poll",
-        Latency,
-        "rdma_bench",
-        "--mode lat-poll --inline no --region host",
-        QuickTwoNode,
-    ),
-    series(
-        "ours/host+async",
-        Latency,
-        "rdma_bench",
-        "--mode lat --inline no --async yes --region host",
-        Quick,
-    ),
-    series(
-        "ours/host+inline",
-        Latency,
-        "rdma_bench",
-        "--mode lat --inline auto --region host",
-        No,
-    ),
-    series(
-        "ours/udmabuf",
-        Latency,
-        "rdma_bench",
-        "--mode lat --inline no --region udmabuf",
-        No,
-    ),
-    series(
-        "ours/heap",
-        Latency,
-        "rdma_bench",
-        "--mode lat --inline no --region heap",
-        No,
-    ),
-    series(
-        "ours/gpu",
-        Latency,
-        "rdma_bench",
-        "--mode lat --inline no --region gpu",
-        QuickTwoNode,
-    ),
-    series(
-        "ours/host",
-        Registration,
-        "rdma_bench",
-        "reg --region host",
-        Quick,
-    ),
-    series(
-        "ours/udmabuf",
-        Registration,
-        "rdma_bench",
-        "reg --region udmabuf",
-        No,
-    ),
-    series(
-        "ours/heap",
-        Registration,
-        "rdma_bench",
-        "reg --region heap",
-        No,
-    ),
-    series(
-        "ours/gpu",
-        Registration,
-        "rdma_bench",
-        "reg --region gpu",
-        Quick,
-    ),
-];
-
-/// A goal: the median of `series` over the median of `base`, at every size.
-#[derive(Debug)]
-pub struct Goal {
-    /// What is compared.
-    pub metric: Metric,
-    /// The series measured.
-    pub series: &'static str,
-    /// The series it is measured against.
-    pub base: &'static str,
-    /// The bound on the ratio.
-    pub bound: f64,
-    /// Whether the ratio must be at least (`true`) or at most (`false`) the bound.
-    pub at_least: bool,
-}
-
-impl Goal {
-    /// The figure compared at `size`. For bandwidth below 4 KiB, the message rate: at one
-    /// size it is the same ratio, and perftest prints it to six decimals where its MB/s has
-    /// two (0.01 MB/s steps for the smallest messages); from 4 KiB on, MB/s, whose two decimals
-    /// are then finer than the message rate's six (one message a second is 0.000001 Mpps).
-    pub fn value(&self, size: u64) -> &'static str {
-        match self.metric {
-            Metric::Bandwidth if size < 4096 => "mpps",
-            m => m.value(),
-        }
-    }
-
-    /// Whether `ratio` meets it.
-    pub fn met(&self, ratio: f64) -> bool {
-        if self.at_least {
-            ratio >= self.bound
-        } else {
-            ratio <= self.bound
-        }
-    }
-
-    /// `ours/host / perftest >= 1.00`.
-    pub fn describe(&self) -> String {
-        format!(
-            "{} {} / {} {} {:.2}",
-            self.metric.key(),
-            self.series,
-            self.base,
-            if self.at_least { ">=" } else { "<=" },
-            self.bound
-        )
-    }
-}
-
-const fn goal(metric: Metric, series: &'static str, base: &'static str, bound: f64) -> Goal {
-    Goal {
-        metric,
-        series,
-        base,
-        bound,
-        at_least: matches!(metric, Metric::Bandwidth),
-    }
-}
-
-/// The goals of issues 17, 16 (async) and 28 (batched completions, latency without a receive
-/// completion), as ratios of medians taken in the same boot.
-pub const GOALS: &[Goal] = &[
-    goal(Bandwidth, "ours/host", "perftest", 1.00),
-    goal(Latency, "ours/host", "perftest", 1.00),
-    goal(Bandwidth, "ours/udmabuf", "ours/host", 0.98),
-    goal(Bandwidth, "ours/heap", "ours/host", 0.98),
-    goal(Bandwidth, "ours/gpu", "ours/host", 0.98),
-    goal(Registration, "ours/udmabuf", "ours/host", 1.10),
-    goal(Registration, "ours/heap", "ours/host", 1.10),
-    goal(Registration, "ours/gpu", "ours/host", 1.10),
-    goal(Bandwidth, "ours/host+async", "ours/host", 0.95),
-    goal(Bandwidth, "ours/host+batch", "perftest", 1.00),
-    goal(Latency, "ours/host+poll", "perftest", 1.00),
-];
 
 /// How much a run measures.
 #[derive(Clone, Debug, PartialEq)]
@@ -350,6 +23,9 @@ pub struct Profile {
     pub lat_max: u64,
     /// Registrations in a registration step.
     pub reg_iters: u64,
+    /// The sizes of `sizes` whose instructions per write are counted (none on two nodes).
+    /// Counted in the first round only: the count is deterministic.
+    pub cost_sizes: Vec<u64>,
     /// Only the series marked for `--quick`.
     pub quick: bool,
 }
@@ -361,6 +37,15 @@ pub const ALL_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 /// The largest message of the two-node run: 8 MiB, as in the one-node run (it was 1 MiB while
 /// QEMU 7.2's TCG fault grew with the bytes moved; docs/testbed.md).
 pub const TWO_NODE_MAX: u64 = 8 << 20;
+/// The largest size whose instructions per write a one-node run counts.
+pub const COST_MAX: u64 = 64 << 10;
+/// The sizes a full one-node run counts at: a few, since each count is two runs under
+/// callgrind (tens of seconds each in the emulated VM) and the count barely moves with size.
+pub const FULL_COST_SIZES: [u64; 5] = [8, 64, 512, 4 << 10, COST_MAX];
+/// Iterations of the two runs of a count (`bench.sh`'s `cost` step): a write's count is the
+/// difference over the difference, so that start-up and tear-down drop out (as in
+/// tests/tests/rdma_cost.rs).
+pub const COST_ITERS: [u64; 2] = [10, 60];
 
 impl Profile {
     /// Every power of two from 2 B to 8 MiB, three rounds (one node); every other power of
@@ -380,6 +65,7 @@ impl Profile {
                 lat_bytes: 256 << 10,
                 lat_max: 100,
                 reg_iters: 0,
+                cost_sizes: Vec::new(),
                 quick: false,
             };
         }
@@ -392,6 +78,7 @@ impl Profile {
             lat_bytes: 4 << 20,
             lat_max: 300,
             reg_iters: 10,
+            cost_sizes: FULL_COST_SIZES.to_vec(),
             quick: false,
         }
     }
@@ -408,6 +95,7 @@ impl Profile {
             lat_bytes: 512 << 10,
             lat_max: 40,
             reg_iters: if nodes > 1 { 0 } else { 5 },
+            cost_sizes: if nodes > 1 { vec![] } else { vec![8, 64 << 10] },
             quick: true,
         }
     }
@@ -420,12 +108,17 @@ impl Profile {
             Metric::Bandwidth => fit(self.bw_bytes, self.bw_max),
             Metric::Latency => fit(self.lat_bytes, self.lat_max),
             Metric::Registration => self.reg_iters.max(1),
+            Metric::Instructions => COST_ITERS[1],
         }
     }
 
     /// Seconds a step may take (each of its processes, and the wait for its server): a minute
     /// to start, plus its bytes at 0.5 MiB/s, plus 50 ms a round trip; at most ten minutes.
+    /// A count: five minutes for each run under callgrind.
     pub fn limit(&self, metric: Metric, size: u64) -> u64 {
+        if metric == Metric::Instructions {
+            return 300;
+        }
         let iters = self.iters(metric, size);
         let bytes = iters * size * if metric == Metric::Latency { 2 } else { 1 };
         let trips = if metric == Metric::Latency {
@@ -469,6 +162,11 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
                 if s.local() && profile.reg_iters == 0 {
                     continue;
                 }
+                if s.metric == Metric::Instructions
+                    && (round > 1 || !profile.cost_sizes.contains(&size))
+                {
+                    continue;
+                }
                 out.push(Step {
                     id: format!(
                         "{}n/r{round}/{}/{}/{size}",
@@ -488,20 +186,24 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
     out
 }
 
-/// The plan file `bench.sh` reads: one line per step.
+/// The plan file `bench.sh` reads: one line per step (a count's iterations are those of its
+/// two runs, `10,60`).
 pub fn plan_text(profile: &Profile, steps: &[Step]) -> String {
     let mut t = String::from("# kind id limit program size iters args\n");
     for st in steps {
         let s = &SERIES[st.series];
+        let iters = match s.metric {
+            Metric::Instructions => format!("{},{}", COST_ITERS[0], st.iters),
+            _ => st.iters.to_string(),
+        };
         let _ = writeln!(
             t,
-            "{} {} {} {} {} {} {}",
-            if s.local() { "local" } else { "pair" },
+            "{} {} {} {} {} {iters} {}",
+            s.kind(),
             st.id,
             profile.limit(s.metric, st.size),
             s.program,
             st.size,
-            st.iters,
             s.args
         );
     }

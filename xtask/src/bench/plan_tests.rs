@@ -1,27 +1,7 @@
 //! Tests of the bench plan (`plan.rs`).
 
 use super::*;
-
-#[test]
-fn series_names_are_unique_per_metric_and_goals_name_real_series() {
-    for (i, a) in SERIES.iter().enumerate() {
-        for b in &SERIES[i + 1..] {
-            assert!(a.metric != b.metric || a.name != b.name, "{} twice", a.name);
-        }
-        assert!(!a.name.contains(char::is_whitespace));
-    }
-    for g in GOALS {
-        for name in [g.series, g.base] {
-            assert!(
-                SERIES
-                    .iter()
-                    .any(|s| s.metric == g.metric && s.name == name),
-                "{}: no series {name}",
-                g.describe()
-            );
-        }
-    }
-}
+use crate::bench::series::Metric;
 
 #[test]
 fn full_sweeps_every_power_of_two_and_two_nodes_reach_8_mib() {
@@ -51,7 +31,12 @@ fn iterations_fit_the_budget_within_bounds() {
 fn plans_interleave_and_have_unique_ids() {
     let p = Profile::quick(1);
     let st = steps(&p);
-    assert_eq!(st.len(), 3 * 2 * SERIES.iter().filter(|s| s.quick).count());
+    let timed = SERIES
+        .iter()
+        .filter(|s| s.quick && s.metric != Metric::Instructions)
+        .count();
+    // Counts in the first round only, at both sizes (8 B and 64 KiB).
+    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6);
     let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
     assert_eq!(ids.len(), st.len());
     // perftest then ours, at the same size, in the same round.
@@ -66,10 +51,31 @@ fn plans_interleave_and_have_unique_ids() {
 }
 
 #[test]
-fn bandwidth_goals_compare_the_finer_figure() {
-    assert_eq!(GOALS[0].value(8), "mpps");
-    assert_eq!(GOALS[0].value(8 << 20), "bw_MBps");
-    assert_eq!(GOALS[1].value(8), "lat_usec");
+fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
+    let mut p = Profile::full(1);
+    p.sizes = vec![8, 16, 64 << 10, 128 << 10];
+    let st = steps(&p);
+    let counts: Vec<_> = st
+        .iter()
+        .filter(|s| SERIES[s.series].metric == Metric::Instructions)
+        .collect();
+    assert_eq!(counts.len(), 2 * 6);
+    assert!(counts
+        .iter()
+        .all(|s| s.round == 1 && s.size <= COST_MAX && s.size != 16));
+    assert_eq!(counts[0].id, "1n/r1/ins/c/8");
+    let text = plan_text(&p, &st);
+    assert!(
+        text.contains("\ncost 1n/r1/ins/c/8 300 cost_floor 8 10,60 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("cost 1n/r1/ins/c/batch/65536 300 cost_floor 65536 10,60 16\n"));
+    assert!(
+        text.contains("cost 1n/r1/ins/ours/owned/8 300 rdma_bench 8 10,60 cost --series owned\n")
+    );
+    assert!(steps(&Profile::full(2))
+        .iter()
+        .all(|s| SERIES[s.series].metric != Metric::Instructions));
 }
 
 #[test]

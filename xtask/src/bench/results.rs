@@ -1,7 +1,8 @@
 //! Reading what `bench.sh` printed: each step's status and figures, as samples and failures,
 //! and the spread (min, median, max) of a set of samples.
 
-use super::plan::{Metric, Step, SERIES};
+use super::plan::Step;
+use super::series::{Metric, SERIES};
 use std::collections::BTreeMap;
 
 /// One step's figures.
@@ -198,11 +199,34 @@ fn values(
                 v.insert(k.to_string(), x);
             }
         }
+        if metric == Metric::Instructions {
+            let per_write = per_write(&v)?;
+            v.insert(metric.value().to_string(), per_write);
+        }
     }
     if !v.get(metric.value()).is_some_and(|x| x.is_finite()) {
         return Err(format!("no {} in the output", metric.value()));
     }
     Ok(v)
+}
+
+/// Instructions per write from a `cost` step's two counts (`bench.sh`): the difference of the
+/// counts over the difference of the iterations, over the writes an iteration posts.
+fn per_write(v: &BTreeMap<String, f64>) -> Result<f64, String> {
+    let get = |k: &str| {
+        v.get(k)
+            .copied()
+            .ok_or(format!("no {k} in the count's RESULT line"))
+    };
+    let (short, long) = (get("ins_short")?, get("ins_long")?);
+    let iters = get("iters_long")? - get("iters_short")?;
+    let writes = v.get("writes_per_iter").copied().unwrap_or(1.0);
+    if !(long > short && short > 0.0 && iters > 0.0 && writes >= 1.0) {
+        return Err(format!(
+            "callgrind counted {short} then {long} instructions over {iters} more iterations"
+        ));
+    }
+    Ok((long - short) / iters / writes)
 }
 
 /// Min, median and max of a set of figures.
@@ -295,6 +319,16 @@ RESULT nothing=1
 ### step 1n/r1/lat/ours/udmabuf/8 begin
  8       40          inf            inf          inf      	       inf         	-nan
 ### step 1n/r1/lat/ours/udmabuf/8 end client=0 server=0 secs=9.84
+### step 1n/r1/ins/ours/batch/8 begin
+RESULT ins_short=58500 ins_long=300500 iters_short=10 iters_long=60 writes_per_iter=16
+### step 1n/r1/ins/ours/batch/8 end client=0 server=- secs=40.12
+### step 1n/r1/ins/c/8 begin
+  cost 10| valgrind: failed to start tool 'callgrind'
+bench.sh: no count of cost_floor under callgrind (status 1)
+### step 1n/r1/ins/c/8 end client=1 server=- secs=1.50
+### step 1n/r1/ins/ours/owned/8 begin
+RESULT ins_short=9000 ins_long=9000 iters_short=10 iters_long=60 writes_per_iter=1
+### step 1n/r1/ins/ours/owned/8 end client=0 server=- secs=30.00
 ";
 
     #[test]
@@ -341,6 +375,16 @@ RESULT nothing=1
         let inf = [" 8 40 1.0 2.0 inf inf".to_string()];
         let e = values(Metric::Latency, "ib_write_lat", 8, &inf).unwrap_err();
         assert!(e.contains("printed inf for typ_usec"), "{e}");
+        // A count: the difference over 50 iterations of 16 writes; a failed or empty one named.
+        assert_eq!(
+            get("1n/r1/ins/ours/batch/8").unwrap()["ins_per_write"],
+            242000.0 / 50.0 / 16.0
+        );
+        assert_eq!(why("1n/r1/ins/c/8").unwrap(), "client exited with status 1");
+        assert_eq!(
+            why("1n/r1/ins/ours/owned/8").unwrap(),
+            "callgrind counted 9000 then 9000 instructions over 50 more iterations"
+        );
         // Every step is a sample or a failure.
         assert_eq!(samples.len() + failures.len(), wanted.len());
     }

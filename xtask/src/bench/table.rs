@@ -1,8 +1,8 @@
 //! The terminal report: for each metric a table of medians with their spread, then the goals
 //! as ratios of medians at every size.
 
-use super::plan::{Goal, Metric, GOALS, SERIES};
 use super::results::{spreads, Sample, Spread};
+use super::series::{Goal, Metric, GOALS, SERIES};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -43,6 +43,7 @@ pub fn label(value: &str) -> &'static str {
         "typ_usec" => "RDMA write latency, one way, median (perftest's t_typical), usec",
         "reg_usec" => "registration time, median of the step's calls, usec",
         "dereg_usec" => "deregistration time, median of the step's calls, usec",
+        "ins_per_write" => "user-space instructions per RDMA write (callgrind)",
         _ => "figure",
     }
 }

@@ -1,11 +1,15 @@
 # cargo xtask bench, inside the VM: runs a plan of steps in order, each under `timeout`. A
-# failed step is reported and the plan goes on. $1: the plan; $2: rdma_bench.
+# failed step is reported and the plan goes on. $1: the plan; $2: rdma_bench; $3: cost_floor.c
+# (compiled here when the plan counts instructions).
 #
 # Plan lines (words; `#` starts a comment line):
 #   pair  ID LIMIT PROGRAM SIZE ITERS [ARGS...]   a server, then its client once it listens
 #   local ID LIMIT rdma_bench SIZE ITERS [ARGS...]   one process (e.g. `reg --region heap`)
-# PROGRAM is ib_write_bw, ib_write_lat or rdma_bench; ARGS go to both sides; LIMIT (seconds)
-# bounds the wait for the server and each process.
+#   cost  ID LIMIT PROGRAM SIZE SHORT,LONG [ARGS...]   one process under callgrind, run with
+#         SHORT then LONG iterations; prints `RESULT ins_short=N ins_long=N iters_short=SHORT
+#         iters_long=LONG writes_per_iter=W` (the instructions counted in `*measured_*`)
+# PROGRAM is ib_write_bw, ib_write_lat, rdma_bench or cost_floor (its ARGS: writes a chain);
+# ARGS go to both sides; LIMIT (seconds) bounds the wait for the server and each process.
 # Each step prints `### step ID begin`, its client's output, then
 # `### step ID end client=RC server=RC secs=S` (RC 124: timed out; `ready`: the server never
 # listened; S: the step's wall time).
@@ -19,6 +23,11 @@ PLAN=$1
 # during the run cannot change it.
 B=/tmp/rdma_bench
 cp "$2" "$B" || exit 1
+# The C loop of the instruction counts, built here with the guest's libibverbs.
+F=/tmp/cost_floor
+if grep -q '^cost ' "$PLAN" && ! cc -O2 -o "$F" "$3" -libverbs; then
+    echo "bench.sh: cc could not build $3: every cost_floor step will fail"
+fi
 D=$RDMA_DEVICE G=$RDMA_GID_INDEX SERVER=$PEER_ADDR
 SERVER_OUT=/tmp/bench-server.out
 PORT_BASE=18800
@@ -67,6 +76,44 @@ side() {
     esac
 }
 
+# Prints the instructions callgrind counts in `*measured_*` functions when step $1 runs $2
+# (rdma_bench or cost_floor) at size $3 for $4 iterations (the rest: its arguments), bounded
+# by $LIMIT; the program's output goes to /tmp/cost.$1.$4.out. Fails when nothing was counted.
+counted() {
+    f=/tmp/callgrind.$1.$4 out=/tmp/cost.$1.$4.out prog=$2 size=$3 n=$4
+    shift 4
+    case "$prog" in
+    rdma_bench) set -- "$B" "$@" --size "$size" --iters "$n" --device "$D" ;;
+    cost_floor) set -- "$F" "$D" "$G" "$size" "$n" "$@" ;;
+    *) echo "bench.sh: no count for $prog" > "$out"; return 2 ;;
+    esac
+    timeout "$LIMIT" valgrind --tool=callgrind --callgrind-out-file="$f" --collect-atstart=no \
+        '--toggle-collect=*measured_*' "$@" > "$out" 2>&1 || return $?
+    # shellcheck disable=SC2046 # the file's counts, as words
+    set -- $(sed -n -E 's/^(summary|totals): *([0-9]+).*/\2/p' "$f")
+    [ -n "${1-}" ] && echo "$1"
+}
+
+# A cost step: step $1 counts $2 at size $3, with "SHORT,LONG" iterations $4 (the rest: its
+# arguments). Prints one RESULT line; or, when a run fails, the runs' output, and fails.
+cost() {
+    i=$1 prog=$2 size=$3 short=${4%,*} long=${4#*,}
+    shift 4
+    if a=$(counted "$i" "$prog" "$size" "$short" "$@") &&
+        b=$(counted "$i" "$prog" "$size" "$long" "$@"); then
+        w=$(sed -n -E 's/^RESULT .*writes_per_iter=([0-9]+).*/\1/p' "/tmp/cost.$i.$long.out")
+        echo "RESULT ins_short=$a ins_long=$b iters_short=$short iters_long=$long" \
+            "writes_per_iter=${w:-1}"
+    else
+        rc=$?
+        for n in "$short" "$long"; do
+            [ -s "/tmp/cost.$i.$n.out" ] && sed "s/^/  cost $n| /" "/tmp/cost.$i.$n.out"
+        done
+        echo "bench.sh: no count of $prog under callgrind (status $rc)"
+        return $rc
+    fi
+}
+
 # Server side of step number $1 (the rest: program, port, size, iters, args); prints its status.
 serve() {
     i=$1
@@ -106,6 +153,11 @@ while read -r kind id LIMIT prog size iters rest; do
     local:*)
         # shellcheck disable=SC2086 # ARGS are words
         side local "$prog" "$port" "$size" "$iters" $rest < /dev/null 2>&1
+        client=$?
+        ;;
+    cost:1*)
+        # shellcheck disable=SC2086 # ARGS are words
+        cost "$i" "$prog" "$size" "$iters" $rest < /dev/null 2>&1
         client=$?
         ;;
     pair:1*)

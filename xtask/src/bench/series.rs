@@ -1,0 +1,421 @@
+//! What a bench run measures: the metrics, the series (a column of the table and a line of a
+//! plot each) and the goals, as ratios of two series.
+//!
+//! A new series is one entry in [`SERIES`] (and, if it needs one, a mode of `rdma_bench`).
+
+/// What a series measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    /// RDMA write bandwidth (and message rate), one way.
+    Bandwidth,
+    /// RDMA write latency, one way (half a ping-pong's round trip).
+    Latency,
+    /// Memory-region registration (and deregistration) time.
+    Registration,
+    /// User-space instructions per RDMA write, counted by valgrind's callgrind: deterministic,
+    /// so one round measures it (a repeat in the same run gives the same count).
+    Instructions,
+}
+
+impl Metric {
+    /// Every metric, in report order.
+    pub const ALL: [Metric; 4] = [
+        Metric::Bandwidth,
+        Metric::Latency,
+        Metric::Registration,
+        Metric::Instructions,
+    ];
+
+    /// Short name, used in step ids, files and JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            Metric::Bandwidth => "bw",
+            Metric::Latency => "lat",
+            Metric::Registration => "reg",
+            Metric::Instructions => "ins",
+        }
+    }
+
+    /// The sample value the table, the plots and the goals use.
+    pub fn value(self) -> &'static str {
+        match self {
+            Metric::Bandwidth => "bw_MBps",
+            Metric::Latency => "lat_usec",
+            Metric::Registration => "reg_usec",
+            Metric::Instructions => "ins_per_write",
+        }
+    }
+
+    /// The value's unit.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::Bandwidth => "MiB/s",
+            Metric::Latency | Metric::Registration => "usec",
+            Metric::Instructions => "instructions per write",
+        }
+    }
+
+    /// What the value is, for titles.
+    pub fn title(self) -> &'static str {
+        match self {
+            Metric::Bandwidth => "RDMA write bandwidth",
+            Metric::Latency => "RDMA write latency (one way, mean)",
+            Metric::Registration => "memory-region registration time (median)",
+            Metric::Instructions => "user-space instructions per RDMA write (callgrind)",
+        }
+    }
+}
+
+/// One series.
+#[derive(Debug)]
+pub struct Series {
+    /// Its name in the table, the plots and the JSON: `perftest`, or `ours/<region kind>`.
+    pub name: &'static str,
+    /// What it measures.
+    pub metric: Metric,
+    /// `ib_write_bw`, `ib_write_lat`, `rdma_bench` or `cost_floor` (`cost_floor.c`, which
+    /// `bench.sh` compiles in the VM).
+    pub program: &'static str,
+    /// Arguments for both sides (for a local step: all of its arguments).
+    pub args: &'static str,
+    /// Whether the two-node run has it too (it moves bytes over the emulated wire, where
+    /// every byte counts: see docs/testbed.md, "Emulator faults").
+    pub two_node: bool,
+    /// Whether `--quick` runs it (host memory and the GPU stand-in; the other dma-buf kinds
+    /// and variants only in full runs).
+    pub quick: bool,
+}
+
+impl Series {
+    /// Whether it is one process (registration) rather than a server and a client.
+    pub fn local(&self) -> bool {
+        self.metric == Metric::Registration
+    }
+
+    /// The step kind `bench.sh` runs it as: `pair` (a server and a client), `local` (one
+    /// process) or `cost` (one process under callgrind, twice).
+    pub fn kind(&self) -> &'static str {
+        match self.metric {
+            Metric::Registration => "local",
+            Metric::Instructions => "cost",
+            Metric::Bandwidth | Metric::Latency => "pair",
+        }
+    }
+}
+
+/// Where a series runs besides full one-node runs.
+#[derive(Clone, Copy)]
+enum Also {
+    /// Nowhere else.
+    No,
+    /// In `--quick` runs.
+    Quick,
+    /// In `--quick` runs and across two nodes.
+    QuickTwoNode,
+}
+
+const fn series(
+    name: &'static str,
+    metric: Metric,
+    program: &'static str,
+    args: &'static str,
+    also: Also,
+) -> Series {
+    Series {
+        name,
+        metric,
+        program,
+        args,
+        two_node: matches!(also, Also::QuickTwoNode),
+        quick: !matches!(also, Also::No),
+    }
+}
+
+use Also::{No, Quick, QuickTwoNode};
+use Metric::{Bandwidth, Instructions, Latency, Registration};
+
+/// Every series, in the order each round runs them at each size: perftest first, ours beside
+/// it, then the dma-buf kinds.
+pub const SERIES: &[Series] = &[
+    series("perftest", Bandwidth, "ib_write_bw", "", QuickTwoNode),
+    series(
+        "ours/host",
+        Bandwidth,
+        "rdma_bench",
+        "--mode bw --region host",
+        QuickTwoNode,
+    ),
+    series(
+        "ours/udmabuf",
+        Bandwidth,
+        "rdma_bench",
+        "--mode bw --region udmabuf",
+        No,
+    ),
+    series(
+        "ours/heap",
+        Bandwidth,
+        "rdma_bench",
+        "--mode bw --region heap",
+        No,
+    ),
+    series(
+        "ours/gpu",
+        Bandwidth,
+        "rdma_bench",
+        "--mode bw --region gpu",
+        QuickTwoNode,
+    ),
+    // Each write gathers 16 blocks of the size (the shards of one region), beside one write
+    // per block (ours/host above, whose message rate counts the same blocks).
+    series(
+        "ours/host+gather16",
+        Bandwidth,
+        "rdma_bench",
+        "--mode gather --region host",
+        Quick,
+    ),
+    // Batched completions: 16 writes a post, only the last signalled, every region back with
+    // its batch's completion (perftest signals one write in a hundred).
+    series(
+        "ours/host+batch",
+        Bandwidth,
+        "rdma_bench",
+        "--mode batch --region host",
+        QuickTwoNode,
+    ),
+    // The same writes awaited on a tokio runtime (woken by the completion channel) instead
+    // of busy-polled: the async path's cost (issue 16).
+    series(
+        "ours/host+async",
+        Bandwidth,
+        "rdma_bench",
+        "--mode bw --async yes --region host",
+        Quick,
+    ),
+    // perftest sends nothing inline on rxe ("Max inline data : 0[B]"), so neither do we;
+    // ours/host+inline shows what inline pings would change.
+    series("perftest", Latency, "ib_write_lat", "", QuickTwoNode),
+    series(
+        "ours/host",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline no --region host",
+        QuickTwoNode,
+    ),
+    // No receive completion: each side watches the last byte of its region for the peer's
+    // sequence number, as ib_write_lat polls its buffer.
+    series(
+        "ours/host+poll",
+        Latency,
+        "rdma_bench",
+        "--mode lat-poll --inline no --region host",
+        QuickTwoNode,
+    ),
+    series(
+        "ours/host+async",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline no --async yes --region host",
+        Quick,
+    ),
+    series(
+        "ours/host+inline",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline auto --region host",
+        No,
+    ),
+    series(
+        "ours/udmabuf",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline no --region udmabuf",
+        No,
+    ),
+    series(
+        "ours/heap",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline no --region heap",
+        No,
+    ),
+    series(
+        "ours/gpu",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline no --region gpu",
+        QuickTwoNode,
+    ),
+    series(
+        "ours/host",
+        Registration,
+        "rdma_bench",
+        "reg --region host",
+        Quick,
+    ),
+    series(
+        "ours/udmabuf",
+        Registration,
+        "rdma_bench",
+        "reg --region udmabuf",
+        No,
+    ),
+    series(
+        "ours/heap",
+        Registration,
+        "rdma_bench",
+        "reg --region heap",
+        No,
+    ),
+    series(
+        "ours/gpu",
+        Registration,
+        "rdma_bench",
+        "reg --region gpu",
+        Quick,
+    ),
+    // Instructions per write (`rdma_bench cost`, `cost_floor.c`; tests/tests/rdma_cost.rs):
+    // the C loop over libibverbs first, then each of our layers, then a chain of 16 writes
+    // with one completion, ours and the C loop's (cost_floor's last argument: writes a chain).
+    series("c", Instructions, "cost_floor", "1", Quick),
+    series(
+        "ours/owned",
+        Instructions,
+        "rdma_bench",
+        "cost --series owned",
+        Quick,
+    ),
+    series(
+        "ours/scoped",
+        Instructions,
+        "rdma_bench",
+        "cost --series scoped",
+        Quick,
+    ),
+    series(
+        "ours/awaited",
+        Instructions,
+        "rdma_bench",
+        "cost --series awaited",
+        Quick,
+    ),
+    series(
+        "ours/batch",
+        Instructions,
+        "rdma_bench",
+        "cost --series batch",
+        Quick,
+    ),
+    series("c/batch", Instructions, "cost_floor", "16", Quick),
+];
+
+/// A goal: the median of `series` over the median of `base`, at every size.
+#[derive(Debug)]
+pub struct Goal {
+    /// What is compared.
+    pub metric: Metric,
+    /// The series measured.
+    pub series: &'static str,
+    /// The series it is measured against.
+    pub base: &'static str,
+    /// The bound on the ratio.
+    pub bound: f64,
+    /// Whether the ratio must be at least (`true`) or at most (`false`) the bound.
+    pub at_least: bool,
+}
+
+impl Goal {
+    /// The figure compared at `size`. For bandwidth below 4 KiB, the message rate: at one
+    /// size it is the same ratio, and perftest prints it to six decimals where its MB/s has
+    /// two (0.01 MB/s steps for the smallest messages); from 4 KiB on, MB/s, whose two decimals
+    /// are then finer than the message rate's six (one message a second is 0.000001 Mpps).
+    pub fn value(&self, size: u64) -> &'static str {
+        match self.metric {
+            Metric::Bandwidth if size < 4096 => "mpps",
+            m => m.value(),
+        }
+    }
+
+    /// Whether `ratio` meets it.
+    pub fn met(&self, ratio: f64) -> bool {
+        if self.at_least {
+            ratio >= self.bound
+        } else {
+            ratio <= self.bound
+        }
+    }
+
+    /// `ours/host / perftest >= 1.00`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} / {} {} {:.2}",
+            self.metric.key(),
+            self.series,
+            self.base,
+            if self.at_least { ">=" } else { "<=" },
+            self.bound
+        )
+    }
+}
+
+const fn goal(metric: Metric, series: &'static str, base: &'static str, bound: f64) -> Goal {
+    Goal {
+        metric,
+        series,
+        base,
+        bound,
+        at_least: matches!(metric, Metric::Bandwidth),
+    }
+}
+
+/// The goals of issues 17, 16 (async) and 28 (batched completions, latency without a receive
+/// completion, our owned write's instructions against the C loop's), as ratios of medians
+/// taken in the same boot.
+pub const GOALS: &[Goal] = &[
+    goal(Bandwidth, "ours/host", "perftest", 1.00),
+    goal(Latency, "ours/host", "perftest", 1.00),
+    goal(Bandwidth, "ours/udmabuf", "ours/host", 0.98),
+    goal(Bandwidth, "ours/heap", "ours/host", 0.98),
+    goal(Bandwidth, "ours/gpu", "ours/host", 0.98),
+    goal(Registration, "ours/udmabuf", "ours/host", 1.10),
+    goal(Registration, "ours/heap", "ours/host", 1.10),
+    goal(Registration, "ours/gpu", "ours/host", 1.10),
+    goal(Bandwidth, "ours/host+async", "ours/host", 0.95),
+    goal(Bandwidth, "ours/host+batch", "perftest", 1.00),
+    goal(Latency, "ours/host+poll", "perftest", 1.00),
+    goal(Instructions, "ours/owned", "c", 1.10),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_names_are_unique_per_metric_and_goals_name_real_series() {
+        for (i, a) in SERIES.iter().enumerate() {
+            for b in &SERIES[i + 1..] {
+                assert!(a.metric != b.metric || a.name != b.name, "{} twice", a.name);
+            }
+            assert!(!a.name.contains(char::is_whitespace));
+        }
+        for g in GOALS {
+            for name in [g.series, g.base] {
+                assert!(
+                    SERIES
+                        .iter()
+                        .any(|s| s.metric == g.metric && s.name == name),
+                    "{}: no series {name}",
+                    g.describe()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bandwidth_goals_compare_the_finer_figure() {
+        assert_eq!(GOALS[0].value(8), "mpps");
+        assert_eq!(GOALS[0].value(8 << 20), "bw_MBps");
+        assert_eq!(GOALS[1].value(8), "lat_usec");
+    }
+}
