@@ -275,6 +275,16 @@ pub const SERIES: &[Series] = &[
         "reg --region gpu",
         Quick,
     ),
+    // The same with a CPU mapping of each buffer held across its registration: vgem's pages
+    // are then held already, so the registration does not pay vgem's own page pinning and
+    // write-combining (docs/performance-dmabuf.md): what rxe and the core do.
+    series(
+        "ours/gpu+held",
+        Registration,
+        "rdma_bench",
+        "reg --region gpu --hold-map yes",
+        Quick,
+    ),
     // Instructions per write (`rdma_bench cost`, `cost_floor.c`; tests/tests/rdma_cost.rs):
     // the C loop over libibverbs first, then each of our layers, then a chain of 16 writes
     // with one completion, ours and the C loop's (cost_floor's last argument: writes a chain).
@@ -381,6 +391,7 @@ pub const GOALS: &[Goal] = &[
     goal(Registration, "ours/udmabuf", "ours/host", 1.10),
     goal(Registration, "ours/heap", "ours/host", 1.10),
     goal(Registration, "ours/gpu", "ours/host", 1.10),
+    goal(Registration, "ours/gpu+held", "ours/host", 1.10),
     goal(Bandwidth, "ours/host+async", "ours/host", 0.95),
     goal(Bandwidth, "ours/host+batch", "perftest", 1.00),
     goal(Latency, "ours/host+poll", "perftest", 1.00),
