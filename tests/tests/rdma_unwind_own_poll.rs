@@ -7,7 +7,7 @@
 //! pending. Runs in the testbed VM (some tests count MRs and take a lock to run alone).
 
 use integration_tests::counts::rdma_resources;
-use integration_tests::evil_waker::{evil, Site};
+use integration_tests::evil_waker::{evil, Disarm, Evil, Site};
 use integration_tests::injection::{pair, panicked, parked, recv_region, send, LEN, T};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pattern, pd};
@@ -41,6 +41,16 @@ fn counting() -> (Arc<Counting>, Waker) {
     (c.clone(), Waker::from(c))
 }
 
+/// A waker that panics in `wake`, registered by `register` and then armed; disarmed when the
+/// guard drops.
+fn armed_panic_in_wake(register: impl FnOnce(&Waker)) -> (Arc<Evil>, Disarm) {
+    let (e, evil_waker) = evil(Site::Wake);
+    let disarm = e.disarm_on_drop();
+    register(&evil_waker);
+    e.arm();
+    (e, disarm)
+}
+
 /// Gives the NIC time to put every completion in the CQ (nobody polls meanwhile).
 fn settle() {
     std::thread::sleep(Duration::from_millis(300));
@@ -48,9 +58,9 @@ fn settle() {
 
 /// `r1` is polled through the reactor API (`poll_with`, by `&mut`) while its completion and
 /// another request's are in the CQ, and the other request's waker panics in `wake`. The poll
-/// unwinds (documented); `r1` must still complete afterwards. Before 8d88fbb `poll` recorded
-/// `r1`'s completion in its slot before raising the panic; now `poll_finding` retires the
-/// slot and keeps the completion in a local that the panic throws away.
+/// unwinds (documented); `r1` must still complete afterwards: its completion is recorded in
+/// its slot before the panic is raised (the first version of `poll_finding` retired the slot
+/// and kept the completion in a local that the panic threw away).
 #[test]
 #[ignore = "needs the testbed VM"]
 fn own_completion_survives_another_wakers_panic_in_poll_with() {
@@ -59,10 +69,7 @@ fn own_completion_survives_another_wakers_panic_in_poll_with() {
     let (a, b) = pair(&pd);
     let mut r1 = b.post_recv(recv_region(&pd)).unwrap();
     let r2 = b.post_recv(recv_region(&pd)).unwrap();
-    let (e, evil_waker) = evil(Site::Wake);
-    let _disarm = e.disarm_on_drop();
-    r2.register_waker(&evil_waker);
-    e.arm();
+    let (e, _disarm) = armed_panic_in_wake(|w| r2.register_waker(w));
     send(&pd, &a, 1);
     send(&pd, &a, 2);
     settle();
@@ -115,10 +122,7 @@ fn batch_completion_survives_another_wakers_panic_in_poll_with() {
     let s2 = a
         .post_send(Local::new(src(9), 0..LEN as u64), None)
         .unwrap();
-    let (e, evil_waker) = evil(Site::Wake);
-    let _disarm = e.disarm_on_drop();
-    s2.register_waker(&evil_waker);
-    e.arm();
+    let (e, _disarm) = armed_panic_in_wake(|w| s2.register_waker(w));
     settle();
     let mut cx = Context::from_waker(Waker::noop());
     let did = panicked(|| {
@@ -154,10 +158,7 @@ fn inline_completion_survives_another_wakers_panic_in_poll_with() {
     let mut s1 = a.post_send_inline(&pattern(16, 3), None).unwrap();
     let src = host_region(&pd, &pattern(LEN, 4), LEN, Access::empty());
     let s2 = a.post_send(Local::new(src, 0..LEN as u64), None).unwrap();
-    let (e, evil_waker) = evil(Site::Wake);
-    let _disarm = e.disarm_on_drop();
-    s2.register_waker(&evil_waker);
-    e.arm();
+    let (e, _disarm) = armed_panic_in_wake(|w| s2.register_waker(w));
     settle();
     let mut cx = Context::from_waker(Waker::noop());
     let did = panicked(|| {
@@ -188,10 +189,7 @@ fn by_value_try_complete_with_another_wakers_panic_releases_the_region() {
     let (a, b) = pair(&pd);
     let r1 = b.post_recv(recv_region(&pd)).unwrap();
     let r2 = b.post_recv(recv_region(&pd)).unwrap();
-    let (e, evil_waker) = evil(Site::Wake);
-    let _disarm = e.disarm_on_drop();
-    r2.register_waker(&evil_waker);
-    e.arm();
+    let (e, _disarm) = armed_panic_in_wake(|w| r2.register_waker(w));
     send(&pd, &a, 1);
     send(&pd, &a, 2);
     settle();
@@ -223,9 +221,9 @@ fn by_value_try_complete_with_another_wakers_panic_releases_the_region() {
     );
 }
 
-/// After the lost completion of the first test, r1's slot is free and reused by the next
-/// post (r3): r1, still held and still pending, registers its waker in r3's slot, so r3's
-/// completion wakes r1's task and not r3's.
+/// Had the first test's completion been lost, r1's slot would be free and reused by the next
+/// post (r3), and r1, still held and pending, would register its waker in r3's slot: r3's
+/// completion would wake r1's task and not r3's (as it did against the first version).
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_stale_handle_never_takes_another_requests_wake() {
@@ -234,10 +232,7 @@ fn a_stale_handle_never_takes_another_requests_wake() {
     let (a, b) = pair(&pd);
     let mut r1 = b.post_recv(recv_region(&pd)).unwrap();
     let r2 = b.post_recv(recv_region(&pd)).unwrap();
-    let (e, evil_waker) = evil(Site::Wake);
-    let _disarm = e.disarm_on_drop();
-    r2.register_waker(&evil_waker);
-    e.arm();
+    let (e, _disarm) = armed_panic_in_wake(|w| r2.register_waker(w));
     send(&pd, &a, 1);
     send(&pd, &a, 2);
     settle();
