@@ -212,7 +212,7 @@ impl QueuePair {
             }
             if Some(wr_id) == mine {
                 // The caller holds the request's handle: nothing else waits for it, so no
-                // waker to wake. Kept aside until the batch is recorded (above).
+                // waker to wake. Kept aside until the rest of the batch is recorded.
                 seen = Some((wr_id, c));
                 return;
             }
@@ -223,19 +223,21 @@ impl QueuePair {
             drop(released);
             self.wait.waiters.wake(slot_index(wr_id), &mut panics);
         });
-        let mut found = None;
-        if let Some((wr_id, c)) = seen {
+        let found = seen.and_then(|(wr_id, c)| {
             let mut slots = self.slots.borrow_mut();
-            if !panics.is_empty() {
-                // Never an abandoned buffer: the caller's handle still holds what it lent.
-                drop(slots.complete(wr_id, c));
-            } else if let Some(c) = slots.finish(wr_id, c) {
-                found = Some(c);
+            let finished = if panics.is_empty() {
+                slots.finish(wr_id, c)
             } else {
-                // Not a request waiting on its own (e.g. a batch member's id): as usual.
-                drop(slots.complete(wr_id, c));
-            }
-        }
+                None
+            };
+            // Not finished (a panic is pending, or the request was not waiting on its own):
+            // recorded as usual. Never an abandoned buffer here (the caller's handle holds
+            // what it lent); were there one, it is dropped outside the borrow all the same.
+            let released = finished.is_none().then(|| slots.complete(wr_id, c));
+            drop(slots);
+            drop(released);
+            finished
+        });
         panics.resume();
         n.map(|n| (n, found))
     }
