@@ -11,7 +11,9 @@ use integration_tests::evil_waker::{evil, Disarm, Evil, Site};
 use integration_tests::injection::{pair, panicked, parked, recv_region, send, LEN, T};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pattern, pd};
-use rdma_dmabuf::{Access, Local, QueuePairBuilder};
+use rdma_dmabuf::{
+    Access, HostBuffer, Local, Pending, ProtectionDomain, QueuePair, QueuePairBuilder,
+};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,6 +58,27 @@ fn settle() {
     std::thread::sleep(Duration::from_millis(300));
 }
 
+/// On `b`, two receives, r1 and r2, both completed (`a` sent messages 1 and 2 and the CQ holds
+/// both completions, nobody having polled), and r2's waker armed to panic in `wake`.
+fn two_receives_second_panics<'q>(
+    pd: &Arc<ProtectionDomain>,
+    a: &QueuePair,
+    b: &'q QueuePair,
+) -> (
+    Pending<'q, HostBuffer>,
+    Pending<'q, HostBuffer>,
+    Arc<Evil>,
+    Disarm,
+) {
+    let r1 = b.post_recv(recv_region(pd)).unwrap();
+    let r2 = b.post_recv(recv_region(pd)).unwrap();
+    let (e, disarm) = armed_panic_in_wake(|w| r2.register_waker(w));
+    send(pd, a, 1);
+    send(pd, a, 2);
+    settle();
+    (r1, r2, e, disarm)
+}
+
 /// `r1` is polled through the reactor API (`poll_with`, by `&mut`) while its completion and
 /// another request's are in the CQ, and the other request's waker panics in `wake`. The poll
 /// unwinds (documented); `r1` must still complete afterwards: its completion is recorded in
@@ -67,12 +90,7 @@ fn own_completion_survives_another_wakers_panic_in_poll_with() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
-    let mut r1 = b.post_recv(recv_region(&pd)).unwrap();
-    let r2 = b.post_recv(recv_region(&pd)).unwrap();
-    let (e, _disarm) = armed_panic_in_wake(|w| r2.register_waker(w));
-    send(&pd, &a, 1);
-    send(&pd, &a, 2);
-    settle();
+    let (mut r1, r2, e, _disarm) = two_receives_second_panics(&pd, &a, &b);
     let mut cx = Context::from_waker(Waker::noop());
     let mut out = None;
     let did = panicked(|| {
@@ -187,12 +205,7 @@ fn by_value_try_complete_with_another_wakers_panic_releases_the_region() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
-    let r1 = b.post_recv(recv_region(&pd)).unwrap();
-    let r2 = b.post_recv(recv_region(&pd)).unwrap();
-    let (e, _disarm) = armed_panic_in_wake(|w| r2.register_waker(w));
-    send(&pd, &a, 1);
-    send(&pd, &a, 2);
-    settle();
+    let (r1, r2, e, _disarm) = two_receives_second_panics(&pd, &a, &b);
     let mrs = rdma_resources("mr");
     let did = catch_unwind(AssertUnwindSafe(move || drop(r1.try_complete()))).is_err();
     e.disarm();
@@ -230,12 +243,7 @@ fn a_stale_handle_never_takes_another_requests_wake() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
-    let mut r1 = b.post_recv(recv_region(&pd)).unwrap();
-    let r2 = b.post_recv(recv_region(&pd)).unwrap();
-    let (e, _disarm) = armed_panic_in_wake(|w| r2.register_waker(w));
-    send(&pd, &a, 1);
-    send(&pd, &a, 2);
-    settle();
+    let (mut r1, r2, e, _disarm) = two_receives_second_panics(&pd, &a, &b);
     let mut cx = Context::from_waker(Waker::noop());
     let did = panicked(|| {
         let _ = r1.poll_with(&mut cx, parked);
