@@ -3,11 +3,12 @@
 //! each 8-byte write (`rdma_bench cost`, release build), for the owned, scoped and awaited
 //! layers and for the same loop in C straight over libibverbs (`cost_floor.c`, the floor:
 //! what the provider itself costs); and per write of a batch of 16 (`--series batch`,
-//! `post_write_batch`, one completion per batch) beside the C loop posting the same chain. Each count is the difference between a run of 60 and one
-//! of 10 writes, divided by 50, so start-up work drops out; the same binary and inputs give
-//! the same count whatever the machine is doing. The test fails when one of ours grows more
-//! than 10% over `tests/data/write_cost.txt`, and prints every count and its ratio to the C
-//! loop. Runs in the testbed VM; `cargo xtask test` builds the release `rdma_bench` first.
+//! `post_write_batch`, one completion per batch) beside the C loop posting the same chain.
+//! Each count is the difference between a run of 60 iterations and one of 10, divided by 50
+//! (and by 16 for batches), so start-up work drops out; the same binary and inputs give the
+//! same count whatever the machine is doing. The test fails when one of ours grows more than
+//! 10% over `tests/data/write_cost.txt`, and prints every count and its ratio to the C loop.
+//! Runs in the testbed VM; `cargo xtask test` builds the release `rdma_bench` first.
 
 use integration_tests::process::{run, text};
 use integration_tests::testbed::Testbed;
