@@ -404,14 +404,18 @@ impl RegistrationCache {
             st.buffers.retain(|_, b| b.strong_count() > 0);
             st.buffers.insert((dev, ino), Arc::downgrade(&dmabuf));
         }
-        let region = MemoryRegion::from_parts(
-            mr,
-            &self.pd,
-            SharedDmaBuf(dmabuf),
-            iova,
-            key.len,
-            key.access,
-        );
+        // SAFETY: `mr` was just registered in this cache's PD over `dmabuf`'s bytes; nothing
+        // else has it.
+        let region = unsafe {
+            MemoryRegion::from_parts(
+                mr,
+                &self.pd,
+                SharedDmaBuf(dmabuf),
+                iova,
+                key.len,
+                key.access,
+            )
+        };
         st.stats.misses += 1;
         st.stats.entries += 1;
         st.stats.checked_out += 1;

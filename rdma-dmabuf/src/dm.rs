@@ -193,7 +193,8 @@ impl MemoryRegion<DeviceMemory> {
             return Err(Error::from_errno(Op::RegDmMr, pd.context().name(), errno));
         };
         let len = dm.len;
-        Ok(MemoryRegion::from_parts(mr, pd, dm, 0, len, access))
+        // SAFETY: `mr` was just registered in `pd` over `dm`; nothing else has it.
+        Ok(unsafe { MemoryRegion::from_parts(mr, pd, dm, 0, len, access) })
     }
 
     /// The device memory, for CPU copies.

@@ -85,12 +85,23 @@ impl Backing for DmaBuf {}
 /// Its address space for work requests is [`MemoryRegion::addr`]: the virtual address for a
 /// host buffer, the iova chosen at registration for a dma-buf (never the dma-buf offset).
 pub struct MemoryRegion<B: Backing> {
+    /// Behind one pointer: a region moves into every owned request and back out with its
+    /// completion, through several frames each time, and a pointer is cheaper to move than
+    /// the registration (docs/performance.md, "Instructions per write").
+    reg: Box<Registration<B>>,
+}
+
+/// What a [`MemoryRegion`] is: the MR, what keeps it valid, and its keys as registered.
+struct Registration<B: Backing> {
     mr: NonNull<ffi::ibv_mr>,
     pd: Arc<ProtectionDomain>,
     backing: ManuallyDrop<B>,
     addr: u64,
     len: u64,
     access: Access,
+    /// The MR's keys, read once at registration (they never change while it is registered).
+    lkey: u32,
+    rkey: u32,
 }
 
 // SAFETY: the MR handle is used only through thread-safe verbs (dereg) and plain reads of its
@@ -102,11 +113,11 @@ unsafe impl<B: Backing> Sync for MemoryRegion<B> {}
 impl<B: Backing> fmt::Debug for MemoryRegion<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryRegion")
-            .field("addr", &format_args!("{:#x}", self.addr))
-            .field("len", &self.len)
+            .field("addr", &format_args!("{:#x}", self.reg.addr))
+            .field("len", &self.reg.len)
             .field("lkey", &self.lkey())
             .field("rkey", &self.rkey())
-            .field("access", &self.access)
+            .field("access", &self.reg.access)
             .finish()
     }
 }
@@ -140,14 +151,9 @@ impl MemoryRegion<HostBuffer> {
                 ),
             )
         })?;
-        Ok(MemoryRegion {
-            mr,
-            pd: pd.clone(),
-            len: buffer.len() as u64,
-            addr: addr as u64,
-            backing: ManuallyDrop::new(buffer),
-            access,
-        })
+        let len = buffer.len() as u64;
+        // SAFETY: `mr` was just registered in `pd` over `buffer`'s mapping; nothing else has it.
+        Ok(unsafe { MemoryRegion::from_parts(mr, pd, buffer, addr as u64, len, access) })
     }
 
     /// The bytes, for the CPU.
@@ -158,7 +164,7 @@ impl MemoryRegion<HostBuffer> {
     /// [`MemoryRegion::bytes_unchecked`].
     pub fn bytes(&self) -> Result<&[u8]> {
         self.cpu_access()?;
-        Ok(self.backing.as_slice())
+        Ok(self.reg.backing.as_slice())
     }
 
     /// The bytes, writable by the CPU.
@@ -167,7 +173,7 @@ impl MemoryRegion<HostBuffer> {
     /// As [`MemoryRegion::bytes`].
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         self.cpu_access()?;
-        Ok(self.backing.as_mut_slice())
+        Ok(self.reg.backing.as_mut_slice())
     }
 
     /// The bytes of a remotely writable region.
@@ -177,12 +183,12 @@ impl MemoryRegion<HostBuffer> {
     /// slice lives: the caller knows so from its protocol (e.g. the peer signalled completion
     /// and writes nothing more).
     pub unsafe fn bytes_unchecked(&self) -> &[u8] {
-        self.backing.as_slice()
+        self.reg.backing.as_slice()
     }
 
     /// The buffer's first byte, for volatile reads (`watch`).
     pub(crate) fn host_ptr(&self) -> *const u8 {
-        self.backing.addr()
+        self.reg.backing.addr()
     }
 }
 
@@ -208,7 +214,8 @@ impl MemoryRegion<DmaBuf> {
         access: Access,
     ) -> Result<Self> {
         let (mr, iova) = reg_dmabuf_mr(pd, &dmabuf, offset, len, iova, access)?;
-        Ok(MemoryRegion::from_parts(mr, pd, dmabuf, iova, len, access))
+        // SAFETY: `reg_dmabuf_mr` just registered `mr` in `pd` over `dmabuf`; nothing else has it.
+        Ok(unsafe { MemoryRegion::from_parts(mr, pd, dmabuf, iova, len, access) })
     }
 
     /// Maps the dma-buf for the CPU ([`DmaBuf::map`]: sync guards, volatile copies in and out,
@@ -224,7 +231,7 @@ impl MemoryRegion<DmaBuf> {
     /// [`Error::Map`] if the exporter refuses the mapping.
     pub fn map(&mut self) -> Result<drm_export::Mapping<'_>> {
         self.cpu_access()?;
-        self.backing.map().map_err(|e| Error::Map(Box::new(e)))
+        self.reg.backing.map().map_err(|e| Error::Map(Box::new(e)))
     }
 }
 
@@ -386,49 +393,48 @@ pub fn dmabuf_probe_errno(pd: &ProtectionDomain) -> i32 {
 impl<B: Backing> MemoryRegion<B> {
     /// The address of the region's first byte in work requests (host address or iova).
     pub fn addr(&self) -> u64 {
-        self.addr
+        self.reg.addr
     }
 
     /// The length in bytes.
     pub fn len(&self) -> u64 {
-        self.len
+        self.reg.len
     }
 
     /// Never empty (length 0 is refused at registration).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.reg.len == 0
     }
 
     /// The local key, for SGEs.
     pub fn lkey(&self) -> u32 {
-        // SAFETY: `mr` is registered until drop; lkey is a plain field.
-        unsafe { self.mr.as_ref() }.lkey
+        self.reg.lkey
     }
 
     /// The remote key, for peers.
     pub fn rkey(&self) -> u32 {
-        // SAFETY: as `lkey`.
-        unsafe { self.mr.as_ref() }.rkey
+        self.reg.rkey
     }
 
     /// The access granted.
     pub fn access(&self) -> Access {
-        self.access
+        self.reg.access
     }
 
     /// The protection domain.
     pub fn pd(&self) -> &Arc<ProtectionDomain> {
-        &self.pd
+        &self.reg.pd
     }
 
     /// What a peer needs to RDMA-read or -write this region: its address (the iova for a
     /// dma-buf), length and rkey. `None` if no remote access was granted.
     pub fn remote(&self) -> Option<RemoteRegion> {
-        self.access
+        self.reg
+            .access
             .intersects(Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
             .then(|| RemoteRegion {
-                addr: self.addr,
-                len: self.len,
+                addr: self.reg.addr,
+                len: self.reg.len,
                 rkey: self.rkey(),
             })
     }
@@ -442,9 +448,8 @@ impl<B: Backing> MemoryRegion<B> {
         let mut this = ManuallyDrop::new(self);
         let rc = this.dereg();
         // SAFETY: `this` is never used or dropped again, so reading the field out moves it.
-        let pd = unsafe { std::ptr::read(&this.pd) };
-        // SAFETY: as above, for the backing.
-        let backing = unsafe { std::ptr::read(&this.backing) };
+        let reg = unsafe { std::ptr::read(&this.reg) };
+        let Registration { pd, backing, .. } = *reg;
         drop(pd);
         match rc {
             Ok(()) => Ok(ManuallyDrop::into_inner(backing)),
@@ -454,18 +459,28 @@ impl<B: Backing> MemoryRegion<B> {
 
     fn dereg(&mut self) -> Result<()> {
         // SAFETY: `mr` is registered and deregistered exactly once (Drop or into_inner).
-        let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        let rc = unsafe { ffi::ibv_dereg_mr(self.reg.mr.as_ptr()) };
         if rc != 0 {
             return Err(Error::from_errno(
                 Op::DeregMr,
-                format!("{} region at {:#x}", self.pd.context().name(), self.addr),
+                format!(
+                    "{} region at {:#x}",
+                    self.reg.pd.context().name(),
+                    self.reg.addr
+                ),
                 rc,
             ));
         }
         Ok(())
     }
 
-    pub(crate) fn from_parts(
+    /// The region of a registration just made: `mr` over `len` bytes of `backing` at `addr`
+    /// (in work requests), in `pd`, with `access`.
+    ///
+    /// # Safety
+    /// `mr` is a live MR of `pd`, registered over `backing`'s memory (which the region then
+    /// keeps until after `ibv_dereg_mr`), and nothing else deregisters it: the region owns it.
+    pub(crate) unsafe fn from_parts(
         mr: NonNull<ffi::ibv_mr>,
         pd: &Arc<ProtectionDomain>,
         backing: B,
@@ -473,28 +488,38 @@ impl<B: Backing> MemoryRegion<B> {
         len: u64,
         access: Access,
     ) -> Self {
+        // SAFETY: `mr` is live (this function's contract) until `dereg`; its keys are plain
+        // fields.
+        let (lkey, rkey) = unsafe {
+            let m = mr.as_ref();
+            (m.lkey, m.rkey)
+        };
         MemoryRegion {
-            mr,
-            pd: pd.clone(),
-            backing: ManuallyDrop::new(backing),
-            addr,
-            len,
-            access,
+            reg: Box::new(Registration {
+                mr,
+                pd: pd.clone(),
+                backing: ManuallyDrop::new(backing),
+                addr,
+                len,
+                access,
+                lkey,
+                rkey,
+            }),
         }
     }
 
     /// The backing, for operations that do not touch its bytes (exporting its fences).
     pub(crate) fn backing_unchecked(&self) -> &B {
-        &self.backing
+        &self.reg.backing
     }
 
     pub(crate) fn backing_mut(&mut self) -> Result<&mut B> {
         self.cpu_access()?;
-        Ok(&mut self.backing)
+        Ok(&mut self.reg.backing)
     }
 
     fn cpu_access(&self) -> Result<()> {
-        if self.access.remotely_writable() {
+        if self.reg.access.remotely_writable() {
             return Err(Error::invalid(
                 Op::CpuAccess,
                 "the region is remotely writable: a peer may change it at any time; take it \
@@ -509,7 +534,7 @@ impl<B: Backing> Drop for MemoryRegion<B> {
     fn drop(&mut self) {
         match self.dereg() {
             // SAFETY: deregistered: the NIC can no longer reach the backing; dropped once.
-            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.backing) },
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.reg.backing) },
             // The NIC may still reach the memory: leak it rather than free it.
             Err(e) => crate::diag::warn(format_args!("{e}; leaking the region's memory")),
         }

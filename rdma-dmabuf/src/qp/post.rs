@@ -67,6 +67,7 @@ impl QueuePair {
         self.post(WorkKind::Read, local.into(), Some(remote), None)
     }
 
+    #[inline(always)]
     fn post<B: Backing>(
         &self,
         kind: WorkKind,
@@ -227,7 +228,7 @@ impl QueuePair {
     /// There are at most as many SGEs as the queue pair was granted for the request's queue
     /// (the provider refuses more, and the request then fails cleanly; the checks of the
     /// `*_parts` posts keep that from happening).
-    #[inline]
+    #[inline(always)]
     pub(super) unsafe fn post_raw(&self, req: Request<'_>) -> Result<(u32, u32)> {
         let kind = req.kind;
         let (index, gen) = self.slots.borrow_mut().acquire(kind)?;
@@ -401,7 +402,7 @@ impl<'s> Request<'s> {
     }
 
     /// The send-queue work request, its SGE list pointing to `self.sges`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn send_wr(&self, id: u64, num_sge: i32) -> ffi::ibv_send_wr {
         // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero is
         // valid.
