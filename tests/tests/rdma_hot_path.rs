@@ -1,9 +1,9 @@
 //! The post and poll hot path allocates nothing: a counting global allocator watches 1,000
-//! send/receive round trips, 1,000 RDMA writes, 1,000 inline writes, 1,000 atomics, and 1,000
-//! gather writes and scattered receives of four shards each, and 1,000 sends into receives
-//! posted on a shared receive queue; then the same round trips, writes, shared-queue receives
-//! and inline writes awaited on a tokio runtime (wakers in the slots, the completion channels
-//! on the reactor), 1,000 each. Alone in
+//! send/receive round trips, 1,000 RDMA writes, 1,000 inline writes, 1,000 atomics, 1,000
+//! gather writes and scattered receives of four shards each, 1,000 sends into receives posted
+//! on a shared receive queue, and 1,000 scopes of a borrowed write, send and receive; then the
+//! same round trips, writes, shared-queue receives and inline writes awaited on a tokio
+//! runtime (wakers in the slots, the completion channels on the reactor), 1,000 each. Alone in
 //! its binary (the allocator counts the whole process). Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
@@ -140,6 +140,18 @@ fn post_and_poll_allocate_nothing() {
         let got = r.spin_timeout(Duration::MAX).unwrap().unwrap();
         assert_eq!(got.wc.qp_num, d.endpoint().qpn);
         dst = Some(got.region);
+    }
+    // Scopes of a few borrowed posts (a scope records its first posts in itself): a write
+    // and a send with its receive, each scope drained at its end.
+    for _ in 0..1_000 {
+        let (s, d) = (src.as_ref().unwrap(), dst.as_mut().unwrap());
+        rdma_dmabuf::scope(|scope| {
+            let w = scope.write(&a, s.part(0..64), remote, None).unwrap();
+            let r = scope.recv(&b, d.part_mut(0..64)).unwrap();
+            scope.send(&a, s.part(0..64), None).unwrap();
+            w.spin().unwrap();
+            assert_eq!(r.spin().unwrap().byte_len, 64);
+        });
     }
     let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert_eq!(allocations, 0, "allocations on the hot path");

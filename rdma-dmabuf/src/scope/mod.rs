@@ -5,8 +5,11 @@
 //! like `std::thread::scope` does for threads.
 //!
 //! One scope may post on several queue pairs, so one region can be sent to many peers at once
-//! (a multicast), which the owned layer cannot express. The scope records each post in a
-//! vector, so unlike the owned layer it may allocate.
+//! (a multicast), which the owned layer cannot express. The scope records each post: the
+//! first few in itself, the rest in a vector, so a scope of more than a few posts allocates
+//! (the owned layer never does).
+
+mod entries;
 
 use crate::deadline::deadline_after;
 use crate::error::{Error, Op, Result};
@@ -17,6 +20,7 @@ use crate::reactor::WaitStep;
 use crate::remote::RemoteRegion;
 use crate::unwind::{AbortOnUnwind, Deferred};
 use crate::wr::{WorkCompletion, WorkKind};
+use entries::Entries;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
@@ -53,7 +57,7 @@ pub fn scope_with_deadline<'env, T>(
     f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
 ) -> T {
     let s = Scope {
-        posted: RefCell::new(Vec::new()),
+        posted: RefCell::new(Entries::new()),
         drain_deadline,
         flush_at_end: Cell::new(false),
         _scope: PhantomData,
@@ -76,7 +80,7 @@ struct Entry<'scope> {
 
 /// Posts whose regions are borrowed for `'scope`.
 pub struct Scope<'scope, 'env: 'scope> {
-    posted: RefCell<Vec<Entry<'scope>>>,
+    posted: RefCell<Entries<Entry<'scope>>>,
     drain_deadline: Duration,
     /// Flush the queue pairs used before draining (a multi-part post failed half-way).
     flush_at_end: Cell<bool>,
@@ -349,8 +353,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         kind: WorkKind,
         (index, gen): (u32, u32),
     ) -> ScopedPending<'scope, 'env> {
-        let mut posted = self.posted.borrow_mut();
-        posted.push(Entry {
+        let entry = self.posted.borrow_mut().push(Entry {
             qp,
             index,
             gen,
@@ -358,10 +361,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             taken: Cell::new(None),
             done: Cell::new(false),
         });
-        ScopedPending {
-            scope: self,
-            entry: posted.len() - 1,
-        }
+        ScopedPending { scope: self, entry }
     }
 
     /// Moves the queue pairs of the requests still in flight to the error state when the
@@ -378,7 +378,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             // Each queue pair with a request still in flight, once (whatever became of the
             // requests posted on it before that one).
             let unfinished = |o: &Entry<'_>| !o.done.get() && std::ptr::eq(o.qp, e.qp);
-            if unfinished(e) && !posted[..i].iter().any(unfinished) {
+            if unfinished(e) && !posted.iter().take(i).any(unfinished) {
                 e.qp.flush();
             }
         }
