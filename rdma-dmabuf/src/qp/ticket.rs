@@ -98,6 +98,7 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     ///
     /// # Panics
     /// If the request's outcome was already returned (a future polled after it resolved).
+    #[inline]
     pub(super) fn try_finish(&mut self) -> Option<(T, crate::Result<WorkCompletion>)> {
         let (lent, c) = self.try_finish_raw()?;
         let result = self
@@ -134,7 +135,20 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
 }
 
 impl<T: Send + 'static> Drop for Ticket<'_, T> {
+    /// Inline, so that dropping a handle that has returned its outcome (a future, once
+    /// ready) costs one test.
+    #[inline]
     fn drop(&mut self) {
+        if self.lent.is_some() {
+            self.abandon();
+        }
+    }
+}
+
+impl<T: Send + 'static> Ticket<'_, T> {
+    /// Leaves what was lent in the slot (see [`Ticket`]'s `Drop`).
+    #[inline(never)]
+    fn abandon(&mut self) {
         if let Some(lent) = self.lent.take() {
             // What was lent goes into the slot before anything we do not control runs: a
             // panic from the waker's `Drop` below then unwinds with nothing of the NIC's on
