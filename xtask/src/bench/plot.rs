@@ -97,6 +97,24 @@ fn y_range(chart: &Chart) -> Option<(f64, f64)> {
     (lo.is_finite() && hi.is_finite() && lo > 0.0).then_some((lo / 1.5, hi * 1.5))
 }
 
+/// The y axis's labelled values between `lo` and `hi`: 1, 2 and 5 times each power of ten
+/// over up to three decades (so that an axis spanning a decade, such as instructions per
+/// write, 150 to 1,200, is labelled at more than one value), 1 and 3 times over up to six,
+/// the powers of ten alone over more.
+fn y_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let first = lo.log10().floor() as i32;
+    let last = hi.log10().ceil() as i32;
+    let steps: &[f64] = match last - first {
+        ..=3 => &[1.0, 2.0, 5.0],
+        4..=6 => &[1.0, 3.0],
+        _ => &[1.0],
+    };
+    (first..=last)
+        .flat_map(|p| steps.iter().map(move |m| m * 10f64.powi(p)))
+        .filter(|y| (lo..=hi).contains(y))
+        .collect()
+}
+
 fn render<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(), String>
 where
     DB::ErrorType: 'static,
@@ -117,7 +135,7 @@ where
         .y_label_area_size(70)
         .build_cartesian_2d(
             (x0 / 1.5..x1 * 1.5).log_scale().base(2.0),
-            (y0..y1).log_scale(),
+            (y0..y1).log_scale().with_key_points(y_ticks(y0, y1)),
         )
         .map_err(e)?;
     ch.configure_mesh()
@@ -178,6 +196,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_narrow_log_axis_is_labelled_at_several_values() {
+        assert_eq!(y_ticks(110.0, 1800.0), vec![200.0, 500.0, 1000.0]);
+        assert_eq!(y_ticks(0.5, 30.0), vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0]);
+        assert_eq!(y_ticks(0.02, 900.0).len(), 9);
+        assert_eq!(y_ticks(0.002, 90_000.0).len(), 7);
+    }
 
     #[test]
     fn size_labels_are_powers_of_two() {
