@@ -79,9 +79,11 @@ where
         busy = Some(p);
     };
     let landed = |i: usize| {
-        while target.byte(last) != seq(i) {
-            std::hint::spin_loop();
-        }
+        // No `spin_loop()` (PAUSE) between reads, as perftest's loop has none: under the
+        // testbed's emulator (QEMU TCG) a PAUSE leaves the emulated CPU's loop, which made
+        // this wait about twice as long as perftest's (docs/performance.md, "One-node
+        // latency and PAUSE").
+        while target.byte(last) != seq(i) {}
     };
     let mut rtt_ns: Vec<u64> = Vec::with_capacity(run.iters);
     let start = Instant::now();
