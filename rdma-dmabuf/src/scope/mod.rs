@@ -148,6 +148,10 @@ impl Drain<'_, '_, '_> {
                     Ok(false) if panicked && deadline.is_none_or(|d| Instant::now() < d) => {}
                     Ok(true) => break,
                     Ok(false) if !flushed => {
+                        // Only queue pairs with requests still in flight are flushed: first
+                        // record what completed meanwhile behind handles nobody spun (a
+                        // waker's panic cuts this short, and more is flushed: the safe side).
+                        panics.run(|| scope.record_completed());
                         scope.flush_unfinished();
                         flushed = true;
                         deadline = deadline_after(FLUSH_LIMIT);
@@ -369,6 +373,25 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// parts nobody may answer.
     pub(crate) fn flush_at_end(&self) {
         self.flush_at_end.set(true);
+    }
+
+    /// Records every unfinished request whose completion has arrived: a look at its slot,
+    /// and if it is not there one poll of its queue pair and another look. A queue pair that
+    /// cannot be polled is left to the flush that follows.
+    fn record_completed(&self) {
+        let n = self.posted.borrow().len();
+        for i in 0..n {
+            let qp = {
+                let posted = self.posted.borrow();
+                if posted[i].done.get() {
+                    continue;
+                }
+                posted[i].qp
+            };
+            if self.take_if_done(i).is_none() && qp.poll().is_ok() {
+                self.take_if_done(i);
+            }
+        }
     }
 
     /// Moves the queue pair of every unfinished request to the error state.
