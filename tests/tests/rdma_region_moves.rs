@@ -5,7 +5,8 @@
 //! and that a handle (`Pending`, `PartsPending`, a future) dropped in any state releases its
 //! region exactly once and never while the NIC may use it; memcheck over all of it. Written
 //! by an independent review (round 11) that tried to break them from safe code. Runs in the
-//! testbed VM; tests that count MRs or descriptors take a lock so that they run alone.
+//! testbed VM; every test takes a lock, so that those that count MRs or descriptors run alone
+//! (the test harness may run several at once).
 
 use integration_tests::counts::{dmabuf_objects, open_fds, rdma_resources};
 use integration_tests::evil_waker::{evil, Site};
@@ -97,6 +98,7 @@ fn cached_keys_are_the_kernels_keys_and_work() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn keys_survive_moves_and_a_stale_rkey_is_refused_after_into_inner() {
+    let _l = lock();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = deep_pair(&pd);
@@ -235,6 +237,7 @@ fn regions_through_posts_into_inner_and_drop_leak_nothing() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn regions_cross_threads_and_keep_their_keys() {
+    let _l = lock();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let shared = Arc::new(host_region(&pd, &[], 4096, Access::LOCAL_WRITE));
@@ -469,6 +472,7 @@ fn under_valgrind_boxed_regions_scopes_and_tickets_have_no_memory_error() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn valgrind_body() {
+    let _l = lock();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = deep_pair(&pd);

@@ -378,6 +378,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// Records every unfinished request whose completion has arrived: a look at its slot,
     /// and if it is not there one poll of its queue pair and another look. A queue pair that
     /// cannot be polled is left to the flush that follows.
+    #[cold]
+    #[inline(never)]
     fn record_completed(&self) {
         let n = self.posted.borrow().len();
         for i in 0..n {
