@@ -78,6 +78,7 @@ impl<'q, B: Backing> Pending<'q, B> {
     ///
     /// # Errors
     /// `Err(self)` while the request is still in flight.
+    #[inline]
     pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
         let Some((local, c)) = self.ticket.try_finish_raw() else {
             return Err(self);
