@@ -1,4 +1,5 @@
-//! Running helper programs (perftest, rdma-core's utilities) with deadlines.
+//! Running helper programs (perftest, rdma-core's utilities), and closures that might hang,
+//! with deadlines.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -90,4 +91,22 @@ pub fn valgrind_self(args: &[&str], passed: usize) -> String {
     assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
     assert!(text.contains(&format!("{passed} passed")), "{text}");
     text
+}
+
+/// Runs `f` on its own thread and waits at most `limit` for it: a hang fails the test (the
+/// stuck thread is left behind) instead of stalling the run; a panic in `f` goes on here.
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(v)) => v,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{what}: still waiting after {limit:?}"),
+    }
 }

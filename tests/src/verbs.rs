@@ -29,6 +29,18 @@ pub fn connect_pair(a: QueuePairBuilder, b: QueuePairBuilder) -> (QueuePair, Que
     )
 }
 
+/// Two connected queue pairs with 64 entries in each queue and two SGEs per request: room for
+/// scopes and handles of many requests at once.
+pub fn deep_pair(pd: &Arc<ProtectionDomain>) -> (QueuePair, QueuePair) {
+    let b = || {
+        QueuePairBuilder::new(pd)
+            .send_depth(64)
+            .recv_depth(64)
+            .max_sge(2)
+    };
+    connect_pair(b(), b())
+}
+
 /// Builds `hub` and connects it to `n` peers, each a queue pair in `pd` of this process
 /// (`n` must be the hub's peer count).
 pub fn hub_and_peers(

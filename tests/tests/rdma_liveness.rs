@@ -5,6 +5,7 @@
 //! Every wait in these tests has its own bound, so code that hangs fails the test instead of
 //! stalling the run.
 
+use integration_tests::process::within;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, hub_and_peers, loopback_pair, pd};
 use rdma_dmabuf::{
@@ -254,24 +255,6 @@ fn queue_depths_past_the_device_are_refused_with_the_figures() {
 }
 
 // Scopes and multi-peer operations.
-
-/// Runs `f` on its own thread and waits at most `limit` for it: a hang fails the test (the
-/// stuck thread is left behind) instead of stalling the run.
-fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(v)) => v,
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(_) => panic!("{what}: still waiting after {limit:?}"),
-    }
-}
 
 /// A hub channel to `n` peers (queue pairs of this process), with `timeout` for its
 /// blocking operations.

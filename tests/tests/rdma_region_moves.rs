@@ -13,10 +13,8 @@ use integration_tests::evil_waker::{evil, Site};
 use integration_tests::injection::{pair, panicked, parked, recv_region, send, LEN, T};
 use integration_tests::process::valgrind_self;
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{connect_pair, host_region, pattern, pd};
-use rdma_dmabuf::{
-    scope, Access, HostBuffer, Local, MemoryRegion, QueuePair, QueuePairBuilder, RegistrationCache,
-};
+use integration_tests::verbs::{deep_pair, host_region, pattern, pd};
+use rdma_dmabuf::{scope, Access, HostBuffer, Local, MemoryRegion, RegistrationCache};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -30,16 +28,6 @@ fn lock() -> std::sync::MutexGuard<'static, ()> {
 }
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
-
-fn deep_pair(pd: &Arc<rdma_dmabuf::ProtectionDomain>) -> (QueuePair, QueuePair) {
-    let b = || {
-        QueuePairBuilder::new(pd)
-            .send_depth(64)
-            .recv_depth(64)
-            .max_sge(2)
-    };
-    connect_pair(b(), b())
-}
 
 // ---------------------------------------------------------------------------------------
 // ---------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@
 
 use integration_tests::evil_waker::{evil, Site};
 use integration_tests::injection::parked;
+use integration_tests::process::within;
 use integration_tests::testbed::Testbed;
-use integration_tests::verbs::{connect_pair, host_region, hub_and_peers, pattern, pd};
+use integration_tests::verbs::{connect_pair, deep_pair, host_region, hub_and_peers, pattern, pd};
 use rdma_dmabuf::{
     scope, scope_with_deadline, Access, MultiChannelBuilder, QueuePair, QueuePairBuilder,
 };
@@ -18,33 +19,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
-
-/// Runs `f` on a thread; panics if it has not finished within `limit` (a hang is a finding).
-fn within<R: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> R + Send + 'static,
-) -> R {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(v)) => v,
-        Ok(Err(p)) => std::panic::resume_unwind(p),
-        Err(_) => panic!("{what}: still running after {limit:?}"),
-    }
-}
-
-fn deep_pair(pd: &Arc<rdma_dmabuf::ProtectionDomain>) -> (QueuePair, QueuePair) {
-    let b = || {
-        QueuePairBuilder::new(pd)
-            .send_depth(64)
-            .recv_depth(64)
-            .max_sge(2)
-    };
-    connect_pair(b(), b())
-}
 
 // ---------------------------------------------------------------------------------------
 // ---------------------------------------------------------------------------------------
