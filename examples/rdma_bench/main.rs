@@ -44,13 +44,16 @@ mod waits;
 use examples::kinds::{Allocator, RegionKind};
 use examples::{fail, Args, SideChannel};
 use rdma_dmabuf::Backing;
-use rdma_dmabuf::{Access, Context, MemoryRegion, PreparedQp, ProtectionDomain, QueuePairBuilder};
+use rdma_dmabuf::{
+    Access, Context, MemoryRegion, PreparedQp, ProtectionDomain, QueuePairBuilder, SpinPolicy,
+};
 use std::time::Duration;
 
 const USAGE: &str = "\
 usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather|batch|lat-poll] [--region KIND]
                          [--size 65536] [--iters 1000] [--window 128] [--inline yes|no|auto]
-                         [--async yes|no] [--busy-poll MICROS] [--device rxe0]
+                         [--async yes|no] [--busy-poll MICROS] [--spin shared|dedicated]
+                         [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--hold-map yes|no] [--device rxe0]
        rdma_bench cost [--series owned|scoped|awaited|batch] [--size 65536] [--iters 1000] [--device rxe0]
@@ -78,6 +81,9 @@ pub struct Run {
     /// `--busy-poll MICROS`: an awaited request's busy-poll budget (`QueuePair::set_busy_poll`;
     /// the library's default without it).
     pub busy_poll: Option<u64>,
+    /// `--spin shared|dedicated`: what the queue pair's busy waits do between polls
+    /// (`QueuePair::set_spin_policy`; shared, the library's default, without it).
+    pub spin: SpinPolicy,
     /// `--hold-map yes` (reg): a CPU mapping of each dma-buf stays open while it is registered
     /// and deregistered, so the exporter's pages are held by someone else (`reg.rs`).
     pub hold_map: bool,
@@ -99,6 +105,7 @@ fn main() {
             "async",
             "series",
             "busy-poll",
+            "spin",
             "hold-map",
         ],
     );
@@ -133,6 +140,11 @@ fn main() {
         kind,
         awaited,
         busy_poll: args.text("busy-poll").map(|_| args.get("busy-poll", 0)),
+        spin: match args.text("spin").as_deref() {
+            None | Some("shared") => SpinPolicy::Shared,
+            Some("dedicated") => SpinPolicy::Dedicated,
+            Some(other) => fail(&format!("--spin is shared or dedicated, not {other:?}")),
+        },
         hold_map: match args.text("hold-map").as_deref() {
             None | Some("no") => false,
             Some("yes") => true,
@@ -233,6 +245,7 @@ fn connected<B: Backing>(
     if let Some(us) = run.busy_poll {
         qp.set_busy_poll(Duration::from_micros(us));
     }
+    qp.set_spin_policy(run.spin);
     let kind = run.kind.name();
     match (mode, client) {
         ("bw" | "gather" | "batch", true) => {

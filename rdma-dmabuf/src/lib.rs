@@ -82,6 +82,7 @@ mod remote;
 mod scope;
 mod shard;
 mod slots;
+mod spin;
 #[cfg(feature = "tokio")]
 pub mod tokio_rt;
 mod unwind;
@@ -116,6 +117,7 @@ pub use qp::{
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use shard::{JoinError, Shard, SplitError};
+pub use spin::SpinPolicy;
 pub use wr::{AtomicOp, WorkCompletion, WorkKind};
 
 // The README's examples are compiled as doc tests, so they cannot drift from the API.

@@ -28,6 +28,7 @@ use crate::mr::{Access, Backing};
 use crate::part::Local;
 use crate::pd::ProtectionDomain;
 use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
+use crate::spin::Spinner;
 use crate::wr::{WorkCompletion, WorkKind};
 use rdma_sys as ffi;
 use std::cell::RefCell;
@@ -448,20 +449,14 @@ impl<B: Backing> SrqPending<'_, B> {
     /// `Err(self)` if the receive is still posted after `timeout`.
     pub fn spin_timeout(mut self, timeout: Duration) -> std::result::Result<Outcome<B>, Self> {
         let deadline = deadline_after(timeout);
-        let mut spins = 0u32;
+        let mut spinner = Spinner::new(self.srq.wait.spin_policy());
         loop {
             match self.try_complete() {
                 Ok(out) => return Ok(out),
                 Err(again) => self = again,
             }
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                if time_left(deadline).is_zero() {
-                    return Err(self);
-                }
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+            if spinner.after_poll() && time_left(deadline).is_zero() {
+                return Err(self);
             }
         }
     }

@@ -51,6 +51,19 @@ impl SharedReceiveQueue {
     pub fn take_completion_events(&self) -> Result<u32> {
         self.core.cq.take_events()
     }
+
+    /// As [`QueuePair::set_spin_policy`](crate::QueuePair::set_spin_policy), for the shared
+    /// queue's busy waits ([`SrqPending::spin_timeout`], and the busy-poll of an awaited
+    /// receive).
+    pub fn set_spin_policy(&self, policy: crate::SpinPolicy) {
+        self.wait.set_spin_policy(policy);
+    }
+
+    /// What the shared queue's busy waits do between polls
+    /// ([`SharedReceiveQueue::set_spin_policy`]).
+    pub fn spin_policy(&self) -> crate::SpinPolicy {
+        self.wait.spin_policy()
+    }
 }
 
 impl<'s, B: Backing> SrqPending<'s, B> {

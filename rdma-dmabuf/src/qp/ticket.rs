@@ -5,6 +5,7 @@
 use super::QueuePair;
 use crate::deadline::{deadline_after, time_left};
 use crate::slots::{wr_id, RawCompletion};
+use crate::spin::Spinner;
 use crate::wr::{WorkCompletion, WorkKind};
 use std::fmt;
 use std::time::Duration;
@@ -21,18 +22,13 @@ pub(super) trait Handle<'q>: Sized {
 
 /// Busy-polls `h` until its request completes (yielding now and then).
 pub(super) fn busy_wait<'q, H: Handle<'q>>(mut h: H) -> H::Out {
-    let mut spins = 0u32;
+    let mut spinner = Spinner::new(h.qp().wait.spin_policy());
     loop {
         match h.try_complete() {
             Ok(out) => return out,
             Err(again) => h = again,
         }
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(64) {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
+        spinner.after_poll();
     }
 }
 
@@ -41,8 +37,13 @@ pub(super) fn timed_wait<'q, H: Handle<'q>>(
     h: H,
     timeout: Duration,
 ) -> std::result::Result<H::Out, H> {
-    wait_with(h, timeout, |_, _| {
-        std::thread::yield_now();
+    // A yield between every two polls (a timed wait is the patient kind), nothing under
+    // `SpinPolicy::Dedicated`.
+    let dedicated = h.qp().spin_policy() == crate::SpinPolicy::Dedicated;
+    wait_with(h, timeout, move |_, _| {
+        if !dedicated {
+            std::thread::yield_now();
+        }
         true
     })
 }

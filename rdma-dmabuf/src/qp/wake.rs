@@ -77,9 +77,14 @@ fn spin<Q: Waitable + ?Sized, R>(q: &Q, finish: &mut impl FnMut() -> Option<R>) 
         return None;
     }
     let start = std::time::Instant::now();
+    let dedicated = q.wait_state().spin_policy() == crate::SpinPolicy::Dedicated;
     let mut polls = 0u32;
     loop {
-        std::hint::spin_loop();
+        // No yield inside the budget (it is a bound on how long this poll of the future may
+        // keep its thread, and short): only the hint, unless the policy says nothing.
+        if !dedicated {
+            std::hint::spin_loop();
+        }
         if let Some(done) = finish() {
             return Some(done);
         }
@@ -107,17 +112,31 @@ pub(crate) struct WaitState {
     /// How long an awaited request busy-polls before it arms the completion channel.
     /// In nanoseconds (atomic so that the queue's `Sync`-ness is the other fields' alone).
     pub(crate) busy_poll: std::sync::atomic::AtomicU64,
+    /// What busy waits do between polls ([`SpinPolicy`](crate::SpinPolicy), as its bits).
+    pub(crate) spin: std::sync::atomic::AtomicU8,
     /// The fds as registered with tokio's reactor (of the runtime the last await ran on).
     #[cfg(feature = "tokio")]
     pub(crate) tokio: with_tokio::Registration,
 }
 
 impl WaitState {
+    /// The busy waits' policy.
+    #[inline]
+    pub(crate) fn spin_policy(&self) -> crate::SpinPolicy {
+        crate::SpinPolicy::from_bits(self.spin.load(Relaxed))
+    }
+
+    /// Sets the busy waits' policy, from their next wait on.
+    pub(crate) fn set_spin_policy(&self, policy: crate::SpinPolicy) {
+        self.spin.store(policy.to_bits(), Relaxed);
+    }
+
     /// Nobody waiting yet on a queue of `slots` request slots.
     pub(crate) fn new(slots: usize) -> WaitState {
         WaitState {
             waiters: Waiters::new(slots),
             busy_poll: std::sync::atomic::AtomicU64::new(DEFAULT_BUSY_POLL.as_nanos() as u64),
+            spin: std::sync::atomic::AtomicU8::new(0),
             #[cfg(feature = "tokio")]
             tokio: with_tokio::Registration::default(),
         }
@@ -150,6 +169,24 @@ impl QueuePair {
     /// The busy-poll budget of awaited requests ([`QueuePair::set_busy_poll`]).
     pub fn busy_poll(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.wait.busy_poll.load(Relaxed))
+    }
+
+    /// What this queue pair's busy waits do between polls of its completion queue (default
+    /// [`SpinPolicy::Shared`](crate::SpinPolicy::Shared): a spin-loop hint, and a yield every
+    /// 64th poll); [`SpinPolicy::Dedicated`](crate::SpinPolicy::Dedicated) polls with nothing
+    /// between, for a thread with a core of its own. Applies to [`Pending::spin`] and the
+    /// other handles' `spin` and `spin_timeout`, a scope's waits, and the busy-poll budget of
+    /// awaited requests ([`QueuePair::set_busy_poll`]), from their next wait on. A wait's
+    /// deadline is looked at as often either way.
+    ///
+    /// [`Pending::spin`]: crate::Pending::spin
+    pub fn set_spin_policy(&self, policy: crate::SpinPolicy) {
+        self.wait.set_spin_policy(policy);
+    }
+
+    /// What this queue pair's busy waits do between polls ([`QueuePair::set_spin_policy`]).
+    pub fn spin_policy(&self) -> crate::SpinPolicy {
+        self.wait.spin_policy()
     }
 
     /// `ibv_req_notify_cq`, then one more poll of the CQ (what completed before arming

@@ -435,7 +435,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             }
             (e.qp, e.index, e.gen)
         };
-        let mut spins = 0u32;
+        let mut spinner = crate::spin::Spinner::new(qp.spin_policy());
         loop {
             if let Some(c) = qp.take_completion(index, gen) {
                 {
@@ -448,14 +448,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 return Ok(true);
             }
             qp.poll()?;
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Ok(false);
-                }
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+            if spinner.after_poll() && deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
             }
         }
     }

@@ -212,6 +212,16 @@ pub const SERIES: &[Series] = &[
         "--mode lat-poll --inline no --region host",
         QuickTwoNode,
     ),
+    // The receive-completion ping-pong with nothing between polls (`SpinPolicy::Dedicated`),
+    // as perftest's loops: what the default's PAUSE and yield cost it here
+    // (docs/performance-gaps.md).
+    series(
+        "ours/host+dedicated",
+        Latency,
+        "rdma_bench",
+        "--mode lat --inline no --spin dedicated --region host",
+        No,
+    ),
     series(
         "ours/host+async",
         Latency,
