@@ -240,9 +240,16 @@ impl Slots {
             // Its request has ended and the slot was freed: nothing waits to release `buf`,
             // so it goes back to be dropped now (as for another generation).
             State::Free => Some(buf),
-            State::Posted | State::Abandoned | State::Stranded => {
+            State::Posted => {
                 slot.state = State::Abandoned;
                 slot.held = Some(buf);
+                None
+            }
+            // Cannot happen: a handle abandons its slot once, and a stranded slot has no
+            // handle. Were it to, storing `buf` would drop what the slot holds while the NIC
+            // may use it (an independent review's note): both are kept, `buf` leaked.
+            State::Abandoned | State::Stranded => {
+                std::mem::forget(buf);
                 None
             }
         }
@@ -313,6 +320,30 @@ mod tests {
         assert_eq!(s.take(i, g).unwrap().byte_len, 1);
         assert_eq!(s.outstanding(), 0);
         s.acquire(WorkKind::Send).unwrap();
+    }
+
+    #[test]
+    fn a_second_abandon_never_drops_what_the_slot_holds() {
+        let first = std::sync::Arc::new(());
+        let second = std::sync::Arc::new(());
+        let mut s = Slots::new(1, 0);
+        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        assert!(s.abandon(i, g, Box::new(first.clone())).is_none());
+        assert!(s.abandon(i, g, Box::new(second.clone())).is_none());
+        assert_eq!(
+            std::sync::Arc::strong_count(&first),
+            2,
+            "what the NIC may use is still held"
+        );
+        let released = s
+            .complete(wr_id(i, g), ok())
+            .expect("released by completion");
+        drop(released);
+        assert_eq!(
+            std::sync::Arc::strong_count(&first),
+            1,
+            "released once done"
+        );
     }
 
     #[test]

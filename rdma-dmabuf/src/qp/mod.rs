@@ -66,7 +66,8 @@ pub struct QueuePair {
     local: Endpoint,
     remote: Endpoint,
     /// Set once the queue pair is in the error state: flushed by us, or told so by a
-    /// completion with an error status (an RC queue pair moves to ERR on the first one).
+    /// completion with an error status (an RC queue pair moves to ERR on the first one;
+    /// we then flush it once more, for what was posted before we knew).
     /// Posts are refused from then on: the verbs accept them, but a provider need not ever
     /// complete them (rxe queues a receive posted then and never flushes it).
     in_error: Cell<bool>,
@@ -206,9 +207,10 @@ impl QueuePair {
     fn poll_finding(&self, mine: Option<u64>) -> Result<(usize, Option<RawCompletion>)> {
         let mut panics = crate::unwind::Deferred::default();
         let mut seen = None;
+        let mut first_error = false;
         let n = self.raw.cq.poll(|wr_id, c| {
-            if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
-                self.in_error.set(true);
+            if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS && !self.in_error.replace(true) {
+                first_error = true;
             }
             if Some(wr_id) == mine {
                 // The caller holds the request's handle: nothing else waits for it, so no
@@ -238,8 +240,22 @@ impl QueuePair {
             drop(released);
             finished
         });
+        if first_error {
+            self.flush_after_error();
+        }
         panics.resume();
         n.map(|n| (n, found))
+    }
+
+    /// The first completion with an error status was just seen: the NIC has moved the queue
+    /// pair to the error state, maybe well before, and a receive posted in between was
+    /// accepted (nothing here knew yet). rxe keeps such a receive and never completes it;
+    /// moving the queue pair to the error state once more makes it flush it, as everything
+    /// else in flight. Later posts are refused (`is_in_error`). An rdma_cm connection is
+    /// disconnected, which it would be at its drop anyway.
+    #[cold]
+    fn flush_after_error(&self) {
+        self.raw.flush();
     }
 
     /// Sleeps until the completion queue has something, or `timeout` passes (see

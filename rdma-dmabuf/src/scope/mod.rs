@@ -63,8 +63,12 @@ pub fn scope_with_deadline<'env, T>(
         _scope: PhantomData,
         _env: PhantomData,
     };
-    let guard = Drain(&s);
+    let mut guard = Drain {
+        scope: &s,
+        returned: false,
+    };
     let out = f(&s);
+    guard.returned = true;
     drop(guard);
     out
 }
@@ -103,7 +107,14 @@ pub struct ScopedPending<'scope, 'env> {
     entry: usize,
 }
 
-struct Drain<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
+/// Waits for (or flushes) a scope's requests when it ends, returned or unwound.
+struct Drain<'a, 'scope, 'env> {
+    scope: &'a Scope<'scope, 'env>,
+    /// Whether the scope's closure returned. Not `std::thread::panicking()`: a scope run by a
+    /// `Drop` while the thread unwinds from an unrelated panic has a closure that returned,
+    /// and its requests deserve their drain, not a flush (an independent review's finding).
+    returned: bool,
+}
 
 impl Drop for Drain<'_, '_, '_> {
     fn drop(&mut self) {
@@ -121,10 +132,11 @@ impl Drop for Drain<'_, '_, '_> {
 
 impl Drain<'_, '_, '_> {
     fn drain(&self, panics: &mut Deferred) {
-        let scope = self.0;
-        // Unwinding, or told to: flush the queue pairs so that requests that would never
-        // complete (a receive whose message will not come) finish now, with a flush error.
-        let mut flushed = std::thread::panicking() || scope.flush_at_end.get();
+        let scope = self.scope;
+        // The closure unwound, or told to: flush the queue pairs so that requests that would
+        // never complete (a receive whose message will not come) finish now, with a flush
+        // error.
+        let mut flushed = !self.returned || scope.flush_at_end.get();
         if flushed {
             scope.flush_unfinished();
         }
