@@ -305,18 +305,30 @@ impl CmId {
         unsafe { ffi::rdma_disconnect(self.id()) };
     }
 
-    /// Waits, for at most `timeout`, for `RDMA_CM_EVENT_DISCONNECTED`.
-    pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
-        if self.ended.get().is_some() {
-            return Ok(());
+    /// Waits, for at most `timeout`, until the connection ends (`RDMA_CM_EVENT_DISCONNECTED`
+    /// or `RDMA_CM_EVENT_DEVICE_REMOVAL`). Every event is taken as [`CmId::take_events`]
+    /// takes it, so the end is recorded for whoever looks next (the queue pair's waiters, a
+    /// later `take_events`), never consumed here alone (an independent review found the
+    /// DISCONNECTED event eaten by this wait, and awaited requests then never woken).
+    pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<ConnectionEnd> {
+        let step = "wait for disconnect";
+        let deadline = deadline_after(timeout);
+        loop {
+            if let Some(end) = self.take_events()? {
+                return Ok(end);
+            }
+            let left = time_left(deadline);
+            if left.is_zero() {
+                return Err(Error::from_errno(
+                    Op::Cm,
+                    format!("{step}: no event within {timeout:?}"),
+                    libc::ETIMEDOUT,
+                ));
+            }
+            if let Err(e) = wait_readable(self.channel.fd(), left) {
+                return Err(Error::from_errno(Op::Cm, format!("{step}: poll"), e as i32));
+            }
         }
-        self.channel
-            .expect(
-                ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED,
-                timeout,
-                "wait for disconnect",
-            )
-            .map(drop)
     }
 
     /// The device librdmacm bound the id to, holding a reference on it in librdmacm (see

@@ -15,6 +15,7 @@ pub enum SpinPolicy {
     /// shares this CPU run (on soft-RoCE, the kernel worker that carries the packets, which
     /// may otherwise wait for the scheduler's next tick, several milliseconds, when there are
     /// no more CPUs than polling threads). Right wherever the polling thread shares its core.
+    /// (An owned handle's `spin_timeout` yields between every two polls, as it always has.)
     #[default]
     Shared,
     /// Nothing between polls, as perftest's loops: the completion is seen a hint's latency

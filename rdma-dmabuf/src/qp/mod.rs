@@ -38,6 +38,7 @@ pub use retry_env::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
 pub use srq::{SharedReceiveQueue, SrqPending};
 pub use wake::{DEFAULT_BUSY_POLL, MAX_BUSY_POLL};
 
+use crate::cm_id::ConnectionEnd;
 use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
@@ -322,13 +323,30 @@ impl QueuePair {
     }
 
     /// For an rdma_cm connection: waits until the peer disconnects (the
-    /// `RDMA_CM_EVENT_DISCONNECTED` event), for at most `timeout`.
+    /// `RDMA_CM_EVENT_DISCONNECTED` event), for at most `timeout`. The queue pair is then in
+    /// the error state, as [`QueuePair::take_cm_events`] leaves it: what is still in flight
+    /// ends flushed (awaited requests are woken), later posts are refused, and the end stays
+    /// recorded for `take_cm_events`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a queue pair connected by endpoint exchange;
-    /// [`Error::Verbs`] with `ETIMEDOUT` or for an unexpected event.
+    /// [`Error::Verbs`] with `ETIMEDOUT` if nothing ended the connection within `timeout`,
+    /// with `ENODEV` if the device is being removed (`RDMA_CM_EVENT_DEVICE_REMOVAL`: the
+    /// connection has ended too, and the queue pair is flushed as for a disconnect), or if
+    /// waiting on the event channel fails.
     pub fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
-        self.raw.wait_disconnected(timeout)
+        let end = self.raw.wait_disconnected(timeout)?;
+        if !self.is_in_error() {
+            self.flush();
+        }
+        match end {
+            ConnectionEnd::Disconnected => Ok(()),
+            ConnectionEnd::DeviceRemoval => Err(Error::from_errno(
+                Op::Cm,
+                "wait for disconnect: the device is being removed",
+                libc::ENODEV,
+            )),
+        }
     }
 }
 

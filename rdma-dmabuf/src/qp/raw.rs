@@ -1,7 +1,7 @@
 //! The queue pair's verbs objects and their teardown, whoever created them.
 
 use super::srq::SrqCore;
-use crate::cm_id::CmId;
+use crate::cm_id::{CmId, ConnectionEnd};
 use crate::cq::CompletionQueue;
 use crate::device::AtomicCap;
 use crate::error::{Error, Op, Result};
@@ -154,7 +154,7 @@ impl RawQp {
     }
 
     /// For an rdma_cm connection: waits, for at most `timeout`, until the peer disconnects.
-    pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
+    pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<ConnectionEnd> {
         match &self.origin {
             Origin::Cm(id) => id.wait_disconnected(timeout),
             Origin::Verbs => Err(Error::invalid(Op::Cm, "not an rdma_cm connection")),
