@@ -11,7 +11,7 @@ use std::ffi::CStr;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// An event channel; its fd is non-blocking and waits use `poll` with a timeout.
 pub(crate) struct Channel(NonNull<ffi::rdma_event_channel>);
@@ -173,18 +173,24 @@ impl Channel {
             if let Some(out) = self.try_next(step)? {
                 return Ok(out);
             }
-            let left = time_left(deadline);
-            if left.is_zero() {
-                return Err(Error::from_errno(
-                    Op::Cm,
-                    format!("{step}: no event within {timeout:?}"),
-                    libc::ETIMEDOUT,
-                ));
-            }
-            if let Err(e) = wait_readable(self.fd(), left) {
-                return Err(Error::from_errno(Op::Cm, format!("{step}: poll"), e as i32));
-            }
+            self.wait_until(deadline, timeout, step)?;
         }
+    }
+
+    /// Waits until the channel's fd is readable or `deadline` (of a wait of `timeout`)
+    /// passes: `ETIMEDOUT` naming `step` if it has passed already.
+    fn wait_until(&self, deadline: Option<Instant>, timeout: Duration, step: &str) -> Result<()> {
+        let left = time_left(deadline);
+        if left.is_zero() {
+            return Err(Error::from_errno(
+                Op::Cm,
+                format!("{step}: no event within {timeout:?}"),
+                libc::ETIMEDOUT,
+            ));
+        }
+        wait_readable(self.fd(), left)
+            .map(drop)
+            .map_err(|e| Error::from_errno(Op::Cm, format!("{step}: poll"), e as i32))
     }
 }
 
@@ -317,17 +323,7 @@ impl CmId {
             if let Some(end) = self.take_events()? {
                 return Ok(end);
             }
-            let left = time_left(deadline);
-            if left.is_zero() {
-                return Err(Error::from_errno(
-                    Op::Cm,
-                    format!("{step}: no event within {timeout:?}"),
-                    libc::ETIMEDOUT,
-                ));
-            }
-            if let Err(e) = wait_readable(self.channel.fd(), left) {
-                return Err(Error::from_errno(Op::Cm, format!("{step}: poll"), e as i32));
-            }
+            self.channel.wait_until(deadline, timeout, step)?;
         }
     }
 
