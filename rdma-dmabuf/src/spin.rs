@@ -7,8 +7,10 @@
 /// [`SharedReceiveQueue::set_spin_policy`](crate::SharedReceiveQueue::set_spin_policy).
 ///
 /// Neither policy changes what a wait returns or how long it may last; only how the CPU is
-/// spent meanwhile.
+/// spent meanwhile. More policies may come (e.g. another yield interval): matches need a
+/// wildcard arm.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SpinPolicy {
     /// The default: a spin-loop hint (x86 `PAUSE`) between polls, and a `sched_yield` every
     /// 64th. The hint frees the core's other hardware thread; the yield lets a thread that
