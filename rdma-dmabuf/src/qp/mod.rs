@@ -242,21 +242,15 @@ impl QueuePair {
             finished
         });
         if first_error {
-            self.flush_after_error();
+            // The NIC moved the queue pair to the error state, maybe well before, and a
+            // receive posted in between was accepted (nothing here knew yet): rxe keeps such
+            // a receive and never completes it. Moving the queue pair to the error state once
+            // more makes it flush it, as everything else in flight (after the completions
+            // above are recorded; the flush cannot unwind).
+            self.flush();
         }
         panics.resume();
         n.map(|n| (n, found))
-    }
-
-    /// The first completion with an error status was just seen: the NIC has moved the queue
-    /// pair to the error state, maybe well before, and a receive posted in between was
-    /// accepted (nothing here knew yet). rxe keeps such a receive and never completes it;
-    /// moving the queue pair to the error state once more makes it flush it, as everything
-    /// else in flight. Later posts are refused (`is_in_error`). An rdma_cm connection is
-    /// disconnected, which it would be at its drop anyway.
-    #[cold]
-    fn flush_after_error(&self) {
-        self.raw.flush();
     }
 
     /// Sleeps until the completion queue has something, or `timeout` passes (see
@@ -266,10 +260,18 @@ impl QueuePair {
     }
 
     /// Moves the queue pair to the error state: everything in flight completes, flushed
-    /// (rdma_cm connections are disconnected, which tells the peer).
+    /// (rdma_cm connections are disconnected, which tells the peer). Off every hot path.
+    #[cold]
     pub(crate) fn flush(&self) {
         self.in_error.set(true);
         self.raw.flush();
+    }
+
+    /// Its rdma_cm connection has ended (an event said so): flushed, unless it already is.
+    pub(crate) fn connection_ended(&self) {
+        if !self.is_in_error() {
+            self.flush();
+        }
     }
 
     /// Whether the queue pair is known to be in the error state (flushed by us, told so by
@@ -336,9 +338,7 @@ impl QueuePair {
     /// waiting on the event channel fails.
     pub fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
         let end = self.raw.wait_disconnected(timeout)?;
-        if !self.is_in_error() {
-            self.flush();
-        }
+        self.connection_ended();
         match end {
             ConnectionEnd::Disconnected => Ok(()),
             ConnectionEnd::DeviceRemoval => Err(Error::from_errno(

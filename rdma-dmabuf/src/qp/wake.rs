@@ -232,8 +232,8 @@ impl QueuePair {
             return Ok(None);
         };
         let end = id.take_events()?;
-        if end.is_some() && !self.is_in_error() {
-            self.flush();
+        if end.is_some() {
+            self.connection_ended();
         }
         Ok(end)
     }
