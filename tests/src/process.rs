@@ -110,3 +110,12 @@ pub fn within<T: Send + 'static>(
         Err(_) => panic!("{what}: still waiting after {limit:?}"),
     }
 }
+
+/// The test binary's lock for tests that must run alone: those that count process- or
+/// system-wide resources (descriptors, MRs, the kernel's yield count) or that fail a queue
+/// pair on purpose (the harness runs tests two at a time). One per test binary: each links
+/// its own copy of this library. A test that panicked while holding it does not poison it.
+pub fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}

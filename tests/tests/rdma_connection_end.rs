@@ -8,7 +8,7 @@
 //! an independent review (round 12) that tried to break the API from safe code. Runs in the
 //! testbed VM; every test takes a lock.
 
-use integration_tests::process::within;
+use integration_tests::process::{alone, within};
 use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, hub_and_peers, pd};
@@ -17,18 +17,13 @@ use rdma_dmabuf::{
     QueuePairBuilder, RemoteRegion, SharedReceiveQueue,
 };
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-static LOCK: Mutex<()> = Mutex::new(());
 const T: Duration = Duration::from_secs(20);
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 /// `IBV_WC_WR_FLUSH_ERR`.
 const FLUSH_ERR: u32 = 5;
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn status(e: &Error) -> Option<u32> {
     match e {
@@ -49,7 +44,7 @@ fn bogus(real: RemoteRegion) -> RemoteRegion {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_failing_send_of_an_srq_queue_pair_flushes_it_alone_and_the_shared_receives_stay_posted() {
-    let _l = lock();
+    let _l = alone();
     within(Duration::from_secs(90), "srq + first-error flush", || {
         let tb = Testbed::get();
         let pd = pd(&tb);
@@ -111,7 +106,7 @@ fn a_failing_send_of_an_srq_queue_pair_flushes_it_alone_and_the_shared_receives_
 #[test]
 #[ignore = "needs the testbed VM"]
 fn one_failing_peer_of_a_multichannel_is_flushed_alone_and_the_others_go_on() {
-    let _l = lock();
+    let _l = alone();
     within(
         Duration::from_secs(90),
         "multi-peer with one failing peer",
@@ -237,7 +232,7 @@ async fn cm_connect(port: u16) -> Conn {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_first_error_on_an_rdma_cm_connection_disconnects_it_and_both_sides_learn() {
-    let _l = lock();
+    let _l = alone();
     within(Duration::from_secs(90), "cm first error", || {
         run_local(async {
             let c = cm_connect(20311).await;
@@ -284,7 +279,7 @@ fn a_first_error_on_an_rdma_cm_connection_disconnects_it_and_both_sides_learn() 
 #[test]
 #[ignore = "needs the testbed VM"]
 fn wait_disconnected_then_an_awaited_receive_on_the_dead_connection() {
-    let _l = lock();
+    let _l = alone();
     within(
         Duration::from_secs(90),
         "wait_disconnected + awaited receive",

@@ -6,23 +6,18 @@
 //! ended). Written by an independent review (round 12) that tried to break the API from safe
 //! code. Runs in the testbed VM; every test takes a lock.
 
+use integration_tests::process::alone;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pattern, pd};
 use rdma_dmabuf::{
     scope_with_deadline, Access, HostBuffer, Local, Pending, QueuePair, QueuePairBuilder,
     RemoteRegion,
 };
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 const T: Duration = Duration::from_secs(10);
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn small_pair(pd: &Arc<rdma_dmabuf::ProtectionDomain>) -> (QueuePair, QueuePair) {
     let b = || {
@@ -67,7 +62,7 @@ fn fail_unseen<'q>(
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_receive_posted_after_an_unseen_failure_ends() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = small_pair(&pd);
@@ -134,7 +129,7 @@ fn a_scoped_receive_posted_after_an_unseen_failure_lets_the_scope_end() {
         println!("CHILD PASSED");
         return;
     }
-    let _l = lock();
+    let _l = alone();
     let me = std::env::current_exe().unwrap();
     // This test binary (built by this workspace), run again as the child.
     let mut cmd = std::process::Command::new(me);
@@ -161,7 +156,7 @@ fn a_scoped_receive_posted_after_an_unseen_failure_lets_the_scope_end() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_batch_posted_after_an_unseen_failure_comes_back_whole() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = small_pair(&pd);

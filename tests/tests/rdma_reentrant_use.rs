@@ -6,24 +6,18 @@
 //! (round 12) that tried to break the API from safe code. Runs in the testbed VM; every test
 //! takes a lock.
 
-use integration_tests::process::within;
+use integration_tests::process::{alone, within};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{deep_pair, host_region, pattern, pd};
 use rdma_dmabuf::{scope, Access, HostBuffer, Local, Pending, QueuePair};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Wake, Waker};
 use std::time::Duration;
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 const T: Duration = Duration::from_secs(10);
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 // ---------------------------------------------------------------------------------------
 // 1. A scope run while the thread unwinds from a panic that is not its closure's
@@ -58,7 +52,7 @@ fn maybe_while_unwinding(unwinding: bool, f: impl FnOnce()) {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_scope_in_a_drop_during_an_unrelated_unwind_does_not_flush_its_queue_pairs() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let mut report = Vec::new();
@@ -143,7 +137,7 @@ impl Wake for Reentrant {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_waker_that_polls_its_queue_pair_again_loses_and_mixes_up_nothing() {
-    let _l = lock();
+    let _l = alone();
     within(Duration::from_secs(120), "re-entrant poll", || {
         let tb = Testbed::get();
         let pd = pd(&tb);
@@ -221,7 +215,7 @@ fn a_waker_that_polls_its_queue_pair_again_loses_and_mixes_up_nothing() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn volatile_reads_during_a_scoped_send_and_at_the_edges() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = deep_pair(&pd);

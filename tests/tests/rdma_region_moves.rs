@@ -11,21 +11,14 @@
 use integration_tests::counts::{dmabuf_objects, open_fds, rdma_resources};
 use integration_tests::evil_waker::{evil, Site};
 use integration_tests::injection::{pair, panicked, parked, recv_region, send, LEN, T};
-use integration_tests::process::valgrind_self;
+use integration_tests::process::{alone, valgrind_self};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{deep_pair, host_region, pattern, pd};
 use rdma_dmabuf::{scope, Access, HostBuffer, Local, MemoryRegion, RegistrationCache};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
-
-/// Tests that count process- or device-wide resources run one at a time.
-static COUNTING: Mutex<()> = Mutex::new(());
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    COUNTING.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
@@ -39,7 +32,7 @@ const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 #[test]
 #[ignore = "needs the testbed VM"]
 fn cached_keys_are_the_kernels_keys_and_work() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let len = 12_345usize; // an unusual length, to find the MR in the listing
@@ -86,7 +79,7 @@ fn cached_keys_are_the_kernels_keys_and_work() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn keys_survive_moves_and_a_stale_rkey_is_refused_after_into_inner() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = deep_pair(&pd);
@@ -136,7 +129,7 @@ fn keys_survive_moves_and_a_stale_rkey_is_refused_after_into_inner() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn regions_through_posts_into_inner_and_drop_leak_nothing() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     drop(deep_pair(&pd));
@@ -225,7 +218,7 @@ fn regions_through_posts_into_inner_and_drop_leak_nothing() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn regions_cross_threads_and_keep_their_keys() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let shared = Arc::new(host_region(&pd, &[], 4096, Access::LOCAL_WRITE));
@@ -270,7 +263,7 @@ fn regions_cross_threads_and_keep_their_keys() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn tickets_dropped_in_every_state_release_each_region_once() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let mrs = rdma_resources("mr");
@@ -371,7 +364,7 @@ fn tickets_dropped_in_every_state_release_each_region_once() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn owned_futures_dropped_mid_flight_never_mix_up_slots() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let mrs = rdma_resources("mr");
@@ -419,7 +412,7 @@ fn owned_futures_dropped_mid_flight_never_mix_up_slots() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn parts_pending_polled_once_then_dropped_then_completed() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let mrs = rdma_resources("mr");
@@ -451,7 +444,7 @@ fn parts_pending_polled_once_then_dropped_then_completed() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn under_valgrind_boxed_regions_scopes_and_tickets_have_no_memory_error() {
-    let _l = lock();
+    let _l = alone();
     Testbed::get();
     valgrind_self(&["--exact", "valgrind_body"], 1);
 }
@@ -460,7 +453,7 @@ fn under_valgrind_boxed_regions_scopes_and_tickets_have_no_memory_error() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn valgrind_body() {
-    let _l = lock();
+    let _l = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = deep_pair(&pd);

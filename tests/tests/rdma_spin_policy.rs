@@ -9,7 +9,7 @@
 //! during a long `Shared` wait and not during a `Dedicated` one. Every test takes a lock: the
 //! yield count is system-wide, and the harness runs tests two at a time.
 
-use integration_tests::process::within;
+use integration_tests::process::{alone, within};
 use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{deep_pair, host_region, hub_and_peers, pattern, pd};
@@ -17,14 +17,7 @@ use rdma_dmabuf::{
     scope, scope_with_deadline, Access, Local, MultiChannelBuilder, QueuePair, SharedReceiveQueue,
     SpinPolicy,
 };
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-static ALONE: Mutex<()> = Mutex::new(());
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    ALONE.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 const LEN: usize = 4096;
@@ -41,7 +34,7 @@ fn dedicated(qps: &[&QueuePair]) {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn every_wait_of_a_dedicated_queue_pair_ends_with_the_data_sent() {
-    let _l = lock();
+    let _l = alone();
     within(Duration::from_secs(120), "every dedicated wait", || {
         let tb = Testbed::get();
         let pd = pd(&tb);
@@ -114,7 +107,7 @@ fn every_wait_of_a_dedicated_queue_pair_ends_with_the_data_sent() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn dedicated_spin_policy_still_honours_every_deadline() {
-    let _l = lock();
+    let _l = alone();
     within(Duration::from_secs(60), "dedicated-policy waits", || {
         let tb = Testbed::get();
         let pd = pd(&tb);
@@ -293,7 +286,7 @@ fn yields_of_long_waits(policy: SpinPolicy) -> [u64; 3] {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn dedicated_waits_never_yield_and_shared_ones_do() {
-    let _l = lock();
+    let _l = alone();
     let _stats = Schedstats::on();
     let shared = yields_of_long_waits(SpinPolicy::Shared);
     let dedicated = yields_of_long_waits(SpinPolicy::Dedicated);
