@@ -31,26 +31,48 @@ pub fn kernel_checks() -> Vec<Check> {
             &problems::KERNEL_TOO_OLD,
         ),
     }];
-    let loaded = |module: &str, node: &str| {
-        Path::new("/sys/module").join(module).exists() || Path::new(node).exists()
-    };
-    for (module, node, status) in [
-        ("ib_uverbs", "/dev/infiniband/uverbs0", Status::Fail),
-        ("rdma_ucm", "/dev/infiniband/rdma_cm", Status::Warn),
-    ] {
-        out.push(if loaded(module, node) {
+    for (module, status) in [("ib_uverbs", Status::Fail), ("rdma_ucm", Status::Warn)] {
+        let seen = module_evidence(module)
+            .iter()
+            .map(|p| format!("/{p}"))
+            .collect::<Vec<_>>()
+            .join(", no ");
+        out.push(if module_present(Path::new("/"), module) {
             Check::ok("kernel", module, "loaded")
         } else {
             Check::problem(
                 "kernel",
                 module,
                 status,
-                format!("not loaded (no /sys/module/{module}, no {node})"),
+                format!("not loaded (no /sys/module/{module}, no {seen})"),
                 &problems::UVERBS_MISSING,
             )
         });
     }
     out
+}
+
+/// Whether `module` (`ib_uverbs` or `rdma_ucm`) is in the kernel under `root` (`/`, or a
+/// captured tree in tests). A module built into the kernel has no `/sys/module` entry unless
+/// it has parameters: ib_uverbs is known by the class it registers, there even without an
+/// RDMA device (when no uverbs0 exists); rdma_ucm by its device node.
+pub fn module_present(root: &Path, module: &str) -> bool {
+    root.join("sys/module").join(module).exists()
+        || module_evidence(module)
+            .iter()
+            .any(|p| root.join(p).exists())
+}
+
+/// What shows that `module` is in the kernel besides its `/sys/module` entry, relative to `/`.
+fn module_evidence(module: &str) -> &'static [&'static str] {
+    match module {
+        "ib_uverbs" => &[
+            "sys/class/infiniband_verbs/abi_version",
+            "dev/infiniband/uverbs0",
+        ],
+        "rdma_ucm" => &["dev/infiniband/rdma_cm"],
+        _ => &[],
+    }
 }
 
 /// The libraries of this process whose file name contains `needle`, from `/proc/self/maps`.
@@ -298,6 +320,25 @@ pub fn memory_checks() -> Vec<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ib_uverbs built into the kernel (as on a Firecracker GPU guest, seen on an H200
+    /// machine) has no /sys/module entry and, without an RDMA device, no uverbs0: its class
+    /// shows it. Without that, the doctor blamed ib_uverbs instead of the missing device.
+    #[test]
+    fn built_in_modules_are_found_by_their_class_or_node() {
+        let root = std::env::temp_dir().join(format!("doctor-modules-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        assert!(!module_present(&root, "ib_uverbs"));
+        assert!(!module_present(&root, "rdma_ucm"));
+        let class = root.join("sys/class/infiniband_verbs");
+        std::fs::create_dir_all(&class).unwrap();
+        std::fs::write(class.join("abi_version"), "6\n").unwrap();
+        assert!(module_present(&root, "ib_uverbs"));
+        std::fs::create_dir_all(root.join("sys/module/rdma_ucm")).unwrap();
+        assert!(module_present(&root, "rdma_ucm"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn versions_are_parsed() {

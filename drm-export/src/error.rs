@@ -198,10 +198,11 @@ pub enum CudaRefusal {
         /// The allocation's size.
         size: u64,
     },
-    /// The range crosses from one physical mapping into another (a virtual range mapped from
-    /// several physical allocations with `cuMemMap`).
+    /// The range crosses from the memory holding the pointer into the next mapped device
+    /// memory: from one `cuMemMap`ped physical allocation into the next (a virtual range
+    /// mapped from several), or from one allocation into a neighbouring one.
     SpansSegments {
-        /// Where the mapping holding the pointer starts.
+        /// Where the mapping (or allocation) holding the pointer starts.
         base: u64,
         /// Its size.
         size: u64,
@@ -234,9 +235,9 @@ impl fmt::Display for CudaRefusal {
             ),
             CudaRefusal::SpansSegments { base, size } => write!(
                 f,
-                "it crosses the end of the physical mapping holding it ({size} bytes at \
-                 {base:#x}): one dma-buf covers one mapping; register each mapping's part as \
-                 a region of its own"
+                "it crosses from the memory holding it ({size} bytes at {base:#x}) into the \
+                 next physical mapping or allocation: one dma-buf covers one; register each \
+                 part as a region of its own"
             ),
         }
     }
@@ -284,6 +285,10 @@ impl From<Error> for io::Error {
     }
 }
 
+/// `ENOTSUPP`: a kernel-internal errno (not in the C library's list) that drivers return to
+/// user space, e.g. NVIDIA's dma-buf `mmap`.
+const ENOTSUPP: i32 = 524;
+
 fn hint_for(op: Op, errno: Option<i32>) -> Option<&'static str> {
     match (op, errno?) {
         (Op::OpenDevice, libc::EACCES) => {
@@ -294,6 +299,10 @@ fn hint_for(op: Op, errno: Option<i32>) -> Option<&'static str> {
             Some("no such heap: see /dev/dma_heap/ (system needs CONFIG_DMABUF_HEAPS_SYSTEM)")
         }
         (Op::Map, libc::EINVAL) => Some("the exporter may not support CPU mmap of its dma-bufs"),
+        (Op::Map, ENOTSUPP | libc::EOPNOTSUPP) => Some(
+            "the exporter does not map its dma-bufs for the CPU (NVIDIA's nv_dmabuf: copy device \
+             memory with cuMemcpy, e.g. CudaBuffer::copy_to_host)",
+        ),
         (Op::Map, libc::EACCES) => {
             Some("the dma-buf was exported read-only (PRIME export needs DRM_RDWR)")
         }

@@ -12,7 +12,10 @@
  *
  * Besides device memory it makes allocations that report themselves as host memory and as
  * managed memory, and allocations mapped from several physical segments (as with cuMemMap),
- * so that the callers' checks can be tested. cuMemGetHandleForAddressRange requires
+ * so that the callers' checks can be tested. Allocations and mappings are reported as NVIDIA's
+ * driver reported them on an H200 (driver 580): cuMemGetAddressRange gives each mapped segment
+ * as an allocation of its own, and an allocation of one segment lies in a mapping of whole
+ * 2 MiB blocks. cuMemGetHandleForAddressRange requires
  * page-aligned ranges inside one segment, as the NVIDIA driver requires page alignment.
  */
 #define _GNU_SOURCE
@@ -260,10 +263,12 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     if (a) {
+        /* As NVIDIA's driver does: each mapped segment is an allocation of its own. */
+        size_t seg = (p - a->base) / a->seg_size;
         if (base)
-            *base = a->base;
+            *base = a->nsegs > 1 ? a->base + seg * a->seg_size : a->base;
         if (size)
-            *size = a->size;
+            *size = a->nsegs > 1 ? a->seg_size : a->size;
     }
     pthread_mutex_unlock(&lock);
     return a ? OK : NOT_FOUND;
@@ -292,7 +297,9 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
             *(int *)data = 0;
             break;
         case 18: /* CU_POINTER_ATTRIBUTE_MAPPING_SIZE */
-            *(size_t *)data = a->seg_size;
+            /* As NVIDIA's driver does, an allocation of one segment is inside a mapping of
+             * whole 2 MiB blocks; a segment of several is its own mapping. */
+            *(size_t *)data = a->nsegs > 1 ? a->seg_size : (a->size + ALIGN - 1) / ALIGN * ALIGN;
             break;
         case 19: /* CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR */
             *(CUdeviceptr *)data = a->base + seg * a->seg_size;

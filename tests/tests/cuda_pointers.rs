@@ -165,14 +165,48 @@ fn cuda_pointers_that_cannot_be_exported_are_refused_with_typed_errors() {
             size: half
         }
     );
+    // Each mapped part is an allocation of its own, as NVIDIA's driver reports it.
     let info = dev.pointer_info(vmm + half + 1).unwrap();
-    assert_eq!((info.alloc_base, info.alloc_size), (vmm, size));
+    assert_eq!((info.alloc_base, info.alloc_size), (vmm + half, half));
     assert_eq!(info.mapping, (vmm + half, half));
     for (at, len) in [(1, half - 1), (half, PAGE + 3), (size - 5, 5)] {
         let r = dev
             .export_range(vmm + at, len)
             .unwrap_or_else(|e| panic!("segment range {at} + {len}: {e}"));
         assert_eq!(r.ptr(), vmm + at);
+    }
+    // Two neighbouring allocations: a range from one into the other is refused as crossing,
+    // one past the last into nothing as past its allocation.
+    let two_mib = 2u64 << 20;
+    let blocks: Vec<u64> = (0..4)
+        .map(|_| s.alloc(two_mib as usize, 1, Kind::Device))
+        .collect();
+    let (a, b) = blocks
+        .iter()
+        .find_map(|&a| blocks.iter().find(|&&b| b == a + two_mib).map(|&b| (a, b)))
+        .expect("two neighbouring allocations");
+    assert_eq!(
+        refusal(a + two_mib - 4, 8),
+        CudaRefusal::SpansSegments {
+            base: a,
+            size: two_mib
+        }
+    );
+    let e = dev.export_range(a + 1, two_mib).unwrap_err().to_string();
+    assert!(
+        e.contains("into the next physical mapping or allocation"),
+        "{e}"
+    );
+    s.free(b);
+    assert_eq!(
+        refusal(a + two_mib - 4, 8),
+        CudaRefusal::PastAllocation {
+            base: a,
+            size: two_mib
+        }
+    );
+    for p in blocks.into_iter().filter(|&p| p != b) {
+        s.free(p);
     }
     for p in [base, host, managed, vmm] {
         s.free(p);

@@ -10,9 +10,12 @@
 //!
 //! Refused with [`Error::CudaPointer`]: unknown or freed pointers, ranges past their
 //! allocation, page-locked host memory, managed memory, memory of another GPU, and ranges
-//! that cross from one physical mapping into another (a `cuMemMap`ped range of several
-//! physical allocations: one dma-buf, and one memory region, covers one mapping; register
-//! the part in each mapping separately).
+//! that cross from one physical mapping or allocation into the next (a `cuMemMap`ped range
+//! of several physical allocations, or neighbouring allocations: one dma-buf, and one memory
+//! region, covers one; register the part in each separately).
+//!
+//! Checked against NVIDIA's driver on a GPU (`tests/cuda_driver`, feature `gpu-tests`) and,
+//! with RDMA, against a stand-in libcuda in the testbed.
 //!
 //! [`CudaBuffer`]: super::CudaBuffer
 
@@ -22,6 +25,12 @@ use crate::error::{CudaRefusal, Error, Result};
 use crate::sys::cuda::{self, Driver};
 
 /// What a CUDA pointer points into, from the pointer attributes and `cuMemGetAddressRange`.
+///
+/// As NVIDIA's driver reports them (580, on an H200): a `cuMemAlloc` allocation is its own
+/// `alloc_base`/`alloc_size`, inside a larger `mapping` (the driver's block, 2 MiB for small
+/// allocations, which other allocations may share); stream-ordered pool memory
+/// (`cuMemAllocAsync`) likewise, inside the pool's chunk; each `cuMemMap`ped part of a
+/// virtual range is an allocation of its own, equal to its mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PointerInfo {
     /// The allocation's base address.
@@ -31,8 +40,8 @@ pub struct PointerInfo {
     /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique per allocation for the life of the process,
     /// so memory freed and allocated again at the same address has a new id.
     pub buffer_id: u64,
-    /// The physical mapping holding the pointer, `(base, size)`: the allocation itself, or for
-    /// a range mapped from several physical allocations, the one mapping the pointer is in.
+    /// The physical mapping holding the pointer, `(base, size)`, as the driver reports it
+    /// (see above); the allocation itself for drivers that report none.
     pub mapping: (u64, u64),
 }
 
@@ -174,9 +183,6 @@ fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerI
     let buffer_id = d.pointer_u64(cuda::PTR_BUFFER_ID, ptr).map_err(unknown)?;
     let (base, size) = d.address_range(ptr).map_err(unknown)?;
     let (base, size) = (base, size as u64);
-    if end > base + size {
-        return Err(no(CudaRefusal::PastAllocation { base, size }));
-    }
     // Drivers before CUDA 11.7 know no mapping attributes: the allocation is one mapping.
     let mapping = match (
         d.pointer_u64(cuda::PTR_MAPPING_BASE_ADDR, ptr),
@@ -185,10 +191,26 @@ fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerI
         (Ok(b), Ok(s)) => (b, s),
         _ => (base, size),
     };
-    if ptr < mapping.0 || end > mapping.0 + mapping.1 {
-        return Err(no(CudaRefusal::SpansSegments {
-            base: mapping.0,
-            size: mapping.1,
+    // The range must stay inside the allocation and inside one physical mapping. NVIDIA's
+    // driver (580, H200) reports a `cuMemAlloc` allocation inside a larger mapping (its 2 MiB
+    // block), and each `cuMemMap`ped part of a virtual range as an allocation of its own.
+    let lo = base.max(mapping.0);
+    let hi = (base + size).min(mapping.0 + mapping.1);
+    if ptr < lo || end > hi {
+        // Device memory of this GPU right after: the range crosses from one mapping (or
+        // allocation) into the next, e.g. the seam of a virtual range mapped from several
+        // physical allocations. Anything else: it runs off the end of its allocation.
+        let next_is_ours = || {
+            d.pointer_u32(cuda::PTR_MEMORY_TYPE, hi) == Ok(cuda::MEMORYTYPE_DEVICE)
+                && d.pointer_u32(cuda::PTR_DEVICE_ORDINAL, hi) == Ok(ordinal as u32)
+        };
+        return Err(no(if ptr < lo || hi < base + size || next_is_ours() {
+            CudaRefusal::SpansSegments {
+                base: lo,
+                size: hi.saturating_sub(lo),
+            }
+        } else {
+            CudaRefusal::PastAllocation { base, size }
         }));
     }
     Ok(PointerInfo {

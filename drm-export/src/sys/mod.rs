@@ -27,7 +27,6 @@
 
 #![allow(unsafe_code)]
 
-use nix::errno::Errno;
 use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -113,18 +112,9 @@ nix::ioctl_write_ptr!(
     drm_vgem_fence_signal
 );
 
-/// Repeats an ioctl that failed with `EINTR` (interrupted by a signal) or `EAGAIN`, as
-/// libdrm's `drmIoctl` does.
-fn restart(mut call: impl FnMut() -> nix::Result<c_int>) -> io::Result<c_int> {
-    loop {
-        match call() {
-            Err(Errno::EINTR | Errno::EAGAIN) => continue,
-            other => return other.map_err(io::Error::from),
-        }
-    }
-}
-
+mod errno;
 mod pages;
+use errno::{os_error, restart};
 pub use pages::page_size;
 
 #[cfg(feature = "cuda")]
@@ -486,7 +476,8 @@ impl Mmap {
                 fd,
                 offset,
             )
-        }?;
+        }
+        .map_err(os_error)?;
         Ok(Mmap { ptr, len })
     }
 
