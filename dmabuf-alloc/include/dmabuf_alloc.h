@@ -39,6 +39,21 @@ int dmabuf_alloc_heap(const char *heap, uint64_t size, uint64_t *out_size);
 /* One of the above by name: "vgem", "udmabuf", "system", or "heap:<name>". */
 int dmabuf_alloc_from(const char *source, uint64_t size, uint64_t *out_size);
 
+/* CUDA device memory the program already has, e.g. a PyTorch tensor's data_ptr(): the
+ * dma-buf of the pages holding [ptr, ptr + len), anywhere inside a cuMemAlloc, pool
+ * (cuMemAllocAsync) or cuMemCreate + cuMemMap allocation of GPU `device`, also across the
+ * seams of a virtual range mapped from several physical allocations (PyTorch's expandable
+ * segments), exported with cuMemGetHandleForAddressRange. *out_offset (if not NULL)
+ * receives the offset of ptr in the dma-buf: ibv_reg_dmabuf_mr(pd, offset, len, ptr, fd,
+ * access) registers exactly the range, at iova = ptr. libcuda.so.1 is loaded at run time
+ * (the environment variable DRM_EXPORT_LIBCUDA names another library). Errors: EOPNOTSUPP
+ * without libcuda or without dma-buf support (NVIDIA's open kernel modules, CUDA 11.7+);
+ * EINVAL for host, managed, freed or another GPU's memory, a range past its allocation or
+ * into a neighbouring allocation (the message says which). NVIDIA's dma-bufs have no CPU
+ * mapping: dmabuf_alloc_read/_write on them fail with errno 524 (ENOTSUPP). */
+int dmabuf_alloc_cuda_range(int device, uint64_t ptr, uint64_t len, uint64_t *out_offset,
+                            uint64_t *out_size);
+
 /* The dma-buf's size in bytes; 0 on success, -1 with errno (EINVAL: not a dma-buf). */
 int dmabuf_alloc_size(int fd, uint64_t *out_size);
 

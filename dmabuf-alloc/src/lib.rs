@@ -25,7 +25,10 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, RawFd};
 use std::sync::Arc;
 
+mod cuda;
 mod sync;
+
+pub use cuda::dmabuf_alloc_cuda_range;
 
 /// A failure: the errno to set and the message for [`dmabuf_alloc_error`].
 struct Failure {

@@ -198,11 +198,11 @@ pub enum CudaRefusal {
         /// The allocation's size.
         size: u64,
     },
-    /// The range crosses from the memory holding the pointer into the next mapped device
-    /// memory: from one `cuMemMap`ped physical allocation into the next (a virtual range
-    /// mapped from several), or from one allocation into a neighbouring one.
-    SpansSegments {
-        /// Where the mapping (or allocation) holding the pointer starts.
+    /// The range crosses from the allocation holding the pointer into a neighbouring one
+    /// (`cuMemAlloc`s side by side, or allocations of one pool). Only the seams between the
+    /// `cuMemMap`ped parts of a virtual range may be crossed.
+    CrossesAllocations {
+        /// Where the allocation holding the pointer (within its mapping) starts.
         base: u64,
         /// Its size.
         size: u64,
@@ -233,11 +233,10 @@ impl fmt::Display for CudaRefusal {
                 f,
                 "it runs past the end of its allocation ({size} bytes at {base:#x})"
             ),
-            CudaRefusal::SpansSegments { base, size } => write!(
+            CudaRefusal::CrossesAllocations { base, size } => write!(
                 f,
-                "it crosses from the memory holding it ({size} bytes at {base:#x}) into the \
-                 next physical mapping or allocation: one dma-buf covers one; register each \
-                 part as a region of its own"
+                "it crosses from its allocation ({size} bytes at {base:#x}) into a \
+                 neighbouring one: register each allocation's part as a region of its own"
             ),
         }
     }

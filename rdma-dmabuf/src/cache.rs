@@ -334,7 +334,10 @@ impl RegistrationCache {
     /// key names (that allocation, from the key's offset, for the key's length): the cache
     /// cannot check it, and a registration filed under another buffer's key would be handed
     /// out for that buffer, so that transfers would move the wrong memory while reporting
-    /// success.
+    /// success. A buffer id names one allocation, so the range must lie inside it: not a
+    /// range that `CudaDevice::export_range` exports across the seams of several
+    /// `cuMemMap`ped allocations, where remapping one of the others would go unseen (cache
+    /// each allocation's part under its own key instead).
     ///
     /// # Errors
     /// As [`RegistrationCache::checkout_with`], but for the CUDA key.

@@ -15,8 +15,9 @@
  * so that the callers' checks can be tested. Allocations and mappings are reported as NVIDIA's
  * driver reported them on an H200 (driver 580): cuMemGetAddressRange gives each mapped segment
  * as an allocation of its own, and an allocation of one segment lies in a mapping of whole
- * 2 MiB blocks. cuMemGetHandleForAddressRange requires
- * page-aligned ranges inside one segment, as the NVIDIA driver requires page alignment.
+ * 2 MiB blocks; cuMemRetainAllocationHandle succeeds for the allocations of several
+ * segments only (the cuMemMap'd ones), and cuMemGetHandleForAddressRange exports a
+ * page-aligned range inside one allocation, across its segments too, as NVIDIA's driver does.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -322,29 +323,53 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t size,
     struct alloc *a = find(p);
     CUresult r = INVALID_VALUE;
     if (a && a->kind == DEVICE && size <= a->size - (p - a->base)) {
+        /* One udmabuf over the part of each segment the range covers: NVIDIA's driver, too,
+         * exports a range across the mappings of a cuMemMap'd virtual range as one dma-buf. */
         size_t off = p - a->base;
-        size_t s = off / a->seg_size;
-        if ((off + size - 1) / a->seg_size == s) {
-            struct udmabuf_create c = {
+        size_t first = off / a->seg_size, last = (off + size - 1) / a->seg_size;
+        struct {
+            struct udmabuf_create_list head;
+            struct udmabuf_create_item items[MAX_SEGS];
+        } c = {.head = {.flags = UDMABUF_FLAGS_CLOEXEC, .count = (unsigned)(last - first + 1)}};
+        for (size_t s = first; s <= last; s++) {
+            size_t from = s == first ? off - s * a->seg_size : 0;
+            size_t to = s == last ? off + size - s * a->seg_size : a->seg_size;
+            c.items[s - first] = (struct udmabuf_create_item){
                 .memfd = (unsigned)a->memfd[s],
-                .flags = UDMABUF_FLAGS_CLOEXEC,
-                .offset = off - s * a->seg_size,
-                .size = size,
+                .offset = from,
+                .size = to - from,
             };
-            int dev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
-            int fd = dev < 0 ? -1 : ioctl(dev, UDMABUF_CREATE, &c);
-            if (dev >= 0)
-                close(dev);
-            if (fd >= 0) {
-                *(int *)handle = fd;
-                r = OK;
-            } else {
-                r = NOT_SUPPORTED;
-            }
+        }
+        int dev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+        int fd = dev < 0 ? -1 : ioctl(dev, UDMABUF_CREATE_LIST, &c);
+        if (dev >= 0)
+            close(dev);
+        if (fd >= 0) {
+            *(int *)handle = fd;
+            r = OK;
+        } else {
+            r = NOT_SUPPORTED;
         }
     }
     pthread_mutex_unlock(&lock);
     return r;
+}
+
+/* Succeeds only for memory mapped with cuMemMap: here, the allocations of several segments. */
+CUresult cuMemRetainAllocationHandle(unsigned long long *handle, void *addr)
+{
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((CUdeviceptr)addr);
+    CUresult r = a && a->nsegs > 1 ? OK : INVALID_VALUE;
+    if (r == OK)
+        *handle = (unsigned long long)(a - allocs) + 1;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+CUresult cuMemRelease(unsigned long long handle)
+{
+    return handle >= 1 && handle <= MAX_ALLOCS ? OK : INVALID_VALUE;
 }
 
 CUresult cuGetErrorName(CUresult r, const char **s)

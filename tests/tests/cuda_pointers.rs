@@ -4,8 +4,9 @@
 //! at odd offsets, across page (export granularity) boundaries, at an allocation's start and
 //! end are registered with `iova = ptr` on rxe, RDMA-written and -read by a second queue pair,
 //! and every byte, with the bytes around the range, checked through the stand-in's host view;
-//! bad, freed, host and managed pointers, ranges past an allocation or across physical
-//! mappings are refused with typed errors; the registration cache, keyed on the buffer id,
+//! ranges across the seams of several mappings of one virtual range likewise; bad, freed,
+//! host and managed pointers, ranges past an allocation or into a neighbouring one are
+//! refused with typed errors; the registration cache, keyed on the buffer id,
 //! registers afresh when an address is freed and allocated again. Runs in the testbed VM.
 
 use drm_export::{CudaRefusal, DmaBuf, Error};
@@ -43,17 +44,38 @@ fn cuda_pointers_anywhere_in_an_allocation_are_registered_and_moved_byte_for_byt
     let s = standin();
     let dev = device();
     let size = 1u64 << 20;
-    let base = s.alloc(size as usize, 1, Kind::Device);
-    let cases: [(u64, u64, &str); 7] = [
-        (0, PAGE, "the first page"),
-        (0, 100, "the start, short"),
-        (13, 1000, "an odd offset in the first page"),
-        (PAGE - 7, 20, "across one page boundary"),
-        (3 * PAGE + 5, 2 * PAGE + 3, "across two page boundaries"),
-        (size - 33, 33, "the end"),
-        (size - 2 * PAGE - 1, 2 * PAGE + 1, "the end, across pages"),
+    let plain = s.alloc(size as usize, 1, Kind::Device);
+    // Four physical mappings of 256 KiB under one virtual range (cuMemMap, as PyTorch's
+    // expandable segments are): a range may run across their seams.
+    let (mapped, quarter) = (s.alloc(size as usize, 4, Kind::Device), size / 4);
+    let cases: [(u64, u64, u64, &str); 10] = [
+        (plain, 0, PAGE, "the first page"),
+        (plain, 0, 100, "the start, short"),
+        (plain, 13, 1000, "an odd offset in the first page"),
+        (plain, PAGE - 7, 20, "across one page boundary"),
+        (
+            plain,
+            3 * PAGE + 5,
+            2 * PAGE + 3,
+            "across two page boundaries",
+        ),
+        (plain, size - 33, 33, "the end"),
+        (
+            plain,
+            size - 2 * PAGE - 1,
+            2 * PAGE + 1,
+            "the end, across pages",
+        ),
+        (mapped, quarter - 7, 20, "across the seam of two mappings"),
+        (
+            mapped,
+            quarter - 5,
+            2 * quarter + 10,
+            "across three mappings",
+        ),
+        (mapped, 0, size, "all four mappings"),
     ];
-    for (i, (at, len, what)) in cases.into_iter().enumerate() {
+    for (i, (base, at, len, what)) in cases.into_iter().enumerate() {
         let ptr = base + at;
         let n = len as usize;
         // Guard bytes everywhere, so a byte written outside the range shows.
@@ -109,7 +131,8 @@ fn cuda_pointers_anywhere_in_an_allocation_are_registered_and_moved_byte_for_byt
         );
         drop(region);
     }
-    s.free(base);
+    s.free(plain);
+    s.free(mapped);
 }
 
 #[test]
@@ -154,27 +177,33 @@ fn cuda_pointers_that_cannot_be_exported_are_refused_with_typed_errors() {
     let managed = s.alloc(size as usize, 1, Kind::Managed);
     assert_eq!(refusal(managed + 5, PAGE), CudaRefusal::ManagedMemory);
 
-    // Two physical mappings of 32 pages each under one virtual range: a range inside either
-    // is exported (from its own mapping), one across the seam is refused.
+    // Two physical mappings of 32 pages each under one virtual range: each is an allocation
+    // of its own, as NVIDIA's driver reports them, and a range across the seam is exported
+    // (moved byte for byte across seams in the test above).
     let vmm = s.alloc(size as usize, 2, Kind::Device);
     let half = size / 2;
-    assert_eq!(
-        refusal(vmm + half - 4, 8),
-        CudaRefusal::SpansSegments {
-            base: vmm,
-            size: half
-        }
-    );
-    // Each mapped part is an allocation of its own, as NVIDIA's driver reports it.
     let info = dev.pointer_info(vmm + half + 1).unwrap();
     assert_eq!((info.alloc_base, info.alloc_size), (vmm + half, half));
     assert_eq!(info.mapping, (vmm + half, half));
-    for (at, len) in [(1, half - 1), (half, PAGE + 3), (size - 5, 5)] {
+    for (at, len) in [
+        (1, half - 1),
+        (half, PAGE + 3),
+        (size - 5, 5),
+        (half - 4, 8),
+        (1, size - 1),
+    ] {
         let r = dev
             .export_range(vmm + at, len)
             .unwrap_or_else(|e| panic!("segment range {at} + {len}: {e}"));
         assert_eq!(r.ptr(), vmm + at);
     }
+    assert_eq!(
+        refusal(vmm + size - 4, 8),
+        CudaRefusal::PastAllocation {
+            base: vmm + half,
+            size: half
+        }
+    );
     // Two neighbouring allocations: a range from one into the other is refused as crossing,
     // one past the last into nothing as past its allocation.
     let two_mib = 2u64 << 20;
@@ -187,16 +216,13 @@ fn cuda_pointers_that_cannot_be_exported_are_refused_with_typed_errors() {
         .expect("two neighbouring allocations");
     assert_eq!(
         refusal(a + two_mib - 4, 8),
-        CudaRefusal::SpansSegments {
+        CudaRefusal::CrossesAllocations {
             base: a,
             size: two_mib
         }
     );
     let e = dev.export_range(a + 1, two_mib).unwrap_err().to_string();
-    assert!(
-        e.contains("into the next physical mapping or allocation"),
-        "{e}"
-    );
+    assert!(e.contains("into a neighbouring one"), "{e}");
     s.free(b);
     assert_eq!(
         refusal(a + two_mib - 4, 8),

@@ -10,9 +10,10 @@
 //!
 //! Refused with [`Error::CudaPointer`]: unknown or freed pointers, ranges past their
 //! allocation, page-locked host memory, managed memory, memory of another GPU, and ranges
-//! that cross from one physical mapping or allocation into the next (a `cuMemMap`ped range
-//! of several physical allocations, or neighbouring allocations: one dma-buf, and one memory
-//! region, covers one; register the part in each separately).
+//! that cross from one allocation into a neighbouring one (register each part separately).
+//! A range across the seams of a `cuMemMap`ped virtual range (several physical allocations
+//! side by side, as PyTorch's expandable segments are) is exported as one dma-buf, as
+//! NVIDIA's driver allows.
 //!
 //! Checked against NVIDIA's driver on a GPU (`tests/cuda_driver`, feature `gpu-tests`) and,
 //! with RDMA, against a stand-in libcuda in the testbed.
@@ -82,7 +83,9 @@ impl CudaRange {
         false
     }
 
-    /// The allocation's buffer id when exported (see [`PointerInfo::buffer_id`]).
+    /// The buffer id of the allocation holding `ptr` when exported (see
+    /// [`PointerInfo::buffer_id`]); a range across several `cuMemMap`ped allocations has
+    /// more, one per allocation, of which this is the first.
     pub fn buffer_id(&self) -> u64 {
         self.buffer_id
     }
@@ -110,7 +113,10 @@ impl CudaDevice {
     }
 
     /// Exports the page-aligned range that covers `[ptr, ptr + len)` as a dma-buf. The
-    /// pointer may be anywhere in an allocation of this device; the dma-buf may start before
+    /// pointer may be anywhere in an allocation of this device, and the range may run on
+    /// across the seams of virtual memory mapped from several physical allocations with
+    /// `cuMemMap` (PyTorch's expandable segments: NVIDIA's driver exports such a range as one
+    /// dma-buf), but not into a neighbouring allocation. The dma-buf may start before
     /// `ptr` and end after `ptr + len` (to the page boundaries), and may cover bytes past the
     /// allocation's ends when these are not page-aligned, but a region registered with
     /// [`CudaRange::into_parts`] reaches exactly `[ptr, ptr + len)`.
@@ -122,8 +128,8 @@ impl CudaDevice {
     /// # Errors
     /// [`Error::CudaPointer`] with a [`CudaRefusal`]: length 0, unknown or freed pointer,
     /// host, managed or another device's memory, a range past the allocation, or one that
-    /// crosses a physical mapping's end. [`Error::Os`] with the CUDA error name if the driver
-    /// refuses the export.
+    /// crosses into a neighbouring allocation. [`Error::Os`] with the CUDA error name if the
+    /// driver refuses the export.
     pub fn export_range(&self, ptr: u64, len: u64) -> Result<CudaRange> {
         let d = self.bind()?;
         let info = pointer_info(d, self.ordinal, ptr, len)?;
@@ -135,9 +141,10 @@ impl CudaDevice {
         let size = usize::try_from(end - start)
             .map_err(|_| refuse(ptr, len, CudaRefusal::EmptyOrWrapping))?;
         // SAFETY: `[start, end)` covers `[ptr, ptr + len)`, which the driver reported to be
-        // inside one live allocation of device memory (not host, not managed) of this device,
-        // within one physical mapping, with the device's context bound on this thread by
-        // `bind`. Device memory is never behind a CPU reference of this process, so handing
+        // live device memory (not host, not managed) of this device, every byte of it: one
+        // allocation within its physical mapping, or `cuMemMap`ped mappings of this device
+        // that follow one another without a gap (`pointer_info` looked at each), with the
+        // device's context bound on this thread by `bind`. Device memory is never behind a CPU reference of this process, so handing
         // it to DMA cannot break any of Rust's rules here; the page-rounding bytes beyond the
         // range are in the dma-buf but outside the region registered from it. Exporting the
         // memory is what the caller asked for.
@@ -153,19 +160,24 @@ impl CudaDevice {
     }
 }
 
-/// The checks of [`CudaDevice::export_range`], with the context bound.
-fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerInfo> {
-    let no = |why| refuse(ptr, len, why);
-    let Some(end) = ptr.checked_add(len).filter(|_| len > 0) else {
-        return Err(no(CudaRefusal::EmptyOrWrapping));
-    };
+/// The memory holding one address: its allocation and physical mapping, and the part of both
+/// (`lo..hi`) a range through the address may cover without crossing into other memory.
+struct Piece {
+    info: PointerInfo,
+    lo: u64,
+    hi: u64,
+}
+
+/// The piece holding `p`, which must be device memory (not host, not managed) of device
+/// `ordinal`; refusals are made by `no`.
+fn piece(d: &Driver, ordinal: i32, p: u64, no: &dyn Fn(CudaRefusal) -> Error) -> Result<Piece> {
     let unknown = |r| {
         no(CudaRefusal::NotCudaMemory {
             driver: d.error_name(r),
         })
     };
-    let kind = d.pointer_u32(cuda::PTR_MEMORY_TYPE, ptr).map_err(unknown)?;
-    if d.pointer_u32(cuda::PTR_IS_MANAGED, ptr).map_err(unknown)? != 0 {
+    let kind = d.pointer_u32(cuda::PTR_MEMORY_TYPE, p).map_err(unknown)?;
+    if d.pointer_u32(cuda::PTR_IS_MANAGED, p).map_err(unknown)? != 0 {
         return Err(no(CudaRefusal::ManagedMemory));
     }
     if kind == cuda::MEMORYTYPE_HOST {
@@ -175,48 +187,79 @@ fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerI
         return Err(unknown(1));
     }
     let dev = d
-        .pointer_u32(cuda::PTR_DEVICE_ORDINAL, ptr)
+        .pointer_u32(cuda::PTR_DEVICE_ORDINAL, p)
         .map_err(unknown)? as i32;
     if dev != ordinal {
         return Err(no(CudaRefusal::OtherDevice { ordinal: dev }));
     }
-    let buffer_id = d.pointer_u64(cuda::PTR_BUFFER_ID, ptr).map_err(unknown)?;
-    let (base, size) = d.address_range(ptr).map_err(unknown)?;
+    let buffer_id = d.pointer_u64(cuda::PTR_BUFFER_ID, p).map_err(unknown)?;
+    let (base, size) = d.address_range(p).map_err(unknown)?;
     let (base, size) = (base, size as u64);
     // Drivers before CUDA 11.7 know no mapping attributes: the allocation is one mapping.
     let mapping = match (
-        d.pointer_u64(cuda::PTR_MAPPING_BASE_ADDR, ptr),
-        d.pointer_u64(cuda::PTR_MAPPING_SIZE, ptr),
+        d.pointer_u64(cuda::PTR_MAPPING_BASE_ADDR, p),
+        d.pointer_u64(cuda::PTR_MAPPING_SIZE, p),
     ) {
         (Ok(b), Ok(s)) => (b, s),
         _ => (base, size),
     };
-    // The range must stay inside the allocation and inside one physical mapping. NVIDIA's
-    // driver (580, H200) reports a `cuMemAlloc` allocation inside a larger mapping (its 2 MiB
-    // block), and each `cuMemMap`ped part of a virtual range as an allocation of its own.
-    let lo = base.max(mapping.0);
-    let hi = (base + size).min(mapping.0 + mapping.1);
-    if ptr < lo || end > hi {
-        // Device memory of this GPU right after: the range crosses from one mapping (or
-        // allocation) into the next, e.g. the seam of a virtual range mapped from several
-        // physical allocations. Anything else: it runs off the end of its allocation.
-        let next_is_ours = || {
-            d.pointer_u32(cuda::PTR_MEMORY_TYPE, hi) == Ok(cuda::MEMORYTYPE_DEVICE)
-                && d.pointer_u32(cuda::PTR_DEVICE_ORDINAL, hi) == Ok(ordinal as u32)
-        };
-        return Err(no(if ptr < lo || hi < base + size || next_is_ours() {
-            CudaRefusal::SpansSegments {
-                base: lo,
-                size: hi.saturating_sub(lo),
-            }
-        } else {
-            CudaRefusal::PastAllocation { base, size }
-        }));
-    }
-    Ok(PointerInfo {
-        alloc_base: base,
-        alloc_size: size,
-        buffer_id,
-        mapping,
+    // NVIDIA's driver (580, H200) reports a `cuMemAlloc` allocation inside a larger mapping
+    // (its 2 MiB block), and each `cuMemMap`ped part of a virtual range as an allocation of
+    // its own: the range must stay inside both.
+    Ok(Piece {
+        info: PointerInfo {
+            alloc_base: base,
+            alloc_size: size,
+            buffer_id,
+            mapping,
+        },
+        lo: base.max(mapping.0),
+        hi: base
+            .saturating_add(size)
+            .min(mapping.0.saturating_add(mapping.1)),
     })
+}
+
+/// The checks of [`CudaDevice::export_range`], with the context bound: the piece holding
+/// `ptr`, after checking that all of `[ptr, ptr + len)` is device memory of device `ordinal`
+/// in it or in the `cuMemMap`ped mappings that follow it without a gap.
+fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerInfo> {
+    let no = |why| refuse(ptr, len, why);
+    let Some(end) = ptr.checked_add(len).filter(|_| len > 0) else {
+        return Err(no(CudaRefusal::EmptyOrWrapping));
+    };
+    let first = piece(d, ordinal, ptr, &no)?;
+    let info = first.info;
+    let (lo, hi) = (first.lo, first.hi);
+    let crossing = || {
+        no(CudaRefusal::CrossesAllocations {
+            base: lo,
+            size: hi.saturating_sub(lo),
+        })
+    };
+    if ptr < first.lo {
+        return Err(crossing());
+    }
+    // A range may go on from one physical mapping into the next where both are parts of
+    // virtual memory mapped with `cuMemMap` (e.g. PyTorch's expandable segments): NVIDIA's
+    // driver exports such a range as one dma-buf. It may not go on from one allocation into
+    // a neighbouring one (`cuMemAlloc`s side by side, or pool allocations in one mapping).
+    let mut last = first;
+    let mut mapped = None;
+    while end > last.hi {
+        let at_seam = last.hi == last.info.mapping.0.saturating_add(last.info.mapping.1);
+        let next = piece(d, ordinal, last.hi, &no).ok();
+        let Some(next) = next else {
+            return Err(no(CudaRefusal::PastAllocation {
+                base: info.alloc_base,
+                size: info.alloc_size,
+            }));
+        };
+        let vmm = *mapped.get_or_insert_with(|| d.is_mapped(ptr));
+        if !(at_seam && vmm && next.lo == last.hi && next.hi > next.lo && d.is_mapped(last.hi)) {
+            return Err(crossing());
+        }
+        last = next;
+    }
+    Ok(info)
 }

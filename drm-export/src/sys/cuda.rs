@@ -81,6 +81,8 @@ pub struct Driver {
     error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
     address_range: unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> CuResult,
     pointer_attribute: unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult,
+    retain_allocation_handle: unsafe extern "C" fn(*mut c_ulonglong, *mut c_void) -> CuResult,
+    mem_release: unsafe extern "C" fn(c_ulonglong) -> CuResult,
 }
 
 macro_rules! sym {
@@ -119,6 +121,8 @@ impl Driver {
             error_name: sym!(lib, "cuGetErrorName"),
             address_range: sym!(lib, "cuMemGetAddressRange_v2"),
             pointer_attribute: sym!(lib, "cuPointerGetAttribute"),
+            retain_allocation_handle: sym!(lib, "cuMemRetainAllocationHandle"),
+            mem_release: sym!(lib, "cuMemRelease"),
             _lib: lib,
         })
     }
@@ -285,6 +289,23 @@ impl Driver {
         // SAFETY: both out-pointers are live locals of the right types (`CUdeviceptr`,
         // `size_t`); the driver only looks `p` up, it does not access the memory.
         check(unsafe { (self.address_range)(&mut base, &mut size, p) }).map(|()| (base, size))
+    }
+
+    /// Whether `p` is in virtual memory mapped with `cuMemMap` (a physical allocation of
+    /// `cuMemCreate`): `cuMemRetainAllocationHandle` succeeds only there. The handle it
+    /// retains is released at once. Only reads the driver's tables: any address may be asked
+    /// about.
+    pub fn is_mapped(&self, p: CuDevicePtr) -> bool {
+        let mut handle: c_ulonglong = 0;
+        // SAFETY: `handle` is a live out-pointer for a `CUmemGenericAllocationHandle` (an
+        // `unsigned long long`); the address is only looked up, never dereferenced.
+        if unsafe { (self.retain_allocation_handle)(&mut handle, p as *mut c_void) } != 0 {
+            return false;
+        }
+        // SAFETY: gives back the one reference the retain above took on `handle`; the
+        // physical allocation stays mapped (the mapping holds its own reference).
+        unsafe { (self.mem_release)(handle) };
+        true
     }
 
     /// `cuPointerGetAttribute` of an attribute whose value is a `u64` (`unsigned long long`,

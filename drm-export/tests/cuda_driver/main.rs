@@ -245,22 +245,39 @@ fn mappings_of_several_physical_allocations_are_exported_one_mapping_at_a_time()
             info.mapping,
             "each mapping is an allocation of its own"
         );
-        let why = refusal(&dev, va + g - 4, 8);
-        assert_eq!(why, CudaRefusal::SpansSegments { base: va, size: g });
-        let mut exported = 0;
-        for (at, len) in [(1, g - 1), (g, PAGE + 3), (2 * g - 5, 5)] {
-            match dev.export_range(va + at, len) {
-                Ok(r) => {
-                    check_range(&r, va + at, len, "one mapping");
-                    exported += 1;
-                }
-                Err(e) => eprintln!("driver: rdma flag {rdma}: export of {at}+{len}: {e}"),
+        // The driver exports a range across the seam as one dma-buf, and so does
+        // export_range.
+        for (at, len) in [(g - PAGE, 2 * PAGE), (0, 2 * g)] {
+            let got = raw.dmabuf_unchecked(va + at, len as usize);
+            assert!(
+                got.is_ok(),
+                "the driver's own export of {at:#x}+{len:#x}: {got:?}"
+            );
+        }
+        let cases = [
+            (1, g - 1),
+            (g, PAGE + 3),
+            (2 * g - 5, 5),
+            (g - 4, 8),
+            (1, 2 * g - 1),
+        ];
+        for (at, len) in cases {
+            let r = dev
+                .export_range(va + at, len)
+                .unwrap_or_else(|e| panic!("rdma flag {rdma}: {at:#x}+{len:#x}: {e}"));
+            check_range(&r, va + at, len, "mapped parts");
+        }
+        eprintln!(
+            "driver: rdma flag {rdma}: {} ranges exported, 2 across the seam",
+            cases.len()
+        );
+        assert_eq!(
+            refusal(&dev, va + 2 * g - 4, 8),
+            CudaRefusal::PastAllocation {
+                base: va + g,
+                size: g
             }
-        }
-        eprintln!("driver: rdma flag {rdma}: {exported} of 3 ranges exported");
-        if rdma {
-            assert_eq!(exported, 3, "memory made for RDMA exports");
-        }
+        );
 
         // The second mapping replaced by other physical memory at the same address.
         let ids = |p| {
@@ -306,7 +323,7 @@ fn a_range_into_a_neighbouring_allocation_is_refused_as_crossing() {
     eprintln!("driver: {a:#x}: {info:x?}");
     assert_eq!(
         refusal(&dev, a + two_mib - 4, 8),
-        CudaRefusal::SpansSegments {
+        CudaRefusal::CrossesAllocations {
             base: a,
             size: two_mib
         }

@@ -68,6 +68,7 @@ pub struct Raw {
     set_access: unsafe extern "C" fn(u64, usize, *const AccessDesc, usize) -> R,
     attribute: unsafe extern "C" fn(*mut c_void, c_int, u64) -> R,
     device_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> R,
+    handle_for_range: unsafe extern "C" fn(*mut c_void, u64, usize, c_int, c_ulonglong) -> R,
 }
 
 macro_rules! sym {
@@ -110,6 +111,7 @@ impl Raw {
             set_access: sym!(lib, "cuMemSetAccess"),
             attribute: sym!(lib, "cuPointerGetAttribute"),
             device_attribute: sym!(lib, "cuDeviceGetAttribute"),
+            handle_for_range: sym!(lib, "cuMemGetHandleForAddressRange"),
             _lib: lib,
         }
     }
@@ -186,6 +188,19 @@ impl Raw {
         // SAFETY: `v` is a live out-pointer of the attribute's size (8 bytes).
         match unsafe { (self.attribute)((&mut v as *mut u64).cast(), attr, p) } {
             0 => Ok(v),
+            r => Err(r),
+        }
+    }
+
+    /// The driver's own answer to a dma-buf export of `[p, p + size)`, bypassing drm-export's
+    /// checks: the dma-buf's fd, or the CUresult.
+    pub fn dmabuf_unchecked(&self, p: u64, size: usize) -> Result<std::os::fd::OwnedFd, R> {
+        let mut fd: c_int = -1;
+        // SAFETY: `fd` is a live out-pointer for an int (the dma-buf handle type's); the range
+        // is only exported, never accessed by this process.
+        match unsafe { (self.handle_for_range)((&mut fd as *mut c_int).cast(), p, size, 1, 0) } {
+            // SAFETY: the driver made a new fd that nothing else owns.
+            0 => Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }),
             r => Err(r),
         }
     }
