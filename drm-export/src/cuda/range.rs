@@ -230,15 +230,14 @@ fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerI
     };
     let first = piece(d, ordinal, ptr, &no)?;
     let info = first.info;
-    let (lo, hi) = (first.lo, first.hi);
-    let crossing = || {
+    let crossing = |p: &Piece| {
         no(CudaRefusal::CrossesAllocations {
-            base: lo,
-            size: hi.saturating_sub(lo),
+            base: p.lo,
+            size: p.hi.saturating_sub(p.lo),
         })
     };
     if ptr < first.lo {
-        return Err(crossing());
+        return Err(crossing(&first));
     }
     // A range may go on from one physical mapping into the next where both are parts of
     // virtual memory mapped with `cuMemMap` (e.g. PyTorch's expandable segments): NVIDIA's
@@ -251,13 +250,13 @@ fn pointer_info(d: &Driver, ordinal: i32, ptr: u64, len: u64) -> Result<PointerI
         let next = piece(d, ordinal, last.hi, &no).ok();
         let Some(next) = next else {
             return Err(no(CudaRefusal::PastAllocation {
-                base: info.alloc_base,
-                size: info.alloc_size,
+                base: last.info.alloc_base,
+                size: last.info.alloc_size,
             }));
         };
         let vmm = *mapped.get_or_insert_with(|| d.is_mapped(ptr));
         if !(at_seam && vmm && next.lo == last.hi && next.hi > next.lo && d.is_mapped(last.hi)) {
-            return Err(crossing());
+            return Err(crossing(&last));
         }
         last = next;
     }
