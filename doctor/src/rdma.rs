@@ -97,7 +97,7 @@ pub fn uverbs_module_exists(root: &Path) -> bool {
 
 /// [`uverbs_module_exists`] for the kernel `release`.
 fn uverbs_module_in(root: &Path, release: &str) -> bool {
-    if root.join("sys/module/ib_uverbs").exists() {
+    if crate::system::module_present(root, "ib_uverbs") {
         return true;
     }
     let dir = root.join("lib/modules").join(release);
@@ -333,6 +333,16 @@ mod tests {
         )
         .unwrap();
         assert!(uverbs_module_in(&root, "6.8.0-cloud"), "built in");
+        // Built in, with no /lib/modules at all (a GPU guest's kernel): its class shows it.
+        std::fs::remove_dir_all(root.join("lib")).unwrap();
+        assert!(!uverbs_module_in(&root, "6.18.44-fc"), "nothing");
+        let class = root.join("sys/class/infiniband_verbs");
+        std::fs::create_dir_all(&class).unwrap();
+        std::fs::write(class.join("abi_version"), "6\n").unwrap();
+        assert!(
+            uverbs_module_in(&root, "6.18.44-fc"),
+            "built in, by its class"
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

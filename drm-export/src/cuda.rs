@@ -4,9 +4,10 @@
 //! (CUDA >= 11.7 with NVIDIA's open kernel modules; the device must report
 //! `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`). Address and size must be multiples of the host
 //! page size. Sizes are rounded up to whole pages here. `cuMemAlloc` promises only an alignment
-//! fit for any variable, but places such sizes on page boundaries: on an H100 (driver 580) a
-//! 16 KiB buffer came 4 KiB after a 4 KiB one, page-aligned though not 2 MiB-aligned, and all
-//! exported. libcuda is loaded at run time: `libcuda.so.1`, or the library that the
+//! fit for any variable: on an H200 (driver 580) small allocations come 512 bytes apart, so a
+//! page-sized one made after them can start mid-page. A [`CudaBuffer`] therefore allocates
+//! one page more and starts at the first page boundary inside, so that its pages are all its
+//! own. libcuda is loaded at run time: `libcuda.so.1`, or the library that the
 //! environment variable `DRM_EXPORT_LIBCUDA` names ([`LIBCUDA_ENV`]).
 //!
 //! Memory the program already has, at any device pointer: [`range`]
@@ -24,6 +25,7 @@ pub use crate::sys::cuda::LIBCUDA_ENV;
 use crate::sys::cuda::{self, Ctx, CuDevice, CuDevicePtr, Driver};
 use std::sync::{Arc, OnceLock};
 
+mod cover;
 pub mod range;
 pub use range::{CudaRange, PointerInfo};
 
@@ -115,26 +117,39 @@ impl Drop for CudaDevice {
 #[derive(Debug)]
 pub struct CudaBuffer {
     device: Arc<CudaDevice>,
+    /// What `cuMemAlloc` returned, for `cuMemFree`: one page more than `size`.
+    alloc: CuDevicePtr,
+    /// The first page boundary at or after `alloc`: the buffer's start.
     ptr: CuDevicePtr,
     size: usize,
 }
 
 impl CudaBuffer {
-    /// `cuMemAlloc` of `size` bytes rounded up to the host page size.
+    /// `size` bytes rounded up to the host page size, page-aligned: a `cuMemAlloc` of one
+    /// page more, so that whole pages of it are the buffer's.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for size 0; [`Error::Os`] with the CUDA error name.
+    /// [`Error::InvalidArgument`] for size 0 or one that overflows; [`Error::Os`] with the
+    /// CUDA error name.
     pub fn new(device: &Arc<CudaDevice>, size: usize) -> Result<CudaBuffer> {
         if size == 0 {
             return Err(Error::invalid(Op::Cuda, "size 0"));
         }
         let page = crate::page_size() as usize;
-        let size = size.div_ceil(page) * page;
+        let Some(size) = size
+            .checked_next_multiple_of(page)
+            .filter(|s| s.checked_add(page).is_some())
+        else {
+            return Err(Error::invalid(Op::Cuda, "size overflows"));
+        };
         let d = device.bind()?;
-        let ptr = d.alloc(size).map_err(|r| cu_err(d, "cuMemAlloc", r))?;
+        let alloc = d
+            .alloc(size + page)
+            .map_err(|r| cu_err(d, "cuMemAlloc", r))?;
         Ok(CudaBuffer {
             device: device.clone(),
-            ptr,
+            alloc,
+            ptr: alloc.next_multiple_of(page as u64),
             size,
         })
     }
@@ -155,9 +170,9 @@ impl CudaBuffer {
     /// [`Error::Os`] with the CUDA error name.
     pub fn fill(&self, value: u8) -> Result<()> {
         let d = self.device.bind()?;
-        // SAFETY: `[ptr, ptr + size)` is this buffer's own allocation (`cuMemAlloc` of `size`
-        // bytes in `new`, freed only by its drop, which `&self` holds off), and `bind` just
-        // made its device's context current on this thread.
+        // SAFETY: `[ptr, ptr + size)` lies in this buffer's own allocation (`cuMemAlloc` of
+        // `size` + a page at `alloc` <= `ptr` < `alloc` + a page, in `new`, freed only by its
+        // drop, which `&self` holds off), and `bind` just made its context current here.
         unsafe { d.memset(self.ptr, value, self.size) }.map_err(|r| cu_err(d, "cuMemsetD8", r))
     }
 
@@ -171,8 +186,9 @@ impl CudaBuffer {
         }
         let d = self.device.bind()?;
         // SAFETY: `[ptr, ptr + src.len())` is inside this buffer's own allocation (`src.len()`
-        // is at most `size`, checked above; the allocation lives until drop, which `&self`
-        // holds off), and `bind` just made its context current on this thread.
+        // is at most `size`, checked above, and `[ptr, ptr + size)` lies in the allocation,
+        // see `fill`; it lives until drop, which `&self` holds off), and `bind` just made its
+        // context current on this thread.
         unsafe { d.copy_htod(self.ptr, src) }.map_err(|r| cu_err(d, "cuMemcpyHtoD", r))
     }
 
@@ -189,8 +205,9 @@ impl CudaBuffer {
         }
         let d = self.device.bind()?;
         // SAFETY: `[ptr, ptr + dst.len())` is inside this buffer's own allocation (`dst.len()`
-        // is at most `size`, checked above; the allocation lives until drop, which `&self`
-        // holds off), and `bind` just made its context current on this thread.
+        // is at most `size`, checked above, and `[ptr, ptr + size)` lies in the allocation,
+        // see `fill`; it lives until drop, which `&self` holds off), and `bind` just made its
+        // context current on this thread.
         unsafe { d.copy_dtoh(dst, self.ptr) }.map_err(|r| cu_err(d, "cuMemcpyDtoH", r))
     }
 
@@ -200,8 +217,8 @@ impl CudaBuffer {
     /// [`Error::Os`] with the CUDA error name.
     pub fn export(&self) -> Result<DmaBuf> {
         let d = self.device.bind()?;
-        // SAFETY: `[ptr, ptr + size)` is exactly this buffer's own allocation, live while
-        // `&self` is, with its context bound just above; handing it to importers is what this
+        // SAFETY: `[ptr, ptr + size)` is whole pages of this buffer's own allocation (see
+        // `fill`), live while `&self` is, with its context bound just above; handing it to importers is what this
         // method is for. The dma-buf may outlive the buffer: NVIDIA's exporter takes its own
         // reference to the memory (nv-dmabuf.c duplicates the allocation's handles), so the
         // `cuMemFree` in drop does not free memory the dma-buf still names.
@@ -214,10 +231,10 @@ impl CudaBuffer {
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
         if let Ok(d) = self.device.bind() {
-            // SAFETY: `ptr` is the allocation `new` made in this device's context, now bound;
-            // this drop is its only free, and nothing uses `ptr` after it. Exported dma-bufs
-            // hold their own reference to the memory (see `export`).
-            let r = unsafe { d.free(self.ptr) };
+            // SAFETY: `alloc` is the allocation `new` made in this device's context, now bound;
+            // this drop is its only free, and nothing uses it after. Exported dma-bufs hold
+            // their own reference to the memory (see `export`).
+            let r = unsafe { d.free(self.alloc) };
             if r != 0 {
                 crate::diag::warn(format_args!("cuMemFree: {}", d.error_name(r)));
             }

@@ -207,6 +207,17 @@ pub enum CudaRefusal {
         /// Its size.
         size: u64,
     },
+    /// The pages holding the range reach past its allocation: a dma-buf covers whole pages,
+    /// and these hold other memory (the driver packs small allocations 512 bytes apart).
+    SharesPages {
+        /// The allocation's base.
+        base: u64,
+        /// The allocation's size.
+        size: u64,
+    },
+    /// The memory was freed, or its address given to another allocation, by another thread
+    /// while it was exported; the export was closed.
+    ChangedDuringExport,
 }
 
 impl fmt::Display for CudaRefusal {
@@ -237,6 +248,15 @@ impl fmt::Display for CudaRefusal {
                 f,
                 "it crosses from its allocation ({size} bytes at {base:#x}) into a \
                  neighbouring one: register each allocation's part as a region of its own"
+            ),
+            CudaRefusal::SharesPages { base, size } => write!(
+                f,
+                "its allocation ({size} bytes at {base:#x}) does not fill the pages holding \
+                 it, so their dma-buf would hold other allocations' memory (hint: allocate \
+                 whole pages, page-aligned, e.g. CudaBuffer, or a larger pool)"
+            ),
+            CudaRefusal::ChangedDuringExport => f.write_str(
+                "its memory was freed or reallocated by another thread while it was exported",
             ),
         }
     }

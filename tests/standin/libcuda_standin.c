@@ -142,7 +142,8 @@ static CUresult make(CUdeviceptr *out, size_t size, int nsegs, enum kind kind)
     }
     a->live = 1;
     a->kind = kind;
-    a->size = total;
+    /* As NVIDIA's driver reports it: the size asked for, not the whole pages behind it. */
+    a->size = nsegs > 1 ? total : size;
     a->seg_size = seg;
     a->nsegs = nsegs;
     a->view = view;
@@ -214,7 +215,7 @@ CUresult cuMemFree_v2(CUdeviceptr p)
     }
     for (int s = 0; s < a->nsegs; s++)
         close(a->memfd[s]);
-    munmap(a->view, a->size);
+    munmap(a->view, a->seg_size * (size_t)a->nsegs);
     a->live = 0;
     pthread_mutex_unlock(&lock);
     return OK;

@@ -15,7 +15,7 @@
 
 mod raw;
 
-use drm_export::cuda::{CudaDevice, CudaRange};
+use drm_export::cuda::{CudaBuffer, CudaDevice, CudaRange};
 use drm_export::{CudaRefusal, Error, FenceAccess};
 use raw::Raw;
 use std::sync::Arc;
@@ -133,11 +133,27 @@ fn device_pointers_anywhere_in_an_allocation_export_their_covering_pages() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU with libcuda and dma-buf support"]
-fn small_allocations_and_their_page_rounding() {
-    // cuMemAlloc places small allocations inside larger blocks: the covering page of a
-    // 100-byte allocation holds bytes of no allocation or of another one.
+fn pages_shared_with_other_allocations_are_refused_and_buffers_align_themselves() {
+    // The driver packs small allocations 512 bytes apart in a 2 MiB block: the page of a
+    // 100-byte allocation holds the next ones, so its export would hand them out too; and a
+    // page-sized allocation made after them can start mid-page.
     let (dev, raw) = open();
-    for size in [100u64, PAGE + 1, 3 * PAGE, 2 * PAGE + 100] {
+    let small: Vec<u64> = (0..4).map(|_| raw.alloc(100)).collect();
+    eprintln!("driver: four cuMemAlloc(100): {small:#x?}");
+    for &p in &small {
+        let why = refusal(&dev, p, 100);
+        assert!(matches!(why, CudaRefusal::SharesPages { .. }), "{why}");
+    }
+    let buf = CudaBuffer::new(&dev, PAGE as usize).unwrap();
+    eprintln!(
+        "driver: a CudaBuffer of one page after them: {:#x}",
+        buf.ptr()
+    );
+    assert_eq!(buf.ptr() % PAGE, 0, "CudaBuffer aligns itself");
+    assert_eq!(buf.export().expect("its whole page exports").size(), PAGE);
+    let r = dev.export_range(buf.ptr() + 5, 10).unwrap();
+    check_range(&r, buf.ptr() + 5, 10, "inside the buffer's own page");
+    for size in [PAGE + 1, 3 * PAGE, 2 * PAGE + 100] {
         let p = raw.alloc(size as usize);
         let info = dev.pointer_info(p).unwrap();
         let got = dev.export_range(p, size);
@@ -153,18 +169,35 @@ fn small_allocations_and_their_page_rounding() {
                 Err(e) => format!("error: {e}"),
             }
         );
-        match got {
-            Ok(r) => check_range(&r, p, size, "small allocation"),
-            Err(Error::Os { .. }) => {}
-            Err(e) => panic!("an untyped or unexpected error: {e:?}"),
+        if p % PAGE == 0 && size % PAGE == 0 {
+            check_range(&got.unwrap(), p, size, "whole pages");
+        } else {
+            assert!(
+                matches!(
+                    got,
+                    Err(Error::CudaPointer {
+                        why: CudaRefusal::SharesPages { .. },
+                        ..
+                    })
+                ),
+                "{got:?}"
+            );
         }
-        assert_eq!(
-            refusal(&dev, p, size + 1),
-            CudaRefusal::PastAllocation {
-                base: info.alloc_base,
-                size: info.alloc_size
-            }
+        // One byte more: past the allocation, into a neighbour, or (mid-page) shared pages.
+        let why = refusal(&dev, p, size + 1);
+        assert!(
+            matches!(
+                why,
+                CudaRefusal::PastAllocation { .. }
+                    | CudaRefusal::CrossesAllocations { .. }
+                    | CudaRefusal::SharesPages { .. }
+            ),
+            "{why}"
         );
+        raw.free(p);
+    }
+    drop(buf);
+    for p in small {
         raw.free(p);
     }
 }

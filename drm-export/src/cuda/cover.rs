@@ -1,0 +1,148 @@
+//! What memory a CUDA pointer range covers, as the driver reports it: the checks behind
+//! [`CudaDevice::export_range`](super::CudaDevice::export_range) and
+//! [`CudaDevice::pointer_info`](super::CudaDevice::pointer_info). Only looks addresses up in
+//! the driver's tables; no `unsafe`.
+
+use super::range::{refuse, PointerInfo};
+use crate::error::{CudaRefusal, Error, Result};
+use crate::sys::cuda::{self, Driver};
+
+/// The memory holding one address: its allocation and physical mapping, and the part of both
+/// (`lo..hi`) a range through the address may cover without reaching other memory.
+struct Piece {
+    info: PointerInfo,
+    lo: u64,
+    hi: u64,
+}
+
+/// What a range covers: the allocation holding its pointer, and every allocation it reaches
+/// as `(an address in it, its buffer id)`, for checking after an export that none changed.
+pub(super) struct Cover {
+    pub(super) info: PointerInfo,
+    pieces: Vec<(u64, u64)>,
+}
+
+/// The piece holding `p`, which must be device memory (not host, not managed) of device
+/// `ordinal`; refusals are made by `no`.
+fn piece(d: &Driver, ordinal: i32, p: u64, no: &dyn Fn(CudaRefusal) -> Error) -> Result<Piece> {
+    let unknown = |r| {
+        no(CudaRefusal::NotCudaMemory {
+            driver: d.error_name(r),
+        })
+    };
+    let kind = d.pointer_u32(cuda::PTR_MEMORY_TYPE, p).map_err(unknown)?;
+    if d.pointer_u32(cuda::PTR_IS_MANAGED, p).map_err(unknown)? != 0 {
+        return Err(no(CudaRefusal::ManagedMemory));
+    }
+    if kind == cuda::MEMORYTYPE_HOST {
+        return Err(no(CudaRefusal::HostMemory));
+    }
+    if kind != cuda::MEMORYTYPE_DEVICE {
+        return Err(unknown(1));
+    }
+    let dev = d
+        .pointer_u32(cuda::PTR_DEVICE_ORDINAL, p)
+        .map_err(unknown)? as i32;
+    if dev != ordinal {
+        return Err(no(CudaRefusal::OtherDevice { ordinal: dev }));
+    }
+    let buffer_id = d.pointer_u64(cuda::PTR_BUFFER_ID, p).map_err(unknown)?;
+    let (base, size) = d.address_range(p).map_err(unknown)?;
+    let (base, size) = (base, size as u64);
+    // Drivers before CUDA 11.7 know no mapping attributes: the allocation is one mapping.
+    let mapping = match (
+        d.pointer_u64(cuda::PTR_MAPPING_BASE_ADDR, p),
+        d.pointer_u64(cuda::PTR_MAPPING_SIZE, p),
+    ) {
+        (Ok(b), Ok(s)) => (b, s),
+        _ => (base, size),
+    };
+    // NVIDIA's driver (580, H200) reports a `cuMemAlloc` allocation inside a larger mapping
+    // (its 2 MiB block, shared with other allocations), and each `cuMemMap`ped part of a
+    // virtual range as an allocation of its own: a range must stay inside both.
+    Ok(Piece {
+        info: PointerInfo {
+            alloc_base: base,
+            alloc_size: size,
+            buffer_id,
+            mapping,
+        },
+        lo: base.max(mapping.0),
+        hi: base
+            .saturating_add(size)
+            .min(mapping.0.saturating_add(mapping.1)),
+    })
+}
+
+/// Checks that every byte of `[ptr, ptr + len)` rounded out to `page` boundaries is device
+/// memory of device `ordinal`: inside the allocation holding `ptr`, or in the `cuMemMap`ped
+/// allocations that follow it without a gap (NVIDIA's driver exports such a range as one
+/// dma-buf: PyTorch's expandable segments). It may not reach a neighbouring allocation
+/// (`cuMemAlloc`s side by side, pool allocations in one mapping), nor, for an export
+/// (`page` > 1), share a page with one.
+pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> Result<Cover> {
+    let no = |why| refuse(ptr, len, why);
+    let end = ptr.checked_add(len).filter(|_| len > 0);
+    let Some((end, end_page)) = end.and_then(|e| Some((e, e.checked_next_multiple_of(page)?)))
+    else {
+        return Err(no(CudaRefusal::EmptyOrWrapping));
+    };
+    let first = piece(d, ordinal, ptr, &no)?;
+    let crossing = |p: &Piece| {
+        no(CudaRefusal::CrossesAllocations {
+            base: p.lo,
+            size: p.hi.saturating_sub(p.lo),
+        })
+    };
+    let shared = |p: &Piece| {
+        no(CudaRefusal::SharesPages {
+            base: p.info.alloc_base,
+            size: p.info.alloc_size,
+        })
+    };
+    if ptr < first.lo {
+        return Err(crossing(&first));
+    }
+    if ptr - ptr % page < first.lo {
+        return Err(shared(&first));
+    }
+    let mut pieces = vec![(ptr, first.info.buffer_id)];
+    let info = first.info;
+    let mut last = first;
+    let mut mapped = None;
+    while end_page > last.hi {
+        // Only the rounding to whole pages reaches past the allocation: its pages hold
+        // other memory.
+        let rounding = end <= last.hi;
+        let at_seam = last.hi == last.info.mapping.0.saturating_add(last.info.mapping.1);
+        let Ok(next) = piece(d, ordinal, last.hi, &no) else {
+            return Err(if rounding {
+                shared(&last)
+            } else {
+                no(CudaRefusal::PastAllocation {
+                    base: last.info.alloc_base,
+                    size: last.info.alloc_size,
+                })
+            });
+        };
+        let vmm = *mapped.get_or_insert_with(|| d.is_mapped(ptr));
+        if !(at_seam && vmm && next.lo == last.hi && next.hi > next.lo && d.is_mapped(last.hi)) {
+            return Err(if rounding {
+                shared(&last)
+            } else {
+                crossing(&last)
+            });
+        }
+        pieces.push((last.hi, next.info.buffer_id));
+        last = next;
+    }
+    Ok(Cover { info, pieces })
+}
+
+/// Whether every allocation `cover` found still has the buffer id it had.
+pub(super) fn unchanged(d: &Driver, cover: &Cover) -> bool {
+    cover
+        .pieces
+        .iter()
+        .all(|&(p, id)| d.pointer_u64(cuda::PTR_BUFFER_ID, p) == Ok(id))
+}
