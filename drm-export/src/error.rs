@@ -216,8 +216,8 @@ pub enum CudaRefusal {
         size: u64,
     },
     /// The memory was freed, or its address given to another allocation, by another thread
-    /// while it was exported; the export was closed.
-    ChangedDuringExport,
+    /// while it was looked up or exported; an export was closed.
+    ChangedMeanwhile,
 }
 
 impl fmt::Display for CudaRefusal {
@@ -255,8 +255,9 @@ impl fmt::Display for CudaRefusal {
                  it, so their dma-buf would hold other allocations' memory (hint: allocate \
                  whole pages, page-aligned, e.g. CudaBuffer, or a larger pool)"
             ),
-            CudaRefusal::ChangedDuringExport => f.write_str(
-                "its memory was freed or reallocated by another thread while it was exported",
+            CudaRefusal::ChangedMeanwhile => f.write_str(
+                "its memory was freed or reallocated by another thread while it was looked up or \
+                 exported",
             ),
         }
     }

@@ -298,6 +298,14 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
         case 9: /* CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL */
             *(int *)data = 0;
             break;
+        case 11: /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: the reserved range, as NVIDIA's
+                  * driver reports it for cuMemMap'd memory (an allocation of several
+                  * segments is one reserved range) */
+            *(CUdeviceptr *)data = a->base;
+            break;
+        case 12: /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */
+            *(size_t *)data = a->size;
+            break;
         case 18: /* CU_POINTER_ATTRIBUTE_MAPPING_SIZE */
             /* As NVIDIA's driver does, an allocation of one segment is inside a mapping of
              * whole 2 MiB blocks; a segment of several is its own mapping. */

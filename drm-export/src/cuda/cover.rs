@@ -30,6 +30,9 @@ fn piece(d: &Driver, ordinal: i32, p: u64, no: &dyn Fn(CudaRefusal) -> Error) ->
             driver: d.error_name(r),
         })
     };
+    // The buffer id first: if it is the same after everything else is read (and, for an
+    // export, after the export), everything read in between was of that one allocation.
+    let buffer_id = d.pointer_u64(cuda::PTR_BUFFER_ID, p).map_err(unknown)?;
     let kind = d.pointer_u32(cuda::PTR_MEMORY_TYPE, p).map_err(unknown)?;
     if d.pointer_u32(cuda::PTR_IS_MANAGED, p).map_err(unknown)? != 0 {
         return Err(no(CudaRefusal::ManagedMemory));
@@ -46,7 +49,6 @@ fn piece(d: &Driver, ordinal: i32, p: u64, no: &dyn Fn(CudaRefusal) -> Error) ->
     if dev != ordinal {
         return Err(no(CudaRefusal::OtherDevice { ordinal: dev }));
     }
-    let buffer_id = d.pointer_u64(cuda::PTR_BUFFER_ID, p).map_err(unknown)?;
     let (base, size) = d.address_range(p).map_err(unknown)?;
     let (base, size) = (base, size as u64);
     // Drivers before CUDA 11.7 know no mapping attributes: the allocation is one mapping.
@@ -76,9 +78,10 @@ fn piece(d: &Driver, ordinal: i32, p: u64, no: &dyn Fn(CudaRefusal) -> Error) ->
 
 /// Checks that every byte of `[ptr, ptr + len)` rounded out to `page` boundaries is device
 /// memory of device `ordinal`: inside the allocation holding `ptr`, or in the `cuMemMap`ped
-/// allocations that follow it without a gap (NVIDIA's driver exports such a range as one
-/// dma-buf: PyTorch's expandable segments). It may not reach a neighbouring allocation
-/// (`cuMemAlloc`s side by side, pool allocations in one mapping), nor, for an export
+/// allocations that follow it without a gap in the same reserved range (NVIDIA's driver
+/// exports such a range as one dma-buf: PyTorch's expandable segments). It may not reach a
+/// neighbouring allocation (`cuMemAlloc`s side by side, pool allocations in one mapping) or
+/// another reserved range, nor, for an export
 /// (`page` > 1), share a page with one.
 pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> Result<Cover> {
     let no = |why| refuse(ptr, len, why);
@@ -110,6 +113,15 @@ pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> 
     let info = first.info;
     let mut last = first;
     let mut mapped = None;
+    // The `cuMemAddressReserve`d range holding `p`: two reserved side by side (two owners)
+    // are not one virtual range, though the driver would export across them too.
+    let reservation = |p| {
+        Some((
+            d.pointer_u64(cuda::PTR_RANGE_START_ADDR, p).ok()?,
+            d.pointer_u64(cuda::PTR_RANGE_SIZE, p).ok()?,
+        ))
+    };
+    let mut reserved = None;
     while end_page > last.hi {
         // Only the rounding to whole pages reaches past the allocation: its pages hold
         // other memory.
@@ -126,7 +138,15 @@ pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> 
             });
         };
         let vmm = *mapped.get_or_insert_with(|| d.is_mapped(ptr));
-        if !(at_seam && vmm && next.lo == last.hi && next.hi > next.lo && d.is_mapped(last.hi)) {
+        let first_range = *reserved.get_or_insert_with(|| reservation(ptr));
+        let one_range = first_range.is_some() && reservation(last.hi) == first_range;
+        if !(at_seam
+            && vmm
+            && next.lo == last.hi
+            && next.hi > next.lo
+            && d.is_mapped(last.hi)
+            && one_range)
+        {
             return Err(if rounding {
                 shared(&last)
             } else {
@@ -139,7 +159,10 @@ pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> 
     Ok(Cover { info, pieces })
 }
 
-/// Whether every allocation `cover` found still has the buffer id it had.
+/// Whether every allocation `cover` found still has the buffer id it had. Buffer ids are
+/// never reused, and `piece` reads an allocation's id before its other attributes: so if
+/// this holds, each allocation was live from before its attributes were read until now, and
+/// all of them were its own.
 pub(super) fn unchanged(d: &Driver, cover: &Cover) -> bool {
     cover
         .pieces

@@ -107,10 +107,16 @@ impl CudaDevice {
     ///
     /// # Errors
     /// [`Error::CudaPointer`] for a pointer the driver does not know (never allocated, or
-    /// freed), host memory, managed memory or another device's memory.
+    /// freed), host memory, managed memory or another device's memory, or memory another
+    /// thread freed or replaced while it was looked up.
     pub fn pointer_info(&self, ptr: u64) -> Result<PointerInfo> {
         let d = self.bind()?;
-        Ok(cover::cover(d, self.ordinal, ptr, 1, 1)?.info)
+        let cover = cover::cover(d, self.ordinal, ptr, 1, 1)?;
+        // Everything was read of the allocation with this buffer id (see `cover::unchanged`).
+        if !cover::unchanged(d, &cover) {
+            return Err(refuse(ptr, 1, CudaRefusal::ChangedMeanwhile));
+        }
+        Ok(cover.info)
     }
 
     /// Exports the page-aligned range that covers `[ptr, ptr + len)` as a dma-buf. The
@@ -160,7 +166,7 @@ impl CudaDevice {
         // the memory that was checked.
         if !cover::unchanged(d, &cover) {
             drop(fd);
-            return Err(refuse(ptr, len, CudaRefusal::ChangedDuringExport));
+            return Err(refuse(ptr, len, CudaRefusal::ChangedMeanwhile));
         }
         Ok(CudaRange {
             dmabuf: DmaBuf::try_from(fd)?,

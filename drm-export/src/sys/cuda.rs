@@ -51,6 +51,12 @@ pub const PTR_BUFFER_ID: c_int = 7;
 pub const PTR_IS_MANAGED: c_int = 8;
 /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (an `int`).
 pub const PTR_DEVICE_ORDINAL: c_int = 9;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (a `CUdeviceptr`): for `cuMemMap`ped memory,
+/// where the `cuMemAddressReserve`d range holding the pointer starts (seen on an H200,
+/// driver 580).
+pub const PTR_RANGE_START_ADDR: c_int = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (a `size_t`): that range's size.
+pub const PTR_RANGE_SIZE: c_int = 12;
 /// `CU_POINTER_ATTRIBUTE_MAPPING_SIZE` (a `size_t`: the size of the physical mapping that
 /// holds the pointer; CUDA >= 11.7).
 pub const PTR_MAPPING_SIZE: c_int = 18;
@@ -310,11 +316,15 @@ impl Driver {
 
     /// `cuPointerGetAttribute` of an attribute whose value is a `u64` (`unsigned long long`,
     /// `size_t` or `CUdeviceptr` on 64-bit Linux): [`PTR_BUFFER_ID`], [`PTR_MAPPING_SIZE`],
-    /// [`PTR_MAPPING_BASE_ADDR`].
+    /// [`PTR_MAPPING_BASE_ADDR`], [`PTR_RANGE_START_ADDR`], [`PTR_RANGE_SIZE`].
     pub fn pointer_u64(&self, attr: c_int, p: CuDevicePtr) -> Result<u64, CuResult> {
         debug_assert!(matches!(
             attr,
-            PTR_BUFFER_ID | PTR_MAPPING_SIZE | PTR_MAPPING_BASE_ADDR
+            PTR_BUFFER_ID
+                | PTR_MAPPING_SIZE
+                | PTR_MAPPING_BASE_ADDR
+                | PTR_RANGE_START_ADDR
+                | PTR_RANGE_SIZE
         ));
         let mut v: u64 = 0;
         // SAFETY: for the attributes above the driver writes 8 bytes, and `v` is a live u64;

@@ -343,6 +343,51 @@ fn mappings_of_several_physical_allocations_are_exported_one_mapping_at_a_time()
 
 #[test]
 #[ignore = "needs an NVIDIA GPU with libcuda and dma-buf support"]
+fn two_reservations_side_by_side() {
+    // Whether anything the driver reports tells two `cuMemAddressReserve` ranges side by
+    // side from the parts of one (a range may cross the seams of one, not two owners').
+    let (dev, raw) = open();
+    let g = raw.granularity(true) as u64;
+    let whole = raw.reserve(4 * g as usize, g as usize);
+    raw.address_free(whole, 4 * g as usize);
+    let a = raw.reserve_at(2 * g as usize, g as usize, whole);
+    let b = raw.reserve_at(2 * g as usize, g as usize, whole + 2 * g);
+    eprintln!(
+        "driver: reservations at {a:#x} and {b:#x} (asked {whole:#x}, +{:#x})",
+        2 * g
+    );
+    let hs: Vec<_> = (0..4).map(|_| raw.create(g as usize, true)).collect();
+    for (i, &h) in hs.iter().enumerate() {
+        let base = if i < 2 { a } else { b };
+        raw.map(base + (i as u64 % 2) * g, g as usize, h);
+    }
+    for p in [a + 1, a + g + 1, b + 1, b + g + 1] {
+        eprintln!(
+            "driver: {p:#x}: range start {:x?}, range size {:x?}, pointer_info {:x?}",
+            raw.attribute_u64(raw::PTR_RANGE_START, p),
+            raw.attribute_u64(raw::PTR_RANGE_SIZE, p),
+            dev.pointer_info(p)
+        );
+    }
+    if b == a + 2 * g {
+        let across = raw.dmabuf_unchecked(a + g, 2 * g as usize);
+        eprintln!(
+            "driver: its own export across the two reservations: {:?}; export_range: {:?}",
+            across.as_ref().map(|_| "ok"),
+            dev.export_range(b - 8, 16).map(|r| r.dmabuf().size())
+        );
+    }
+    raw.unmap(a, 2 * g as usize);
+    raw.unmap(b, 2 * g as usize);
+    for h in hs {
+        raw.release(h);
+    }
+    raw.address_free(a, 2 * g as usize);
+    raw.address_free(b, 2 * g as usize);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU with libcuda and dma-buf support"]
 fn a_range_into_a_neighbouring_allocation_is_refused_as_crossing() {
     let (dev, raw) = open();
     let two_mib = 2u64 << 20;

@@ -44,6 +44,10 @@ const ACCESS_READ_WRITE: c_int = 3;
 pub const PTR_MEMORY_BLOCK_ID: c_int = 20;
 /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`.
 pub const PTR_BUFFER_ID: c_int = 7;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`.
+pub const PTR_RANGE_START: c_int = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`.
+pub const PTR_RANGE_SIZE: c_int = 12;
 /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
 pub const ATTR_RDMA_WITH_VMM: c_int = 116;
 
@@ -259,10 +263,15 @@ impl Raw {
 
     /// `cuMemAddressReserve` of `size` bytes.
     pub fn reserve(&self, size: usize, align: usize) -> u64 {
+        self.reserve_at(size, align, 0)
+    }
+
+    /// `cuMemAddressReserve` of `size` bytes, asking for address `at` (0: anywhere).
+    pub fn reserve_at(&self, size: usize, align: usize, at: u64) -> u64 {
         let mut p = 0;
         // SAFETY: `p` is a live out-pointer.
         ok("cuMemAddressReserve", unsafe {
-            (self.reserve)(&mut p, size, align, 0, 0)
+            (self.reserve)(&mut p, size, align, at, 0)
         });
         p
     }
