@@ -369,12 +369,19 @@ fn two_reservations_side_by_side() {
             dev.pointer_info(p)
         );
     }
+    // Across the seam inside one reservation: exported.
+    let r = dev.export_range(a + g - 8, 16).unwrap();
+    check_range(&r, a + g - 8, 16, "inside one reservation");
     if b == a + 2 * g {
         let across = raw.dmabuf_unchecked(a + g, 2 * g as usize);
         eprintln!(
-            "driver: its own export across the two reservations: {:?}; export_range: {:?}",
-            across.as_ref().map(|_| "ok"),
-            dev.export_range(b - 8, 16).map(|r| r.dmabuf().size())
+            "driver: its own export across the two reservations: {:?}",
+            across.as_ref().map(|_| "ok")
+        );
+        let why = refusal(&dev, b - 8, 16);
+        assert!(
+            matches!(why, CudaRefusal::CrossesAllocations { .. }),
+            "from one reservation into the next: {why}"
         );
     }
     raw.unmap(a, 2 * g as usize);
