@@ -16,12 +16,9 @@ use rdma_dmabuf::{
 };
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
-
-/// Tests that count MRs run one at a time.
-static COUNTING: Mutex<()> = Mutex::new(());
 
 /// How long a handle that should already be complete is given.
 const SHORT: Duration = Duration::from_secs(3);
@@ -87,6 +84,8 @@ fn two_receives_second_panics<'q>(
 #[test]
 #[ignore = "needs the testbed VM"]
 fn own_completion_survives_another_wakers_panic_in_poll_with() {
+    // Two tests count the testbed's MRs: every test of this file registers some.
+    let _alone = integration_tests::process::alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
@@ -115,6 +114,8 @@ fn own_completion_survives_another_wakers_panic_in_poll_with() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn batch_completion_survives_another_wakers_panic_in_poll_with() {
+    // Two tests count the testbed's MRs: every test of this file registers some.
+    let _alone = integration_tests::process::alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
@@ -163,6 +164,8 @@ fn batch_completion_survives_another_wakers_panic_in_poll_with() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn inline_completion_survives_another_wakers_panic_in_poll_with() {
+    // Two tests count the testbed's MRs: every test of this file registers some.
+    let _alone = integration_tests::process::alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = connect_pair(
@@ -201,7 +204,8 @@ fn inline_completion_survives_another_wakers_panic_in_poll_with() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn by_value_try_complete_with_another_wakers_panic_releases_the_region() {
-    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    // Two tests count the testbed's MRs: every test of this file registers some.
+    let _alone = integration_tests::process::alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
@@ -240,6 +244,8 @@ fn by_value_try_complete_with_another_wakers_panic_releases_the_region() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_stale_handle_never_takes_another_requests_wake() {
+    // Two tests count the testbed's MRs: every test of this file registers some.
+    let _alone = integration_tests::process::alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
@@ -276,7 +282,8 @@ fn a_stale_handle_never_takes_another_requests_wake() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn abandoned_then_reused_slots_deliver_to_the_right_handle() {
-    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    // Two tests count the testbed's MRs: every test of this file registers some.
+    let _alone = integration_tests::process::alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair(&pd);
