@@ -289,8 +289,9 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
         case 2: /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_HOST 1, _DEVICE 2 */
             *(unsigned *)data = a->kind == HOST ? 1 : 2;
             break;
-        case 7: /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
-            *(unsigned long long *)data = a->buffer_id;
+        case 7: /* CU_POINTER_ATTRIBUTE_BUFFER_ID: as on NVIDIA's driver, each mapped
+                 * segment has an id of its own, never given to another */
+            *(unsigned long long *)data = a->buffer_id * MAX_SEGS + seg;
             break;
         case 8: /* CU_POINTER_ATTRIBUTE_IS_MANAGED */
             *(unsigned *)data = a->kind == MANAGED;

@@ -103,18 +103,29 @@ pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> 
             size: p.info.alloc_size,
         })
     };
+    // A refusal made from what was read is the caller's answer only if that memory stayed
+    // as it was: memory another thread freed or remade meanwhile is said to have changed.
+    let settled = |why: Error, seen: &[(u64, u64)]| {
+        if ids_unchanged(d, seen) {
+            why
+        } else {
+            no(CudaRefusal::ChangedMeanwhile)
+        }
+    };
+    let mut pieces = vec![(ptr, first.info.buffer_id)];
     if ptr < first.lo {
-        return Err(crossing(&first));
+        return Err(settled(crossing(&first), &pieces));
     }
     if ptr - ptr % page < first.lo {
-        return Err(shared(&first));
+        return Err(settled(shared(&first), &pieces));
     }
-    let mut pieces = vec![(ptr, first.info.buffer_id)];
     let info = first.info;
     let mut last = first;
     let mut mapped = None;
     // The `cuMemAddressReserve`d range holding `p`: two reserved side by side (two owners)
-    // are not one virtual range, though the driver would export across them too.
+    // are not one virtual range, though the driver would export across them too. Read after
+    // the buffer id of the part holding `p`, so covered by its re-check (a reservation
+    // cannot be freed while a part of it is mapped).
     let reservation = |p| {
         Some((
             d.pointer_u64(cuda::PTR_RANGE_START_ADDR, p).ok()?,
@@ -128,15 +139,17 @@ pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> 
         let rounding = end <= last.hi;
         let at_seam = last.hi == last.info.mapping.0.saturating_add(last.info.mapping.1);
         let Ok(next) = piece(d, ordinal, last.hi, &no) else {
-            return Err(if rounding {
+            let why = if rounding {
                 shared(&last)
             } else {
                 no(CudaRefusal::PastAllocation {
                     base: last.info.alloc_base,
                     size: last.info.alloc_size,
                 })
-            });
+            };
+            return Err(settled(why, &pieces));
         };
+        pieces.push((last.hi, next.info.buffer_id));
         let vmm = *mapped.get_or_insert_with(|| d.is_mapped(ptr));
         let first_range = *reserved.get_or_insert_with(|| reservation(ptr));
         let one_range = first_range.is_some() && reservation(last.hi) == first_range;
@@ -147,16 +160,22 @@ pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> 
             && d.is_mapped(last.hi)
             && one_range)
         {
-            return Err(if rounding {
+            let why = if rounding {
                 shared(&last)
             } else {
                 crossing(&last)
-            });
+            };
+            return Err(settled(why, &pieces));
         }
-        pieces.push((last.hi, next.info.buffer_id));
         last = next;
     }
     Ok(Cover { info, pieces })
+}
+
+fn ids_unchanged(d: &Driver, pieces: &[(u64, u64)]) -> bool {
+    pieces
+        .iter()
+        .all(|&(p, id)| d.pointer_u64(cuda::PTR_BUFFER_ID, p) == Ok(id))
 }
 
 /// Whether every allocation `cover` found still has the buffer id it had. Buffer ids are
@@ -164,8 +183,5 @@ pub(super) fn cover(d: &Driver, ordinal: i32, ptr: u64, len: u64, page: u64) -> 
 /// this holds, each allocation was live from before its attributes were read until now, and
 /// all of them were its own.
 pub(super) fn unchanged(d: &Driver, cover: &Cover) -> bool {
-    cover
-        .pieces
-        .iter()
-        .all(|&(p, id)| d.pointer_u64(cuda::PTR_BUFFER_ID, p) == Ok(id))
+    ids_unchanged(d, &cover.pieces)
 }

@@ -159,8 +159,14 @@ impl CudaDevice {
         // of this process, so handing it to DMA cannot break any of Rust's rules here.
         // Exporting the memory is what the caller asked for. That the allocations were not
         // freed meanwhile (by another thread) is checked just below.
-        let fd = unsafe { d.dmabuf_fd(start, size) }
-            .map_err(|r| cu_err(d, "cuMemGetHandleForAddressRange", r))?;
+        let fd = unsafe { d.dmabuf_fd(start, size) }.map_err(|r| {
+            // The driver's refusal, unless the memory was freed meanwhile (then that).
+            if cover::unchanged(d, &cover) {
+                cu_err(d, "cuMemGetHandleForAddressRange", r)
+            } else {
+                refuse(ptr, len, CudaRefusal::ChangedMeanwhile)
+            }
+        })?;
         // Each allocation still has the buffer id it had when checked: ids are never reused,
         // so each stayed allocated from the check to after the export, and the dma-buf holds
         // the memory that was checked.
