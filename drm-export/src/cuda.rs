@@ -27,7 +27,8 @@ use std::sync::{Arc, OnceLock};
 
 mod cover;
 pub mod range;
-pub use range::{CudaRange, PointerInfo};
+pub use cover::PointerInfo;
+pub use range::CudaRange;
 
 fn driver() -> Result<&'static Driver> {
     static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();

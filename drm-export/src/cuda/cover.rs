@@ -3,9 +3,34 @@
 //! [`CudaDevice::pointer_info`](super::CudaDevice::pointer_info). Only looks addresses up in
 //! the driver's tables; no `unsafe`.
 
-use super::range::{refuse, PointerInfo};
 use crate::error::{CudaRefusal, Error, Result};
 use crate::sys::cuda::{self, Driver};
+
+/// What a CUDA pointer points into, from the pointer attributes and `cuMemGetAddressRange`.
+///
+/// As NVIDIA's driver reports them (580, on an H200): a `cuMemAlloc` allocation is its own
+/// `alloc_base`/`alloc_size`, inside a larger `mapping` (the driver's block, 2 MiB for small
+/// allocations, which other allocations may share); stream-ordered pool memory
+/// (`cuMemAllocAsync`) likewise, inside the pool's chunk; each `cuMemMap`ped part of a
+/// virtual range is an allocation of its own, equal to its mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// The allocation's base address.
+    pub alloc_base: u64,
+    /// The allocation's size in bytes.
+    pub alloc_size: u64,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique per allocation for the life of the process,
+    /// so memory freed and allocated again at the same address has a new id.
+    pub buffer_id: u64,
+    /// The physical mapping holding the pointer, `(base, size)`, as the driver reports it
+    /// (see above); the allocation itself for drivers that report none.
+    pub mapping: (u64, u64),
+}
+
+/// The refusal of `[ptr, ptr + len)` for `why`.
+pub(super) fn refuse(ptr: u64, len: u64, why: CudaRefusal) -> Error {
+    Error::CudaPointer { ptr, len, why }
+}
 
 /// The memory holding one address: its allocation and physical mapping, and the part of both
 /// (`lo..hi`) a range through the address may cover without reaching other memory.

@@ -8,7 +8,7 @@
 //! dma-buf, so that exactly `[ptr, ptr + len)` can be registered with `iova = ptr` (peers then
 //! address GPU memory by device pointer, as NCCL does).
 //!
-//! Refused with [`Error::CudaPointer`]: unknown or freed pointers, ranges past their
+//! Refused with [`Error::CudaPointer`](crate::Error::CudaPointer): unknown or freed pointers, ranges past their
 //! allocation, page-locked host memory, managed memory, memory of another GPU, and ranges
 //! that cross from one allocation into a neighbouring one (register each part separately)
 //! or whose pages hold other allocations' memory (the dma-buf covers whole pages, and the
@@ -22,30 +22,10 @@
 //!
 //! [`CudaBuffer`]: super::CudaBuffer
 
-use super::{cover, cu_err, CudaDevice};
+use super::cover::{self, refuse, PointerInfo};
+use super::{cu_err, CudaDevice};
 use crate::dmabuf::DmaBuf;
-use crate::error::{CudaRefusal, Error, Result};
-
-/// What a CUDA pointer points into, from the pointer attributes and `cuMemGetAddressRange`.
-///
-/// As NVIDIA's driver reports them (580, on an H200): a `cuMemAlloc` allocation is its own
-/// `alloc_base`/`alloc_size`, inside a larger `mapping` (the driver's block, 2 MiB for small
-/// allocations, which other allocations may share); stream-ordered pool memory
-/// (`cuMemAllocAsync`) likewise, inside the pool's chunk; each `cuMemMap`ped part of a
-/// virtual range is an allocation of its own, equal to its mapping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PointerInfo {
-    /// The allocation's base address.
-    pub alloc_base: u64,
-    /// The allocation's size in bytes.
-    pub alloc_size: u64,
-    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique per allocation for the life of the process,
-    /// so memory freed and allocated again at the same address has a new id.
-    pub buffer_id: u64,
-    /// The physical mapping holding the pointer, `(base, size)`, as the driver reports it
-    /// (see above); the allocation itself for drivers that report none.
-    pub mapping: (u64, u64),
-}
+use crate::error::{CudaRefusal, Result};
 
 /// A dma-buf exported for `[ptr, ptr + len)` of CUDA device memory, with what registering
 /// exactly that range needs.
@@ -98,15 +78,11 @@ impl CudaRange {
     }
 }
 
-pub(super) fn refuse(ptr: u64, len: u64, why: CudaRefusal) -> Error {
-    Error::CudaPointer { ptr, len, why }
-}
-
 impl CudaDevice {
     /// The allocation holding `ptr`, if it is device memory of this device.
     ///
     /// # Errors
-    /// [`Error::CudaPointer`] for a pointer the driver does not know (never allocated, or
+    /// [`Error::CudaPointer`](crate::Error::CudaPointer) for a pointer the driver does not know (never allocated, or
     /// freed), host memory, managed memory or another device's memory, or memory another
     /// thread freed or replaced while it was looked up.
     pub fn pointer_info(&self, ptr: u64) -> Result<PointerInfo> {
@@ -135,10 +111,10 @@ impl CudaDevice {
     /// the GPU's users to synchronise with, as any DMA into device memory is.
     ///
     /// # Errors
-    /// [`Error::CudaPointer`] with a [`CudaRefusal`]: length 0, unknown or freed pointer,
+    /// [`Error::CudaPointer`](crate::Error::CudaPointer) with a [`CudaRefusal`]: length 0, unknown or freed pointer,
     /// host, managed or another device's memory, a range past the allocation, one that
     /// crosses into a neighbouring allocation, pages the allocation does not fill, or memory
-    /// freed by another thread during the export. [`Error::Os`] with the CUDA error name if
+    /// freed by another thread during the export. [`Error::Os`](crate::Error::Os) with the CUDA error name if
     /// the driver refuses the export.
     pub fn export_range(&self, ptr: u64, len: u64) -> Result<CudaRange> {
         let d = self.bind()?;
