@@ -157,3 +157,13 @@ fn shmem_huge_pages_off() -> bool {
                 )
             })
 }
+
+/// What an export or lookup came to, for a test's report: "exported", the refusal, or the
+/// other error.
+pub fn outcome<T>(r: &drm_export::Result<T>) -> String {
+    match r {
+        Ok(_) => "exported".into(),
+        Err(drm_export::Error::CudaPointer { why, .. }) => format!("refused: {why:?}"),
+        Err(e) => format!("other error (not a CudaRefusal): {e}"),
+    }
+}

@@ -119,3 +119,22 @@ pub fn alone() -> std::sync::MutexGuard<'static, ()> {
     static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ALONE.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// `n` threads that keep a CPU busy until `stop`, so that a racing test's thread is preempted
+/// now and then between its calls. Join them after setting `stop`.
+pub fn busy_threads(
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    n: usize,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            })
+        })
+        .collect()
+}

@@ -7,7 +7,8 @@
 //! From an independent review.
 
 use drm_export::{CudaRefusal, Error};
-use integration_tests::cuda_standin::{device, standin, Kind};
+use integration_tests::cuda_standin::{device, outcome, standin, Kind};
+use integration_tests::process::busy_threads;
 use integration_tests::testbed::Testbed;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,29 +18,6 @@ use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
 const TWO_MIB: u64 = 2 << 20;
-
-fn what<T>(r: &drm_export::Result<T>) -> String {
-    match r {
-        Ok(_) => "exported".into(),
-        Err(Error::CudaPointer { why, .. }) => format!("{why:?}"),
-        Err(e) => format!("not a CudaRefusal: {e}"),
-    }
-}
-
-/// Busy threads, so that the caller is preempted now and then between its driver calls.
-fn spinners(stop: &Arc<AtomicBool>, n: usize) -> Vec<std::thread::JoinHandle<()>> {
-    (0..n)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut x = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
-                }
-            })
-        })
-        .collect()
-}
 
 /// One reserved range of 8 mapped parts (256 KiB each) with another of 2 parts right after
 /// it: ranges from every seam to every later seam, one byte short of it, on it and one byte
@@ -127,7 +105,7 @@ fn ranges_from_every_seam_to_every_seam_of_eight_parts_hold_exactly_their_pages(
                     Err(_) => failures.push(format!(
                         "a+{:#x} len {len:#x}: {} (inside one reservation)",
                         ptr - a,
-                        what(&got)
+                        outcome(&got)
                     )),
                 }
             } else {
@@ -147,7 +125,7 @@ fn ranges_from_every_seam_to_every_seam_of_eight_parts_hold_exactly_their_pages(
                     _ => failures.push(format!(
                         "a+{:#x} len {len:#x}: {}, want {want:?}",
                         ptr - a,
-                        what(&got)
+                        outcome(&got)
                     )),
                 }
             }
@@ -218,7 +196,7 @@ fn a_seam_whose_reservation_is_split_and_joined_meanwhile_is_exported_only_withi
             n
         })
     };
-    let busy = spinners(&stop, 2);
+    let busy = busy_threads(&stop, 2);
     let gen_of = |id: u64| loop {
         if let Some(&g) = gens.lock().unwrap().get(&id) {
             break g;
@@ -251,7 +229,7 @@ fn a_seam_whose_reservation_is_split_and_joined_meanwhile_is_exported_only_withi
             (x + TWO_MIB - PAGE - 1, 2 * PAGE + 2)
         };
         let got = dev.export_range(ptr, len);
-        *outcomes.entry(what(&got)).or_default() += 1;
+        *outcomes.entry(outcome(&got)).or_default() += 1;
         let Ok(r) = got else { continue };
         let id = r.buffer_id();
         let (g, part) = gen_of(id);
@@ -319,13 +297,13 @@ fn an_export_racing_a_remap_is_refused_as_changed_not_as_a_range_across_allocati
             n
         })
     };
-    let busy = spinners(&stop, 2);
+    let busy = busy_threads(&stop, 2);
     let mut outcomes: HashMap<String, u64> = HashMap::new();
     let mut wrong = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline && wrong.len() < 3 {
         let got = dev.export_range(p + 1, PAGE);
-        let k = what(&got);
+        let k = outcome(&got);
         match &got {
             Ok(_)
             | Err(Error::CudaPointer {

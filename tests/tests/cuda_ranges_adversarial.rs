@@ -9,7 +9,8 @@
 use dmabuf_alloc::{dmabuf_alloc_cuda_range, dmabuf_alloc_error};
 use drm_export::cuda::CudaBuffer;
 use drm_export::Error;
-use integration_tests::cuda_standin::{device, standin, Kind};
+use integration_tests::cuda_standin::{device, outcome, standin, Kind};
+use integration_tests::process::busy_threads;
 use integration_tests::testbed::Testbed;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
@@ -21,14 +22,6 @@ use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
 const TWO_MIB: u64 = 2 << 20;
-
-fn describe<T>(r: &drm_export::Result<T>) -> String {
-    match r {
-        Ok(_) => "exported".into(),
-        Err(Error::CudaPointer { why, .. }) => format!("refused: {why:?}"),
-        Err(e) => format!("other error (not a CudaRefusal): {e}"),
-    }
-}
 
 /// Two allocations of the stand-in made one after the other, side by side (the stand-in
 /// hands out the lowest free 2 MiB-aligned base). A range from the first into the second
@@ -73,7 +66,7 @@ fn a_range_from_one_allocation_into_an_adjacent_other_one_is_refused_by_the_chec
                     "{what}: export_range(a + {:#x}, {len:#x}): {}",
                     ptr - a,
                     match &got {
-                        Ok(r) => describe(r),
+                        Ok(r) => outcome(r),
                         Err(_) => "PANIC".into(),
                     }
                 );
@@ -144,17 +137,7 @@ fn pointer_info_never_reports_a_host_allocation_as_device_memory_under_churn() {
         })
     };
     // Busy threads, so that the prober is preempted now and then between its reads.
-    let spinners: Vec<_> = (0..3)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut x = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
-                }
-            })
-        })
-        .collect();
+    let spinners = busy_threads(&stop, 3);
     let mut seen = Vec::new();
     let mut calls = 0u64;
     let mut driver_errors = 0u64;
@@ -330,12 +313,12 @@ fn cuda_buffer_sizes_at_the_edges_are_refused_or_whole_pages_of_their_allocation
         assert_eq!((r.offset(), r.dmabuf().size()), (0, b.size() as u64));
         // One byte past the buffer: its extra page (still its own allocation), never more.
         let past = dev.export_range(b.ptr() + b.size() as u64 - 1, 2);
-        eprintln!("{size}: one byte past the buffer: {}", describe(&past));
+        eprintln!("{size}: one byte past the buffer: {}", outcome(&past));
         let far = dev.export_range(b.ptr(), info.alloc_size + 1);
         assert!(
             matches!(far, Err(Error::CudaPointer { .. })),
             "{size}: past the allocation: {}",
-            describe(&far)
+            outcome(&far)
         );
     }
 }
