@@ -6,6 +6,7 @@
 //! was not before the fix: `CrossesAllocations`, `PastAllocation` or the driver's error).
 //! From an independent review.
 
+use drm_export::cuda::CudaDevice;
 use drm_export::{CudaRefusal, Error};
 use integration_tests::cuda_standin::{device, outcome, standin, Kind};
 use integration_tests::process::busy_threads;
@@ -155,10 +156,16 @@ fn a_seam_whose_reservation_is_split_and_joined_meanwhile_is_exported_only_withi
     s.write(x, &vec![1; 2 * TWO_MIB as usize]);
     // Buffer id -> (fill byte, part size): part size 2 MiB for the joined layout, 1 MiB for
     // the split one.
+    // Each mapped part has a buffer id of its own: all of them are recorded.
     let gens: Arc<Mutex<HashMap<u64, (u8, u64)>>> = Arc::default();
-    gens.lock()
-        .unwrap()
-        .insert(dev.pointer_info(x).unwrap().buffer_id, (1, TWO_MIB));
+    type Gens = Mutex<HashMap<u64, (u8, u64)>>;
+    fn record(dev: &CudaDevice, gens: &Gens, p: u64, size: u64, g: u8, part: u64) {
+        for at in (p..p + size).step_by(part as usize) {
+            let id = dev.pointer_info(at).unwrap().buffer_id;
+            gens.lock().unwrap().insert(id, (g, part));
+        }
+    }
+    record(&dev, &gens, x, 2 * TWO_MIB, 1, TWO_MIB);
     let stop = Arc::new(AtomicBool::new(false));
     let churn = {
         let (dev, gens, stop) = (dev.clone(), gens.clone(), stop.clone());
@@ -176,8 +183,7 @@ fn a_seam_whose_reservation_is_split_and_joined_meanwhile_is_exported_only_withi
                         assert_eq!(p, half, "the stand-in reuses the addresses");
                         let g = (n % 250) as u8 + 2 + (half != x) as u8;
                         s.write(p, &vec![g; TWO_MIB as usize]);
-                        let id = dev.pointer_info(p).unwrap().buffer_id;
-                        gens.lock().unwrap().insert(id, (g, TWO_MIB / 2));
+                        record(&dev, &gens, p, TWO_MIB, g, TWO_MIB / 2);
                         live.push(p);
                     }
                 } else {
@@ -185,8 +191,7 @@ fn a_seam_whose_reservation_is_split_and_joined_meanwhile_is_exported_only_withi
                     assert_eq!(p, x, "the stand-in reuses the address");
                     let g = (n % 250) as u8 + 2;
                     s.write(p, &vec![g; 2 * TWO_MIB as usize]);
-                    let id = dev.pointer_info(p).unwrap().buffer_id;
-                    gens.lock().unwrap().insert(id, (g, TWO_MIB));
+                    record(&dev, &gens, p, 2 * TWO_MIB, g, TWO_MIB);
                     live.push(p);
                 }
             }
@@ -197,11 +202,16 @@ fn a_seam_whose_reservation_is_split_and_joined_meanwhile_is_exported_only_withi
         })
     };
     let busy = busy_threads(&stop, 2);
-    let gen_of = |id: u64| loop {
-        if let Some(&g) = gens.lock().unwrap().get(&id) {
-            break g;
+    // An id is recorded right after its part is made: wait for it, but never forever.
+    let gen_of = |id: u64| {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(&g) = gens.lock().unwrap().get(&id) {
+                break g;
+            }
+            assert!(Instant::now() < until, "buffer id {id} was never recorded");
+            std::thread::yield_now();
         }
-        std::thread::yield_now();
     };
     let mut outcomes: HashMap<String, u64> = HashMap::new();
     let mut failures = Vec::new();
