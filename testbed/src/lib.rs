@@ -28,8 +28,9 @@ use std::path::PathBuf;
 pub const CACHE_ENV: &str = "DMABUF_TESTBED_CACHE";
 
 /// The testbed's cache: the guest kernel, the initramfs, the patched stack, extra packages,
-/// the KVM probe's verdicts and the run folders. Its path may not hold spaces, quotes or
-/// commas (it goes into QEMU's options and the guest's kernel command line).
+/// the KVM probe's verdicts and the run folders. Its path must be one line of UTF-8 text (the
+/// guest's scripts name the run folders and the patched stack in it, [`vm::share`]); spaces,
+/// commas, quotes and the like are carried escaped.
 #[derive(Clone, Debug)]
 pub struct Cache {
     /// The folder.
@@ -77,7 +78,7 @@ impl Cache {
 #[cfg(test)]
 pub(crate) fn scripts() -> Vec<(&'static str, String)> {
     use std::path::Path;
-    let (dir, cwd) = (Path::new("/t/run/a"), Path::new("/t/src"));
+    let dir = Path::new("/t/run/a");
     let patched = patched::Patched {
         module: "/t/rdma_rxe.ko".into(),
         exporter: "/t/dmabuf_test_exporter.ko".into(),
@@ -106,7 +107,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
                 env: vec![("K".into(), "v".into())],
                 ..vm::Opts::default()
             };
-            let inner = vm::inner_script(dir, cwd, 'a', &opts, p).unwrap();
+            let inner = vm::inner_script(dir, 'a', &opts, p).unwrap();
             out.push(("inner.sh", inner));
         }
     }

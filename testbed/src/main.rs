@@ -57,6 +57,8 @@ fn dispatch(args: &[String]) -> Result<u8> {
         "run" => {
             let (mut opts, argv) = cli::parse_run_args(rest)?;
             opts.writable_cwd = true;
+            // A folder the guest cannot be given is refused before anything is installed.
+            vm::shareable_cwd(&opts)?;
             let cache = Cache::from_env()?;
             setup::packages()?;
             let results = vm::run(&cache, &argv, &opts)?;
@@ -67,6 +69,7 @@ fn dispatch(args: &[String]) -> Result<u8> {
             let mut with_cmd = rest.to_vec();
             with_cmd.extend(["--", "sh", "-c", script::INFO].map(String::from));
             let (opts, argv) = cli::parse_run_args(&with_cmd)?;
+            vm::shareable_cwd(&opts)?;
             let cache = Cache::from_env()?;
             setup::packages()?;
             let results = vm::run(&cache, &argv, &opts)?;

@@ -164,3 +164,74 @@ fn a_command_is_required_and_bad_options_are_refused() {
         assert_eq!(out.status.code(), Some(125), "{args:?}");
     }
 }
+
+/// `base/<name>` followed by the path of `base/sibling`: from the folder
+/// `/tmp/x/work,path=/tmp/x/sibling`, a `path=` option left unescaped would share the sibling.
+fn odd_folder(base: &Path, name: &[u8]) -> (PathBuf, PathBuf) {
+    use std::os::unix::ffi::OsStrExt;
+    let sibling = base.join("sibling");
+    std::fs::create_dir_all(&sibling).unwrap();
+    let cwd = base
+        .join(std::ffi::OsStr::from_bytes(name))
+        .join(sibling.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(&cwd).unwrap();
+    (cwd, sibling)
+}
+
+/// Runs a command that writes `marker` and `where` (its `pwd`) from the working folder `cwd`,
+/// and checks that the run passed, that both landed in `cwd` (`where` naming it byte for
+/// byte) and that nothing landed in `sibling`.
+fn writes_land_in(cwd: &Path, sibling: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let script = "echo hi > marker && pwd > where";
+    let out = tool(cwd, &["run", "--timeout", "600", "--", "sh", "-c", script]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "from {cwd:?}:\n{err}");
+    let marker = std::fs::read(cwd.join("marker")).unwrap_or_default();
+    assert_eq!(marker, b"hi\n", "no marker in {cwd:?}");
+    let mut want = cwd.as_os_str().as_bytes().to_vec();
+    want.push(b'\n');
+    let seen = std::fs::read(cwd.join("where")).unwrap_or_default();
+    assert_eq!(text(&seen), text(&want), "the guest's working folder");
+    assert_eq!(seen, want, "the guest's working folder, byte for byte");
+    let leaked: Vec<_> = std::fs::read_dir(sibling).unwrap().collect();
+    assert!(leaked.is_empty(), "the guest wrote into {sibling:?}");
+}
+
+#[test]
+#[ignore = "boots the testbed: cargo xtask test runs it on the host"]
+fn a_comma_and_path_in_the_working_folder_share_only_that_folder() {
+    let base = TmpDir::new("comma");
+    let (cwd, sibling) = odd_folder(&base.0, b"work,path=");
+    writes_land_in(&cwd, &sibling);
+}
+
+#[test]
+#[ignore = "boots the testbed: cargo xtask test runs it on the host"]
+fn spaces_quotes_and_shell_characters_in_the_working_folder_are_carried() {
+    let base = TmpDir::new("shell");
+    let name = b"a b=c 'd' \"e\" $HOME `f` \\g *h ?[i] ;&|\t,path=";
+    let (cwd, sibling) = odd_folder(&base.0, name);
+    writes_land_in(&cwd, &sibling);
+}
+
+#[test]
+#[ignore = "boots the testbed: cargo xtask test runs it on the host"]
+fn a_working_folder_that_is_not_utf8_is_carried_byte_for_byte() {
+    let base = TmpDir::new("latin1");
+    let (cwd, sibling) = odd_folder(&base.0, b"caf\xe9 \xff,path=");
+    writes_land_in(&cwd, &sibling);
+}
+
+#[test]
+fn a_working_folder_with_a_newline_is_refused_by_name() {
+    let base = TmpDir::new("newline");
+    let cwd = base.0.join("two\nlines");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let out = tool(&cwd, &["run", "--", "true"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    let want =
+        format!("the testbed cannot share the folder {cwd:?}: it contains a newline (U+000A)");
+    assert!(err.contains(&want), "no `{want}` in:\n{err}");
+}

@@ -1,31 +1,38 @@
 #!/bin/sh
 # The testbed initramfs's /init (testbed/src/initramfs.rs packs it): busybox applets only.
-# Reads from the kernel command line testbed.run= (the run folder's host path),
-# testbed.expose=, testbed.cwd= (a working folder shared writable) and testbed.pkgs= (unpacked
-# extra packages, laid over the host's root).
+# The run's host paths come from the file `paths` in the node's run folder (the 9p share
+# tagged `out`, mounted first at /out; vm::PATHS_FILE): one `key=path` a line, with the keys
+# run (the run folder's host path), start (where the command starts), cwd (a working folder
+# shared writable), pkgs (unpacked extra packages, laid over the host's root) and expose
+# (once per folder bound back over the guest's tmpfs). Paths may hold any byte but a newline:
+# each is read whole (IFS= read -r) and used quoted, never split or globbed.
+set -f
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 say() { echo "testbed: $*"; }
-RUN=
-EXPOSE=
-CWD=
-PKGS=
-for x in $(cat /proc/cmdline); do
-    case "$x" in
-    testbed.run=*) RUN="${x#testbed.run=}" ;;
-    testbed.expose=*) EXPOSE="${x#testbed.expose=}" ;;
-    testbed.cwd=*) CWD="${x#testbed.cwd=}" ;;
-    testbed.pkgs=*) PKGS="${x#testbed.pkgs=}" ;;
-    esac
-done
 while read -r m; do
     insmod "/lib/modules/$m.ko" || say "insmod $m failed"
 done < /modules.order
-mkdir -p /host /hostraw
 opts=trans=virtio,version=9p2000.L,msize=512000
+mkdir -p /out
+mount -t 9p -o "$opts" out /out || { say "cannot mount the run folder"; poweroff -f; }
+RUN=
+START=
+CWD=
+PKGS=
+while IFS= read -r line; do
+    case "$line" in
+    run=*) RUN=${line#run=} ;;
+    start=*) START=${line#start=} ;;
+    cwd=*) CWD=${line#cwd=} ;;
+    pkgs=*) PKGS=${line#pkgs=} ;;
+    esac
+done < /out/paths
+[ -n "$RUN" ] && [ -n "$START" ] || { say "no run folder in /out/paths"; poweroff -f; }
+mkdir -p /host /hostraw
 # /hostraw: the host's root as it is, without the tmpfs mounted below /host.
 mount -t 9p -o "$opts,ro" host /hostraw || { say "cannot mount the host's root"; poweroff -f; }
 if [ -n "$PKGS" ]; then
@@ -47,19 +54,24 @@ mount -t tmpfs tmpfs /host/dev/shm
 mount -t tmpfs tmpfs /host/tmp
 mount -t tmpfs tmpfs /host/run
 # Host folders under /tmp or /run that the run needs (a checkout there) come back by bind.
-for p in $(echo "$EXPOSE" | tr , ' '); do
-    mkdir -p "/host$p" && mount --bind "/hostraw$p" "/host$p" || say "cannot expose $p"
-done
+while IFS= read -r line; do
+    case "$line" in
+    expose=*)
+        p=${line#expose=}
+        mkdir -p "/host$p" && mount --bind "/hostraw$p" "/host$p" || say "cannot expose $p"
+        ;;
+    esac
+done < /out/paths
 if [ -n "$CWD" ]; then
     mkdir -p "/host$CWD"
     mount -t 9p -o "$opts" cwd "/host$CWD" || { say "cannot mount the working folder"; poweroff -f; }
 fi
 mkdir -p "/host$RUN"
-mount -t 9p -o "$opts" out "/host$RUN" || { say "cannot mount the run folder"; poweroff -f; }
+mount --bind /out "/host$RUN" || { say "cannot bind the run folder"; poweroff -f; }
 mount -t debugfs debugfs /host/sys/kernel/debug
 mount -t configfs configfs /host/sys/kernel/config
-chroot /host /bin/sh "$RUN/inner.sh" </dev/null
-dmesg > "/host$RUN/dmesg.txt"
-cat /proc/sys/kernel/tainted > "/host$RUN/tainted"
+chroot /host /bin/sh "$RUN/inner.sh" "$START" </dev/null
+dmesg > /out/dmesg.txt
+cat /proc/sys/kernel/tainted > /out/tainted
 sync
 poweroff -f

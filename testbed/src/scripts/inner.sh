@@ -1,7 +1,8 @@
 # The testbed, on each node: network, rxe device, then the command (cmd.sh in the run folder).
 # testbed/src/vm/mod.rs fills in the placeholders; /init runs this chrooted into the host's
-# root.
+# root, with the folder the command starts in as its argument (any bytes but a newline).
 set -u
+START=$1
 RUN=@RUN@
 # The other node's run folder, seen read-only through the host's root (two nodes).
 PEER_RUN=@PEER_RUN@
@@ -76,7 +77,7 @@ if [ "$TESTBED_NODES" -gt 1 ]; then
     done
     : > "$RUN/met"
 fi
-cd @CWD@ || fatal "no working folder"
+cd "$START" || fatal "no working folder"
 sh "$RUN/cmd.sh"
 echo $? > "$RUN/status"
 if [ "$TESTBED_NODES" -gt 1 ]; then

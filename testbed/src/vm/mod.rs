@@ -1,8 +1,10 @@
 //! Boots the testbed (one VM, or two joined by a virtual wire) and runs a command inside,
 //! chrooted into the host's root so host-built binaries run unchanged (`dmabuf-testbed run`,
-//! `cargo xtask vm`). The VMs' processes and their consoles are in `vm/node.rs`.
+//! `cargo xtask vm`). The VMs' processes and their consoles are in `vm/node.rs`; how host
+//! paths reach the guest is in [`share`].
 
 mod node;
+pub mod share;
 
 use crate::accel::{self, Accel};
 use crate::patched::Patched;
@@ -183,8 +185,10 @@ struct Stack {
 /// [`run_quiet`].
 fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<NodeResult>> {
     check_request(argv, opts)?;
+    let cwd = shareable_cwd(opts)?;
+    // The cache's folders are named in the guest's scripts: refused before anything is built.
+    share::utf8(share::one_line(&cache.dir)?)?;
     let stack = prepare(cache, opts)?;
-    let cwd = std::env::current_dir()?;
     let run_root = fresh_run_dir(cache)?;
     // Unix socket paths are limited to 108 bytes: keep them short, outside the tree.
     let sock_dir = std::env::temp_dir().join(format!("testbed-{}", std::process::id()));
@@ -206,7 +210,7 @@ fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
             let mut shown: Vec<&Path> = opts.expose.iter().map(PathBuf::as_path).collect();
             shown.extend([cache.dir.as_path(), &cwd]);
             shown.extend(stack.packages.as_deref());
-            hidden_paths(&shown).join(",")
+            hidden_paths(&shown)
         },
         cwd: opts.writable_cwd.then_some(cwd.as_path()),
         packages: stack.packages.as_deref(),
@@ -214,7 +218,7 @@ fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     let mut nodes = Vec::new();
     for name in ['a', 'b'].into_iter().take(opts.nodes.into()) {
         let dir = run_root.join(name.to_string());
-        let started = write_node_scripts(&dir, argv, &cwd, name, opts, stack.patched.as_ref())
+        let started = write_node_files(&dir, argv, &boot, &cwd, name, opts, stack.patched.as_ref())
             .and_then(|()| start(&boot, dir, name, opts, loud));
         match started {
             Ok(node) => nodes.push(node),
@@ -248,6 +252,22 @@ fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         let _ = std::fs::remove_dir_all(&run_root);
     }
     Ok(results)
+}
+
+/// The command's working folder (the current one), refused when the guest cannot be given
+/// it ([`share::Unsharable`]); `dmabuf-testbed run` asks this before anything is built or
+/// installed.
+///
+/// # Errors
+/// The current folder cannot be read, or its path has a newline (or, with `opts.expose`,
+/// one of those paths has).
+pub fn shareable_cwd(opts: &Opts) -> Result<PathBuf> {
+    let cwd = std::env::current_dir()?;
+    share::one_line(&cwd)?;
+    for p in &opts.expose {
+        share::one_line(p)?;
+    }
+    Ok(cwd)
 }
 
 /// Refuses an empty command and a node count other than 1 or 2.
@@ -296,10 +316,12 @@ fn banner(stack: &Stack, opts: &Opts) -> String {
     )
 }
 
-/// Creates the node's folder `dir` with the command (`cmd.sh`) and `inner.sh`.
-fn write_node_scripts(
+/// Creates the node's folder `dir` with the command (`cmd.sh`), `inner.sh` and the host
+/// paths `/init` reads ([`PATHS_FILE`]); `cwd`: where the command starts.
+fn write_node_files(
     dir: &Path,
     argv: &[String],
+    boot: &Boot<'_>,
     cwd: &Path,
     node: char,
     opts: &Opts,
@@ -309,13 +331,34 @@ fn write_node_scripts(
     // The caller's own command: whatever it runs is the caller's choice, not xtask's, so it is
     // not held to the programs table.
     sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
-    let inner = inner_script(dir, cwd, node, opts, patched)?;
-    programs::write_script(&dir.join("inner.sh"), &inner)
+    let inner = inner_script(dir, node, opts, patched)?;
+    programs::write_script(&dir.join("inner.sh"), &inner)?;
+    let paths = guest_paths(boot, dir, cwd)?;
+    std::fs::write(dir.join(PATHS_FILE), paths)
+        .map_err(|e| format!("cannot write {}: {e}", dir.join(PATHS_FILE).display()))?;
+    Ok(())
 }
 
-/// A new folder for this run under the cache's `runs/`, refused when its path has a space,
-/// a quote or a comma (it goes unquoted into QEMU's comma-separated options and the kernel
-/// command line).
+/// The file in each node's run folder that tells `/init` the host paths of the run (the
+/// kernel command line carries none): `key=path` lines ([`share::lines`]) with the keys
+/// `run` (the node's run folder, where `/init` binds the `out` share), `start` (the command's
+/// working folder), `cwd` (the same, when shared writable), `pkgs` (the extra packages' root)
+/// and `expose` (once per host folder bound back over the guest's tmpfs).
+pub const PATHS_FILE: &str = "paths";
+
+/// The text of [`PATHS_FILE`] for the node whose run folder is `dir`, the command starting
+/// in `cwd`.
+fn guest_paths(boot: &Boot<'_>, dir: &Path, cwd: &Path) -> Result<Vec<u8>> {
+    let mut entries = vec![("run", dir), ("start", cwd)];
+    entries.extend(boot.cwd.map(|c| ("cwd", c)));
+    entries.extend(boot.packages.map(|p| ("pkgs", p)));
+    entries.extend(boot.expose.iter().map(|p| ("expose", p.as_path())));
+    Ok(share::lines(&entries)?)
+}
+
+/// A new folder for this run under the cache's `runs/`. Its path goes into the guest's
+/// scripts, so it must be one line of UTF-8 ([`share::Unsharable`] otherwise); any other
+/// character is carried escaped.
 fn fresh_run_dir(cache: &Cache) -> Result<PathBuf> {
     let runs = cache.dir.join("runs");
     std::fs::create_dir_all(&runs)?;
@@ -324,10 +367,7 @@ fn fresh_run_dir(cache: &Cache) -> Result<PathBuf> {
         .map(|d| d.as_millis())
         .unwrap_or(0);
     let dir = runs.join(format!("{}-{stamp}", std::process::id()));
-    let text = dir.to_string_lossy();
-    if text.contains(char::is_whitespace) || text.contains(['\'', ',']) {
-        fail!("the testbed needs a build folder path without spaces or quotes: {text}");
-    }
+    share::utf8(share::one_line(&dir)?)?;
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
@@ -338,22 +378,26 @@ fn cmd_script(argv: &[String]) -> String {
     format!("exec {}\n", words.join(" "))
 }
 
-/// The node's `inner.sh`: `scripts/inner.sh` filled in for the run folder `dir` (the node's),
-/// the command's working folder `cwd`, and the stack (`None`: stock).
+/// The node's `inner.sh`: `scripts/inner.sh` filled in for the run folder `dir` (the node's)
+/// and the stack (`None`: stock). `/init` passes it the command's working folder, its first
+/// argument, which may hold any byte but a newline.
+///
+/// # Errors
+/// A folder it names is not UTF-8 ([`share::utf8`]), an environment name is not a shell
+/// name, or the template and the values disagree.
 pub fn inner_script(
     dir: &Path,
-    cwd: &Path,
     node: char,
     opts: &Opts,
     patched: Option<&Patched>,
 ) -> Result<String> {
-    let quote = |p: &Path| sh::quote(&p.to_string_lossy());
+    let quote = |p: &Path| share::utf8(p).map(sh::quote);
     let local = node_addr(node, opts.nodes);
     let other = if node == 'a' { 'b' } else { 'a' };
     let (peer, peer_run) = if opts.nodes > 1 {
         (
             node_addr(other, opts.nodes),
-            quote(&dir.with_file_name(other.to_string())),
+            quote(&dir.with_file_name(other.to_string()))?,
         )
     } else {
         (local, sh::quote(""))
@@ -361,9 +405,9 @@ pub fn inner_script(
     let (mode, module, exporter, lib) = match patched {
         Some(p) => (
             "patched",
-            quote(&p.module),
-            quote(&p.exporter),
-            quote(&p.lib),
+            quote(&p.module)?,
+            quote(&p.exporter)?,
+            quote(&p.lib)?,
         ),
         None => ("stock", sh::quote(""), sh::quote(""), sh::quote("")),
     };
@@ -379,7 +423,7 @@ pub fn inner_script(
     script::fill(
         script::INNER,
         &[
-            ("RUN", &quote(dir)),
+            ("RUN", &quote(dir)?),
             ("PEER_RUN", &peer_run),
             ("NODES", &opts.nodes.to_string()),
             ("NODE", &node.to_string()),
@@ -392,17 +436,16 @@ pub fn inner_script(
             ("ACK_TIMEOUT", &RC_ACK_TIMEOUT.to_string()),
             ("RETRY_COUNT", &RC_RETRY_COUNT.to_string()),
             ("ENV", &env.join("\n")),
-            ("CWD", &quote(cwd)),
         ],
     )
 }
 
 /// Paths the VM's tmpfs on /tmp and /run would hide; the initramfs binds them back.
-fn hidden_paths(paths: &[&Path]) -> Vec<String> {
-    let mut out: Vec<String> = paths
+fn hidden_paths(paths: &[&Path]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = paths
         .iter()
         .filter(|p| p.starts_with("/tmp") || p.starts_with("/run"))
-        .map(|p| p.display().to_string())
+        .map(|p| p.to_path_buf())
         .collect();
     out.sort();
     out.dedup();
@@ -420,14 +463,54 @@ mod tests {
                 env: vec![(bad.into(), "v".into())],
                 ..Opts::default()
             };
-            let e = inner_script(Path::new("/r"), Path::new("/c"), 'a', &opts, None);
+            let e = inner_script(Path::new("/r"), 'a', &opts, None);
             assert!(e.is_err(), "{bad:?} accepted");
         }
         let opts = Opts {
             env: vec![("_OK_1".into(), "a b".into())],
             ..Opts::default()
         };
-        let s = inner_script(Path::new("/r"), Path::new("/c"), 'a', &opts, None).unwrap();
+        let s = inner_script(Path::new("/r"), 'a', &opts, None).unwrap();
         assert!(s.contains("export _OK_1='a b'"), "{s}");
+    }
+
+    #[test]
+    fn run_folders_are_quoted_or_refused_by_name() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = Path::new("/c a,b=c'd\"$e\\*/runs/1/a");
+        let s = inner_script(odd, 'a', &Opts::default(), None).unwrap();
+        assert!(s.contains(r#"RUN='/c a,b=c'\''d"$e\*/runs/1/a'"#), "{s}");
+        let latin1 = Path::new(std::ffi::OsStr::from_bytes(b"/caf\xe9/runs/1/a"));
+        let e = inner_script(latin1, 'a', &Opts::default(), None).unwrap_err();
+        let e = e.downcast::<share::Unsharable>().expect("an Unsharable");
+        assert_eq!(e.reason, share::Reason::NotUtf8(0xe9));
+    }
+
+    #[test]
+    fn the_paths_file_names_every_share_one_a_line() {
+        let accel = Accel {
+            kvm: false,
+            cpu: "max".into(),
+            why: String::new(),
+        };
+        let cwd = Path::new("/tmp/w,path=/x y");
+        let boot = Boot {
+            accel: &accel,
+            vmlinuz: Path::new("/c/vmlinuz"),
+            initrd: Path::new("/c/initrd"),
+            sock_dir: Path::new("/tmp/s"),
+            expose: hidden_paths(&[cwd, Path::new("/c"), Path::new("/run/p")]),
+            cwd: Some(cwd),
+            packages: Some(Path::new("/c/pkgs")),
+        };
+        let text = guest_paths(&boot, Path::new("/c/runs/1/a"), cwd).unwrap();
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            "run=/c/runs/1/a\nstart=/tmp/w,path=/x y\ncwd=/tmp/w,path=/x y\npkgs=/c/pkgs\n\
+             expose=/run/p\nexpose=/tmp/w,path=/x y\n"
+        );
+        let bad = Path::new("/tmp/a\nb");
+        let e = guest_paths(&boot, Path::new("/c/runs/1/a"), bad).unwrap_err();
+        assert!(e.to_string().contains("newline (U+000A)"), "{e}");
     }
 }

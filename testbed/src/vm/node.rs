@@ -1,11 +1,12 @@
 //! The testbed's VMs while they run: QEMU's command line, the consoles, the deadline, and what
 //! each VM left in its run folder.
 
-use super::{NodeResult, Opts, EXTRA_CMDLINE, HUGE_PAGES, PEER_GRACE, UDMABUF_LIMIT_MIB};
+use super::{share, NodeResult, Opts, EXTRA_CMDLINE, HUGE_PAGES, PEER_GRACE, UDMABUF_LIMIT_MIB};
 use crate::accel::Accel;
 use crate::sh::Result;
 use crate::ui::info;
 use crate::{klog, programs};
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -178,16 +179,18 @@ pub(super) struct Boot<'a> {
     pub(super) vmlinuz: &'a Path,
     pub(super) initrd: &'a Path,
     pub(super) sock_dir: &'a Path,
-    /// `testbed.expose=` value: host paths to bind back over the VM's tmpfs.
-    pub(super) expose: String,
-    /// The command's working folder, when it is shared writable (`testbed.cwd=`).
+    /// Host paths to bind back over the VM's tmpfs (`expose=` lines of the paths file).
+    pub(super) expose: Vec<PathBuf>,
+    /// The command's working folder, when it is shared writable (the `cwd` share).
     pub(super) cwd: Option<&'a Path>,
-    /// The unpacked extra packages' root, laid over the host's (`testbed.pkgs=`).
+    /// The unpacked extra packages' root, laid over the host's (the `pkgs` share).
     pub(super) packages: Option<&'a Path>,
 }
 
 /// The QEMU command for `node`, whose run folder is `dir`: the second 9p share, and (two
-/// nodes) the wire to the other node's unix socket.
+/// nodes) the wire to the other node's unix socket. Host paths go only into QEMU's option
+/// values, escaped ([`share::qemu_value`]); the kernel command line carries none (`/init`
+/// reads them from the run folder, [`super::PATHS_FILE`]).
 pub(super) fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Command {
     let Boot {
         vmlinuz,
@@ -208,59 +211,47 @@ pub(super) fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Comm
         .arg("-append")
         .arg(format!(
             "console=ttyS0 loglevel=1 panic=-1 hugepages={HUGE_PAGES} \
-             udmabuf.size_limit_mb={UDMABUF_LIMIT_MIB} testbed.node={node} \
-             testbed.run={} testbed.expose={} testbed.cwd={} testbed.pkgs={} {} {}",
-            dir.display(),
-            boot.expose,
-            boot.cwd
-                .map(Path::display)
-                .map(|d| d.to_string())
-                .unwrap_or_default(),
-            boot.packages
-                .map(Path::display)
-                .map(|d| d.to_string())
-                .unwrap_or_default(),
+             udmabuf.size_limit_mb={UDMABUF_LIMIT_MIB} testbed.node={node} {} {}",
             boot.accel.kernel_args(),
             std::env::var(EXTRA_CMDLINE).unwrap_or_default()
         ))
         .arg("-virtfs")
-        .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
+        .arg(virtfs(Path::new("/"), "host", true))
         .arg("-virtfs")
-        .arg(format!(
-            "local,path={},mount_tag=out,security_model=none,multidevs=remap",
-            dir.display()
-        ));
+        .arg(virtfs(dir, "out", false));
     if let Some(pkgs) = boot.packages {
         // A share of its own: overlayfs refuses layers that lie inside one another.
-        c.arg("-virtfs").arg(format!(
-            "local,path={},mount_tag=pkgs,security_model=none,readonly=on,multidevs=remap",
-            pkgs.display()
-        ));
+        c.arg("-virtfs").arg(virtfs(pkgs, "pkgs", true));
     }
     if let Some(cwd) = boot.cwd {
-        c.arg("-virtfs").arg(format!(
-            "local,path={},mount_tag=cwd,security_model=none,multidevs=remap",
-            cwd.display()
-        ));
+        c.arg("-virtfs").arg(virtfs(cwd, "cwd", false));
     }
     if opts.nodes > 1 {
         let (me, peer) = if node == 'a' { ("a", "b") } else { ("b", "a") };
-        let sock = |n: &str| sock_dir.join(format!("{n}.sock")).display().to_string();
-        c.arg("-netdev")
-            .arg(format!(
-                "dgram,id=wire,local.type=unix,local.path={},remote.type=unix,remote.path={}",
-                sock(me),
-                sock(peer)
-            ))
-            .arg("-device")
-            .arg(format!(
-                "virtio-net-pci,netdev=wire,mac=52:54:00:00:00:0{}",
-                if node == 'a' { 1 } else { 2 }
-            ));
+        let sock = |n: &str| share::qemu_value(sock_dir.join(format!("{n}.sock")).as_os_str());
+        let mut wire = OsString::from("dgram,id=wire,local.type=unix,local.path=");
+        wire.push(sock(me));
+        wire.push(",remote.type=unix,remote.path=");
+        wire.push(sock(peer));
+        c.arg("-netdev").arg(wire).arg("-device").arg(format!(
+            "virtio-net-pci,netdev=wire,mac=52:54:00:00:00:0{}",
+            if node == 'a' { 1 } else { 2 }
+        ));
     } else {
         c.args(["-nic", "none"]);
     }
     c
+}
+
+/// The `-virtfs` value that shares the host folder `path` under the 9p tag `tag`.
+fn virtfs(path: &Path, tag: &str, readonly: bool) -> OsString {
+    let mut v = OsString::from("local,path=");
+    v.push(share::qemu_value(path.as_os_str()));
+    v.push(format!(
+        ",mount_tag={tag},security_model=none{},multidevs=remap",
+        if readonly { ",readonly=on" } else { "" }
+    ));
+    v
 }
 
 /// Copies a child's output into `sink`, and to stderr (with `prefix`) when `loud`.
@@ -299,6 +290,65 @@ pub(super) fn read_trimmed(path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
+
+    /// QEMU's arguments for a two-node boot from an odd working folder, packages folder and
+    /// temporary folder.
+    fn odd_args() -> (Vec<Vec<u8>>, &'static [u8]) {
+        let cwd: &'static [u8] = b"/t/work,path=/t/sibling 'q' \"d\" $x \\ * =\xff";
+        let accel = Accel {
+            kvm: false,
+            cpu: "max".into(),
+            why: String::new(),
+        };
+        let cwd_path = Path::new(std::ffi::OsStr::from_bytes(cwd));
+        let boot = Boot {
+            accel: &accel,
+            vmlinuz: Path::new("/c/vmlinuz"),
+            initrd: Path::new("/c/initrd"),
+            sock_dir: Path::new("/tmp,x/testbed-1"),
+            expose: vec![cwd_path.to_path_buf()],
+            cwd: Some(cwd_path),
+            packages: Some(Path::new("/c/pk,gs")),
+        };
+        let opts = Opts {
+            nodes: 2,
+            ..Opts::default()
+        };
+        let cmd = qemu(&boot, Path::new("/c/runs/1,2/a"), 'a', &opts);
+        let args = cmd.get_args().map(|a| a.as_bytes().to_vec()).collect();
+        (args, cwd)
+    }
+
+    #[test]
+    fn every_host_path_is_one_escaped_qemu_value() {
+        let (args, _) = odd_args();
+        let has = |want: &[u8]| args.iter().any(|a| a.as_slice() == want);
+        assert!(has(
+            b"local,path=/t/work,,path=/t/sibling 'q' \"d\" $x \\ * =\xff,mount_tag=cwd,\
+              security_model=none,multidevs=remap"
+        ));
+        assert!(has(
+            b"local,path=/c/runs/1,,2/a,mount_tag=out,security_model=none,multidevs=remap"
+        ));
+        assert!(has(
+            b"local,path=/c/pk,,gs,mount_tag=pkgs,security_model=none,readonly=on,\
+              multidevs=remap"
+        ));
+        assert!(has(
+            b"dgram,id=wire,local.type=unix,local.path=/tmp,,x/testbed-1/a.sock,\
+              remote.type=unix,remote.path=/tmp,,x/testbed-1/b.sock"
+        ));
+    }
+
+    #[test]
+    fn the_kernel_command_line_carries_no_host_path() {
+        let (args, _) = odd_args();
+        let at = args.iter().position(|a| a == b"-append").expect("-append");
+        let cmdline = String::from_utf8(args[at + 1].clone()).expect("text");
+        assert!(!cmdline.contains('/'), "{cmdline}");
+        assert!(cmdline.contains("testbed.node=a"), "{cmdline}");
+    }
 
     #[test]
     fn a_failed_boot_stops_the_vms_already_started() {
