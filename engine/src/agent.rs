@@ -1,0 +1,313 @@
+//! [`Agent`]: one per process; owns the RDMA devices it uses, its segments, its
+//! connections to peers, and the control listener.
+
+use crate::batch::{Batch, Notification};
+use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
+use crate::error::{Error, Result, Side};
+use crate::metadata::{lock, EmbeddedMetadata, PeerRecord};
+use crate::plan::plan;
+use crate::progress::{Progress, Transfer};
+use crate::segment::{describe, Memory, Region, Segments};
+use crate::server::Server;
+use crate::settings::Settings;
+use crate::shared::Shared;
+use crate::worker::{self, Job};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A transfer engine's agent. See the crate's documentation.
+pub struct Agent {
+    shared: Arc<Shared>,
+    embedded: Arc<EmbeddedMetadata>,
+    jobs: Option<Sender<Job>>,
+    worker: Option<JoinHandle<()>>,
+    server: Option<Server>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.shared.name)
+            .field(
+                "incarnation",
+                &format_args!("{:#x}", self.shared.incarnation),
+            )
+            .field("address", &self.address())
+            .finish()
+    }
+}
+
+/// A random 64-bit number (std's per-instance random hasher keys, the time and the pid).
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl Agent {
+    /// Opens the devices of `settings` (default: every device with an active port), one
+    /// protection domain each, binds the control listener and starts the worker.
+    ///
+    /// # Errors
+    /// [`Error::Settings`], [`Error::NoDevice`], [`Error::Io`] when the listener cannot bind.
+    pub fn new(name: &str, settings: Settings) -> Result<Agent> {
+        if settings.chunk_size == 0 || settings.in_flight == 0 {
+            return Err(Error::Settings(
+                "chunk_size and in_flight must be above 0".into(),
+            ));
+        }
+        let devices = crate::devices::open(settings.devices.as_deref())?;
+        let listener =
+            TcpListener::bind(settings.bind).map_err(|e| Error::io("bind", settings.bind, e))?;
+        let embedded = Arc::new(EmbeddedMetadata::new(settings.io_timeout));
+        let shared = Arc::new(Shared {
+            name: name.into(),
+            incarnation: random_u64(),
+            devices,
+            segments: Segments::default(),
+            settings,
+            metadata: embedded.clone(),
+            peers: Mutex::default(),
+            notifications: Mutex::default(),
+            notified: Condvar::new(),
+        });
+        let server = Server::start(shared.clone(), listener)?;
+        let (jobs, rx) = channel();
+        let s = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("{name}-worker"))
+            .spawn(move || worker::run(&s, &rx))
+            .map_err(|e| Error::io("start the worker thread of", name, e))?;
+        Ok(Agent {
+            shared,
+            embedded,
+            jobs: Some(jobs),
+            worker: Some(worker),
+            server: Some(server),
+        })
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// This start's incarnation: random, different for every [`Agent::new`].
+    pub fn incarnation(&self) -> u64 {
+        self.shared.incarnation
+    }
+
+    /// The control listener's address (peers pass it to [`Agent::add_peer`]).
+    pub fn address(&self) -> SocketAddr {
+        self.server
+            .as_ref()
+            .map_or(self.shared.settings.bind, Server::addr)
+    }
+
+    /// The devices in use, in the order descriptors number them.
+    pub fn devices(&self) -> Vec<String> {
+        self.shared.devices.iter().map(|d| d.name.clone()).collect()
+    }
+
+    /// This agent's descriptor as peers get it.
+    pub fn descriptor(&self) -> AgentDescriptor {
+        self.shared.descriptor()
+    }
+
+    /// Names a peer and its control address (the embedded metadata service).
+    pub fn add_peer(&self, agent: &str, control: SocketAddr) {
+        self.embedded.add_peer(agent, control);
+        self.shared.forget_peer(agent);
+    }
+
+    /// Registers `memory` (a [`DmaBuf`](rdma_dmabuf::DmaBuf) or a
+    /// [`HostBuffer`](rdma_dmabuf::HostBuffer)) whole as segment `name`, readable and
+    /// writable by peers, and publishes it. The segment is registered on the agent's first
+    /// device (see the crate's documentation, "Limits").
+    ///
+    /// # Errors
+    /// [`Error::SegmentExists`] (the memory is dropped), [`Error::Rdma`] for the
+    /// registration.
+    pub fn register(&self, name: &str, memory: impl Into<Memory>) -> Result<SegmentDescriptor> {
+        if self.shared.segments.lock().contains_key(name) {
+            return Err(Error::SegmentExists(name.into()));
+        }
+        let device = &self.shared.devices[0];
+        let region = Region::register(device, memory.into())?;
+        let desc = describe(name, 0, device, &region);
+        self.shared
+            .segments
+            .insert(desc.clone(), region)
+            .map_err(|(e, _region)| e)?;
+        self.publish()?;
+        Ok(desc)
+    }
+
+    /// Deregisters segment `name` and hands its memory back.
+    ///
+    /// # Errors
+    /// [`Error::SegmentBusy`] while a transfer that uses it has not finished (nothing
+    /// changes); [`Error::UnknownSegment`]; [`Error::Rdma`] if deregistration fails.
+    pub fn unregister(&self, name: &str) -> Result<Memory> {
+        let region = self.shared.segments.remove(&self.shared.name, name)?;
+        self.publish()?;
+        region.into_memory()
+    }
+
+    fn publish(&self) -> Result<()> {
+        self.shared
+            .metadata
+            .publish(&self.shared.descriptor(), self.address())
+    }
+
+    /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`: always).
+    fn peer_records(&self, batch: &Batch, refresh: bool) -> Result<HashMap<String, PeerRecord>> {
+        let mut out = HashMap::new();
+        for e in &batch.entries {
+            if out.contains_key(&e.remote_agent) {
+                continue;
+            }
+            let cached = lock(&self.shared.peers).get(&e.remote_agent).cloned();
+            let record = match cached.filter(|_| !refresh) {
+                Some(r) => r,
+                None => match self.shared.metadata.lookup(&e.remote_agent) {
+                    Ok(r) => {
+                        lock(&self.shared.peers).insert(e.remote_agent.clone(), r.clone());
+                        r
+                    }
+                    // Left to the checks, which name the entry.
+                    Err(Error::UnknownAgent(_)) => continue,
+                    Err(err) => return Err(err),
+                },
+            };
+            out.insert(e.remote_agent.clone(), record);
+        }
+        Ok(out)
+    }
+
+    /// Checks every entry of `batch` against this agent's segments and the remote agents'
+    /// descriptors, then hands it to the worker, which cuts it into chunks
+    /// ([`Settings::chunk_size`]) and posts them with up to [`Settings::in_flight`] in flight
+    /// per queue pair. Connections are made on the first transfer to a peer and reused.
+    ///
+    /// # Errors
+    /// Before anything is posted: [`Error::EmptyBatch`], [`Error::ZeroLength`],
+    /// [`Error::UnknownSegment`], [`Error::UnknownAgent`], [`Error::OutOfRange`],
+    /// [`Error::Access`], [`Error::Overlap`] (a read's local range overlapping another
+    /// entry's), [`Error::NotificationTooLong`], [`Error::BatchTooLarge`]; the metadata
+    /// service's errors ([`Error::IncompatibleVersion`], [`Error::Io`]). Failures after
+    /// that are reported per entry by the [`Transfer`].
+    pub fn transfer(&self, batch: &Batch) -> Result<Transfer> {
+        batch.check_notification()?;
+        let mut records = self.peer_records(batch, false)?;
+        let mut refreshed = false;
+        let plan = loop {
+            let mut table = self.shared.segments.lock();
+            let checked = plan(
+                &batch.entries,
+                &self.shared.name,
+                |n| table.get(n).map(|s| &s.desc),
+                |a| records.get(a).map(|r| &r.descriptor),
+                self.shared.settings.chunk_size,
+            );
+            match checked {
+                Ok(p) => {
+                    for name in &p.segments {
+                        table.get_mut(name).expect("checked").users += 1;
+                    }
+                    break p;
+                }
+                // A peer's descriptor may be older than its segments: ask again, once.
+                Err(e) if !refreshed && stale(&e, &self.shared.name) => {
+                    drop(table);
+                    records = self.peer_records(batch, true)?;
+                    refreshed = true;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let controls = plan
+            .peers
+            .iter()
+            .map(|t| records[&t.agent].control)
+            .collect();
+        let progress = Progress::new(&plan.chunks_per_entry);
+        let job = Job {
+            plan,
+            controls,
+            progress: progress.clone(),
+            notification: batch.notification.clone(),
+        };
+        let refused = match &self.jobs {
+            Some(jobs) => jobs.send(job).err().map(|e| e.0.plan),
+            None => Some(job.plan),
+        };
+        if let Some(plan) = refused {
+            for name in &plan.segments {
+                self.shared.segments.release(name);
+            }
+            return Err(Error::ShuttingDown);
+        }
+        Ok(Transfer { progress })
+    }
+
+    /// Takes every notification received so far, oldest first.
+    pub fn notifications(&self) -> Vec<Notification> {
+        lock(&self.shared.notifications).drain(..).collect()
+    }
+
+    /// Takes the oldest notification, waiting at most `timeout` for one.
+    pub fn wait_notification(&self, timeout: Duration) -> Option<Notification> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut q = lock(&self.shared.notifications);
+        loop {
+            if let Some(n) = q.pop_front() {
+                return Some(n);
+            }
+            let left = deadline.map_or(Duration::from_secs(3600), |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return None;
+            }
+            q = self
+                .shared
+                .notified
+                .wait_timeout(q, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// Whether a refusal may come from a stale descriptor of a peer (then it is fetched again).
+fn stale(e: &Error, me: &str) -> bool {
+    match e {
+        Error::UnknownSegment { agent, .. } => agent != me,
+        Error::OutOfRange { side, .. } | Error::Access { side, .. } => *side == Side::Remote,
+        _ => false,
+    }
+}
+
+impl Drop for Agent {
+    /// Waits for every accepted transfer (the worker finishes the queued batches and
+    /// returns the segments), stops the listener, then deregisters the segments.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+        let _ = self.shared.metadata.withdraw(&self.shared.name);
+        drop(self.server.take());
+    }
+}

@@ -1,0 +1,202 @@
+//! Descriptors: what a peer needs to reach an agent's segments, and their versioned wire
+//! form.
+
+use crate::codec::{Reader, Writer};
+use crate::error::{Error, Result};
+
+/// The descriptor format this engine writes and the only one it reads.
+pub const FORMAT_VERSION: u16 = 1;
+
+/// The first bytes of an encoded [`AgentDescriptor`]; the format version follows.
+const MAGIC: &[u8; 4] = b"GRE\0";
+
+/// A segment's registration on one of its agent's devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRegion {
+    /// The device's index in its agent's device list.
+    pub device: u16,
+    /// The device's name (`rxe0`, `mlx5_0`).
+    pub device_name: String,
+    /// The GID the agent's queue pairs on this device send from.
+    pub gid: [u8; 16],
+    /// The address peers use (the region's iova).
+    pub addr: u64,
+    /// The remote key.
+    pub rkey: u32,
+}
+
+/// A registered segment as peers see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentDescriptor {
+    /// The segment's name, unique within its agent.
+    pub name: String,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Whether peers may RDMA-read it.
+    pub remote_read: bool,
+    /// Whether peers may RDMA-write it.
+    pub remote_write: bool,
+    /// Its registrations, one per device it is registered on.
+    pub regions: Vec<DeviceRegion>,
+}
+
+/// An agent and its segments: what the metadata service publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentDescriptor {
+    /// The agent's name, unique in its metadata service.
+    pub agent: String,
+    /// Random per start of the agent: a restarted agent is a new incarnation, and keys of an
+    /// old one are never used.
+    pub incarnation: u64,
+    /// Its segments.
+    pub segments: Vec<SegmentDescriptor>,
+}
+
+impl AgentDescriptor {
+    /// The segment of this name.
+    pub fn segment(&self, name: &str) -> Option<&SegmentDescriptor> {
+        self.segments.iter().find(|s| s.name == name)
+    }
+
+    /// The wire form: magic `GRE\0`, [`FORMAT_VERSION`] (u16), then the fields,
+    /// little-endian, strings and lists with a u32 length.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.raw(MAGIC).u16(FORMAT_VERSION);
+        w.str(&self.agent).u64(self.incarnation);
+        w.u32(self.segments.len() as u32);
+        for s in &self.segments {
+            w.str(&s.name).u64(s.len);
+            w.u8(u8::from(s.remote_read) | u8::from(s.remote_write) << 1);
+            w.u32(s.regions.len() as u32);
+            for r in &s.regions {
+                w.u16(r.device).str(&r.device_name).raw(&r.gid);
+                w.u64(r.addr).u32(r.rkey);
+            }
+        }
+        w.0
+    }
+
+    /// Parses what [`AgentDescriptor::to_bytes`] wrote.
+    ///
+    /// # Errors
+    /// [`Error::IncompatibleVersion`] for another format version (checked before anything
+    /// else is read); [`Error::Protocol`] for a wrong magic, a short or long message, or
+    /// unknown access bits.
+    pub fn from_bytes(b: &[u8]) -> Result<AgentDescriptor> {
+        let mut r = Reader::new(b);
+        if r.raw(MAGIC.len())? != MAGIC {
+            return Err(Error::Protocol(
+                "not an agent descriptor (bad magic)".into(),
+            ));
+        }
+        let found = r.u16()?;
+        if found != FORMAT_VERSION {
+            return Err(Error::IncompatibleVersion {
+                found,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let agent = r.str()?;
+        let incarnation = r.u64()?;
+        let n = r.u32()?;
+        let mut segments = Vec::new();
+        for _ in 0..n {
+            let name = r.str()?;
+            let len = r.u64()?;
+            let access = r.u8()?;
+            if access > 3 {
+                return Err(Error::Protocol(format!("access bits {access:#x}")));
+            }
+            let m = r.u32()?;
+            let mut regions = Vec::new();
+            for _ in 0..m {
+                regions.push(DeviceRegion {
+                    device: r.u16()?,
+                    device_name: r.str()?,
+                    gid: r.raw(16)?.try_into().expect("16 bytes"),
+                    addr: r.u64()?,
+                    rkey: r.u32()?,
+                });
+            }
+            segments.push(SegmentDescriptor {
+                name,
+                len,
+                remote_read: access & 1 != 0,
+                remote_write: access & 2 != 0,
+                regions,
+            });
+        }
+        r.end()?;
+        Ok(AgentDescriptor {
+            agent,
+            incarnation,
+            segments,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> AgentDescriptor {
+        AgentDescriptor {
+            agent: "prefill-0".into(),
+            incarnation: 0x1234_5678_9abc_def0,
+            segments: vec![SegmentDescriptor {
+                name: "kv".into(),
+                len: 1 << 20,
+                remote_read: true,
+                remote_write: false,
+                regions: vec![DeviceRegion {
+                    device: 1,
+                    device_name: "rxe1".into(),
+                    gid: [7; 16],
+                    addr: 0x1000,
+                    rkey: 42,
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let d = sample();
+        assert_eq!(AgentDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
+    }
+
+    #[test]
+    fn another_version_is_refused_typed() {
+        let mut b = sample().to_bytes();
+        b[4] = 2;
+        assert_eq!(
+            AgentDescriptor::from_bytes(&b),
+            Err(Error::IncompatibleVersion {
+                found: 2,
+                supported: FORMAT_VERSION
+            })
+        );
+    }
+
+    #[test]
+    fn truncated_long_and_foreign_bytes_are_refused() {
+        let b = sample().to_bytes();
+        for cut in 0..b.len() {
+            assert!(
+                AgentDescriptor::from_bytes(&b[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert!(matches!(
+            AgentDescriptor::from_bytes(&long),
+            Err(Error::Protocol(_))
+        ));
+        assert!(matches!(
+            AgentDescriptor::from_bytes(b"HTTP/1.1"),
+            Err(Error::Protocol(_))
+        ));
+    }
+}

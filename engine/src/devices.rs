@@ -1,0 +1,49 @@
+//! The RDMA devices an agent uses: each opened once, with one protection domain.
+
+use crate::error::{Error, Result};
+use rdma_dmabuf::{Context, PortState, ProtectionDomain};
+use std::sync::Arc;
+
+/// One opened device.
+pub(crate) struct Device {
+    pub name: String,
+    pub pd: Arc<ProtectionDomain>,
+    /// The GID its queue pairs send from (the RoCEv2 IPv4 one where there is one).
+    pub gid: [u8; 16],
+}
+
+/// Opens `names`, or every device whose port 1 is active.
+pub(crate) fn open(names: Option<&[String]>) -> Result<Vec<Device>> {
+    let names: Vec<String> = match names {
+        Some(n) => n.to_vec(),
+        None => rdma_dmabuf::devices()
+            .map_err(|e| Error::NoDevice(e.to_string()))?
+            .into_iter()
+            .map(|d| d.name)
+            .filter(|n| {
+                Context::open(n)
+                    .and_then(|c| c.query_port(1))
+                    .is_ok_and(|p| p.state == PortState::Active)
+            })
+            .collect(),
+    };
+    if names.is_empty() {
+        return Err(Error::NoDevice("no device with an active port".into()));
+    }
+    names
+        .iter()
+        .map(|name| {
+            let fail = |e: rdma_dmabuf::Error| Error::NoDevice(format!("{name}: {e}"));
+            let ctx = Context::open(name).map_err(fail)?;
+            let gid = match ctx.roce_v2_ipv4_gid(1) {
+                Ok((_, g)) => g.0,
+                Err(_) => ctx.gid(1, 0).map_err(fail)?.0,
+            };
+            Ok(Device {
+                name: name.clone(),
+                pd: ProtectionDomain::new(&ctx).map_err(fail)?,
+                gid,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,182 @@
+//! [`Error`]: every refusal and failure of the engine, typed.
+//!
+//! The variants hold text rather than the libraries' errors, so that an error can be kept
+//! in each entry it failed ([`EntryStatus::Failed`](crate::EntryStatus::Failed)).
+
+/// Which side of an entry a check is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// This agent's segment.
+    Local,
+    /// The remote agent's segment.
+    Remote,
+}
+
+/// What the engine refused, or what failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting out of its range (a chunk size or window of 0).
+    #[error("settings: {0}")]
+    Settings(String),
+    /// No RDMA device to use (none given, none with an active port, or one failed to open).
+    #[error("RDMA devices: {0}")]
+    NoDevice(String),
+    /// A call into rdma-dmabuf failed.
+    #[error("{op}: {detail}")]
+    Rdma {
+        /// What the engine was doing.
+        op: &'static str,
+        /// rdma-dmabuf's error, as text.
+        detail: String,
+    },
+    /// A socket operation of the metadata service or the control channel failed.
+    #[error("{op} {addr}: {detail}")]
+    Io {
+        /// What the engine was doing.
+        op: &'static str,
+        /// The address involved.
+        addr: String,
+        /// The OS error, as text.
+        detail: String,
+    },
+    /// A segment of this name is already registered.
+    #[error("segment {0:?} is already registered")]
+    SegmentExists(String),
+    /// No agent of this name is known to the metadata service.
+    #[error("unknown agent {0:?}")]
+    UnknownAgent(String),
+    /// The agent has no segment of this name.
+    #[error("agent {agent:?} has no segment {segment:?}")]
+    UnknownSegment {
+        /// The agent asked (this one for a local segment).
+        agent: String,
+        /// The segment's name.
+        segment: String,
+    },
+    /// The segment is used by a transfer that has not finished.
+    #[error("segment {segment:?} is used by {users} unfinished transfer(s)")]
+    SegmentBusy {
+        /// The segment's name.
+        segment: String,
+        /// How many transfers use it.
+        users: usize,
+    },
+    /// An entry of length zero.
+    #[error("entry {entry}: length 0")]
+    ZeroLength {
+        /// The entry's index in the batch.
+        entry: usize,
+    },
+    /// An entry's range does not fit in a segment.
+    #[error("entry {entry}: {side:?} range {offset}+{len} past the segment's {segment_len} bytes")]
+    OutOfRange {
+        /// The entry's index in the batch.
+        entry: usize,
+        /// Which segment.
+        side: Side,
+        /// The entry's offset in it.
+        offset: u64,
+        /// The entry's length.
+        len: u64,
+        /// The segment's length.
+        segment_len: u64,
+    },
+    /// A segment's descriptor does not allow the access an entry needs.
+    #[error("entry {entry}: {side:?} segment {segment:?} does not allow {needs}")]
+    Access {
+        /// The entry's index in the batch.
+        entry: usize,
+        /// Which segment.
+        side: Side,
+        /// The segment's name.
+        segment: String,
+        /// The access missing ("remote read", "remote write").
+        needs: &'static str,
+    },
+    /// Two entries of one batch overlap in a local segment, and one of them is a read (the
+    /// NIC writes that range).
+    #[error("entries {entry} and {other} overlap in local segment {segment:?} and one is a read")]
+    Overlap {
+        /// The later entry (in local offset order).
+        entry: usize,
+        /// The entry it overlaps.
+        other: usize,
+        /// The local segment.
+        segment: String,
+    },
+    /// A batch without entries.
+    #[error("a batch needs at least one entry")]
+    EmptyBatch,
+    /// A batch past the engine's limits (entries, segments, peers or chunks).
+    #[error("batch too large: {0}")]
+    BatchTooLarge(String),
+    /// A notification longer than [`MAX_NOTIFICATION`](crate::MAX_NOTIFICATION).
+    #[error("a notification of {0} bytes (at most {max})", max = crate::MAX_NOTIFICATION)]
+    NotificationTooLong(usize),
+    /// A descriptor in a format version this engine does not read.
+    #[error("descriptor format version {found} (this engine reads {supported})")]
+    IncompatibleVersion {
+        /// The version found.
+        found: u16,
+        /// The version this engine reads and writes.
+        supported: u16,
+    },
+    /// A malformed message or descriptor.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The peer restarted since its descriptor was fetched: its old keys are never used.
+    #[error("agent {agent:?} restarted (incarnation {found:#x}, expected {expected:#x})")]
+    IncarnationChanged {
+        /// The agent.
+        agent: String,
+        /// The incarnation the entries were checked against.
+        expected: u64,
+        /// The incarnation the agent has now.
+        found: u64,
+    },
+    /// The peer is down: its connection failed, and every entry still pending to it failed.
+    #[error("agent {agent:?} is down: {cause}")]
+    PeerDown {
+        /// The agent.
+        agent: String,
+        /// The first failure seen (a completion error, a refused connection).
+        cause: String,
+    },
+    /// A wait ended before the transfer finished.
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// An entry of a transfer failed ([`Transfer::wait`](crate::Transfer::wait)).
+    #[error("entry {entry} failed: {error}")]
+    EntryFailed {
+        /// The entry's index.
+        entry: usize,
+        /// Its error.
+        error: Box<Error>,
+    },
+    /// The agent is shutting down.
+    #[error("the agent is shutting down")]
+    ShuttingDown,
+}
+
+/// The engine's results.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// An rdma-dmabuf failure during `op`.
+    pub(crate) fn rdma(op: &'static str, e: impl std::fmt::Display) -> Error {
+        Error::Rdma {
+            op,
+            detail: e.to_string(),
+        }
+    }
+
+    /// A socket failure during `op` on `addr`.
+    pub(crate) fn io(op: &'static str, addr: impl std::fmt::Display, e: std::io::Error) -> Error {
+        Error::Io {
+            op,
+            addr: addr.to_string(),
+            detail: e.to_string(),
+        }
+    }
+}

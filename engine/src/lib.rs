@@ -1,0 +1,67 @@
+//! A transfer engine over [`rdma_dmabuf`]: agents, named segments of GPU or host memory,
+//! batches of RDMA reads and writes between agents, and notifications.
+//!
+//! * [`Agent::new`]: one per process. Opens the RDMA devices of its [`Settings`] (default:
+//!   every device with an active port), one protection domain each, and listens on TCP for
+//!   peers (the embedded metadata service, queue-pair set-up, notifications).
+//! * [`Agent::register`]: a [`DmaBuf`](rdma_dmabuf::DmaBuf) from any exporter or a
+//!   [`HostBuffer`](rdma_dmabuf::HostBuffer) becomes a named segment, described to peers by
+//!   a [`SegmentDescriptor`] (inside the agent's [`AgentDescriptor`], with its random
+//!   incarnation and [`FORMAT_VERSION`]). [`Agent::unregister`] refuses while a transfer uses
+//!   the segment and hands the memory back otherwise.
+//! * [`MetadataService`]: where descriptors are published and found; [`EmbeddedMetadata`]
+//!   asks peers named with [`Agent::add_peer`] directly.
+//! * [`Agent::transfer`] of a [`Batch`]: every [`Entry`] is checked against both
+//!   descriptors before anything is posted, then cut into chunks that a worker thread posts
+//!   with many in flight; the [`Transfer`] handle gives each entry's [`EntryStatus`] and a
+//!   bounded [`Transfer::wait`]. A batch's notification reaches the remote agents
+//!   ([`Agent::wait_notification`]) once every entry has landed.
+//!
+//! # Soundness
+//! The crate has no `unsafe`. A segment's region is lent to the worker for a batch and split
+//! into owned [`Shard`](rdma_dmabuf::Shard)s, one per chunk, that move into their requests
+//! and come back with their completions; the engine gives the CPU no access to a segment's
+//! memory at all (it comes back from [`Agent::unregister`], deregistered).
+//!
+//! # Failures
+//! A peer whose requests fail (dead, unreachable, restarted) is marked down once: every
+//! pending entry to it fails with [`Error::PeerDown`] within
+//! [`Settings::peer_failure_bound`], later chunks to it are not posted, and the next
+//! transfer to it fetches its descriptor again. A peer that restarted is a new incarnation:
+//! entries checked against the old one fail with [`Error::IncarnationChanged`] before any
+//! is posted. An entry is [`EntryStatus::Done`] only when every one of its chunks completed
+//! successfully.
+//!
+//! # Limits (this slice)
+//! A segment is registered on the agent's first device only: rdma-dmabuf's regions own
+//! their memory, and neither a [`DmaBuf`](rdma_dmabuf::DmaBuf) (one owner per buffer) nor a
+//! `HostBuffer` can back regions in two protection domains through its public API. One
+//! queue pair per (peer, local device, remote device). One batch runs at a time per agent.
+#![forbid(unsafe_code)]
+
+mod agent;
+mod batch;
+mod codec;
+mod descriptor;
+mod devices;
+mod error;
+mod exec;
+mod metadata;
+mod peer;
+mod plan;
+mod progress;
+mod segment;
+mod server;
+mod settings;
+mod shared;
+mod wire;
+mod worker;
+
+pub use agent::Agent;
+pub use batch::{Batch, Entry, Notification, Op, MAX_NOTIFICATION};
+pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
+pub use error::{Error, Result, Side};
+pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};
+pub use progress::{EntryStatus, Transfer};
+pub use segment::Memory;
+pub use settings::Settings;

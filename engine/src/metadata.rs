@@ -1,0 +1,121 @@
+//! [`MetadataService`]: where agents publish their descriptors and find each other's;
+//! [`EmbeddedMetadata`], the default backend, asks each agent directly over TCP.
+
+use crate::descriptor::AgentDescriptor;
+use crate::error::{Error, Result};
+use crate::wire::{call, Reply, Request};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A peer as the metadata service knows it: its descriptor and where its control channel
+/// listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerRecord {
+    /// The peer's descriptor, checked for its format version.
+    pub descriptor: AgentDescriptor,
+    /// The peer's control address (connections, notifications).
+    pub control: SocketAddr,
+}
+
+/// Where descriptors are published and found.
+///
+/// Shaped for a key-value store with leases and watches (etcd): `publish` puts the agent's
+/// descriptor under its key, all of an agent's keys under one lease that the backend keeps
+/// alive (so a dead agent's descriptor disappears when the lease ends); `withdraw` revokes
+/// it; `lookup` gets a peer's current descriptor, and a backend that watches the peers it
+/// was asked about may answer from what the watch last delivered. The embedded backend has
+/// no store: an agent serves its own descriptor, live, from its TCP listener.
+pub trait MetadataService: Send + Sync {
+    /// Publishes (or replaces) this agent's descriptor; `control` is its control address.
+    ///
+    /// # Errors
+    /// The backend's.
+    fn publish(&self, descriptor: &AgentDescriptor, control: SocketAddr) -> Result<()>;
+
+    /// Withdraws the agent's descriptor.
+    ///
+    /// # Errors
+    /// The backend's.
+    fn withdraw(&self, agent: &str) -> Result<()>;
+
+    /// The current descriptor of `agent`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownAgent`] for an agent the service does not know;
+    /// [`Error::IncompatibleVersion`] for a descriptor of another format; the backend's.
+    fn lookup(&self, agent: &str) -> Result<PeerRecord>;
+}
+
+/// The embedded backend: peers are named with their control address
+/// ([`Agent::add_peer`](crate::Agent::add_peer)) and asked for their descriptor directly.
+#[derive(Debug, Default)]
+pub struct EmbeddedMetadata {
+    peers: Mutex<HashMap<String, SocketAddr>>,
+    timeout: Duration,
+}
+
+impl EmbeddedMetadata {
+    /// No peers yet; `timeout` bounds each connection and reply.
+    pub fn new(timeout: Duration) -> EmbeddedMetadata {
+        EmbeddedMetadata {
+            peers: Mutex::default(),
+            timeout,
+        }
+    }
+
+    /// Names `agent`'s control address.
+    pub fn add_peer(&self, agent: &str, control: SocketAddr) {
+        lock(&self.peers).insert(agent.into(), control);
+    }
+}
+
+/// Locks a mutex whose data stays consistent through a panic (every update is one step).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A control connection to `addr` with every read and write bounded by `timeout`.
+pub(crate) fn dial(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| Error::io("connect to agent", addr, e))?;
+    let set = s
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
+        .and_then(|()| s.set_nodelay(true));
+    set.map_err(|e| Error::io("set timeouts on", addr, e))?;
+    Ok(s)
+}
+
+impl MetadataService for EmbeddedMetadata {
+    fn publish(&self, _: &AgentDescriptor, _: SocketAddr) -> Result<()> {
+        // The agent's listener serves its live descriptor: nothing to store.
+        Ok(())
+    }
+
+    fn withdraw(&self, _: &str) -> Result<()> {
+        Ok(())
+    }
+
+    fn lookup(&self, agent: &str) -> Result<PeerRecord> {
+        let control = *lock(&self.peers)
+            .get(agent)
+            .ok_or_else(|| Error::UnknownAgent(agent.into()))?;
+        let mut s = dial(control, self.timeout)?;
+        let descriptor = match call(&mut s, control, &Request::Describe)? {
+            Reply::Descriptor(b) => AgentDescriptor::from_bytes(&b)?,
+            other => return Err(Error::Protocol(format!("{other:?} to Describe"))),
+        };
+        if descriptor.agent != agent {
+            return Err(Error::Protocol(format!(
+                "{control} is agent {:?}, not {agent:?}",
+                descriptor.agent
+            )));
+        }
+        Ok(PeerRecord {
+            descriptor,
+            control,
+        })
+    }
+}

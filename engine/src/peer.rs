@@ -1,0 +1,87 @@
+//! [`PeerConn`]: the worker's connection to one peer: the control channel and the queue
+//! pairs made over it, one per (local device, remote device) pair in use.
+
+use crate::error::{Error, Result};
+use crate::metadata::dial;
+use crate::shared::Shared;
+use crate::wire::{call, Reply, Request};
+use rdma_dmabuf::QueuePair;
+use std::net::{SocketAddr, TcpStream};
+
+pub(crate) struct PeerConn {
+    pub agent: String,
+    pub incarnation: u64,
+    control: SocketAddr,
+    stream: TcpStream,
+    qps: Vec<((u16, u16), QueuePair)>,
+}
+
+impl PeerConn {
+    /// Connects the control channel and learns the peer's incarnation.
+    pub fn open(shared: &Shared, agent: &str, control: SocketAddr) -> Result<PeerConn> {
+        let stream = dial(control, shared.settings.io_timeout)?;
+        let mut c = PeerConn {
+            agent: agent.into(),
+            incarnation: 0,
+            control,
+            stream,
+            qps: Vec::new(),
+        };
+        c.incarnation = c.check()?;
+        Ok(c)
+    }
+
+    /// Asks the peer's incarnation (one round trip: the channel is alive, and the peer has
+    /// not restarted if it answers the one expected).
+    pub fn check(&mut self) -> Result<u64> {
+        match call(&mut self.stream, self.control, &Request::Check)? {
+            Reply::Incarnation(i) => Ok(i),
+            other => Err(Error::Protocol(format!("{other:?} to Check"))),
+        }
+    }
+
+    /// The queue pair from local device `local` to remote device `remote`.
+    pub fn qp(&self, local: u16, remote: u16) -> Option<&QueuePair> {
+        self.qps
+            .iter()
+            .find(|(k, _)| *k == (local, remote))
+            .map(|(_, q)| q)
+    }
+
+    /// Makes the queue pair from `local` to `remote` if there is none.
+    pub fn ensure_qp(&mut self, shared: &Shared, local: u16, remote: u16) -> Result<()> {
+        if self.qp(local, remote).is_some() {
+            return Ok(());
+        }
+        let fail = |e| Error::rdma("connect a queue pair", e);
+        let prepared = shared
+            .qp_builder(usize::from(local))
+            .build()
+            .map_err(fail)?;
+        let req = Request::Connect {
+            device: remote,
+            endpoint: prepared.endpoint(),
+        };
+        let theirs = match call(&mut self.stream, self.control, &req)? {
+            Reply::Connected(e) => e,
+            Reply::Refused(why) => return Err(Error::Protocol(format!("peer refused: {why}"))),
+            other => return Err(Error::Protocol(format!("{other:?} to Connect"))),
+        };
+        let qp = prepared.connect(&theirs).map_err(fail)?;
+        self.qps.push(((local, remote), qp));
+        Ok(())
+    }
+
+    /// Delivers a notification (returns once the peer has queued it).
+    pub fn notify(&mut self, from: &str, message: &[u8]) -> Result<()> {
+        let req = Request::Notify {
+            from: from.into(),
+            message: message.to_vec(),
+        };
+        match call(&mut self.stream, self.control, &req)? {
+            Reply::Noted => Ok(()),
+            Reply::Refused(why) => Err(Error::Protocol(format!("notification refused: {why}"))),
+            other => Err(Error::Protocol(format!("{other:?} to Notify"))),
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Checking a batch against both sides' descriptors and cutting it into chunks: pure code,
+//! run before anything is posted.
+
+use crate::batch::{Entry, Op};
+use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
+use crate::error::{Error, Result, Side};
+use std::collections::HashMap;
+
+/// The most chunks one batch may be cut into.
+const MAX_CHUNKS: usize = 1 << 24;
+
+/// One request the worker posts: a piece of an entry of at most the chunk size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    /// The entry it belongs to.
+    pub entry: u32,
+    pub op: Op,
+    /// Index into [`Plan::segments`].
+    pub segment: u16,
+    /// The local device the segment is registered on.
+    pub local_device: u16,
+    /// Offset in the local segment.
+    pub offset: u64,
+    pub len: u64,
+    /// Index into [`Plan::peers`].
+    pub peer: u16,
+    /// The remote device the remote segment is registered on.
+    pub remote_device: u16,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Chunks of one round have disjoint local ranges in each segment (the region is split
+    /// into one shard per chunk); overlapping writes go to later rounds.
+    pub round: u16,
+}
+
+/// A remote agent of a batch, as its descriptor named it when the batch was checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PeerTarget {
+    pub agent: String,
+    pub incarnation: u64,
+}
+
+/// A checked batch.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// The local segments used, by name.
+    pub segments: Vec<String>,
+    pub peers: Vec<PeerTarget>,
+    pub chunks: Vec<Chunk>,
+    /// How many rounds the chunks need (1 unless writes overlap locally).
+    pub rounds: u16,
+    /// Chunks per entry.
+    pub chunks_per_entry: Vec<u32>,
+}
+
+/// Index of `key` in `list`, added if new.
+fn index_of<'a>(map: &mut HashMap<&'a str, u16>, key: &'a str, what: &str) -> Result<u16> {
+    let n = map.len();
+    if let Some(&i) = map.get(key) {
+        return Ok(i);
+    }
+    let i =
+        u16::try_from(n).map_err(|_| Error::BatchTooLarge(format!("more than 65536 {what}")))?;
+    map.insert(key, i);
+    Ok(i)
+}
+
+fn in_range(entry: usize, side: Side, offset: u64, len: u64, segment_len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= segment_len => Ok(()),
+        _ => Err(Error::OutOfRange {
+            entry,
+            side,
+            offset,
+            len,
+            segment_len,
+        }),
+    }
+}
+
+/// Checks every entry (see [`Agent::transfer`](crate::Agent::transfer) for the list) and
+/// cuts the entries into chunks of at most `chunk_size` bytes.
+pub(crate) fn plan<'l, 'r>(
+    entries: &[Entry],
+    local_agent: &str,
+    local: impl Fn(&str) -> Option<&'l SegmentDescriptor>,
+    remote: impl Fn(&str) -> Option<&'r AgentDescriptor>,
+    chunk_size: u64,
+) -> Result<Plan> {
+    assert!(chunk_size > 0, "the settings refuse a chunk size of 0");
+    if entries.is_empty() {
+        return Err(Error::EmptyBatch);
+    }
+    if u32::try_from(entries.len()).is_err() {
+        return Err(Error::BatchTooLarge(format!("{} entries", entries.len())));
+    }
+    let mut segments = HashMap::new();
+    let mut peers: HashMap<&str, u16> = HashMap::new();
+    let mut peer_list = Vec::new();
+    let mut chunks = Vec::new();
+    let mut chunks_per_entry = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        if e.len == 0 {
+            return Err(Error::ZeroLength { entry: i });
+        }
+        let unknown = |agent: &str, segment: &str| Error::UnknownSegment {
+            agent: agent.into(),
+            segment: segment.into(),
+        };
+        let l = local(&e.local).ok_or_else(|| unknown(local_agent, &e.local))?;
+        let a =
+            remote(&e.remote_agent).ok_or_else(|| Error::UnknownAgent(e.remote_agent.clone()))?;
+        let r = a
+            .segment(&e.remote_segment)
+            .ok_or_else(|| unknown(&a.agent, &e.remote_segment))?;
+        in_range(i, Side::Local, e.local_offset, e.len, l.len)?;
+        in_range(i, Side::Remote, e.remote_offset, e.len, r.len)?;
+        let (allowed, needs) = match e.op {
+            Op::Write => (r.remote_write, "remote write"),
+            Op::Read => (r.remote_read, "remote read"),
+        };
+        if !allowed {
+            return Err(Error::Access {
+                entry: i,
+                side: Side::Remote,
+                segment: r.name.clone(),
+                needs,
+            });
+        }
+        let (Some(lr), Some(rr)) = (l.regions.first(), r.regions.first()) else {
+            return Err(Error::Protocol(format!(
+                "entry {i}: a segment registered on no device"
+            )));
+        };
+        let segment = index_of(&mut segments, &e.local, "local segments")?;
+        let peer = index_of(&mut peers, &e.remote_agent, "remote agents")?;
+        if usize::from(peer) == peer_list.len() {
+            peer_list.push(PeerTarget {
+                agent: a.agent.clone(),
+                incarnation: a.incarnation,
+            });
+        }
+        let n = e.len.div_ceil(chunk_size);
+        if chunks.len() as u64 + n > MAX_CHUNKS as u64 {
+            return Err(Error::BatchTooLarge(format!(
+                "more than {MAX_CHUNKS} chunks"
+            )));
+        }
+        for k in 0..n {
+            let at = k * chunk_size;
+            chunks.push(Chunk {
+                entry: i as u32,
+                op: e.op,
+                segment,
+                local_device: lr.device,
+                offset: e.local_offset + at,
+                len: chunk_size.min(e.len - at),
+                peer,
+                remote_device: rr.device,
+                remote_addr: rr.addr + e.remote_offset + at,
+                rkey: rr.rkey,
+                round: 0,
+            });
+        }
+        chunks_per_entry.push(n as u32);
+    }
+    check_overlaps(entries)?;
+    let rounds = assign_rounds(&mut chunks)?;
+    let mut names = vec![String::new(); segments.len()];
+    for (name, i) in segments {
+        names[usize::from(i)] = name.to_string();
+    }
+    Ok(Plan {
+        segments: names,
+        peers: peer_list,
+        chunks,
+        rounds,
+        chunks_per_entry,
+    })
+}
+
+/// Refuses a read whose local range overlaps any other entry's in the same segment.
+fn check_overlaps(entries: &[Entry]) -> Result<()> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&entries[a], &entries[b]);
+        (&a.local, a.local_offset).cmp(&(&b.local, b.local_offset))
+    });
+    // The entry reaching furthest so far in the current segment.
+    let mut furthest: Option<usize> = None;
+    for &i in &order {
+        let e = &entries[i];
+        if let Some(f) = furthest.filter(|&f| entries[f].local == e.local) {
+            let fe = &entries[f];
+            if e.local_offset < fe.local_offset + fe.len {
+                if e.op == Op::Read || fe.op == Op::Read {
+                    return Err(Error::Overlap {
+                        entry: i,
+                        other: f,
+                        segment: e.local.clone(),
+                    });
+                }
+                if e.local_offset + e.len <= fe.local_offset + fe.len {
+                    continue;
+                }
+            }
+        }
+        furthest = Some(i);
+    }
+    Ok(())
+}
+
+/// Gives each chunk the first round in which its local range overlaps no other chunk of
+/// its segment (greedy by start offset, which uses the fewest rounds); returns the count.
+fn assign_rounds(chunks: &mut [Chunk]) -> Result<u16> {
+    let mut order: Vec<usize> = (0..chunks.len()).collect();
+    order.sort_by_key(|&c| (chunks[c].segment, chunks[c].offset));
+    let mut ends: Vec<u64> = Vec::new();
+    let mut segment = None;
+    let mut rounds = 1;
+    for c in order {
+        if segment != Some(chunks[c].segment) {
+            segment = Some(chunks[c].segment);
+            ends.clear();
+        }
+        let r = match ends.iter().position(|&end| end <= chunks[c].offset) {
+            Some(r) => r,
+            None => {
+                ends.push(0);
+                ends.len() - 1
+            }
+        };
+        ends[r] = chunks[c].offset + chunks[c].len;
+        chunks[c].round = u16::try_from(r)
+            .map_err(|_| Error::BatchTooLarge("writes overlapping 65536 deep".into()))?;
+        rounds = rounds.max(r + 1);
+    }
+    Ok(rounds as u16)
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,181 @@
+//! The checks of a batch, one refusal each, and the chunking.
+
+use super::*;
+use crate::batch::Batch;
+use crate::descriptor::DeviceRegion;
+
+fn seg(name: &str, len: u64, read: bool, write: bool) -> SegmentDescriptor {
+    SegmentDescriptor {
+        name: name.into(),
+        len,
+        remote_read: read,
+        remote_write: write,
+        regions: vec![DeviceRegion {
+            device: 0,
+            device_name: "rxe0".into(),
+            gid: [0; 16],
+            addr: 0x10_0000,
+            rkey: 9,
+        }],
+    }
+}
+
+fn run(batch: Batch, chunk: u64) -> Result<Plan> {
+    let local = [seg("src", 1 << 20, true, true)];
+    let peer = AgentDescriptor {
+        agent: "b".into(),
+        incarnation: 5,
+        segments: vec![
+            seg("dst", 1 << 20, true, true),
+            seg("ro", 4096, true, false),
+        ],
+    };
+    plan(
+        &batch.entries,
+        "a",
+        |n| local.iter().find(|s| s.name == n),
+        |a| (a == "b").then_some(&peer),
+        chunk,
+    )
+}
+
+#[test]
+fn each_bad_entry_is_refused_with_its_own_error() {
+    let ok = Batch::new().write("src", 0, "b", "dst", 0, 4096);
+    type Case = (Batch, fn(&Error) -> bool);
+    let table: Vec<Case> = vec![
+        (Batch::new(), |e| matches!(e, Error::EmptyBatch)),
+        (ok.clone().write("src", 0, "b", "dst", 0, 0), |e| {
+            matches!(e, Error::ZeroLength { entry: 1 })
+        }),
+        (
+            ok.clone().write("nope", 0, "b", "dst", 0, 1),
+            |e| matches!(e, Error::UnknownSegment { agent, .. } if agent == "a"),
+        ),
+        (
+            ok.clone().write("src", 0, "c", "dst", 0, 1),
+            |e| matches!(e, Error::UnknownAgent(a) if a == "c"),
+        ),
+        (
+            ok.clone().write("src", 0, "b", "nope", 0, 1),
+            |e| matches!(e, Error::UnknownSegment { agent, .. } if agent == "b"),
+        ),
+        (
+            ok.clone().write("src", (1 << 20) - 1, "b", "dst", 0, 2),
+            |e| {
+                matches!(
+                    e,
+                    Error::OutOfRange {
+                        side: Side::Local,
+                        entry: 1,
+                        ..
+                    }
+                )
+            },
+        ),
+        (ok.clone().read("src", 8192, "b", "dst", 1 << 20, 1), |e| {
+            matches!(
+                e,
+                Error::OutOfRange {
+                    side: Side::Remote,
+                    ..
+                }
+            )
+        }),
+        (ok.clone().write("src", u64::MAX, "b", "dst", 0, 2), |e| {
+            matches!(
+                e,
+                Error::OutOfRange {
+                    side: Side::Local,
+                    ..
+                }
+            )
+        }),
+        (ok.clone().write("src", 0, "b", "ro", 0, 1), |e| {
+            matches!(
+                e,
+                Error::Access {
+                    needs: "remote write",
+                    ..
+                }
+            )
+        }),
+        (ok.clone().read("src", 100, "b", "dst", 0, 10), |e| {
+            matches!(e, Error::Overlap { .. })
+        }),
+        (
+            Batch::new()
+                .read("src", 0, "b", "dst", 0, 4096)
+                .read("src", 4095, "b", "dst", 0, 1),
+            |e| {
+                matches!(
+                    e,
+                    Error::Overlap {
+                        entry: 1,
+                        other: 0,
+                        ..
+                    }
+                )
+            },
+        ),
+    ];
+    for (i, (batch, expected)) in table.into_iter().enumerate() {
+        let got = run(batch, 1 << 20).expect_err("refused");
+        assert!(expected(&got), "case {i}: {got:?}");
+    }
+    assert!(run(ok, 1 << 20).is_ok());
+}
+
+#[test]
+fn a_read_beside_a_write_and_touching_ranges_pass() {
+    let b = Batch::new()
+        .read("src", 0, "b", "dst", 0, 4096)
+        .write("src", 4096, "b", "dst", 0, 4096)
+        .read("src", 8192, "b", "ro", 0, 4096);
+    let p = run(b, 1 << 20).unwrap();
+    assert_eq!(p.rounds, 1);
+}
+
+#[test]
+fn entries_are_cut_into_chunks_with_their_remote_addresses() {
+    let p = run(
+        Batch::new().write("src", 100, "b", "dst", 1000, 10_000),
+        4096,
+    )
+    .unwrap();
+    let lens: Vec<u64> = p.chunks.iter().map(|c| c.len).collect();
+    assert_eq!(lens, [4096, 4096, 1808]);
+    assert_eq!(p.chunks[1].offset, 100 + 4096);
+    assert_eq!(p.chunks[1].remote_addr, 0x10_0000 + 1000 + 4096);
+    assert_eq!(p.chunks_per_entry, [3]);
+    assert_eq!(
+        p.peers,
+        [PeerTarget {
+            agent: "b".into(),
+            incarnation: 5
+        }]
+    );
+}
+
+#[test]
+fn overlapping_writes_go_to_later_rounds() {
+    let b = Batch::new()
+        .write("src", 0, "b", "dst", 0, 100)
+        .write("src", 50, "b", "dst", 4096, 100)
+        .write("src", 100, "b", "dst", 8192, 100)
+        .write("src", 0, "b", "dst", 0, 10);
+    let p = run(b, 1 << 20).unwrap();
+    let rounds: Vec<u16> = p.chunks.iter().map(|c| c.round).collect();
+    assert_eq!(p.rounds, 2, "{rounds:?}");
+    // In each round, the local ranges are disjoint.
+    for r in 0..p.rounds {
+        let mut ranges: Vec<(u64, u64)> = p
+            .chunks
+            .iter()
+            .filter(|c| c.round == r)
+            .map(|c| (c.offset, c.offset + c.len))
+            .collect();
+        ranges.sort();
+        assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "{rounds:?}");
+    }
+}

@@ -1,0 +1,155 @@
+//! [`Transfer`]: the handle of a batch, with each entry's status, filled in by the worker.
+
+use crate::error::{Error, Result};
+use crate::metadata::lock;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where an entry of a batch stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EntryStatus {
+    /// Some of its bytes have not landed yet.
+    Pending,
+    /// Every byte landed (each chunk's completion reported success).
+    Done,
+    /// It failed; some of its bytes may have landed, others not.
+    Failed(Error),
+}
+
+struct State {
+    status: Vec<EntryStatus>,
+    /// Chunks of each entry not yet completed.
+    left: Vec<u32>,
+    /// The worker is done with the batch (and its notification, if any).
+    finished: bool,
+    /// Why the notification was not delivered.
+    notification: Option<Error>,
+}
+
+/// What the worker and the handles share.
+pub(crate) struct Progress {
+    state: Mutex<State>,
+    finished: Condvar,
+}
+
+impl Progress {
+    pub fn new(chunks_per_entry: &[u32]) -> Arc<Progress> {
+        Arc::new(Progress {
+            state: Mutex::new(State {
+                status: vec![EntryStatus::Pending; chunks_per_entry.len()],
+                left: chunks_per_entry.to_vec(),
+                finished: false,
+                notification: None,
+            }),
+            finished: Condvar::new(),
+        })
+    }
+
+    /// One chunk of `entry` landed. Allocates nothing.
+    pub fn chunk_done(&self, entry: u32) {
+        let mut s = lock(&self.state);
+        let e = entry as usize;
+        s.left[e] = s.left[e].saturating_sub(1);
+        if s.left[e] == 0 && s.status[e] == EntryStatus::Pending {
+            s.status[e] = EntryStatus::Done;
+        }
+    }
+
+    /// `entry` failed (its first error is kept).
+    pub fn fail(&self, entry: u32, error: &Error) {
+        let mut s = lock(&self.state);
+        let st = &mut s.status[entry as usize];
+        if *st == EntryStatus::Pending {
+            *st = EntryStatus::Failed(error.clone());
+        }
+    }
+
+    /// Whether every entry is done.
+    pub fn all_done(&self) -> bool {
+        lock(&self.state)
+            .status
+            .iter()
+            .all(|s| *s == EntryStatus::Done)
+    }
+
+    /// The worker is done with the batch; entries still pending (never posted) fail.
+    pub fn finish(&self, notification: Option<Error>) {
+        let mut s = lock(&self.state);
+        for st in &mut s.status {
+            if *st == EntryStatus::Pending {
+                *st = EntryStatus::Failed(Error::ShuttingDown);
+            }
+        }
+        s.notification = notification;
+        s.finished = true;
+        drop(s);
+        self.finished.notify_all();
+    }
+}
+
+/// A batch in flight ([`Agent::transfer`](crate::Agent::transfer)).
+#[derive(Clone)]
+pub struct Transfer {
+    pub(crate) progress: Arc<Progress>,
+}
+
+impl std::fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}
+
+impl Transfer {
+    /// Each entry's status, in batch order.
+    pub fn status(&self) -> Vec<EntryStatus> {
+        lock(&self.progress.state).status.clone()
+    }
+
+    /// Whether the engine is done with the batch: every entry done or failed, and the
+    /// notification, if any, delivered or failed.
+    pub fn is_finished(&self) -> bool {
+        lock(&self.progress.state).finished
+    }
+
+    /// Why the batch's notification was not delivered (`None`: delivered, not asked for,
+    /// or not sent because an entry failed).
+    pub fn notification_error(&self) -> Option<Error> {
+        lock(&self.progress.state).notification.clone()
+    }
+
+    /// Waits at most `timeout` for the batch to finish.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if it has not finished; [`Error::EntryFailed`] with the first
+    /// failed entry; the notification's error if it was not delivered.
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut s = lock(&self.progress.state);
+        while !s.finished {
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            if left.is_zero() {
+                return Err(Error::Timeout(timeout));
+            }
+            s = self
+                .progress
+                .finished
+                .wait_timeout(s, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        for (entry, st) in s.status.iter().enumerate() {
+            if let EntryStatus::Failed(e) = st {
+                return Err(Error::EntryFailed {
+                    entry,
+                    error: Box::new(e.clone()),
+                });
+            }
+        }
+        s.notification.clone().map_or(Ok(()), Err)
+    }
+}

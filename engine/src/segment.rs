@@ -1,0 +1,186 @@
+//! Segments: named registered memory, and the table that lends them to transfers.
+//!
+//! A segment's region is in the table ("home") or lent to the worker for a batch; while any
+//! accepted transfer uses a segment, `users` counts it and unregistering is refused. The
+//! engine gives the CPU no access to a segment's memory: it comes back only through
+//! [`Agent::unregister`](crate::Agent::unregister), which deregisters it first.
+
+use crate::descriptor::{DeviceRegion, SegmentDescriptor};
+use crate::devices::Device;
+use crate::error::{Error, Result};
+use crate::metadata::lock;
+use rdma_dmabuf::{Access, DmaBuf, HostBuffer, MemoryRegion};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// Memory to register as a segment, and what unregistering hands back.
+#[derive(Debug)]
+pub enum Memory {
+    /// A dma-buf from any exporter (GPU buffer, udmabuf, dma-heap, CUDA range).
+    DmaBuf(DmaBuf),
+    /// Page-aligned host memory.
+    Host(HostBuffer),
+}
+
+impl From<DmaBuf> for Memory {
+    fn from(d: DmaBuf) -> Memory {
+        Memory::DmaBuf(d)
+    }
+}
+
+impl From<HostBuffer> for Memory {
+    fn from(h: HostBuffer) -> Memory {
+        Memory::Host(h)
+    }
+}
+
+/// A registered segment's region.
+#[derive(Debug)]
+pub(crate) enum Region {
+    DmaBuf(MemoryRegion<DmaBuf>),
+    Host(MemoryRegion<HostBuffer>),
+}
+
+/// Every access a segment is registered with: peers read and write it.
+const ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+impl Region {
+    /// Registers `memory` whole on `device`.
+    pub fn register(device: &Device, memory: Memory) -> Result<Region> {
+        let fail = |e| Error::rdma("register a segment", e);
+        Ok(match memory {
+            Memory::DmaBuf(d) => {
+                let len = d.size();
+                Region::DmaBuf(
+                    MemoryRegion::register_dmabuf(&device.pd, d, 0, len, None, ACCESS)
+                        .map_err(fail)?,
+                )
+            }
+            Memory::Host(h) => {
+                Region::Host(MemoryRegion::register(&device.pd, h, ACCESS).map_err(fail)?)
+            }
+        })
+    }
+
+    fn remote(&self) -> (u64, u64, u32) {
+        match self {
+            Region::DmaBuf(r) => (r.addr(), r.len(), r.rkey()),
+            Region::Host(r) => (r.addr(), r.len(), r.rkey()),
+        }
+    }
+
+    /// Deregisters; the memory back.
+    pub fn into_memory(self) -> Result<Memory> {
+        let fail = |e| Error::rdma("deregister a segment", e);
+        Ok(match self {
+            Region::DmaBuf(r) => Memory::DmaBuf(r.into_inner().map_err(fail)?),
+            Region::Host(r) => Memory::Host(r.into_inner().map_err(fail)?),
+        })
+    }
+}
+
+/// The descriptor of `region`, registered as `name` on device `index`.
+pub(crate) fn describe(
+    name: &str,
+    index: u16,
+    device: &Device,
+    region: &Region,
+) -> SegmentDescriptor {
+    let (addr, len, rkey) = region.remote();
+    SegmentDescriptor {
+        name: name.into(),
+        len,
+        remote_read: true,
+        remote_write: true,
+        regions: vec![DeviceRegion {
+            device: index,
+            device_name: device.name.clone(),
+            gid: device.gid,
+            addr,
+            rkey,
+        }],
+    }
+}
+
+/// One segment.
+pub(crate) struct Slot {
+    pub desc: SegmentDescriptor,
+    /// `None` while lent to the worker.
+    region: Option<Region>,
+    /// Accepted transfers that use it and have not finished.
+    pub users: usize,
+}
+
+/// The agent's segments, by name.
+#[derive(Default)]
+pub(crate) struct Segments(Mutex<HashMap<String, Slot>>);
+
+impl Segments {
+    pub fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+        lock(&self.0)
+    }
+
+    /// Adds a segment.
+    pub fn insert(
+        &self,
+        desc: SegmentDescriptor,
+        region: Region,
+    ) -> std::result::Result<(), (Error, Region)> {
+        let mut t = self.lock();
+        if t.contains_key(&desc.name) {
+            return Err((Error::SegmentExists(desc.name), region));
+        }
+        let slot = Slot {
+            desc,
+            region: Some(region),
+            users: 0,
+        };
+        t.insert(slot.desc.name.clone(), slot);
+        Ok(())
+    }
+
+    /// Removes a segment no transfer uses; its region back.
+    pub fn remove(&self, agent: &str, name: &str) -> Result<Region> {
+        let mut t = self.lock();
+        let slot = t.get(name).ok_or_else(|| Error::UnknownSegment {
+            agent: agent.into(),
+            segment: name.into(),
+        })?;
+        if slot.users > 0 || slot.region.is_none() {
+            return Err(Error::SegmentBusy {
+                segment: name.into(),
+                users: slot.users,
+            });
+        }
+        let slot = t.remove(name).expect("looked up above");
+        Ok(slot.region.expect("home when unused"))
+    }
+
+    /// Lends a segment's region to the worker (`None` if it is not home: a bug upstream).
+    pub fn take(&self, name: &str) -> Option<Region> {
+        self.lock().get_mut(name)?.region.take()
+    }
+
+    /// Takes a lent region back.
+    pub fn put_back(&self, name: &str, region: Region) {
+        if let Some(slot) = self.lock().get_mut(name) {
+            slot.region = Some(region);
+        }
+    }
+
+    /// One transfer fewer uses `name`.
+    pub fn release(&self, name: &str) {
+        if let Some(slot) = self.lock().get_mut(name) {
+            slot.users = slot.users.saturating_sub(1);
+        }
+    }
+
+    /// Every segment's descriptor.
+    pub fn descriptors(&self) -> Vec<SegmentDescriptor> {
+        let mut d: Vec<_> = self.lock().values().map(|s| s.desc.clone()).collect();
+        d.sort_by(|a, b| a.name.cmp(&b.name));
+        d
+    }
+}

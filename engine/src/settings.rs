@@ -1,0 +1,55 @@
+//! [`Settings`]: what an agent is given, every field with a finite default.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// An agent's settings. `Settings::default()` uses every RDMA device with an active port
+/// and listens on `0.0.0.0:0`.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The RDMA devices to use, by name; `None`: every device whose port 1 is active.
+    pub devices: Option<Vec<String>>,
+    /// Where the control listener (metadata, connections, notifications) binds.
+    pub bind: SocketAddr,
+    /// The largest request an entry is cut into. Default 256 KiB: large enough that one
+    /// post and one completion per chunk cost little next to moving it (256 KiB take 20 µs
+    /// at 100 Gb/s), small enough that one large entry keeps many requests in flight and
+    /// that a window of [`Settings::in_flight`] chunks bounds the bytes a queue pair has
+    /// outstanding (64 × 256 KiB = 16 MiB, past the bandwidth-delay product of one link).
+    pub chunk_size: u64,
+    /// How many chunks each queue pair has in flight at most (its send queue's depth).
+    pub in_flight: u32,
+    /// The queue pairs' ACK timeout exponent (4.096 µs × 2^t) and retry count: together
+    /// they bound how long a dead peer keeps a chunk pending
+    /// ([`Settings::peer_failure_bound`]).
+    pub ack_timeout: u8,
+    /// See [`Settings::ack_timeout`] (7 means "forever" on soft-RoCE: keep it below).
+    pub retry_count: u8,
+    /// Bounds each connect, request and reply of the control channel.
+    pub io_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            devices: None,
+            bind: SocketAddr::from(([0, 0, 0, 0], 0)),
+            chunk_size: 256 << 10,
+            in_flight: 64,
+            ack_timeout: 16,
+            retry_count: 6,
+            io_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Settings {
+    /// How long after a peer dies its pending entries fail at most: every retry of one
+    /// request (the transport's budget), plus a second for the flush of the rest. Each
+    /// request in flight to the peer fails together, not one after another, since the first
+    /// failure moves the queue pair to the error state.
+    pub fn peer_failure_bound(&self) -> Duration {
+        let one = Duration::from_nanos(4096 << self.ack_timeout.min(31));
+        one * (u32::from(self.retry_count) + 1) + Duration::from_secs(1)
+    }
+}

@@ -1,0 +1,151 @@
+//! The worker: one thread per agent that owns the connections to peers and runs the
+//! accepted batches one after another, each with many chunks in flight.
+
+use crate::error::{Error, Result};
+use crate::exec::{self, Lane};
+use crate::peer::PeerConn;
+use crate::plan::{PeerTarget, Plan};
+use crate::progress::Progress;
+use crate::segment::Region;
+use crate::shared::Shared;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+/// An accepted batch: checked, its local segments counted as used.
+pub(crate) struct Job {
+    pub plan: Plan,
+    /// The control address of each of the plan's peers.
+    pub controls: Vec<SocketAddr>,
+    pub progress: Arc<Progress>,
+    pub notification: Option<Vec<u8>>,
+}
+
+/// Runs jobs until the agent drops the sender (the queued ones first).
+pub(crate) fn run(shared: &Shared, jobs: &Receiver<Job>) {
+    let mut conns: HashMap<String, PeerConn> = HashMap::new();
+    while let Ok(job) = jobs.recv() {
+        execute(shared, &mut conns, &job);
+    }
+}
+
+fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
+    let plan = &job.plan;
+    let failed: Vec<Option<Error>> = (0..plan.peers.len())
+        .map(|p| prepare(shared, conns, plan, p, job.controls[p]).err())
+        .collect();
+    let mut lanes: Vec<Lane<'_>> = plan
+        .peers
+        .iter()
+        .zip(&failed)
+        .map(|(t, f)| Lane {
+            conn: if f.is_none() {
+                conns.get(&t.agent)
+            } else {
+                None
+            },
+            down: f.clone(),
+        })
+        .collect();
+    debug_assert!(plan.chunks.iter().all(|c| c.round < plan.rounds));
+    let mut order: Vec<usize> = (0..plan.chunks.len()).collect();
+    order.sort_by_key(|&c| (plan.chunks[c].round, plan.chunks[c].segment));
+    let window = shared.settings.in_flight as usize;
+    for picks in order.chunk_by(|&a, &b| {
+        let (a, b) = (&plan.chunks[a], &plan.chunks[b]);
+        (a.round, a.segment) == (b.round, b.segment)
+    }) {
+        let name = &plan.segments[usize::from(plan.chunks[picks[0]].segment)];
+        let Some(region) = shared.segments.take(name) else {
+            let e = Error::SegmentBusy {
+                segment: name.clone(),
+                users: 0,
+            };
+            for &c in picks {
+                job.progress.fail(plan.chunks[c].entry, &e);
+            }
+            continue;
+        };
+        let (chunks, progress) = (&plan.chunks[..], &*job.progress);
+        let back = match region {
+            Region::DmaBuf(r) => {
+                exec::run(r, chunks, picks, &mut lanes, progress, window).map(Region::DmaBuf)
+            }
+            Region::Host(r) => {
+                exec::run(r, chunks, picks, &mut lanes, progress, window).map(Region::Host)
+            }
+        };
+        if let Some(r) = back {
+            shared.segments.put_back(name, r);
+        }
+    }
+    let down: Vec<bool> = lanes.iter().map(|l| l.down.is_some()).collect();
+    drop(lanes);
+    for (t, down) in plan.peers.iter().zip(down) {
+        if down {
+            // The queue pairs are in the error state (or were never made): a later batch
+            // fetches the descriptor again and reconnects.
+            conns.remove(&t.agent);
+            shared.forget_peer(&t.agent);
+        }
+    }
+    for name in &plan.segments {
+        shared.segments.release(name);
+    }
+    let mut note_error = None;
+    if let Some(message) = job
+        .notification
+        .as_deref()
+        .filter(|_| job.progress.all_done())
+    {
+        for t in &plan.peers {
+            let sent = match conns.get_mut(&t.agent) {
+                Some(c) => c.notify(&shared.name, message),
+                None => Err(Error::ShuttingDown),
+            };
+            if let Err(e) = sent {
+                note_error.get_or_insert(e);
+            }
+        }
+    }
+    job.progress.finish(note_error);
+}
+
+/// Makes sure the worker is connected to peer `p`, which still is the incarnation the
+/// batch was checked against, with every queue pair its chunks need.
+fn prepare(
+    shared: &Shared,
+    conns: &mut HashMap<String, PeerConn>,
+    plan: &Plan,
+    p: usize,
+    control: SocketAddr,
+) -> Result<()> {
+    let PeerTarget { agent, incarnation } = &plan.peers[p];
+    let down = |e: Error| match e {
+        e @ Error::IncarnationChanged { .. } => e,
+        e => Error::PeerDown {
+            agent: agent.clone(),
+            cause: e.to_string(),
+        },
+    };
+    let alive = |mut c: PeerConn| c.check().is_ok_and(|i| i == c.incarnation).then_some(c);
+    let mut conn = match conns.remove(agent).and_then(alive) {
+        Some(c) => c,
+        None => PeerConn::open(shared, agent, control).map_err(down)?,
+    };
+    if conn.incarnation != *incarnation {
+        shared.forget_peer(agent);
+        return Err(Error::IncarnationChanged {
+            agent: agent.clone(),
+            expected: *incarnation,
+            found: conn.incarnation,
+        });
+    }
+    for c in plan.chunks.iter().filter(|c| usize::from(c.peer) == p) {
+        conn.ensure_qp(shared, c.local_device, c.remote_device)
+            .map_err(down)?;
+    }
+    conns.insert(agent.clone(), conn);
+    Ok(())
+}
