@@ -26,7 +26,10 @@ fn args() -> (usize, u64) {
     let (mut agents, mut blocks) = (2usize, 1024u64);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
-        let v = it.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or_else(|| usage());
+        let v = it
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| usage());
         match a.as_str() {
             "--agents" if (2..=16).contains(&v) => agents = v as usize,
             "--blocks" if v > 0 => blocks = v,
@@ -37,14 +40,19 @@ fn args() -> (usize, u64) {
 }
 
 fn pattern(len: u64, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
 }
 
 /// A dma-buf from each exporter, and host memory, each filled with its pattern.
 fn sources() -> Res<Vec<(String, Memory, Vec<u8>)>> {
     let card = DrmDevice::open_driver("vgem", NodeKind::Card)?;
     let dmabufs: [(&str, DmaBuf); 3] = [
-        ("vgem", DumbBuffer::new(&std::sync::Arc::new(card), SRC)?.export()?),
+        (
+            "vgem",
+            DumbBuffer::new(&std::sync::Arc::new(card), SRC)?.export()?,
+        ),
         ("udmabuf", Udmabuf::new(SRC)?.into_parts().1),
         ("system-heap", DmaHeap::system()?.allocate(SRC)?),
     ];
@@ -102,10 +110,12 @@ fn main() -> Res<()> {
     }
     let limit = Duration::from_secs(600);
     let t0 = Instant::now();
-    a.transfer(&write.notify(b"written".to_vec()))?.wait(limit)?;
+    a.transfer(&write.notify(b"written".to_vec()))?
+        .wait(limit)?;
     let wrote = t0.elapsed();
     for p in peers {
-        p.wait_notification(Duration::from_secs(10)).ok_or("no notification")?;
+        p.wait_notification(Duration::from_secs(10))
+            .ok_or("no notification")?;
     }
     let t1 = Instant::now();
     a.transfer(&read)?.wait(limit)?;
@@ -120,10 +130,23 @@ fn main() -> Res<()> {
     }
     let mib = (blocks * BLOCK) as f64 / (1 << 20) as f64;
     println!("agents: {n} on {:?}", a.devices());
-    println!("sources: {}", patterns.iter().map(|p| p.0.as_str()).collect::<Vec<_>>().join(", "));
+    println!(
+        "sources: {}",
+        patterns
+            .iter()
+            .map(|p| p.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!("blocks: {blocks} x 64 KiB ({mib:.0} MiB), scattered");
-    println!("write: {wrote:.2?} ({:.1} MiB/s)", mib / wrote.as_secs_f64());
-    println!("read back: {read_t:.2?} ({:.1} MiB/s)", mib / read_t.as_secs_f64());
+    println!(
+        "write: {wrote:.2?} ({:.1} MiB/s)",
+        mib / wrote.as_secs_f64()
+    );
+    println!(
+        "read back: {read_t:.2?} ({:.1} MiB/s)",
+        mib / read_t.as_secs_f64()
+    );
     println!("verified: every byte");
     Ok(())
 }

@@ -64,8 +64,10 @@ fn loopback_scattered_blocks_from_every_exporter_written_and_read_back() {
     a.register("host", host(&p, SRC as usize)).unwrap();
     names.push("host".into());
     sources.push(p);
-    a.register("back", host(&[], (BLOCKS * BLOCK) as usize)).unwrap();
-    b.register("dst", Exporter::Udmabuf.allocate(BLOCKS * BLOCK)).unwrap();
+    a.register("back", host(&[], (BLOCKS * BLOCK) as usize))
+        .unwrap();
+    b.register("dst", Exporter::Udmabuf.allocate(BLOCKS * BLOCK))
+        .unwrap();
 
     // Block j: from a scattered offset of source j % 4 to a scattered slot of b's dst.
     let src_of = |j: u64| ((j % 4) as usize, ((j * 7) % (SRC / BLOCK)) * BLOCK);
@@ -80,15 +82,26 @@ fn loopback_scattered_blocks_from_every_exporter_written_and_read_back() {
     t.wait(WAIT).expect("written");
     let wrote = t0.elapsed();
     assert!(t.status().iter().all(|s| *s == EntryStatus::Done));
-    let note = b.wait_notification(Duration::from_secs(10)).expect("notified");
-    assert_eq!((note.from.as_str(), &note.message[..]), ("a", &b"written"[..]));
+    let note = b
+        .wait_notification(Duration::from_secs(10))
+        .expect("notified");
+    assert_eq!(
+        (note.from.as_str(), &note.message[..]),
+        ("a", &b"written"[..])
+    );
 
     let mut read = Batch::new();
     for j in 0..BLOCKS {
         read = read.read("back", j * BLOCK, "b", "dst", slot(j), BLOCK);
     }
-    a.transfer(&read).expect("accepted").wait(WAIT).expect("read back");
-    eprintln!("{BLOCKS} blocks of 64 KiB written in {wrote:?}, read back in {:?}", t0.elapsed() - wrote);
+    a.transfer(&read)
+        .expect("accepted")
+        .wait(WAIT)
+        .expect("read back");
+    eprintln!(
+        "{BLOCKS} blocks of 64 KiB written in {wrote:?}, read back in {:?}",
+        t0.elapsed() - wrote
+    );
 
     let back = bytes(a.unregister("back").unwrap());
     let dst = bytes(b.unregister("dst").unwrap());
@@ -101,7 +114,10 @@ fn loopback_scattered_blocks_from_every_exporter_written_and_read_back() {
         assert!(dst[at] == *want, "block {j} in b's segment differs");
     }
     for (n, want) in names.iter().zip(&sources) {
-        assert!(bytes(a.unregister(n).unwrap()) == *want, "source {n} changed");
+        assert!(
+            bytes(a.unregister(n).unwrap()) == *want,
+            "source {n} changed"
+        );
     }
 }
 
@@ -110,7 +126,8 @@ fn loopback_scattered_blocks_from_every_exporter_written_and_read_back() {
 fn loopback_bad_entries_are_refused_typed_and_nothing_is_posted() {
     let tb = Testbed::get();
     let (a, b) = pair(&tb);
-    a.register("src", host(&pattern(1 << 20, 3), 1 << 20)).unwrap();
+    a.register("src", host(&pattern(1 << 20, 3), 1 << 20))
+        .unwrap();
     b.register("dst", host(&[], 1 << 20)).unwrap();
     let ok = || Batch::new().write("src", 0, "b", "dst", 0, 4096);
     let cases: Vec<(Batch, &str)> = vec![
@@ -119,7 +136,10 @@ fn loopback_bad_entries_are_refused_typed_and_nothing_is_posted() {
         (ok().write("nope", 0, "b", "dst", 0, 1), "unknown local"),
         (ok().write("src", 0, "b", "nope", 0, 1), "unknown remote"),
         (ok().write("src", 1 << 20, "b", "dst", 0, 1), "local range"),
-        (ok().write("src", 0, "b", "dst", (1 << 20) - 1, 2), "remote range"),
+        (
+            ok().write("src", 0, "b", "dst", (1 << 20) - 1, 2),
+            "remote range",
+        ),
         (ok().write("src", 0, "b", "dst", 0, 0), "zero length"),
         (ok().read("src", 100, "b", "dst", 0, 10), "overlap"),
         (ok().notify(vec![0; 5000]), "notification"),
@@ -130,9 +150,23 @@ fn loopback_bad_entries_are_refused_typed_and_nothing_is_posted() {
             "empty" => matches!(e, Error::EmptyBatch),
             "unknown agent" => matches!(e, Error::UnknownAgent(_)),
             "unknown local" => matches!(e, Error::UnknownSegment { ref agent, .. } if agent == "a"),
-            "unknown remote" => matches!(e, Error::UnknownSegment { ref agent, .. } if agent == "b"),
-            "local range" => matches!(e, Error::OutOfRange { side: Side::Local, .. }),
-            "remote range" => matches!(e, Error::OutOfRange { side: Side::Remote, .. }),
+            "unknown remote" => {
+                matches!(e, Error::UnknownSegment { ref agent, .. } if agent == "b")
+            }
+            "local range" => matches!(
+                e,
+                Error::OutOfRange {
+                    side: Side::Local,
+                    ..
+                }
+            ),
+            "remote range" => matches!(
+                e,
+                Error::OutOfRange {
+                    side: Side::Remote,
+                    ..
+                }
+            ),
             "zero length" => matches!(e, Error::ZeroLength { entry: 1 }),
             "overlap" => matches!(e, Error::Overlap { .. }),
             _ => matches!(e, Error::NotificationTooLong(5000)),
@@ -160,7 +194,10 @@ fn loopback_unregister_is_refused_while_a_transfer_uses_the_segment() {
         Err(Error::SegmentBusy { users: 1, .. }) => {}
         other => panic!("unregister while busy: {other:?} ({:?})", t.status()),
     }
-    assert!(matches!(b.unregister("nope"), Err(Error::UnknownSegment { .. })));
+    assert!(matches!(
+        b.unregister("nope"),
+        Err(Error::UnknownSegment { .. })
+    ));
     t.wait(WAIT).expect("written");
     assert_eq!(bytes(a.unregister("src").unwrap()), pattern(LEN, 5));
     assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 5));
@@ -192,9 +229,14 @@ fn loopback_dead_peer_fails_its_entries_and_others_keep_working() {
         other => panic!("{other:?}"),
     }
     let took = died.elapsed();
-    assert!(took < bound + Duration::from_secs(10), "failed after {took:?} (bound {bound:?})");
+    assert!(
+        took < bound + Duration::from_secs(10),
+        "failed after {took:?} (bound {bound:?})"
+    );
     // The next transfer to c is refused (it is gone); b is served as before.
-    assert!(a.transfer(&Batch::new().write("src", 0, "c", "dst", 0, 1)).is_err());
+    assert!(a
+        .transfer(&Batch::new().write("src", 0, "c", "dst", 0, 1))
+        .is_err());
     let t = a
         .transfer(&Batch::new().write("src", 0, "b", "dst", 0, LEN as u64))
         .unwrap();

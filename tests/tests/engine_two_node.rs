@@ -44,16 +44,27 @@ fn two_node_engine_scattered_writes_read_back_and_notify() {
     let tb = Testbed::get();
     let src = pattern(SRC as usize, 21);
     if tb.is_server() {
-        let a = agent(&tb, "a", format!("{}:{PORT}", tb.local_addr).parse().unwrap());
-        a.register("dst", Exporter::Vgem.allocate(BLOCKS * BLOCK)).unwrap();
+        let a = agent(
+            &tb,
+            "a",
+            format!("{}:{PORT}", tb.local_addr).parse().unwrap(),
+        );
+        a.register("dst", Exporter::Vgem.allocate(BLOCKS * BLOCK))
+            .unwrap();
         let note = a
             .wait_notification(Duration::from_secs(240))
             .expect("b's notification");
-        assert_eq!((note.from.as_str(), &note.message[..]), ("b", &b"all landed"[..]));
+        assert_eq!(
+            (note.from.as_str(), &note.message[..]),
+            ("b", &b"all landed"[..])
+        );
         let dst = bytes(a.unregister("dst").unwrap());
         for j in 0..BLOCKS {
             let want = &src[src_off(j) as usize..(src_off(j) + BLOCK) as usize];
-            assert!(dst[slot(j) as usize..(slot(j) + BLOCK) as usize] == *want, "block {j}");
+            assert!(
+                dst[slot(j) as usize..(slot(j) + BLOCK) as usize] == *want,
+                "block {j}"
+            );
         }
     } else {
         let b = agent(&tb, "b", format!("{}:0", tb.local_addr).parse().unwrap());
@@ -87,11 +98,17 @@ fn two_node_engine_scattered_writes_read_back_and_notify() {
             .unwrap()
             .wait(Duration::from_secs(120))
             .expect("read back and notified");
-        eprintln!("{BLOCKS} blocks read back across the wire in {:?}", t0.elapsed());
+        eprintln!(
+            "{BLOCKS} blocks read back across the wire in {:?}",
+            t0.elapsed()
+        );
         let back = bytes(b.unregister("back").unwrap());
         for j in 0..BLOCKS {
             let want = &src[src_off(j) as usize..(src_off(j) + BLOCK) as usize];
-            assert!(back[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize] == *want, "block {j}");
+            assert!(
+                back[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize] == *want,
+                "block {j}"
+            );
         }
     }
 }

@@ -28,6 +28,7 @@ fn no_source_file_is_over_600_lines() {
     for dir in [
         "drm-export",
         "rdma-dmabuf",
+        "engine",
         "doctor",
         "tests",
         "examples",
