@@ -27,7 +27,7 @@ pub fn retries(builder: &rdma_dmabuf::QueuePairBuilder) -> String {
     use rdma_dmabuf::{ACK_TIMEOUT_ENV, RETRY_COUNT_ENV};
     let set: Vec<String> = [ACK_TIMEOUT_ENV, RETRY_COUNT_ENV]
         .iter()
-        .filter_map(|k| Some(format!("{k}={}", std::env::var(k).ok()?)))
+        .filter_map(|k| Some(format!("{k}={}", std::env::var_os(k)?.to_string_lossy())))
         .collect();
     format!(
         "a request the peer never acknowledges fails within {:.1} s ({})",

@@ -191,6 +191,20 @@ pub enum Error {
         /// Why, with the entry's type where it has one.
         why: String,
     },
+    /// An environment variable that sets a default holds a value that cannot be used: not
+    /// UTF-8, not a number, or outside the range the variable accepts. Nothing was created.
+    #[error("{variable}=\"{value}\": {why} (accepted: {accepted})")]
+    Setting {
+        /// The variable's name.
+        variable: &'static str,
+        /// Its value as read, with quotes, control characters and bytes that are not ASCII
+        /// escaped (`\xff`).
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
+        /// The values it accepts, and what they bound.
+        accepted: &'static str,
+    },
     /// A work request completed with an error status.
     #[error("work request {wr_id} ({kind}) failed: {status_text} (status {status}, vendor error {vendor_err:#x})")]
     Completion {

@@ -3,6 +3,11 @@
 use crate::error::{Error, Op, Result};
 
 /// A peer's region: address (the iova for dma-buf regions), length and rkey.
+///
+/// The fields are public so that a program can carry them in its own wire format; every post
+/// that names a remote region checks it ([`RemoteRegion::holds`]: the request fits, and the
+/// range does not wrap) and refuses a bad one with [`Error::InvalidArgument`] before anything
+/// reaches the NIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteRegion {
     /// The first byte's address in the peer's region address space.
@@ -52,6 +57,29 @@ impl RemoteRegion {
             return bad(format!("empty or wrapping range {:#x}+{}", r.addr, r.len));
         }
         Ok(r)
+    }
+
+    /// Whether a request of `len` bytes may name this region: `len` fits in it and its address
+    /// range does not wrap past the end of the address space. Every post checks it, so a
+    /// region whose public fields were set by hand is refused before anything reaches the
+    /// NIC.
+    #[inline]
+    pub fn holds(&self, len: u64) -> bool {
+        len <= self.len && self.len <= u64::MAX - self.addr
+    }
+
+    /// Why [`RemoteRegion::holds`] refused a request of `len` bytes, in words.
+    #[cold]
+    pub(crate) fn refusal(&self, what: impl std::fmt::Display, len: u64) -> String {
+        if self.len > u64::MAX - self.addr {
+            format!(
+                "{what} to a remote region of {} bytes at {:#x}, whose range wraps past the end \
+                 of the address space (a RemoteRegion built by hand?)",
+                self.len, self.addr
+            )
+        } else {
+            format!("{what} of {len} bytes to a remote region of {}", self.len)
+        }
     }
 
     /// The part `[offset, offset + len)` of this region.
@@ -115,5 +143,33 @@ mod tests {
         assert_eq!(r.slice(10, 90).unwrap().addr, 0x100a);
         assert!(r.slice(10, 91).is_err());
         assert!(r.slice(0, 0).is_err());
+    }
+
+    #[test]
+    fn holds_refuses_short_and_wrapping_regions() {
+        let r = RemoteRegion {
+            addr: 0x1000,
+            len: 100,
+            rkey: 7,
+        };
+        assert!(r.holds(100) && r.holds(1) && !r.holds(101));
+        let end = RemoteRegion {
+            addr: u64::MAX - 100,
+            len: 100,
+            rkey: 7,
+        };
+        assert!(
+            end.holds(100),
+            "a range ending just below 2^64 - 1 does not wrap"
+        );
+        assert_eq!(RemoteRegion::from_bytes(&end.to_bytes()).unwrap(), end);
+        let wrap = RemoteRegion {
+            addr: u64::MAX - 10,
+            len: 100,
+            rkey: 7,
+        };
+        assert!(!wrap.holds(8));
+        assert!(wrap.refusal("RDMA write", 8).contains("wraps"));
+        assert!(r.refusal("RDMA write", 101).contains("of 101 bytes"));
     }
 }

@@ -242,6 +242,60 @@ fn bad_input_gives_typed_errors() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
+fn hand_built_wrapping_remote_regions_are_refused_before_the_nic() {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(&pd).max_inline_data(64),
+        QueuePairBuilder::new(&pd).max_inline_data(64),
+    );
+    let target = host_region(&pd, &[], 4096, RW);
+    let good = target.remote().unwrap();
+    // Its fields are public: a range that wraps past the end of the address space, with the
+    // target's real rkey so that only our check stands between it and the NIC.
+    let wrapping = RemoteRegion {
+        addr: u64::MAX - 7,
+        len: 4096,
+        rkey: good.rkey,
+    };
+    let wraps =
+        |e: &Error| matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("wraps");
+    let src = host_region(&pd, &[3; 16], 4096, RW);
+    let e = a
+        .post_write(Local::new(src, 0..16), wrapping, None)
+        .unwrap_err();
+    assert!(wraps(&e.error), "{}", e.error);
+    let e = a
+        .post_read(Local::new(e.region, 0..16), wrapping)
+        .unwrap_err();
+    assert!(wraps(&e.error), "{}", e.error);
+    let e = a
+        .post_atomic(
+            Local::new(e.region, 0..8),
+            RemoteRegion {
+                addr: u64::MAX - 7,
+                ..wrapping
+            },
+            rdma_dmabuf::AtomicOp::FetchAdd { add: 1 },
+        )
+        .unwrap_err();
+    assert!(wraps(&e.error), "{}", e.error);
+    let err = a.post_write_inline(&[1; 8], wrapping, None).unwrap_err();
+    assert!(wraps(&err), "{err}");
+    // Nothing reached the NIC: no request outstanding, the queue pair still healthy, and a
+    // write to the real region works afterwards.
+    assert_eq!(a.outstanding(), 0);
+    assert!(!a.is_in_error() && !b.is_in_error());
+    let done = a
+        .post_write(Local::new(e.region, 0..16), good, None)
+        .unwrap()
+        .spin()
+        .expect("the queue pair took no harm");
+    drop(done);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
 fn posting_past_the_queue_depth_is_back_pressure() {
     let tb = Testbed::get();
     let pd = pd(&tb);

@@ -36,7 +36,7 @@ pub struct QueuePairBuilder {
     channel: bool,
     retry: Retry,
     /// A retry variable of the environment that is set but unreadable (refused at build).
-    retry_env_error: Option<String>,
+    retry_env_error: Option<super::retry_env::Refusal>,
     rnr_forever: bool,
     hop_limit: u8,
     max_inline: u32,
@@ -52,9 +52,10 @@ impl QueuePairBuilder {
     /// The environment variables [`ACK_TIMEOUT_ENV`](crate::qp::ACK_TIMEOUT_ENV)
     /// (`RDMA_DMABUF_ACK_TIMEOUT`) and [`RETRY_COUNT_ENV`](crate::qp::RETRY_COUNT_ENV)
     /// (`RDMA_DMABUF_RETRY_COUNT`), when set, replace the default ACK timeout exponent and
-    /// retry count, for fabrics far slower than a NIC (emulated machines); they are checked
-    /// like any other value at [`build`](QueuePairBuilder::build), which also refuses a value
-    /// that is not a number.
+    /// retry count, for fabrics far slower than a NIC (emulated machines). They accept only
+    /// bounded values (a dead peer fails a request within 8 minutes at most);
+    /// [`build`](QueuePairBuilder::build) refuses a value that is not UTF-8, not a number or
+    /// outside its range with [`Error::Setting`](crate::Error::Setting).
     pub fn new(pd: &Arc<ProtectionDomain>) -> QueuePairBuilder {
         let (retry, retry_env_error) = super::retry_env::apply(Retry::default());
         QueuePairBuilder {
@@ -154,7 +155,9 @@ impl QueuePairBuilder {
 
     /// How many times an unacknowledged request is sent again before it fails with
     /// `IBV_WC_RETRY_EXC_ERR` (`ibv_qp_attr.retry_cnt`, 0 to 7, default
-    /// [`DEFAULT_RETRY_COUNT`]). Note that soft-RoCE (rxe) reads 7 as "forever".
+    /// [`DEFAULT_RETRY_COUNT`]). Note that soft-RoCE (rxe) reads 7 as "forever": the
+    /// environment's [`RETRY_COUNT_ENV`](crate::qp::RETRY_COUNT_ENV) stops at 6, so only this
+    /// call can ask for 7.
     pub fn retry_count(mut self, n: u8) -> Self {
         self.retry.retry_count = n;
         self
@@ -402,7 +405,7 @@ impl QueuePairBuilder {
     /// Refuses zero depths and invalid retry settings before anything is created.
     fn check_settings(&self) -> Result<()> {
         if let Some(bad) = &self.retry_env_error {
-            return Err(Error::invalid(Op::CreateQp, bad.clone()));
+            return Err(bad.to_error());
         }
         if self.send_depth == 0 || self.recv_depth == 0 {
             return Err(Error::invalid(

@@ -60,11 +60,8 @@ impl QueuePair {
             ));
         }
         if let Some(r) = remote {
-            if r.len < len as u64 {
-                return refuse(format!(
-                    "inline {kind} of {len} bytes to a remote region of {}",
-                    r.len
-                ));
+            if !r.holds(len as u64) {
+                return refuse(r.refusal(format_args!("inline {kind}"), len as u64));
             }
         }
         let sges = [Sge::inline(data)];

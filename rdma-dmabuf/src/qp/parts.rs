@@ -269,11 +269,8 @@ impl QueuePair {
             ));
         }
         if let Some(r) = remote {
-            if r.len < total {
-                return Err(Error::invalid(
-                    op,
-                    format!("{kind} of {total} bytes to a remote region of {}", r.len),
-                ));
+            if !r.holds(total) {
+                return Err(Error::invalid(op, r.refusal(kind, total)));
             }
         }
         Ok(sges)

@@ -139,7 +139,7 @@ impl QueuePair {
             && len <= u64::from(u32::MAX)
             && (!kind.writes_local() || region.access().contains(Access::LOCAL_WRITE))
             && Arc::ptr_eq(region.pd(), &self.raw.pd)
-            && remote.is_none_or(|r| r.len >= len);
+            && remote.is_none_or(|r| r.holds(len));
         if accepted {
             // At most u32::MAX (checked above).
             return Ok((start, len as u32));
@@ -207,10 +207,7 @@ impl QueuePair {
             return refuse("the region belongs to another protection domain".into());
         }
         match remote {
-            Some(r) if r.len < u64::from(len) => refuse(format!(
-                "{kind} of {len} bytes to a remote region of {}",
-                r.len
-            )),
+            Some(r) if !r.holds(u64::from(len)) => refuse(r.refusal(kind, u64::from(len))),
             // Unreachable while `check` and this function test the same things.
             _ => refuse(format!("{kind} of {start}..{end} refused")),
         }

@@ -86,6 +86,20 @@ pub const RC_ACK_TIMEOUT: u8 = 19;
 /// on soft-RoCE (60 s by the specification's bound, `QueuePairBuilder::retry_budget`).
 pub const RC_RETRY_COUNT: u8 = 6;
 
+/// The retry settings the two-node guests give rdma-dmabuf, with the bound they set: a
+/// request a silent peer never acknowledges fails within (retries + 1) × 4 × 4.096 µs ×
+/// 2^timeout by the specification (soft-RoCE takes about a quarter of it).
+pub fn retry_settings() -> String {
+    let per_try_s = 4.0 * 4.096e-6 * f64::from(1u32 << RC_ACK_TIMEOUT);
+    let bound_s = per_try_s * f64::from(u32::from(RC_RETRY_COUNT) + 1);
+    format!(
+        "rdma-dmabuf retries in the guests: RDMA_DMABUF_ACK_TIMEOUT={RC_ACK_TIMEOUT} \
+         RDMA_DMABUF_RETRY_COUNT={RC_RETRY_COUNT}: a request the peer never acknowledges fails \
+         within {bound_s:.0} s (the specification's bound; about {:.0} s on soft-RoCE)",
+        bound_s / 4.0
+    )
+}
+
 /// The udmabuf driver's per-buffer limit in the guests (`udmabuf.size_limit_mb`, built into
 /// Debian's kernel; its default is 64): room for the 64 MiB regions of the two-node tests at a
 /// page's offset into their buffer.
@@ -199,6 +213,9 @@ fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
         accel::qemu_version(),
         stack.accel.describe()
     ));
+    if opts.nodes > 1 {
+        info(retry_settings());
+    }
     let step = Step::start(banner(&stack, opts));
     let vmlinuz = stack.kernel.vmlinuz();
     let boot = Boot {
@@ -455,6 +472,18 @@ fn hidden_paths(paths: &[&Path]) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_retry_bound_is_stated_and_accepted_by_the_library() {
+        let s = retry_settings();
+        assert!(
+            s.contains("ACK_TIMEOUT=19") && s.contains("within 60 s"),
+            "{s}"
+        );
+        // rdma-dmabuf's environment accepts 1 to 22 and 0 to 6 (MAX_ENV_ACK_TIMEOUT,
+        // MAX_ENV_RETRY_COUNT); a value outside would fail every queue pair's build.
+        assert!((1..=22).contains(&RC_ACK_TIMEOUT) && RC_RETRY_COUNT <= 6);
+    }
 
     #[test]
     fn environment_names_must_be_shell_names() {
