@@ -1,9 +1,11 @@
 //! Register a dma-buf as a memory region and let a peer RDMA-write into it.
 //! Runs as is in the testbed and on any RDMA device with dma-buf support (mlx5, patched rxe).
 use drm_export::Udmabuf;
-use rdma_dmabuf::*;
+use rdma_dmabuf::{
+    Access, Context, HostBuffer, Local, MemoryRegion, ProtectionDomain, QueuePairBuilder,
+};
 
-fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = std::env::var("RDMA_DEVICE").unwrap_or_else(|_| "rxe0".into());
     let ctx = Context::open(&device)?;
     let pd = ProtectionDomain::new(&ctx)?;

@@ -257,6 +257,11 @@ impl CmConnector {
         Ok(CmConnector { parts, peer })
     }
 
+    /// The peer this connector resolved.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
     /// The device librdmacm chose for this route: create the protection domain here.
     ///
     /// The context is librdmacm's; the returned value holds a reference on it in librdmacm

@@ -202,7 +202,13 @@ pub(crate) fn check_event(
 ) -> Result<Event> {
     if ev.0.kind != expect || ev.1 != 0 {
         // A rejection's status is the peer's reason code, not an errno.
+        // An unreachable peer (no answer to the request: its process is gone) is
+        // EHOSTUNREACH whatever status librdmacm gave (ETIMEDOUT on rxe), so callers can
+        // tell it from a step that timed out.
         let errno = match ev.1 {
+            _ if ev.0.kind == ffi::rdma_cm_event_type::RDMA_CM_EVENT_UNREACHABLE => {
+                libc::EHOSTUNREACH
+            }
             s if s < 0 && ev.0.kind != ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => -s,
             _ => libc::ECONNREFUSED,
         };
@@ -314,8 +320,8 @@ impl CmId {
     /// Waits, for at most `timeout`, until the connection ends (`RDMA_CM_EVENT_DISCONNECTED`
     /// or `RDMA_CM_EVENT_DEVICE_REMOVAL`). Every event is taken as [`CmId::take_events`]
     /// takes it, so the end is recorded for whoever looks next (the queue pair's waiters, a
-    /// later `take_events`), never consumed here alone (an independent review found the
-    /// DISCONNECTED event eaten by this wait, and awaited requests then never woken).
+    /// later `take_events`), never consumed here alone: awaited requests on the queue pair
+    /// must be woken by the same end.
     pub(crate) fn wait_disconnected(&self, timeout: Duration) -> Result<ConnectionEnd> {
         let step = "wait for disconnect";
         let deadline = deadline_after(timeout);
@@ -324,6 +330,36 @@ impl CmId {
                 return Ok(end);
             }
             self.channel.wait_until(deadline, timeout, step)?;
+        }
+    }
+
+    /// As [`CmId::wait_disconnected`], awaiting the event channel on tokio's reactor.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn wait_disconnected_async(&self, timeout: Duration) -> Result<ConnectionEnd> {
+        use crate::deadline::{reactor_error, register};
+        let step = "wait for disconnect";
+        let wait = async {
+            // SAFETY: the registration is a local of this block, which the id (and so its
+            // channel, borrowed for the whole call) outlives.
+            let fd = unsafe { register(self.channel.fd()) }
+                .map_err(|e| reactor_error(Op::Cm, step, &e))?;
+            loop {
+                if let Some(end) = self.take_events()? {
+                    return Ok(end);
+                }
+                fd.readable()
+                    .await
+                    .map_err(|e| reactor_error(Op::Cm, step, &e))?
+                    .clear_ready();
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::from_errno(
+                Op::Cm,
+                format!("{step}: no event within {timeout:?}"),
+                libc::ETIMEDOUT,
+            )),
         }
     }
 

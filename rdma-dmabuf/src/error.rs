@@ -1,6 +1,7 @@
 //! The crate's error type: each failure names the verb, the device or object it acted on, the
 //! errno, and a hint where the cause is known.
 
+use rdma_sys as ffi;
 use std::fmt;
 use std::io;
 
@@ -191,6 +192,10 @@ pub enum Error {
         /// Why, with the entry's type where it has one.
         why: String,
     },
+    /// An error of `drm-export` (allocating or exporting a buffer) met on the way, through
+    /// `?` in a function returning this crate's [`Result`] (`From<drm_export::Error>`).
+    #[error("{0}")]
+    Export(#[source] Box<drm_export::Error>),
     /// An environment variable that sets a default holds a value that cannot be used: not
     /// UTF-8, not a number, or outside the range the variable accepts. Nothing was created.
     #[error("{variable}=\"{value}\": {why} (accepted: {accepted})")]
@@ -206,12 +211,15 @@ pub enum Error {
         accepted: &'static str,
     },
     /// A work request completed with an error status.
-    #[error("work request {wr_id} ({kind}) failed: {status_text} (status {status}, vendor error {vendor_err:#x})")]
+    #[error("{kind} on qp {qp_num:#x} failed: {status_text} (status {status}, vendor error {vendor_err:#x}){}", hint_text(completion_hint(*.status)))]
     Completion {
-        /// The request's id.
+        /// The request's `wr_id` as the verbs carry it (this crate's slot and generation; for
+        /// matching raw completions, not meant to be read).
         wr_id: u64,
         /// What the request was.
         kind: crate::wr::WorkKind,
+        /// The local queue pair it ran on.
+        qp_num: u32,
         /// `ibv_wc_status`.
         status: u32,
         /// `ibv_wc_status_str` of it.
@@ -219,6 +227,84 @@ pub enum Error {
         /// The provider's own code.
         vendor_err: u32,
     },
+}
+
+/// What to check for a completion's error status (`ibv_wc_status`), where we know.
+pub(crate) fn completion_hint(status: u32) -> Option<&'static str> {
+    use ffi::ibv_wc_status as S;
+    Some(match status {
+        S::IBV_WC_REM_ACCESS_ERR => {
+            "the peer's NIC refused the access: check that the remote region was registered \
+             with the access this request needs (REMOTE_WRITE for a write, REMOTE_READ for a \
+             read, REMOTE_ATOMIC for an atomic), that the rkey is that region's current one (not \
+             of another or a deregistered region), and that address + length lie inside it"
+        }
+        S::IBV_WC_RETRY_EXC_ERR => {
+            "the peer never acknowledged the request: its process or machine died, the \
+             connection was closed, or the link is down (a peer that is only slow, such as an \
+             emulated machine, needs a longer ack_timeout)"
+        }
+        S::IBV_WC_RNR_RETRY_EXC_ERR => {
+            "the peer had no receive posted for this send: post receives before the peer \
+             sends, or raise rnr_retry"
+        }
+        S::IBV_WC_WR_FLUSH_ERR => {
+            "flushed: the queue pair was already in the error state (an earlier request failed, \
+             or the connection ended), so this request never ran"
+        }
+        S::IBV_WC_REM_INV_REQ_ERR => {
+            "the peer found the request invalid: a message longer than its receive, or an \
+             operation its queue pair does not allow"
+        }
+        S::IBV_WC_LOC_LEN_ERR => "the message is longer than the receive it landed in",
+        S::IBV_WC_LOC_PROT_ERR | S::IBV_WC_LOC_ACCESS_ERR => {
+            "the local region refused the access: its range, its lkey, or LOCAL_WRITE for what \
+             the NIC writes"
+        }
+        S::IBV_WC_REM_OP_ERR => {
+            "the peer could not complete the operation (for example its receive was too small)"
+        }
+        _ => return None,
+    })
+}
+
+/// What kind of failure an [`Error`] is, for callers that handle some kinds (retry a refused
+/// connection, give up on a dead peer) without reading errno numbers or status codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The peer rejected the connection: nobody listening on that address and port (yet).
+    Refused,
+    /// The peer did not answer the connection request (`RDMA_CM_EVENT_UNREACHABLE`), or no
+    /// route reached it.
+    Unreachable,
+    /// A bounded wait ended before its event (`ETIMEDOUT`), or a fence did not signal.
+    TimedOut,
+    /// The peer stopped answering during the connection: transport retries exceeded, or the
+    /// connection was reset or closed.
+    PeerGone,
+    /// The peer's NIC refused the remote access (access flags, rkey or range).
+    RemoteAccess,
+    /// A send found no receive posted at the peer.
+    ReceiverNotReady,
+    /// The request never ran: its queue pair was in the error state.
+    Flushed,
+    /// The device, provider or kernel does not implement the operation.
+    Unsupported,
+    /// A value was refused before anything reached the provider.
+    InvalidInput,
+    /// The queue was full: wait for completions and post again.
+    QueueFull,
+    /// The device is gone or was never there.
+    NoDevice,
+    /// Anything else (see the error's text).
+    Other,
+}
+
+impl From<drm_export::Error> for Error {
+    fn from(e: drm_export::Error) -> Error {
+        Error::Export(Box::new(e))
+    }
 }
 
 fn hint_text(hint: Option<&'static str>) -> String {
@@ -232,7 +318,49 @@ impl Error {
             Error::Verbs { source, .. } => source.raw_os_error(),
             Error::Unsupported { errno, .. } => Some(*errno),
             Error::GidIndex { .. } => Some(libc::EINVAL),
+            Error::Export(e) => e.errno(),
             _ => None,
+        }
+    }
+
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use ffi::ibv_wc_status as S;
+        match self {
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::InvalidArgument { .. } | Error::GidIndex { .. } | Error::Setting { .. } => {
+                ErrorKind::InvalidInput
+            }
+            Error::QueueFull { .. } => ErrorKind::QueueFull,
+            Error::FenceTimeout { .. } => ErrorKind::TimedOut,
+            Error::Export(e) | Error::Fence(e) | Error::Map(e) | Error::Adopt(e) => {
+                match e.errno() {
+                    Some(libc::EOPNOTSUPP | libc::ENOTTY | ENOTSUPP) => ErrorKind::Unsupported,
+                    Some(libc::EINVAL) => ErrorKind::InvalidInput,
+                    Some(libc::ENOENT | libc::ENODEV) => ErrorKind::NoDevice,
+                    Some(libc::ETIMEDOUT) => ErrorKind::TimedOut,
+                    _ => ErrorKind::Other,
+                }
+            }
+            Error::Completion { status, .. } => match *status {
+                S::IBV_WC_REM_ACCESS_ERR => ErrorKind::RemoteAccess,
+                S::IBV_WC_RETRY_EXC_ERR => ErrorKind::PeerGone,
+                S::IBV_WC_RNR_RETRY_EXC_ERR => ErrorKind::ReceiverNotReady,
+                S::IBV_WC_WR_FLUSH_ERR => ErrorKind::Flushed,
+                _ => ErrorKind::Other,
+            },
+            Error::Verbs { source, .. } => match source.raw_os_error() {
+                Some(libc::ECONNREFUSED) => ErrorKind::Refused,
+                Some(libc::EHOSTUNREACH | libc::ENETUNREACH) => ErrorKind::Unreachable,
+                Some(libc::ETIMEDOUT) => ErrorKind::TimedOut,
+                Some(libc::ECONNRESET | libc::ENOTCONN | libc::EPIPE | libc::ECONNABORTED) => {
+                    ErrorKind::PeerGone
+                }
+                Some(libc::ENODEV | libc::ENXIO) => ErrorKind::NoDevice,
+                Some(libc::EOPNOTSUPP | libc::ENOSYS | ENOTSUPP) => ErrorKind::Unsupported,
+                Some(libc::EINVAL) => ErrorKind::InvalidInput,
+                _ => ErrorKind::Other,
+            },
         }
     }
 
@@ -300,7 +428,8 @@ fn hint_for(op: Op, errno: i32) -> Option<&'static str> {
         }
         (Op::QueryGid, libc::EINVAL) => Some("no GID at that index: see the port's GID table"),
         (Op::Cm, libc::ETIMEDOUT) => Some("no answer in time: is the peer listening, and reachable over this device?"),
-        (Op::Cm, libc::ECONNREFUSED) => Some("the peer rejected the connection (nobody listening on that port?)"),
+        (Op::Cm, libc::ECONNREFUSED) => Some("the peer rejected the connection (nobody listening on that port?): kind() is ErrorKind::Refused; a client that may start before its server retries with CmConnector::connect_retrying"),
+        (Op::Cm, libc::EHOSTUNREACH) => Some("the peer's side never answered the connection request: is its process alive and listening on that address?"),
         (Op::Cm, libc::EADDRNOTAVAIL | libc::ENODEV) => {
             Some("the address belongs to no RDMA device: use the address of the RDMA netdev")
         }
@@ -314,6 +443,90 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn completion(status: u32) -> Error {
+        Error::Completion {
+            wr_id: 1 << 32,
+            kind: crate::wr::WorkKind::Read,
+            qp_num: 0x11,
+            status,
+            status_text: "remote access error".into(),
+            vendor_err: 0,
+        }
+    }
+
+    #[test]
+    fn completion_errors_name_the_request_and_hint_per_status() {
+        use ffi::ibv_wc_status as S;
+        let s = completion(S::IBV_WC_REM_ACCESS_ERR).to_string();
+        assert!(
+            s.starts_with("RDMA read on qp 0x11 failed: remote access error"),
+            "{s}"
+        );
+        assert!(
+            !s.contains("4294967296"),
+            "the raw wr_id means nothing to a user: {s}"
+        );
+        for needle in ["REMOTE_READ", "rkey", "address + length"] {
+            assert!(s.contains(needle), "{needle} missing: {s}");
+        }
+        let hints = [
+            (
+                S::IBV_WC_RETRY_EXC_ERR,
+                "never acknowledged",
+                ErrorKind::PeerGone,
+            ),
+            (
+                S::IBV_WC_RNR_RETRY_EXC_ERR,
+                "no receive posted",
+                ErrorKind::ReceiverNotReady,
+            ),
+            (S::IBV_WC_WR_FLUSH_ERR, "error state", ErrorKind::Flushed),
+            (
+                S::IBV_WC_REM_ACCESS_ERR,
+                "REMOTE_WRITE",
+                ErrorKind::RemoteAccess,
+            ),
+        ];
+        for (status, hint, kind) in hints {
+            let e = completion(status);
+            assert!(e.to_string().contains(hint), "{e}");
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+        assert!(!completion(S::IBV_WC_GENERAL_ERR)
+            .to_string()
+            .contains("hint"));
+    }
+
+    #[test]
+    fn kinds_name_what_a_caller_handles() {
+        let cm = |errno| Error::from_errno(Op::Cm, "connect to 10.0.0.1:7471", errno);
+        assert_eq!(cm(libc::ECONNREFUSED).kind(), ErrorKind::Refused);
+        assert_eq!(cm(libc::EHOSTUNREACH).kind(), ErrorKind::Unreachable);
+        assert_eq!(cm(libc::ETIMEDOUT).kind(), ErrorKind::TimedOut);
+        assert_eq!(cm(libc::ENODEV).kind(), ErrorKind::NoDevice);
+        assert!(cm(libc::EHOSTUNREACH).to_string().contains("alive"));
+        assert_eq!(
+            Error::invalid(Op::PostSend, "x").kind(),
+            ErrorKind::InvalidInput
+        );
+    }
+
+    #[test]
+    fn drm_export_errors_convert_with_question_mark() {
+        fn alloc() -> Result<drm_export::DmaBuf> {
+            Err(drm_export::Error::Os {
+                op: drm_export::Op::CreateUdmabuf,
+                target: "/dev/udmabuf".into(),
+                source: io::Error::from_raw_os_error(libc::EINVAL),
+                hint: None,
+            })?
+        }
+        let e = alloc().unwrap_err();
+        assert!(matches!(e, Error::Export(_)), "{e}");
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    }
 
     #[test]
     fn verbs_errors_name_the_op_target_errno_and_hint() {

@@ -64,6 +64,23 @@ impl HostBuffer {
 
     /// A buffer holding a copy of `data` (rounded up to the page size, zero-padded).
     ///
+    /// The buffer is a whole page or more: a region of it posted whole sends (or writes)
+    /// every byte of it, 4,096 for `from_slice(b"done")`. Post only the bytes you mean with
+    /// [`Local::new`](crate::Local::new)`(region, 0..data.len())` (or a
+    /// [`part`](crate::MemoryRegion::part) in a scope):
+    ///
+    /// ```no_run
+    /// # fn f(qp: &rdma_dmabuf::QueuePair, pd: &std::sync::Arc<rdma_dmabuf::ProtectionDomain>)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// use rdma_dmabuf::{Access, HostBuffer, Local, MemoryRegion};
+    /// let msg = b"done";
+    /// let region = MemoryRegion::register(pd, HostBuffer::from_slice(msg)?, Access::empty())?;
+    /// // 4 bytes on the wire, not the page.
+    /// let sent = qp.post_send(Local::new(region, 0..msg.len() as u64), None)?.spin()?;
+    /// let _region = sent.region;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`HostBuffer::new`].
     pub fn from_slice(data: &[u8]) -> Result<HostBuffer> {

@@ -22,6 +22,14 @@
 //!   [`Pending`] a future, with async fenced posts, rdma_cm connections and device events.
 //!   Dropping a future leaves its region with the queue pair until the NIC is done with it.
 //!
+//! Two machines: the example `two_node` (the README's "Two nodes") connects over rdma_cm
+//! with [`CmConnector::connect_retrying`] (the server may start later), passes the
+//! [`RemoteRegion`] in the accept's private data, signals "done" by disconnecting
+//! ([`QueuePair::wait_disconnected`], or `wait_disconnected_async` with tokio) and verifies
+//! after deregistering. [`Error::kind`] tells refused, unreachable, timed out and peer gone
+//! apart. Import by name: `use rdma_dmabuf::*` also brings this crate's [`Result`] and
+//! [`Error`], which hide `std`'s.
+//!
 //! The crate's example `rdma_dmabuf_quickstart`, which `cargo xtask test` runs in the testbed
 //! VM (`RDMA_DEVICE=mlx5_0 cargo run -p rdma-dmabuf --example rdma_dmabuf_quickstart` on a
 //! machine with a NIC):
@@ -63,6 +71,7 @@
 mod cache;
 mod cm;
 mod cm_id;
+mod cm_retry;
 mod cq;
 mod deadline;
 mod device;
@@ -100,7 +109,7 @@ pub use device::{
 pub use dm::DeviceMemory;
 pub use drm_export::DmaBuf;
 pub use endpoint::Endpoint;
-pub use error::{Error, Op, Result, DMABUF_HINT, ENOTSUPP};
+pub use error::{Error, ErrorKind, Op, Result, DMABUF_HINT, ENOTSUPP};
 pub use fence::{export_fences, wait_for_fences, FencedOp};
 pub use host::HostBuffer;
 pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, Backing, MemoryRegion};

@@ -149,6 +149,24 @@ fn two_node_gpu_rdma_write_across_the_wire() {
     }
 }
 
+/// rdma-dmabuf's `two_node` example, the recipe of its README: the client starts first and
+/// retries until the server (started 2 s later) listens; the server learns from the
+/// disconnect that the client is done, deregisters and checks every byte.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn two_node_recipe_example_retries_a_late_server_and_verifies() {
+    let tb = Testbed::get();
+    let out = if tb.is_server() {
+        std::thread::sleep(Duration::from_secs(2));
+        run(example("two_node").args(["server", &tb.local_addr]), T)
+    } else {
+        run(example("two_node").args(["client", &tb.peer_addr]), T)
+    };
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(field(&out, "verified"), "yes");
+    assert_eq!(field(&out, "bytes"), (1u64 << 20).to_string());
+}
+
 #[test]
 #[ignore = "needs the testbed VM"]
 fn stock_only_gpu_rdma_write_says_the_stack_lacks_dmabuf_regions() {

@@ -5,8 +5,8 @@
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, pattern};
 use rdma_dmabuf::{
-    Access, CmConnector, CmListener, Endpoint, Local, ProtectionDomain, QueuePairBuilder,
-    RemoteRegion,
+    Access, CmConnector, CmListener, Endpoint, ErrorKind, Local, ProtectionDomain,
+    QueuePairBuilder, RemoteRegion,
 };
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -138,6 +138,15 @@ fn rdma_cm_refusals_are_typed() {
     let pd = ProtectionDomain::new(&c.context().unwrap()).unwrap();
     let err = c.connect(QueuePairBuilder::new(&pd), &[], T).unwrap_err();
     assert_eq!(err.errno(), Some(libc::ECONNREFUSED), "{err}");
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    // Retrying gives up after its patience with the same kind, bounded.
+    let started = std::time::Instant::now();
+    let err = CmConnector::resolve(addr, T)
+        .unwrap()
+        .connect_retrying(QueuePairBuilder::new(&pd), &[], T, Duration::from_millis(500))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     // Too much private data.
     let c = CmConnector::resolve(addr, T).expect("resolve");
     let err = c
@@ -155,4 +164,48 @@ fn rdma_cm_refusals_are_typed() {
         .accept(QueuePairBuilder::new(&pd), &[], Duration::from_millis(300))
         .unwrap_err();
     assert_eq!(err.errno(), Some(libc::ETIMEDOUT), "{err}");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+}
+
+/// A client started before its server connects once the server listens (one protection
+/// domain for every try), and the server learns that the client is done by
+/// awaiting the disconnect on tokio.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn rdma_cm_connect_retrying_reaches_a_late_listener_and_the_end_is_awaited() {
+    let tb = Testbed::get();
+    let addr: SocketAddr = format!("{}:20081", tb.local_addr).parse().unwrap();
+    let server = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let listener = CmListener::bind(addr).expect("bind and listen");
+        let pd = ProtectionDomain::new(&listener.context().unwrap()).unwrap();
+        let (qp, hello) = listener
+            .accept(QueuePairBuilder::new(&pd), b"welcome", T)
+            .expect("accept");
+        assert_eq!(hello, b"late hello");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        rt.block_on(qp.wait_disconnected_async(T))
+            .expect("the client's disconnect is awaited");
+        assert!(qp.is_in_error(), "the ended connection takes no more posts");
+        started.elapsed()
+    });
+    let connector = CmConnector::resolve(addr, T).expect("resolve");
+    let pd = ProtectionDomain::new(&connector.context().unwrap()).unwrap();
+    let started = std::time::Instant::now();
+    let (qp, welcome) = connector
+        .connect_retrying(QueuePairBuilder::new(&pd), b"late hello", T, T)
+        .expect("connects once the server listens");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "connected before the server listened?"
+    );
+    assert_eq!(welcome, b"welcome");
+    // "I am done": the disconnect.
+    drop(qp);
+    let waited = server.join().expect("server side");
+    assert!(waited < T, "{waited:?}");
 }

@@ -338,6 +338,22 @@ impl QueuePair {
     /// waiting on the event channel fails.
     pub fn wait_disconnected(&self, timeout: Duration) -> Result<()> {
         let end = self.raw.wait_disconnected(timeout)?;
+        self.disconnected(end)
+    }
+
+    /// As [`QueuePair::wait_disconnected`], awaited on tokio's reactor (the `tokio`
+    /// feature): how a node learns that its peer has finished and closed the connection.
+    ///
+    /// # Errors
+    /// As [`QueuePair::wait_disconnected`].
+    #[cfg(feature = "tokio")]
+    pub async fn wait_disconnected_async(&self, timeout: Duration) -> Result<()> {
+        let end = self.raw.wait_disconnected_async(timeout).await?;
+        self.disconnected(end)
+    }
+
+    /// Records the connection's end (`end`), flushing what is in flight.
+    fn disconnected(&self, end: ConnectionEnd) -> Result<()> {
         self.connection_ended();
         match end {
             ConnectionEnd::Disconnected => Ok(()),

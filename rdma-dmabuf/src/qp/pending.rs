@@ -157,6 +157,7 @@ pub(super) fn completion_error(index: u32, gen: u32, kind: WorkKind, c: RawCompl
     Error::Completion {
         wr_id: wr_id(index, gen),
         kind,
+        qp_num: c.qp_num,
         status: c.status,
         status_text: text,
         vendor_err: c.vendor_err,

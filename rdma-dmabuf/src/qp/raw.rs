@@ -162,6 +162,17 @@ impl RawQp {
     }
 }
 
+#[cfg(feature = "tokio")]
+impl RawQp {
+    /// As [`RawQp::wait_disconnected`], awaited on tokio's reactor.
+    pub(crate) async fn wait_disconnected_async(&self, timeout: Duration) -> Result<ConnectionEnd> {
+        match &self.origin {
+            Origin::Cm(id) => id.wait_disconnected_async(timeout).await,
+            Origin::Verbs => Err(Error::invalid(Op::Cm, "not an rdma_cm connection")),
+        }
+    }
+}
+
 impl Drop for RawQp {
     fn drop(&mut self) {
         match &self.origin {
