@@ -112,6 +112,10 @@ fn post_and_poll_allocate_nothing() {
     let mut gather: Option<[Shard<HostBuffer>; 4]> = Some(take4(shards(16)));
     let mut scatter: Option<[Shard<HostBuffer>; 4]> = Some(take4(shards(1024)));
 
+    // Only this thread is counted: the hot path must not hand work to another. The process's
+    // threads are the same before and after each counted part (the hogs and the neighbour
+    // aside), so no allocation can hide on a thread the library started.
+    let threads_before = threads();
     COUNTED.set(true);
     // The counter works: this thread's own allocation is seen.
     let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -214,6 +218,11 @@ fn post_and_poll_allocate_nothing() {
     hogs.into_iter().for_each(|h| h.join().unwrap());
     let neighbour_allocations = neighbour.join().unwrap();
     assert_eq!(allocations, 0, "allocations on the hot path");
+    assert_eq!(
+        settled(threads_before),
+        threads_before,
+        "the hot path started a thread"
+    );
     assert!(
         neighbour_allocations > 0,
         "the allocating neighbour never ran: the proof that other threads are not counted is void"
@@ -300,6 +309,30 @@ fn post_and_poll_allocate_nothing() {
     });
     COUNTED.set(false);
     assert_eq!(counted, 0, "allocations on the awaited hot path");
+    assert_eq!(
+        settled(threads_before),
+        threads_before,
+        "the awaited hot path started a thread (the runtime is current-thread)"
+    );
+}
+
+/// The process's threads (`/proc/self/task`).
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .count()
+}
+
+/// The thread count once it is `expected`, or after a second: a joined thread may still be
+/// listed for a moment after its join returns.
+fn settled(expected: usize) -> usize {
+    for _ in 0..100 {
+        if threads() == expected {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    threads()
 }
 
 /// The first four shards (the rest are dropped; the region stays registered for these).

@@ -103,6 +103,9 @@ fn apply_from(
         let parsed = match raw.to_str() {
             None => Err(refuse("not UTF-8")),
             Some(text) => match text.trim().parse::<u8>() {
+                Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => {
+                    Err(refuse("out of range"))
+                }
                 Err(_) => Err(refuse("not a number")),
                 Ok(v) if !range.contains(&v) => Err(refuse("out of range")),
                 Ok(v) => Ok(v),
@@ -154,7 +157,12 @@ mod tests {
     #[test]
     fn unreadable_unparsable_and_unbounded_values_are_typed_errors() {
         type Vars = &'static [(&'static str, &'static [u8])];
-        let cases: [(Vars, &str, &str); 7] = [
+        let cases: [(Vars, &str, &str); 8] = [
+            (
+                &[(ACK_TIMEOUT_ENV, b"99999999999")],
+                ACK_TIMEOUT_ENV,
+                "out of range",
+            ),
             (
                 &[(ACK_TIMEOUT_ENV, b"\xff\xfe")],
                 ACK_TIMEOUT_ENV,

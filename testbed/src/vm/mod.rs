@@ -277,10 +277,14 @@ fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
 ///
 /// # Errors
 /// The current folder cannot be read, or its path has a newline (or, with `opts.expose`,
-/// one of those paths has).
+/// one of those paths has), or it would be shared writable and is the root or a system
+/// folder ([`share::writable`]).
 pub fn shareable_cwd(opts: &Opts) -> Result<PathBuf> {
     let cwd = std::env::current_dir()?;
     share::one_line(&cwd)?;
+    if opts.writable_cwd {
+        share::writable(&cwd)?;
+    }
     for p in &opts.expose {
         share::one_line(p)?;
     }

@@ -27,6 +27,9 @@ pub enum Reason {
     /// script the host writes as text. Only the cache's folders are named so; the working
     /// folder may hold any bytes but a newline.
     NotUtf8(u8),
+    /// The folder would be shared writable, and it is the root or a system folder (`/`,
+    /// `/usr`, `/etc`, `/proc`, ...): the guest could change the host's system.
+    SystemFolder,
 }
 
 /// A host path the testbed cannot hand to the guest, and why.
@@ -43,6 +46,11 @@ impl std::fmt::Display for Unsharable {
         write!(f, "the testbed cannot share the folder {:?}: ", self.path)?;
         match self.reason {
             Reason::Newline => write!(f, "it contains a newline (U+000A)"),
+            Reason::SystemFolder => write!(
+                f,
+                "the root and the system's folders are never shared writable (run from a \
+                 project's folder)"
+            ),
             Reason::NotUtf8(byte) => write!(
                 f,
                 "it contains the byte 0x{byte:02X}, which is not UTF-8 (the testbed's cache \
@@ -93,6 +101,31 @@ pub fn utf8(path: &Path) -> Result<&str, Unsharable> {
     })
 }
 
+/// Folders never shared writable: the root, and the system's folders themselves.
+const SYSTEM_FOLDERS: [&str; 13] = [
+    "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin", "/sys",
+    "/usr", "/var",
+];
+/// Trees none of whose folders is shared writable: the kernel's and the devices'.
+const SYSTEM_TREES: [&str; 3] = ["/dev", "/proc", "/sys"];
+
+/// `path`, if it may be shared writable: not the root, a system folder, or a folder under
+/// `/dev`, `/proc` or `/sys`.
+///
+/// # Errors
+/// [`Reason::SystemFolder`].
+pub fn writable(path: &Path) -> Result<&Path, Unsharable> {
+    let system = SYSTEM_FOLDERS.iter().any(|f| path == Path::new(f))
+        || SYSTEM_TREES.iter().any(|t| path.starts_with(t));
+    if system {
+        return Err(Unsharable {
+            path: path.to_path_buf(),
+            reason: Reason::SystemFolder,
+        });
+    }
+    Ok(path)
+}
+
 /// The file `/init` reads: one `key=path` a line, each path's bytes as they are.
 ///
 /// # Errors
@@ -124,6 +157,18 @@ mod tests {
             b"/t/work,,path=/t/sib ling '\"$x\\*=,,,,\xff"
         );
         assert_eq!(qemu_value(OsStr::new("/plain")), "/plain");
+    }
+
+    #[test]
+    fn the_root_and_system_folders_are_never_writable_shares() {
+        for p in ["/", "/usr", "/etc", "/proc/self", "/sys/kernel", "/dev/shm", "/var"] {
+            let e = writable(Path::new(p)).unwrap_err();
+            assert_eq!(e.reason, Reason::SystemFolder, "{p}");
+            assert!(e.to_string().contains("never shared writable"), "{e}");
+        }
+        for p in ["/work/main", "/tmp/x", "/root/project", "/home/u/src", "/var/tmp/x"] {
+            assert!(writable(Path::new(p)).is_ok(), "{p}");
+        }
     }
 
     #[test]
