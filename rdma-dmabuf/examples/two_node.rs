@@ -59,7 +59,10 @@ fn server(bind: SocketAddr) -> Res {
     let (_memfd, dmabuf) = Udmabuf::new(LEN as u64)?.into_parts();
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let target = MemoryRegion::register_dmabuf(&pd, dmabuf, 0, LEN as u64, None, access)?;
-    let announce = target.remote().expect("remote access was asked for").to_bytes();
+    let announce = target
+        .remote()
+        .expect("remote access was asked for")
+        .to_bytes();
     println!("listening on {bind}");
     let (qp, _) = listener.accept(QueuePairBuilder::new(&pd), &announce, PATIENCE)?;
     println!("accepted; waiting for the client to finish");
@@ -91,8 +94,14 @@ fn client(server: SocketAddr) -> Res {
     let remote = RemoteRegion::from_bytes(&private)?;
     println!("connected to {server}; its region: {} bytes", remote.len);
     let len = LEN as u64;
-    let _src = qp.post_write(Local::new(src, 0..len), remote, None)?.spin()?.region;
-    let back = qp.post_read(Local::new(back, 0..len), remote)?.spin()?.region;
+    let _src = qp
+        .post_write(Local::new(src, 0..len), remote, None)?
+        .spin()?
+        .region;
+    let back = qp
+        .post_read(Local::new(back, 0..len), remote)?
+        .spin()?
+        .region;
     let read = back.bytes()?;
     if let Some(at) = (0..LEN).find(|&i| read[i] != pattern(i)) {
         return Err(format!("byte {at} read back differs").into());
