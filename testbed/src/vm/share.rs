@@ -161,12 +161,26 @@ mod tests {
 
     #[test]
     fn the_root_and_system_folders_are_never_writable_shares() {
-        for p in ["/", "/usr", "/etc", "/proc/self", "/sys/kernel", "/dev/shm", "/var"] {
+        for p in [
+            "/",
+            "/usr",
+            "/etc",
+            "/proc/self",
+            "/sys/kernel",
+            "/dev/shm",
+            "/var",
+        ] {
             let e = writable(Path::new(p)).unwrap_err();
             assert_eq!(e.reason, Reason::SystemFolder, "{p}");
             assert!(e.to_string().contains("never shared writable"), "{e}");
         }
-        for p in ["/work/main", "/tmp/x", "/root/project", "/home/u/src", "/var/tmp/x"] {
+        for p in [
+            "/work/main",
+            "/tmp/x",
+            "/root/project",
+            "/home/u/src",
+            "/var/tmp/x",
+        ] {
             assert!(writable(Path::new(p)).is_ok(), "{p}");
         }
     }
