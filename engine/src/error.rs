@@ -157,6 +157,24 @@ pub enum Error {
     /// The agent is shutting down.
     #[error("the agent is shutting down")]
     ShuttingDown,
+    /// The metadata service (etcd) did not answer or failed: a look-up of an agent not
+    /// resolved before, or a first publication, while etcd is unreachable.
+    #[error("metadata service: {op}: {detail}")]
+    Metadata {
+        /// What the engine was doing.
+        op: &'static str,
+        /// The client's error, as text.
+        detail: String,
+    },
+    /// Another live incarnation of an agent of this name is published: agent names are
+    /// unique in a metadata service.
+    #[error("agent {agent:?} is already published by another incarnation ({incarnation:x?})")]
+    AgentExists {
+        /// The name.
+        agent: String,
+        /// The other incarnation, when its record could be read.
+        incarnation: Option<u64>,
+    },
 }
 
 /// The engine's results.

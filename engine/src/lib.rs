@@ -11,6 +11,8 @@
 //!   the segment and hands the memory back otherwise.
 //! * [`MetadataService`]: where descriptors are published and found; [`EmbeddedMetadata`]
 //!   asks peers named with [`Agent::add_peer`] directly.
+//!   With the cargo feature `etcd`, `EtcdMetadata` keeps them in etcd (keys under a lease,
+//!   watches; [`Agent::with_metadata`]).
 //! * [`Agent::transfer`] of a [`Batch`]: every [`Entry`] is checked against both
 //!   descriptors before anything is posted, then cut into chunks that a worker thread posts
 //!   with many in flight; the [`Transfer`] handle gives each entry's [`EntryStatus`] and a
@@ -45,6 +47,8 @@ mod codec;
 mod descriptor;
 mod devices;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod exec;
 mod metadata;
 mod peer;
@@ -61,6 +65,8 @@ pub use agent::Agent;
 pub use batch::{Batch, Entry, Notification, Op, MAX_NOTIFICATION};
 pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
 pub use error::{Error, Result, Side};
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdMetadata, EtcdSettings};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};
 pub use progress::{EntryStatus, Transfer};
 pub use segment::Memory;

@@ -180,6 +180,17 @@ pub const PROGRAMS: &[Program] = &[
     ),
     deb("ping", "iputils-ping", "waits for the peer node (VM)"),
     deb(
+        "etcd",
+        "etcd-server",
+        "the store of the engine's etcd metadata backend's tests (VM)",
+    ),
+    Program {
+        name: "protoc",
+        source: Source::Deb("protobuf-compiler"),
+        env: Some("PROTOC"),
+        why: "compiles etcd's protos in etcd-client's build script (host)",
+    },
+    deb(
         "ibv_devices",
         "ibverbs-utils",
         "checks which libibverbs loads (VM)",

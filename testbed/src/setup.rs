@@ -100,6 +100,19 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     ("iproute2", "ip and rdma inside the testbed"),
     ("iputils-ping", "reachability of the peer node"),
+    (
+        "etcd-server",
+        "etcd: the engine's etcd metadata backend's tests start one in the VM (no service \
+         of it is needed: the tests run their own)",
+    ),
+    (
+        "protobuf-compiler",
+        "protoc: etcd-client's build script compiles etcd's protos (the engine's `etcd` feature)",
+    ),
+    (
+        "libprotobuf-dev",
+        "google/protobuf/*.proto, which etcd's protos import",
+    ),
     ("libclang-dev", "bindgen (rdma-sys builds its bindings)"),
     ("pkg-config", "finds libibverbs and librdmacm"),
     ("libdrm-dev", "DRM uapi headers for layout tests"),

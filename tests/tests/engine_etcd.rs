@@ -1,0 +1,276 @@
+//! The transfer engine's etcd metadata backend, against a real etcd (Debian's etcd-server)
+//! started by each test inside the testbed VM: agents over rxe loopback find each other
+//! through etcd, keys live under leases, watches follow segments, etcd lost and back.
+
+use gpu_rdma_engine::{
+    Agent, AgentDescriptor, Batch, DeviceRegion, Error, EtcdMetadata, EtcdSettings, Memory,
+    MetadataService, SegmentDescriptor, Settings,
+};
+use integration_tests::etcd::Etcd;
+use integration_tests::exporters::Exporter;
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::pattern;
+use rdma_dmabuf::HostBuffer;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(120);
+const TTL: Duration = Duration::from_secs(2);
+
+fn backend(etcd: &Etcd) -> Arc<EtcdMetadata> {
+    let settings = EtcdSettings {
+        endpoints: vec![etcd.endpoint()],
+        lease_ttl: TTL,
+        // A guest under TCG answers slowly.
+        timeout: Duration::from_secs(5),
+        ..EtcdSettings::default()
+    };
+    Arc::new(EtcdMetadata::new(settings).expect("connect to etcd"))
+}
+
+fn agent(tb: &Testbed, name: &str, m: &Arc<EtcdMetadata>) -> Agent {
+    let settings = Settings {
+        devices: Some(vec![tb.device.clone()]),
+        bind: "127.0.0.1:0".parse().unwrap(),
+        ..Settings::default()
+    };
+    Agent::with_metadata(name, settings, m.clone()).expect("agent")
+}
+
+fn host(data: &[u8], len: usize) -> HostBuffer {
+    let mut h = HostBuffer::new(len).unwrap();
+    h.as_mut_slice()[..data.len()].copy_from_slice(data);
+    h
+}
+
+fn bytes(m: Memory) -> Vec<u8> {
+    match m {
+        Memory::Host(h) => h.as_slice().to_vec(),
+        Memory::DmaBuf(mut d) => Exporter::read(&mut d),
+    }
+}
+
+/// Polls `f` every 100 ms until it holds, at most `limit`; how long it took.
+fn until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    t0.elapsed()
+}
+
+fn segments(m: &EtcdMetadata, agent: &str) -> Vec<String> {
+    match m.lookup(agent) {
+        Ok(r) => r.descriptor.segments.into_iter().map(|s| s.name).collect(),
+        Err(e) => vec![format!("{e:?}")],
+    }
+}
+
+/// A descriptor of a made-up agent (no RDMA needed to publish it).
+fn made_up(agent: &str, incarnation: u64) -> AgentDescriptor {
+    AgentDescriptor {
+        agent: agent.into(),
+        incarnation,
+        segments: vec![SegmentDescriptor {
+            name: "kv".into(),
+            len: 4096,
+            remote_read: true,
+            remote_write: true,
+            regions: vec![DeviceRegion {
+                device: 0,
+                device_name: "rxe0".into(),
+                gid: [0; 16],
+                addr: 0x1000,
+                rkey: 1,
+            }],
+        }],
+    }
+}
+
+const CONTROL: &str = "127.0.0.1:9";
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn etcd_two_agents_transfer_checked_and_watches_follow_segments() {
+    let tb = Testbed::get();
+    let etcd = Etcd::start("two-agents");
+    let (ma, mb) = (backend(&etcd), backend(&etcd));
+    let (a, b) = (agent(&tb, "a", &ma), agent(&tb, "b", &mb));
+    const LEN: u64 = 4 << 20;
+    const BLOCK: u64 = 64 << 10;
+    let mut src = Exporter::Vgem.allocate(LEN);
+    let p = pattern(LEN as usize, 3);
+    Exporter::fill(&mut src, 0, &p);
+    a.register("src", src).unwrap();
+    a.register("back", host(&[], LEN as usize)).unwrap();
+    b.register("dst", Exporter::Udmabuf.allocate(LEN)).unwrap();
+
+    // Scattered blocks a -> b, read back b -> a; every byte checked.
+    let blocks = LEN / BLOCK;
+    let slot = |j: u64| ((j * 37) % blocks) * BLOCK;
+    let mut write = Batch::new().notify(b"written".to_vec());
+    let mut read = Batch::new();
+    for j in 0..blocks {
+        write = write.write("src", j * BLOCK, "b", "dst", slot(j), BLOCK);
+        read = read.read("back", j * BLOCK, "b", "dst", slot(j), BLOCK);
+    }
+    a.transfer(&write).unwrap().wait(WAIT).expect("written");
+    let n = b
+        .wait_notification(Duration::from_secs(30))
+        .expect("notified");
+    assert_eq!(n.message, b"written");
+    a.transfer(&read).unwrap().wait(WAIT).expect("read back");
+    assert_eq!(bytes(a.unregister("back").unwrap()), p);
+
+    // The watch: a's backend learns of b's new and removed segments without asking etcd.
+    b.register("late", host(&[], 4096)).unwrap();
+    until(Duration::from_secs(30), "a sees b's new segment", || {
+        segments(&ma, "b").contains(&"late".to_string())
+    });
+    b.unregister("late").unwrap();
+    until(Duration::from_secs(30), "a sees it removed", || {
+        !segments(&ma, "b").contains(&"late".to_string())
+    });
+
+    // Names are unique: another incarnation of "b" is refused while b lives.
+    let other = backend(&etcd);
+    let d = made_up("b", b.incarnation() ^ 1);
+    match other.publish(&d, CONTROL.parse().unwrap()) {
+        Err(Error::AgentExists { agent, incarnation }) => {
+            assert_eq!(agent, "b");
+            assert_eq!(incarnation, Some(b.incarnation()));
+        }
+        r => panic!("a second \"b\": {r:?}"),
+    }
+
+    // A dropped agent withdraws: its keys vanish at once, and a's watch sees it.
+    drop(b);
+    let took = until(Duration::from_secs(30), "b withdrawn", || {
+        matches!(ma.lookup("b"), Err(Error::UnknownAgent(_)))
+    });
+    assert!(took < TTL, "withdrawn after {took:?}: revoked, not expired");
+    assert!(matches!(
+        a.transfer(&Batch::new().write("src", 0, "b", "dst", 0, 1)),
+        Err(Error::UnknownAgent(_))
+    ));
+    // Now the name is free.
+    other
+        .publish(&d, CONTROL.parse().unwrap())
+        .expect("b's name is free");
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn etcd_crashed_agents_keys_vanish_after_the_lease_ttl() {
+    let etcd = Etcd::start("lease");
+    let (crashing, peer) = (backend(&etcd), backend(&etcd));
+    crashing
+        .publish(&made_up("c", 7), CONTROL.parse().unwrap())
+        .unwrap();
+    assert_eq!(segments(&peer, "c"), ["kv"]);
+    // Held alive well past the TTL while the agent lives.
+    std::thread::sleep(TTL * 2);
+    assert_eq!(segments(&peer, "c"), ["kv"]);
+    // A crash: the lease is no longer renewed, and not revoked.
+    drop(crashing);
+    let t0 = Instant::now();
+    assert_eq!(segments(&peer, "c"), ["kv"], "gone before the TTL");
+    until(TTL + Duration::from_secs(10), "c's keys expire", || {
+        matches!(peer.lookup("c"), Err(Error::UnknownAgent(_)))
+    });
+    let took = t0.elapsed();
+    eprintln!("c's keys expired {took:?} after its last renewal stopped (TTL {TTL:?})");
+    assert!(
+        took >= TTL / 2,
+        "gone after {took:?}: expired with the lease, not earlier"
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn etcd_lost_resolved_peers_keep_working_lookups_fail_typed_and_segments_come_back() {
+    let tb = Testbed::get();
+    let mut etcd = Etcd::start("lost");
+    let (ma, mb) = (backend(&etcd), backend(&etcd));
+    let (a, b) = (agent(&tb, "a", &ma), agent(&tb, "b", &mb));
+    const LEN: usize = 1 << 20;
+    a.register("src", host(&pattern(LEN, 4), LEN)).unwrap();
+    b.register("dst", host(&[], LEN)).unwrap();
+    let w = Batch::new().write("src", 0, "b", "dst", 0, LEN as u64);
+    a.transfer(&w).unwrap().wait(WAIT).expect("b resolved");
+    let lease = mb.lease().expect("b's lease");
+
+    etcd.stop();
+    // Resolved: goes on without etcd.
+    a.transfer(&w).unwrap().wait(WAIT).expect("still works");
+    // Never resolved: refused, typed.
+    match a.transfer(&Batch::new().write("src", 0, "nobody", "x", 0, 1)) {
+        Err(Error::Metadata { .. }) => {}
+        r => panic!("a look-up without etcd: {r:?}"),
+    }
+    assert!(matches!(ma.lookup("nobody"), Err(Error::Metadata { .. })));
+    // b registers meanwhile: kept, published when etcd is back.
+    b.register("while-lost", host(&pattern(4096, 8), 4096))
+        .expect("registered while etcd is lost");
+
+    etcd.start_again();
+    until(Duration::from_secs(60), "b publishes again", || {
+        mb.lease().is_some_and(|l| l != lease)
+    });
+    assert_eq!(mb.republish_error(), None);
+    // A new peer finds b's segments, the one registered while etcd was lost included.
+    let mc = backend(&etcd);
+    let c = agent(&tb, "c", &mc);
+    let mut names = segments(&mc, "b");
+    names.sort();
+    assert_eq!(names, ["dst", "while-lost"]);
+    c.register("in", host(&[], 4096)).unwrap();
+    c.transfer(&Batch::new().read("in", 0, "b", "while-lost", 0, 4096))
+        .unwrap()
+        .wait(WAIT)
+        .expect("c reads b's segment");
+    assert_eq!(bytes(c.unregister("in").unwrap()), pattern(4096, 8));
+    assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 4));
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn etcd_descriptor_of_another_version_is_refused_typed() {
+    let etcd = Etcd::start("version");
+    let (m1, m2, peer) = (backend(&etcd), backend(&etcd), backend(&etcd));
+    m1.publish(&made_up("rec", 1), CONTROL.parse().unwrap())
+        .unwrap();
+    m2.publish(&made_up("seg", 2), CONTROL.parse().unwrap())
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        // The agent record of "rec", as a version-2 writer would put it.
+        let key = m1.record_key("rec");
+        let got = c.get(key.clone(), None).await.unwrap();
+        let mut v = got.kvs()[0].value().to_vec();
+        v[4..6].copy_from_slice(&2u16.to_le_bytes());
+        c.put(key, v, None).await.unwrap();
+        // A segment of "seg" in version 2.
+        let mut v = made_up("seg", 2).to_bytes();
+        v[4..6].copy_from_slice(&2u16.to_le_bytes());
+        c.put(m2.segment_key("seg", "kv"), v, None).await.unwrap();
+    });
+    for agent in ["rec", "seg"] {
+        match peer.lookup(agent) {
+            Err(Error::IncompatibleVersion {
+                found: 2,
+                supported,
+            }) => {
+                assert_eq!(supported, gpu_rdma_engine::FORMAT_VERSION)
+            }
+            r => panic!("{agent}: {r:?}"),
+        }
+    }
+}
