@@ -4,7 +4,7 @@
 use crate::batch::{Batch, Notification};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::error::{Error, Result, Side};
-use crate::metadata::{lock, EmbeddedMetadata, PeerRecord};
+use crate::metadata::{lock, EmbeddedMetadata, MetadataService, PeerRecord};
 use crate::plan::plan;
 use crate::progress::{Progress, Transfer};
 use crate::segment::{describe, Memory, Region, Segments};
@@ -25,7 +25,7 @@ pub struct Agent {
     shared: Arc<Shared>,
     embedded: Arc<EmbeddedMetadata>,
     jobs: Option<Sender<Job>>,
-    worker: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
     server: Option<Server>,
 }
 
@@ -61,9 +61,36 @@ impl Agent {
     /// # Errors
     /// [`Error::Settings`], [`Error::NoDevice`], [`Error::Io`] when the listener cannot bind.
     pub fn new(name: &str, settings: Settings) -> Result<Agent> {
+        Agent::start(name, settings, None)
+    }
+
+    /// As [`Agent::new`], with `metadata` as the agent's metadata service instead of the
+    /// embedded one ([`Agent::add_peer`] then only names peers to the embedded one, which
+    /// goes unused).
+    ///
+    /// # Errors
+    /// As [`Agent::new`].
+    pub fn with_metadata(
+        name: &str,
+        settings: Settings,
+        metadata: Arc<dyn MetadataService>,
+    ) -> Result<Agent> {
+        Agent::start(name, settings, Some(metadata))
+    }
+
+    fn start(
+        name: &str,
+        settings: Settings,
+        metadata: Option<Arc<dyn MetadataService>>,
+    ) -> Result<Agent> {
         if settings.chunk_size == 0 || settings.in_flight == 0 {
             return Err(Error::Settings(
                 "chunk_size and in_flight must be above 0".into(),
+            ));
+        }
+        if settings.queue_pairs == 0 || settings.workers == 0 {
+            return Err(Error::Settings(
+                "queue_pairs and workers must be above 0".into(),
             ));
         }
         let devices = crate::devices::open(settings.devices.as_deref())?;
@@ -76,25 +103,30 @@ impl Agent {
             devices,
             segments: Segments::default(),
             settings,
-            metadata: embedded.clone(),
+            metadata: metadata.unwrap_or_else(|| embedded.clone()),
             peers: Mutex::default(),
             notifications: Mutex::default(),
             notified: Condvar::new(),
         });
         let server = Server::start(shared.clone(), listener)?;
         let (jobs, rx) = channel();
-        let s = shared.clone();
-        let worker = std::thread::Builder::new()
-            .name(format!("{name}-worker"))
-            .spawn(move || worker::run(&s, &rx))
-            .map_err(|e| Error::io("start the worker thread of", name, e))?;
-        Ok(Agent {
+        let rx = Arc::new(Mutex::new(rx));
+        let mut agent = Agent {
             shared,
             embedded,
             jobs: Some(jobs),
-            worker: Some(worker),
+            workers: Vec::new(),
             server: Some(server),
-        })
+        };
+        for k in 0..agent.shared.settings.workers {
+            let (s, rx) = (agent.shared.clone(), rx.clone());
+            let w = std::thread::Builder::new()
+                .name(format!("{name}-worker{k}"))
+                .spawn(move || worker::run(&s, &rx))
+                .map_err(|e| Error::io("start a worker thread of", name, e))?;
+            agent.workers.push(w);
+        }
+        Ok(agent)
     }
 
     /// The agent's name.
@@ -304,7 +336,7 @@ impl Drop for Agent {
     /// returns the segments), stops the listener, then deregisters the segments.
     fn drop(&mut self) {
         drop(self.jobs.take());
-        if let Some(w) = self.worker.take() {
+        for w in self.workers.drain(..) {
             let _ = w.join();
         }
         let _ = self.shared.metadata.withdraw(&self.shared.name);

@@ -143,6 +143,18 @@ pub enum Error {
         /// The first failure seen (a completion error, a refused connection).
         cause: String,
     },
+    /// The peer's NIC refused a request's remote access (`IBV_WC_REM_ACCESS_ERR`: a wrong
+    /// or revoked rkey, or a range outside the registration): the descriptor the batch was
+    /// checked against does not match the peer's registrations. As for
+    /// [`Error::PeerDown`], every entry still pending to it fails, and the connection and
+    /// the cached descriptor are dropped.
+    #[error("agent {agent:?} refused the access: {cause}")]
+    RemoteAccess {
+        /// The agent.
+        agent: String,
+        /// The completion error.
+        cause: String,
+    },
     /// A wait ended before the transfer finished.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),

@@ -1,6 +1,7 @@
 //! Posting one round of one segment's chunks: the region is split into one owned shard per
 //! chunk (the round's ranges are disjoint), each shard moves into its request and comes back
-//! with its completion, and the shards are joined into the region again.
+//! with its completion, and the shards are joined into the region again. A peer's chunks go
+//! round-robin over its queue pairs, each with its own window.
 //!
 //! Nothing here allocates per chunk: the shard list, the in-flight queue and the window
 //! counters are allocated once per (round, segment), and a post or a completion allocates
@@ -22,21 +23,38 @@ pub(crate) struct Lane<'c> {
     pub conn: Option<&'c PeerConn>,
     /// Why it is down, once it is: later chunks to it are not posted.
     pub down: Option<Error>,
+    /// The queue pair the next chunk to it goes to (round-robin).
+    pub next_qp: usize,
 }
 
+/// `IBV_WC_REM_ACCESS_ERR`: the responder refused the request's rkey or range.
+const REMOTE_ACCESS_ERROR: u32 = 10;
+
 impl Lane<'_> {
-    /// Marks the peer down with its first failure (later ones are the flush of the same).
-    fn mark_down(&mut self, agent: &str, cause: &dyn std::fmt::Display) -> Error {
+    /// Marks the peer down with its first failure (later ones are the flush of the same):
+    /// [`Error::RemoteAccess`] when its NIC refused the key or range, [`Error::PeerDown`]
+    /// otherwise.
+    fn mark_down(&mut self, cause: &rdma_dmabuf::Error) -> Error {
+        let agent = self.conn.map_or("?", |p| p.agent.as_str());
         self.down
-            .get_or_insert_with(|| Error::PeerDown {
-                agent: agent.into(),
-                cause: cause.to_string(),
+            .get_or_insert_with(|| match cause {
+                rdma_dmabuf::Error::Completion { status, .. } if *status == REMOTE_ACCESS_ERROR => {
+                    Error::RemoteAccess {
+                        agent: agent.into(),
+                        cause: cause.to_string(),
+                    }
+                }
+                _ => Error::PeerDown {
+                    agent: agent.into(),
+                    cause: cause.to_string(),
+                },
             })
             .clone()
     }
 }
 
-type InFlight<'c, B> = VecDeque<(usize, u16, PartsPending<'c, Shard<B>, 1>)>;
+/// Requests in flight: (pick, window index = peer × queue pairs + queue pair, request).
+type InFlight<'c, B> = VecDeque<(usize, usize, PartsPending<'c, Shard<B>, 1>)>;
 
 /// Runs chunks `picks` (of `chunks`) from `region`; the region back, or `None` if a shard
 /// could not be joined (never expected: every shard is kept until its completion).
@@ -63,7 +81,13 @@ pub(crate) fn run<'c, B: Backing>(
     };
     let mut shards: Vec<Option<Shard<B>>> = shards.into_iter().map(Some).collect();
     let mut in_flight: InFlight<'c, B> = VecDeque::with_capacity(picks.len().min(4096));
-    let mut outstanding = vec![0usize; lanes.len()];
+    let per_peer = lanes
+        .iter()
+        .filter_map(|l| l.conn)
+        .map(PeerConn::qps_per_pair)
+        .max()
+        .unwrap_or(1);
+    let mut outstanding = vec![0usize; lanes.len() * per_peer];
     let step = |q: &mut InFlight<'c, B>,
                 out: &mut [usize],
                 sh: &mut [Option<Shard<B>>],
@@ -77,18 +101,22 @@ pub(crate) fn run<'c, B: Backing>(
             progress.fail(ch.entry, e);
             continue;
         }
-        let qp = match lane
+        let qps = lane
             .conn
-            .and_then(|p| p.qp(ch.local_device, ch.remote_device))
-        {
-            Some(q) => q,
-            None => {
-                let e = lane.mark_down("?", &"no queue pair to the peer");
-                progress.fail(ch.entry, &e);
-                continue;
-            }
-        };
-        while outstanding[usize::from(ch.peer)] >= window {
+            .map_or(&[][..], |p| p.qps(ch.local_device, ch.remote_device));
+        if qps.is_empty() {
+            let e = lane.down.get_or_insert_with(|| Error::PeerDown {
+                agent: lane.conn.map_or("?", |p| p.agent.as_str()).into(),
+                cause: "no queue pair to the peer".into(),
+            });
+            progress.fail(ch.entry, e);
+            continue;
+        }
+        let q = lane.next_qp % qps.len();
+        lane.next_qp = lane.next_qp.wrapping_add(1);
+        let qp = &qps[q];
+        let slot = usize::from(ch.peer) * per_peer + q;
+        while outstanding[slot] >= window {
             step(&mut in_flight, &mut outstanding, &mut shards, lanes);
         }
         let shard = shards[k].take().expect("each shard is posted once");
@@ -103,16 +131,12 @@ pub(crate) fn run<'c, B: Backing>(
         };
         match posted {
             Ok(p) => {
-                outstanding[usize::from(ch.peer)] += 1;
-                in_flight.push_back((k, ch.peer, p));
+                outstanding[slot] += 1;
+                in_flight.push_back((k, slot, p));
             }
             Err(PartsError { error, parts: [s] }) => {
                 shards[k] = Some(s);
-                let agent = lanes[usize::from(ch.peer)]
-                    .conn
-                    .map_or("?", |p| p.agent.as_str());
-                let agent = agent.to_string();
-                let e = lanes[usize::from(ch.peer)].mark_down(&agent, &error);
+                let e = lanes[usize::from(ch.peer)].mark_down(&error);
                 progress.fail(ch.entry, &e);
             }
         }
@@ -120,7 +144,10 @@ pub(crate) fn run<'c, B: Backing>(
     while !in_flight.is_empty() {
         step(&mut in_flight, &mut outstanding, &mut shards, lanes);
     }
-    rdma_dmabuf::Shard::join(shards.into_iter().flatten()).ok()
+    // Sized up front: collecting from `flatten` would grow the vector once per doubling.
+    let mut back = Vec::with_capacity(shards.len());
+    back.extend(shards.into_iter().flatten());
+    rdma_dmabuf::Shard::join(back).ok()
 }
 
 /// Waits for the oldest request in flight (a queue pair completes in order, so it is the
@@ -134,10 +161,10 @@ fn complete_front<'c, B: Backing>(
     picks: &[usize],
     progress: &Progress,
 ) {
-    let Some((k, peer, pending)) = in_flight.pop_front() else {
+    let Some((k, slot, pending)) = in_flight.pop_front() else {
         return;
     };
-    outstanding[usize::from(peer)] -= 1;
+    outstanding[slot] -= 1;
     let entry = chunks[picks[k]].entry;
     // Bounded: the queue pair's retry budget ends every request (Settings::peer_failure_bound).
     match pending.spin() {
@@ -147,9 +174,7 @@ fn complete_front<'c, B: Backing>(
         }
         Err(PartsError { error, parts: [s] }) => {
             shards[k] = Some(s);
-            let lane = &mut lanes[usize::from(peer)];
-            let agent = lane.conn.map_or("?", |p| p.agent.as_str()).to_string();
-            let e = lane.mark_down(&agent, &error);
+            let e = lanes[usize::from(chunks[picks[k]].peer)].mark_down(&error);
             progress.fail(entry, &e);
         }
     }

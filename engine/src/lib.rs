@@ -15,9 +15,12 @@
 //!   watches; [`Agent::with_metadata`]).
 //! * [`Agent::transfer`] of a [`Batch`]: every [`Entry`] is checked against both
 //!   descriptors before anything is posted, then cut into chunks that a worker thread posts
-//!   with many in flight; the [`Transfer`] handle gives each entry's [`EntryStatus`] and a
-//!   bounded [`Transfer::wait`]. A batch's notification reaches the remote agents
-//!   ([`Agent::wait_notification`]) once every entry has landed.
+//!   with many in flight, round-robin over [`Settings::queue_pairs`] queue pairs per peer
+//!   and device; [`Settings::workers`] batches run at once. The [`Transfer`] handle gives
+//!   each entry's [`EntryStatus`] and a bounded [`Transfer::wait`] (with the `tokio`
+//!   feature, a bounded `Transfer::finished(timeout).await`, woken by the worker). A
+//!   batch's notification reaches the remote agents ([`Agent::wait_notification`]) once
+//!   every entry has landed.
 //!
 //! # Soundness
 //! The crate has no `unsafe`. A segment's region is lent to the worker for a batch and split
@@ -37,11 +40,14 @@
 //! # Limits (this slice)
 //! A segment is registered on the agent's first device only: rdma-dmabuf's regions own
 //! their memory, and neither a [`DmaBuf`](rdma_dmabuf::DmaBuf) (one owner per buffer) nor a
-//! `HostBuffer` can back regions in two protection domains through its public API. One
-//! queue pair per (peer, local device, remote device). One batch runs at a time per agent.
+//! `HostBuffer` can back regions in two protection domains through its public API. Batches
+//! that use the same local segment take turns on it, one round at a time (a region is lent
+//! whole to one worker).
 #![forbid(unsafe_code)]
 
 mod agent;
+#[cfg(feature = "tokio")]
+mod awaiting;
 mod batch;
 mod codec;
 mod descriptor;

@@ -1,5 +1,6 @@
 //! [`PeerConn`]: the worker's connection to one peer: the control channel and the queue
-//! pairs made over it, one per (local device, remote device) pair in use.
+//! pairs made over it, [`Settings::queue_pairs`](crate::Settings::queue_pairs) per (local
+//! device, remote device) pair in use.
 
 use crate::error::{Error, Result};
 use crate::metadata::dial;
@@ -13,7 +14,7 @@ pub(crate) struct PeerConn {
     pub incarnation: u64,
     control: SocketAddr,
     stream: TcpStream,
-    qps: Vec<((u16, u16), QueuePair)>,
+    qps: Vec<((u16, u16), Vec<QueuePair>)>,
 }
 
 impl PeerConn {
@@ -40,19 +41,34 @@ impl PeerConn {
         }
     }
 
-    /// The queue pair from local device `local` to remote device `remote`.
-    pub fn qp(&self, local: u16, remote: u16) -> Option<&QueuePair> {
+    /// How many queue pairs each (local device, remote device) pair has (at least 1).
+    pub fn qps_per_pair(&self) -> usize {
+        self.qps.iter().map(|(_, q)| q.len()).max().unwrap_or(1)
+    }
+
+    /// The queue pairs from local device `local` to remote device `remote` (empty if none).
+    pub fn qps(&self, local: u16, remote: u16) -> &[QueuePair] {
         self.qps
             .iter()
             .find(|(k, _)| *k == (local, remote))
-            .map(|(_, q)| q)
+            .map_or(&[], |(_, q)| q.as_slice())
     }
 
-    /// Makes the queue pair from `local` to `remote` if there is none.
-    pub fn ensure_qp(&mut self, shared: &Shared, local: u16, remote: u16) -> Result<()> {
-        if self.qp(local, remote).is_some() {
+    /// Makes the queue pairs from `local` to `remote` if there are none.
+    pub fn ensure_qps(&mut self, shared: &Shared, local: u16, remote: u16) -> Result<()> {
+        if !self.qps(local, remote).is_empty() {
             return Ok(());
         }
+        let mut made = Vec::new();
+        for _ in 0..shared.settings.queue_pairs {
+            made.push(self.connect_qp(shared, local, remote)?);
+        }
+        self.qps.push(((local, remote), made));
+        Ok(())
+    }
+
+    /// One new queue pair from `local` to `remote`: endpoints cross the control channel.
+    fn connect_qp(&mut self, shared: &Shared, local: u16, remote: u16) -> Result<QueuePair> {
         let fail = |e| Error::rdma("connect a queue pair", e);
         let prepared = shared
             .qp_builder(usize::from(local))
@@ -67,9 +83,7 @@ impl PeerConn {
             Reply::Refused(why) => return Err(Error::Protocol(format!("peer refused: {why}"))),
             other => return Err(Error::Protocol(format!("{other:?} to Connect"))),
         };
-        let qp = prepared.connect(&theirs).map_err(fail)?;
-        self.qps.push(((local, remote), qp));
-        Ok(())
+        prepared.connect(&theirs).map_err(fail)
     }
 
     /// Delivers a notification (returns once the peer has queued it).

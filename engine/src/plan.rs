@@ -97,7 +97,12 @@ pub(crate) fn plan<'l, 'r>(
     let mut segments = HashMap::new();
     let mut peers: HashMap<&str, u16> = HashMap::new();
     let mut peer_list = Vec::new();
-    let mut chunks = Vec::new();
+    // Sized up front, so that the plan costs the same few allocations for any chunk count.
+    let total = entries
+        .iter()
+        .map(|e| e.len.div_ceil(chunk_size))
+        .fold(0u64, u64::saturating_add);
+    let mut chunks = Vec::with_capacity(total.min(MAX_CHUNKS as u64) as usize);
     let mut chunks_per_entry = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         if e.len == 0 {
@@ -214,7 +219,7 @@ fn check_overlaps(entries: &[Entry]) -> Result<()> {
 /// its segment (greedy by start offset, which uses the fewest rounds); returns the count.
 fn assign_rounds(chunks: &mut [Chunk]) -> Result<u16> {
     let mut order: Vec<usize> = (0..chunks.len()).collect();
-    order.sort_by_key(|&c| (chunks[c].segment, chunks[c].offset));
+    order.sort_unstable_by_key(|&c| (chunks[c].segment, chunks[c].offset, c));
     let mut ends: Vec<u64> = Vec::new();
     let mut segment = None;
     let mut rounds = 1;

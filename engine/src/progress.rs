@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use crate::metadata::lock;
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 /// Where an entry of a batch stands.
@@ -24,6 +25,24 @@ struct State {
     finished: bool,
     /// Why the notification was not delivered.
     notification: Option<Error>,
+    /// Tasks awaiting the batch, woken by [`Progress::finish`].
+    wakers: Vec<Waker>,
+}
+
+impl State {
+    /// The batch's result once finished: the first failed entry, else the notification's
+    /// error.
+    fn outcome(&self) -> Result<()> {
+        for (entry, st) in self.status.iter().enumerate() {
+            if let EntryStatus::Failed(e) = st {
+                return Err(Error::EntryFailed {
+                    entry,
+                    error: Box::new(e.clone()),
+                });
+            }
+        }
+        self.notification.clone().map_or(Ok(()), Err)
+    }
 }
 
 /// What the worker and the handles share.
@@ -40,6 +59,7 @@ impl Progress {
                 left: chunks_per_entry.to_vec(),
                 finished: false,
                 notification: None,
+                wakers: Vec::new(),
             }),
             finished: Condvar::new(),
         })
@@ -82,8 +102,26 @@ impl Progress {
         }
         s.notification = notification;
         s.finished = true;
+        let wakers = std::mem::take(&mut s.wakers);
         drop(s);
         self.finished.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// The batch's result if it has finished; otherwise `waker` is kept (once per task) to
+    /// be woken when it does.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub fn poll_finished(&self, waker: &Waker) -> Option<Result<()>> {
+        let mut s = lock(&self.state);
+        if s.finished {
+            return Some(s.outcome());
+        }
+        if !s.wakers.iter().any(|w| w.will_wake(waker)) {
+            s.wakers.push(waker.clone());
+        }
+        None
     }
 }
 
@@ -142,14 +180,6 @@ impl Transfer {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
-        for (entry, st) in s.status.iter().enumerate() {
-            if let EntryStatus::Failed(e) = st {
-                return Err(Error::EntryFailed {
-                    entry,
-                    error: Box::new(e.clone()),
-                });
-            }
-        }
-        s.notification.clone().map_or(Ok(()), Err)
+        s.outcome()
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::metadata::lock;
 use rdma_dmabuf::{Access, DmaBuf, HostBuffer, MemoryRegion};
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// Memory to register as a segment, and what unregistering hands back.
 #[derive(Debug)]
@@ -107,15 +107,17 @@ pub(crate) fn describe(
 /// One segment.
 pub(crate) struct Slot {
     pub desc: SegmentDescriptor,
-    /// `None` while lent to the worker.
+    /// `None` while lent to a worker (or lost: a region a worker could not join again).
     region: Option<Region>,
+    /// Lent to a worker, which will put it back.
+    lent: bool,
     /// Accepted transfers that use it and have not finished.
     pub users: usize,
 }
 
-/// The agent's segments, by name.
+/// The agent's segments, by name, and the condition a worker waits on for a lent one.
 #[derive(Default)]
-pub(crate) struct Segments(Mutex<HashMap<String, Slot>>);
+pub(crate) struct Segments(Mutex<HashMap<String, Slot>>, Condvar);
 
 impl Segments {
     pub fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
@@ -135,6 +137,7 @@ impl Segments {
         let slot = Slot {
             desc,
             region: Some(region),
+            lent: false,
             users: 0,
         };
         t.insert(slot.desc.name.clone(), slot);
@@ -158,16 +161,32 @@ impl Segments {
         Ok(slot.region.expect("home when unused"))
     }
 
-    /// Lends a segment's region to the worker (`None` if it is not home: a bug upstream).
+    /// Lends a segment's region to a worker, waiting while another worker has it (for one
+    /// round of one segment of its batch, which the queue pairs' retry budget bounds).
+    /// `None` if the segment is gone or its region was lost (neither expected: the batch
+    /// counts as a user of the segment, and every shard comes back with its completion).
     pub fn take(&self, name: &str) -> Option<Region> {
-        self.lock().get_mut(name)?.region.take()
+        let mut t = self.lock();
+        loop {
+            let slot = t.get_mut(name)?;
+            if !slot.lent {
+                slot.lent = slot.region.is_some();
+                return slot.region.take();
+            }
+            t = self
+                .1
+                .wait(t)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 
-    /// Takes a lent region back.
-    pub fn put_back(&self, name: &str, region: Region) {
+    /// Takes a lent region back (`None`: the worker lost it) and wakes the waiters.
+    pub fn put_back(&self, name: &str, region: Option<Region>) {
         if let Some(slot) = self.lock().get_mut(name) {
-            slot.region = Some(region);
+            slot.region = region;
+            slot.lent = false;
         }
+        self.1.notify_all();
     }
 
     /// One transfer fewer uses `name`.

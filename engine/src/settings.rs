@@ -27,6 +27,18 @@ pub struct Settings {
     pub retry_count: u8,
     /// Bounds each connect, request and reply of the control channel.
     pub io_timeout: Duration,
+    /// Queue pairs per (peer, local device, remote device); a batch's chunks are spread
+    /// over them round-robin, each with its own window of [`Settings::in_flight`]. Default
+    /// 2, as Mooncake's `num_qp_per_ep`: a NIC works on different queue pairs in parallel
+    /// (one is processed in order, by one engine at a time) while each costs NIC memory
+    /// and a connection round trip, so two give most of the gain; more rarely help on one
+    /// link, and soft-RoCE runs each in the kernel's tasklet context anyway.
+    pub queue_pairs: u32,
+    /// Worker threads: how many batches an agent runs at once (each worker owns its own
+    /// connections). Default 2, so that a batch stuck on a dead peer for up to
+    /// [`Settings::peer_failure_bound`] does not hold up batches to healthy peers; a worker
+    /// busy-polls while it has a batch, so more workers than cores cost more than they give.
+    pub workers: u32,
 }
 
 impl Default for Settings {
@@ -39,6 +51,8 @@ impl Default for Settings {
             ack_timeout: 16,
             retry_count: 6,
             io_timeout: Duration::from_secs(10),
+            queue_pairs: 2,
+            workers: 2,
         }
     }
 }

@@ -1,5 +1,7 @@
-//! The worker: one thread per agent that owns the connections to peers and runs the
-//! accepted batches one after another, each with many chunks in flight.
+//! The workers: [`Settings::workers`](crate::Settings::workers) threads per agent, each
+//! owning its own connections to peers and running one accepted batch at a time, with many
+//! chunks in flight. They take batches from one queue, so batches run concurrently up to
+//! the number of workers (a batch stuck on a dead peer holds one worker).
 
 use crate::error::{Error, Result};
 use crate::exec::{self, Lane};
@@ -11,7 +13,7 @@ use crate::shared::Shared;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// An accepted batch: checked, its local segments counted as used.
 pub(crate) struct Job {
@@ -23,9 +25,13 @@ pub(crate) struct Job {
 }
 
 /// Runs jobs until the agent drops the sender (the queued ones first).
-pub(crate) fn run(shared: &Shared, jobs: &Receiver<Job>) {
+pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
     let mut conns: HashMap<String, PeerConn> = HashMap::new();
-    while let Ok(job) = jobs.recv() {
+    loop {
+        // The lock is held only while waiting for the next job, never while running one
+        // (a guard in a `while let` condition would live through the loop's body).
+        let next = crate::metadata::lock(jobs).recv();
+        let Ok(job) = next else { return };
         execute(shared, &mut conns, &job);
     }
 }
@@ -46,17 +52,22 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
                 None
             },
             down: f.clone(),
+            next_qp: 0,
         })
         .collect();
     debug_assert!(plan.chunks.iter().all(|c| c.round < plan.rounds));
     let mut order: Vec<usize> = (0..plan.chunks.len()).collect();
-    order.sort_by_key(|&c| (plan.chunks[c].round, plan.chunks[c].segment));
+    // In place (a stable sort's scratch would be allocated past a size), in batch order
+    // within each group.
+    order.sort_unstable_by_key(|&c| (plan.chunks[c].round, plan.chunks[c].segment, c));
     let window = shared.settings.in_flight as usize;
     for picks in order.chunk_by(|&a, &b| {
         let (a, b) = (&plan.chunks[a], &plan.chunks[b]);
         (a.round, a.segment) == (b.round, b.segment)
     }) {
         let name = &plan.segments[usize::from(plan.chunks[picks[0]].segment)];
+        // Waits while another worker's batch has it lent (a region is lent for one round
+        // of one segment, and a worker never waits for a region while holding one).
         let Some(region) = shared.segments.take(name) else {
             let e = Error::SegmentBusy {
                 segment: name.clone(),
@@ -76,9 +87,7 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
                 exec::run(r, chunks, picks, &mut lanes, progress, window).map(Region::Host)
             }
         };
-        if let Some(r) = back {
-            shared.segments.put_back(name, r);
-        }
+        shared.segments.put_back(name, back);
     }
     let down: Vec<bool> = lanes.iter().map(|l| l.down.is_some()).collect();
     drop(lanes);
@@ -143,7 +152,7 @@ fn prepare(
         });
     }
     for c in plan.chunks.iter().filter(|c| usize::from(c.peer) == p) {
-        conn.ensure_qp(shared, c.local_device, c.remote_device)
+        conn.ensure_qps(shared, c.local_device, c.remote_device)
             .map_err(down)?;
     }
     conns.insert(agent.clone(), conn);
