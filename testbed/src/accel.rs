@@ -49,17 +49,24 @@ pub struct Accel {
     pub kvm: bool,
     /// The `-cpu` model.
     pub cpu: String,
-    /// Why this accelerator and not the other, for the run's header.
+    /// Why this accelerator and not the other, in full (QEMU's own words where the probe
+    /// failed): `dmabuf-testbed info` and `--verbose` print it.
     pub why: String,
+    /// The same in a few words, for the run's header ([`Accel::summary`]).
+    pub brief: String,
 }
 
+/// The short reason of a TCG run whose `/dev/kvm` is there but does not work for the guest.
+pub const KVM_UNUSABLE: &str = "KVM unusable here: see `dmabuf-testbed info`";
+
 impl Accel {
-    /// TCG, with the reason KVM is not used.
-    fn tcg(why: impl Into<String>) -> Accel {
+    /// TCG, with the reason KVM is not used, in full and in a few words.
+    fn tcg(why: impl Into<String>, brief: impl Into<String>) -> Accel {
         Accel {
             kvm: false,
             cpu: std::env::var(CPU_ENV).unwrap_or_else(|_| TCG_CPU.into()),
             why: why.into(),
+            brief: brief.into(),
         }
     }
 
@@ -78,7 +85,18 @@ impl Accel {
         }
     }
 
-    /// `KVM (-cpu host)` or `TCG (-cpu max)`, with the reason.
+    /// One short line for the run's header: `KVM (-cpu host)`, or `TCG (<why, briefly>)`,
+    /// e.g. `TCG (KVM unusable here: see `dmabuf-testbed info`)`.
+    pub fn summary(&self) -> String {
+        if self.kvm {
+            format!("KVM (-cpu {})", self.cpu)
+        } else {
+            format!("TCG ({})", self.brief)
+        }
+    }
+
+    /// `KVM (-cpu host)` or `TCG (-cpu max)`, with the whole reason (for `--verbose` and
+    /// `dmabuf-testbed info`).
     pub fn describe(&self) -> String {
         format!(
             "{} (-cpu {}): {}",
@@ -97,15 +115,18 @@ impl Accel {
 pub fn choose(cache: &Cache, kernel: &setup::Kernel, initrd: &Path) -> Result<Accel> {
     let asked = std::env::var(ACCEL_ENV).unwrap_or_default();
     match asked.as_str() {
-        "tcg" => return Ok(Accel::tcg(format!("{ACCEL_ENV}=tcg"))),
+        "tcg" => {
+            let why = format!("{ACCEL_ENV}=tcg");
+            return Ok(Accel::tcg(why.clone(), why));
+        }
         "" | "auto" | "kvm" => {}
         other => fail!("{ACCEL_ENV}={other}: auto, kvm or tcg"),
     }
-    if let Err(why) = kvm_device() {
+    if let Err((why, brief)) = kvm_device() {
         if asked == "kvm" {
             fail!("{ACCEL_ENV}=kvm, but {why}");
         }
-        return Ok(Accel::tcg(why));
+        return Ok(Accel::tcg(why, brief));
     }
     let mut failures = Vec::new();
     for cpu in KVM_CPUS {
@@ -115,6 +136,7 @@ pub fn choose(cache: &Cache, kernel: &setup::Kernel, initrd: &Path) -> Result<Ac
                     kvm: true,
                     cpu: cpu.to_string(),
                     why: "a probe boot of the guest kernel worked".into(),
+                    brief: "a probe boot worked".into(),
                 })
             }
             Err(why) => failures.push(format!("-cpu {cpu}: {why}")),
@@ -127,7 +149,7 @@ pub fn choose(cache: &Cache, kernel: &setup::Kernel, initrd: &Path) -> Result<Ac
     if asked == "kvm" {
         fail!("{ACCEL_ENV}=kvm, but {why}");
     }
-    Ok(Accel::tcg(why))
+    Ok(Accel::tcg(why, KVM_UNUSABLE))
 }
 
 /// The version of the QEMU the testbed runs (`10.0.2`), with a warning when it is older than
@@ -158,18 +180,19 @@ pub fn qemu_version() -> String {
         .clone()
 }
 
-/// Whether `/dev/kvm` exists and opens for reading and writing.
-fn kvm_device() -> std::result::Result<(), String> {
+/// Whether `/dev/kvm` exists and opens for reading and writing; if not, why (in full and
+/// briefly).
+fn kvm_device() -> std::result::Result<(), (String, String)> {
     let dev = Path::new("/dev/kvm");
     if !dev.exists() {
-        return Err("no /dev/kvm on this host".into());
+        return Err(("no /dev/kvm on this host".into(), "no /dev/kvm".into()));
     }
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(dev)
         .map(drop)
-        .map_err(|e| format!("/dev/kvm does not open: {e}"))
+        .map_err(|e| (format!("/dev/kvm does not open: {e}"), KVM_UNUSABLE.into()))
 }
 
 /// The probe's verdict for `cpu`, from the cache when this host boot already has one.
@@ -188,7 +211,7 @@ fn cached_probe(
             None => Ok(()),
         });
     }
-    let step = Step::start(format!("probing KVM with -cpu {cpu} (one short boot)"));
+    let step = Step::check(format!("probing KVM with -cpu {cpu} (one short boot)"));
     let verdict = probe(kernel, initrd, cpu)?;
     step.done_with(match &verdict {
         Ok(()) => "works",
@@ -355,10 +378,41 @@ mod tests {
 
     #[test]
     fn tcg_says_why_and_adds_its_kernel_words() {
-        let a = Accel::tcg("no /dev/kvm on this host");
+        let a = Accel::tcg("no /dev/kvm on this host", "no /dev/kvm");
         assert_eq!(a.qemu_args(), ["-accel", "tcg", "-cpu", a.cpu.as_str()]);
         assert_eq!(a.kernel_args(), TCG_KERNEL_ARGS);
         assert!(a.describe().starts_with("TCG (-cpu "));
         assert!(a.describe().ends_with("no /dev/kvm on this host"));
+        assert_eq!(a.summary(), "TCG (no /dev/kvm)");
+    }
+
+    /// The probe's failure as a user saw it (issue #43): one long line of QEMU's words.
+    const PROBE_FAILURE: &str = "/dev/kvm is there, but the guest kernel does not boot under \
+        it (-cpu host: KVM stopped the guest: KVM internal error. Suberror: 1 (probed earlier \
+        in this host boot); -cpu host,-arch-capabilities: QEMU exited: error: failed to set \
+        MSR 0x10a to 0x69 (probed earlier in this host boot))";
+
+    #[test]
+    fn the_header_line_is_short_and_the_details_stay_in_describe() {
+        let a = Accel::tcg(PROBE_FAILURE, KVM_UNUSABLE);
+        let line = format!("QEMU 10.0.2, {}", a.summary());
+        assert_eq!(
+            line,
+            "QEMU 10.0.2, TCG (KVM unusable here: see `dmabuf-testbed info`)"
+        );
+        assert!(line.len() <= 80, "{line}");
+        for detail in ["MSR", "Suberror", "probed", "-cpu"] {
+            assert!(!line.contains(detail), "{line}");
+        }
+        // The details are kept for --verbose and `dmabuf-testbed info`.
+        assert!(a.describe().contains("failed to set MSR 0x10a"));
+        assert!(a.describe().contains("KVM internal error. Suberror: 1"));
+        let kvm = Accel {
+            kvm: true,
+            cpu: "host".into(),
+            why: "a probe boot of the guest kernel worked".into(),
+            brief: "a probe boot worked".into(),
+        };
+        assert_eq!(kvm.summary(), "KVM (-cpu host)");
     }
 }

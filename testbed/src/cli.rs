@@ -13,6 +13,8 @@ pub const RUN_OPTIONS: &str =
                             work) or Debian's own
       --timeout SECS        stop and fail after SECS (default 1800)
       --package PKG         a Debian package the guest needs (repeatable); see the README
+      --verbose             the accelerator's whole story in the header (why not KVM, in
+                            QEMU's words), not its one-line summary
 ";
 
 /// Parses `[options] [--] CMD ARGS...` into the options and the command (`Opts::default()`
@@ -53,6 +55,7 @@ pub fn parse_run_args(args: &[String]) -> Result<(Opts, Vec<String>)> {
                     .ok_or("--timeout takes seconds")?;
                 opts.timeout = Duration::from_secs(secs);
             }
+            "--verbose" | "-v" => opts.verbose = true,
             "--package" => {
                 let p = it.next().ok_or("--package takes a Debian package name")?;
                 opts.packages.push(p.clone());
@@ -98,12 +101,18 @@ mod tests {
     #[test]
     fn options_then_the_command() {
         let (o, argv) = parse_run_args(&args(
-            "--nodes 2 --mode stock --timeout 60 --package gcc -- ls -l",
+            "--nodes 2 --mode stock --timeout 60 --package gcc --verbose -- ls -l",
         ))
         .unwrap();
         assert_eq!((o.nodes, o.mode, o.timeout.as_secs()), (2, Mode::Stock, 60));
+        assert!(o.verbose);
         assert_eq!(o.packages, ["gcc"]);
         assert_eq!(argv, ["ls", "-l"]);
+        let (o, _) = parse_run_args(&args("-- true")).unwrap();
+        assert!(
+            !o.verbose,
+            "the header's accelerator line is short by default"
+        );
         let (_, argv) = parse_run_args(&args("true --nodes 2")).unwrap();
         assert_eq!(
             argv,

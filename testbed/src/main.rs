@@ -3,7 +3,7 @@
 
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
-use dmabuf_testbed::{cli, fail, initramfs, script, setup, vm, Cache};
+use dmabuf_testbed::{cli, fail, script, setup, vm, Cache};
 use std::process::ExitCode;
 
 const HELP: &str = "\
@@ -17,10 +17,13 @@ dmabuf-testbed <command>
                         with CMD's status; 1 when the guest kernel warned, oopsed or was
                         tainted; 125 when the testbed could not run CMD.
 @OPTIONS@  info [--mode M] [--package PKG]...
-                        boot once and print what the guest has (kernel, rdma-core, devices,
-                        dma-buf exporters, limits)
+                        boot once and print what the guest has (kernel, rdma-core, which
+                        libibverbs a command loads, devices, dma-buf exporters, limits) and
+                        why the VMs run under KVM or TCG
   setup                 install the host packages (as root; else prints the sudo line), fetch
-                        the guest kernel, build the initramfs
+                        the guest kernel, build the initramfs, the patched rxe module, the test
+                        exporter and the patched rdma-core, probe KVM: a later run builds
+                        nothing
 
   The cache (guest kernel, patched stack, packages, run folders) is $DMABUF_TESTBED_CACHE,
   else $XDG_CACHE_HOME/dmabuf-testbed, else ~/.cache/dmabuf-testbed.
@@ -68,7 +71,9 @@ fn dispatch(args: &[String]) -> Result<u8> {
             // The options of `run`, with the info script as the command.
             let mut with_cmd = rest.to_vec();
             with_cmd.extend(["--", "sh", "-c", script::INFO].map(String::from));
-            let (opts, argv) = cli::parse_run_args(&with_cmd)?;
+            let (mut opts, argv) = cli::parse_run_args(&with_cmd)?;
+            // The accelerator's whole story (QEMU's words when KVM does not boot the guest).
+            opts.verbose = true;
             vm::shareable_cwd(&opts)?;
             let cache = Cache::from_env()?;
             setup::packages()?;
@@ -81,14 +86,10 @@ fn dispatch(args: &[String]) -> Result<u8> {
                 fail!("setup takes no arguments");
             }
             let cache = Cache::from_env()?;
-            setup::packages()?;
-            let k = setup::kernel(&cache)?;
-            initramfs::build(&cache, &k)?;
-            info(format!(
-                "testbed ready: kernel {} (cache {})",
-                k.version,
-                cache.dir.display()
-            ));
+            let ready = setup::testbed(&cache)?;
+            info(format!("accelerator: {}", ready.accel.summary()));
+            info(ready.summary());
+            info(format!("cache: {}", cache.dir.display()));
             Ok(0)
         }
         "help" | "-h" | "--help" => {

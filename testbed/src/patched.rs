@@ -28,6 +28,15 @@ pub struct Patched {
     pub lib: PathBuf,
 }
 
+impl Patched {
+    /// The patched `libibverbs.so.1`, which every program of a patched guest loads first
+    /// (the guest's `/etc/ld.so.preload`, set up by `/init`): the system's copy or one on a
+    /// command's own `LD_LIBRARY_PATH` cannot replace it.
+    pub fn libibverbs(&self) -> PathBuf {
+        self.lib.join("libibverbs.so.1")
+    }
+}
+
 /// Builds (or reuses) the patched module and rdma-core.
 pub fn build(cache: &Cache, kernel: &Kernel) -> Result<Patched> {
     let patches = patch_files(&embedded_sources(cache)?)?;
@@ -342,7 +351,8 @@ pub fn rdma_core_source(cache: &Cache) -> Result<PathBuf> {
         ),
     )?;
     sh::write(&stub.join("lib.rs"), "")?;
-    let meta = sh::output(
+    // cargo's own progress (fetching the crate on first use) is shown only if it fails.
+    let meta = sh::output_quiet(
         programs::cmd("cargo")
             .args(["metadata", "--format-version", "1", "--manifest-path"])
             .arg(stub.join("Cargo.toml")),

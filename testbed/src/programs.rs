@@ -226,6 +226,7 @@ pub const PROGRAMS: &[Program] = &[
     applet("mount"),
     applet("insmod"),
     applet("mkdir"),
+    applet("ln"),
     applet("chroot"),
     applet("dmesg"),
     applet("cat"),

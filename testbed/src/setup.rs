@@ -1,5 +1,5 @@
-//! The testbed's set-up (`dmabuf-testbed setup`, `cargo xtask setup`): system packages and the
-//! guest kernel.
+//! The testbed's set-up (`dmabuf-testbed setup`, `cargo xtask setup`): system packages, the
+//! guest kernel, and everything else a boot needs ([`testbed`]).
 //!
 //! Packages come from the distribution (apt-get, as root). The guest kernel is Debian's
 //! `linux-image-<series>.*-amd64` of the series [`KERNEL_SERIES`], downloaded with
@@ -7,9 +7,10 @@
 //! installed as the host's kernel.
 
 use crate::sh::{self, Result};
-use crate::ui::{info, Step};
-use crate::{backports, fail, programs, Cache};
+use crate::ui::{self, info, Step};
+use crate::{accel, backports, fail, initramfs, patched, programs, Cache};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 /// The guest kernel's series (Debian's `linux-image-<series>-amd64`), the one place it is
 /// spelled. The patched `rdma_rxe.ko` is built from the same series' `linux-source` package
@@ -138,7 +139,7 @@ fn kernel_meta() -> String {
 
 /// Installs missing packages (as root) or says how.
 pub fn packages() -> Result {
-    let step = Step::start("checking system packages");
+    let step = Step::check("checking system packages");
     let mut missing: Vec<&str> = PACKAGES
         .iter()
         .map(|(p, _)| *p)
@@ -312,4 +313,96 @@ fn resolve_version() -> Result<String> {
         }
     }
     fail!("`apt-cache depends {meta}` names no kernel image; run `apt-get update`")
+}
+
+/// What [`testbed`] left ready.
+pub struct Ready {
+    /// The guest kernel.
+    pub kernel: Kernel,
+    /// The accelerator the VMs will run on.
+    pub accel: accel::Accel,
+    /// The work steps it ran (downloads, builds), by name; empty when everything was cached.
+    pub built: Vec<String>,
+    /// How long it took.
+    pub took: Duration,
+}
+
+impl Ready {
+    /// The closing line of `setup`: how long it took, and what it built (or that nothing
+    /// needed building).
+    pub fn summary(&self) -> String {
+        let what = if self.built.is_empty() {
+            "nothing to build, all cached".to_string()
+        } else {
+            let names: Vec<&str> = self
+                .built
+                .iter()
+                .map(|s| s.strip_prefix("building ").unwrap_or(s))
+                .collect();
+            format!("built {}: {}", names.len(), names.join(", "))
+        };
+        format!(
+            "testbed ready in {:.1} s ({what}); kernel {}",
+            self.took.as_secs_f64(),
+            self.kernel.version
+        )
+    }
+}
+
+/// The set-up of `dmabuf-testbed setup` and `cargo xtask setup`: the host's packages (as
+/// root; else the `sudo` line), then everything a boot in either mode would otherwise build
+/// first (the guest kernel, its initramfs, the patched `rdma_rxe.ko`, the test exporter and
+/// the patched rdma-core) and the KVM probe, so that a later run builds nothing.
+///
+/// # Errors
+/// A package is missing (and this is not root), or a download or build failed.
+pub fn testbed(cache: &Cache) -> Result<Ready> {
+    let start = Instant::now();
+    let mark = ui::work_mark();
+    packages()?;
+    let kernel = self::kernel(cache)?;
+    let initrd = initramfs::build(cache, &kernel)?;
+    patched::build(cache, &kernel)?;
+    let accel = accel::choose(cache, &kernel, &initrd)?;
+    Ok(Ready {
+        kernel,
+        accel,
+        built: ui::work_since(mark),
+        took: start.elapsed(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(built: &[&str]) -> Ready {
+        Ready {
+            kernel: Kernel {
+                version: "6.12.1+deb12-amd64".into(),
+                root: "/k".into(),
+            },
+            accel: accel::Accel {
+                kvm: true,
+                cpu: "host".into(),
+                why: String::new(),
+                brief: String::new(),
+            },
+            built: built.iter().map(|s| s.to_string()).collect(),
+            took: Duration::from_millis(2500),
+        }
+    }
+
+    #[test]
+    fn setup_says_what_it_built_or_that_nothing_needed_building() {
+        assert_eq!(
+            ready(&[]).summary(),
+            "testbed ready in 2.5 s (nothing to build, all cached); kernel 6.12.1+deb12-amd64"
+        );
+        assert_eq!(
+            ready(&["building the patched rdma_rxe.ko", "downloading x"]).summary(),
+            "testbed ready in 2.5 s (built 2: the patched rdma_rxe.ko, downloading x); kernel \
+             6.12.1+deb12-amd64"
+        );
+    }
 }

@@ -47,6 +47,24 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Runs `cmd` and returns its stdout, holding its stderr back: shown (its last lines) only in
+/// the error when it fails. For tools whose progress is noise to the testbed's user (cargo's
+/// "Downloading crates ...").
+pub fn output_quiet(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot start `{}`: {e}", render(cmd)))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        fail!("`{}` failed: {}\n{tail}", render(cmd), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Quotes one word for a POSIX shell.
 pub fn quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
@@ -78,6 +96,16 @@ pub fn write(path: &Path, text: &str) -> Result {
 #[cfg(test)]
 mod tests {
     use super::quote;
+
+    #[test]
+    fn a_quiet_command_shows_its_stderr_only_when_it_fails() {
+        use crate::programs::shell;
+        let ok = super::output_quiet(&mut shell("echo out; echo noise >&2").unwrap());
+        assert_eq!(ok.unwrap(), "out\n");
+        let e = super::output_quiet(&mut shell("echo why >&2; exit 3").unwrap());
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("failed") && e.ends_with("\nwhy"), "{e}");
+    }
 
     #[test]
     fn quote_escapes_single_quotes() {

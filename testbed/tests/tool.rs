@@ -143,6 +143,7 @@ fn info_names_the_kernel_the_device_and_the_exporters() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     for want in [
         "kernel: 6.12.",
+        "libibverbs: /etc/dmabuf-testbed/libibverbs.so.1 = /",
         "rdma device: rxe0",
         "dma-buf exporter: /dev/dri/card0 (vgem",
         "dma-buf exporter: /dev/udmabuf (size_limit_mb 128)",
@@ -150,6 +151,138 @@ fn info_names_the_kernel_the_device_and_the_exporters() {
     ] {
         assert!(err.contains(want), "no `{want}` in:\n{err}");
     }
+}
+
+/// Lines of a run's output that come from building or fetching something: after `setup`, a run
+/// prints none (no testbed build step, no cargo progress).
+fn build_lines(err: &str) -> Vec<&str> {
+    err.lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            ["==> building", "==> downloading", "==> unpacking"]
+                .iter()
+                .any(|s| l.starts_with(s))
+                || [
+                    "Compiling ",
+                    "Downloading ",
+                    "Downloaded ",
+                    "Updating ",
+                    "Locking ",
+                ]
+                .iter()
+                .any(|s| l.starts_with(s))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "boots the testbed (and builds what the cache lacks): cargo xtask test runs it"]
+fn setup_leaves_nothing_for_a_run_to_build() {
+    let dir = TmpDir::new("setup");
+    let first = tool(&dir.0, &["setup"]);
+    let err = text(&first.stderr);
+    assert_eq!(first.status.code(), Some(0), "{err}");
+    assert!(err.contains("testbed ready in "), "{err}");
+    // Everything is built now: a second setup has nothing to do, and says so.
+    let second = tool(&dir.0, &["setup"]);
+    let err = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{err}");
+    assert!(err.contains("(nothing to build, all cached)"), "{err}");
+    assert!(build_lines(&err).is_empty(), "{err}");
+    let run = tool(&dir.0, &["run", "--timeout", "600", "--", "true"]);
+    let err = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    assert!(
+        build_lines(&err).is_empty(),
+        "a run after setup built something:\n{err}"
+    );
+    // The accelerator is one short line; its details are for --verbose and `info`.
+    let accel = err
+        .lines()
+        .find(|l| l.trim_start().starts_with("QEMU "))
+        .unwrap_or_else(|| panic!("no accelerator line in:\n{err}"));
+    assert!(accel.trim().len() <= 80, "{accel}");
+    assert!(
+        !accel.contains("MSR") && !accel.contains("probed"),
+        "{accel}"
+    );
+}
+
+/// The command of the `LD_LIBRARY_PATH` test: registers a udmabuf as a dma-buf MR on rxe0
+/// through whatever `libibverbs.so.1` ctypes finds, and writes which files of libibverbs the
+/// process maps (`maps`) and the registration's outcome (`mr`: `ok` or the errno).
+const REGISTER_DMABUF_MR: &str = r#"
+import ctypes, fcntl, os, struct
+verbs = ctypes.CDLL("libibverbs.so.1", use_errno=True)
+verbs.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
+verbs.ibv_open_device.restype = ctypes.c_void_p
+verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
+verbs.ibv_alloc_pd.restype = ctypes.c_void_p
+verbs.ibv_alloc_pd.argtypes = [ctypes.c_void_p]
+verbs.ibv_reg_dmabuf_mr.restype = ctypes.c_void_p
+verbs.ibv_reg_dmabuf_mr.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t,
+                                    ctypes.c_uint64, ctypes.c_int, ctypes.c_int]
+size = 1 << 16
+memfd = os.memfd_create("mr", os.MFD_ALLOW_SEALING)
+os.ftruncate(memfd, size)
+fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+dev = os.open("/dev/udmabuf", os.O_RDWR)
+# UDMABUF_CREATE: _IOW('u', 0x42, struct udmabuf_create { u32 memfd, flags; u64 offset, size })
+# (a mutable buffer: ioctl's own return value, the new dma-buf's fd, comes back)
+dmabuf = fcntl.ioctl(dev, 0x40187542, bytearray(struct.pack("IIQQ", memfd, 0, 0, size)), True)
+devices = verbs.ibv_get_device_list(None)
+ctx = verbs.ibv_open_device(devices[0])
+pd = verbs.ibv_alloc_pd(ctx)
+mr = verbs.ibv_reg_dmabuf_mr(pd, 0, size, 0x100000, dmabuf, 7)
+with open("mr", "w") as f:
+    f.write("ok\n" if mr else "errno %d\n" % ctypes.get_errno())
+with open("/proc/self/maps") as m, open("maps", "w") as f:
+    f.writelines(sorted({l.split(None, 5)[5] for l in m if "libibverbs" in l}))
+"#;
+
+#[test]
+#[ignore = "boots the testbed: cargo xtask test runs it on the host"]
+fn a_command_s_own_ld_library_path_keeps_the_patched_libibverbs() {
+    let dir = TmpDir::new("ldpath");
+    std::fs::write(dir.0.join("register.py"), REGISTER_DMABUF_MR).unwrap();
+    // The system's libibverbs (rdma-core 44, whose rxe provider refuses dma-bufs with
+    // EOPNOTSUPP) in a folder of the command's own, which it puts alone on LD_LIBRARY_PATH,
+    // as `LD_LIBRARY_PATH=target/release prog` does; then what ldd and the loader say.
+    let script = r#"
+        mkdir stock && cp /usr/lib/x86_64-linux-gnu/libibverbs.so.1 stock/ || exit 10
+        export LD_LIBRARY_PATH="$PWD/stock"
+        python3 register.py || exit 11
+        LD_TRACE_LOADED_OBJECTS=1 ibv_devinfo > ldd || exit 12
+        ibv_devinfo -d rxe0 > devinfo || exit 13
+        (cd "$TESTBED_RDMA_LIB" && pwd -P) > patched-lib"#;
+    let out = tool(
+        &dir.0,
+        &["run", "--timeout", "600", "--", "sh", "-c", script],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let read = |f: &str| std::fs::read_to_string(dir.0.join(f)).unwrap_or_default();
+    let patched = read("patched-lib");
+    let patched = patched.trim();
+    assert!(!patched.is_empty(), "no $TESTBED_RDMA_LIB:\n{err}");
+    let maps = read("maps");
+    let mapped: Vec<&str> = maps.lines().collect();
+    assert!(
+        !mapped.is_empty() && mapped.iter().all(|l| l.starts_with(patched)),
+        "the process mapped another libibverbs than the patched one in {patched}: {maps}"
+    );
+    assert!(!maps.contains("/stock/"), "{maps}");
+    assert_eq!(
+        read("mr").trim(),
+        "ok",
+        "a udmabuf registers as a dma-buf MR"
+    );
+    let ldd = read("ldd");
+    assert!(
+        ldd.contains("/etc/dmabuf-testbed/libibverbs.so.1") && !ldd.contains("/stock/"),
+        "ldd of ibv_devinfo:\n{ldd}"
+    );
+    assert!(read("devinfo").contains("rxe0"), "{}", read("devinfo"));
 }
 
 #[test]

@@ -19,7 +19,8 @@ use std::process::ExitCode;
 const HELP: &str = "\
 cargo xtask <command>
 
-  setup                 install system packages (as root) and fetch the testbed kernel
+  setup                 install system packages (as root), fetch the testbed kernel and build
+                        what a boot needs (initramfs, patched rxe, test exporter, rdma-core)
   vm [opts] -- CMD...   boot the testbed VM and run CMD inside; exits with CMD's status
                         (dmabuf-testbed run, with the cache in target/testbed and the
                         working folder read-only; its options:)
@@ -160,10 +161,10 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
     };
     match cmd.as_str() {
         "setup" => {
-            setup::packages()?;
-            let k = setup::kernel(&paths)?;
-            initramfs::build(&paths, &k)?;
-            ui::info(format!("testbed ready: kernel {}", k.version));
+            // The same set-up as `dmabuf-testbed setup`, into target/testbed.
+            let ready = setup::testbed(&paths)?;
+            ui::info(format!("accelerator: {}", ready.accel.summary()));
+            ui::info(ready.summary());
             Ok(ExitCode::SUCCESS)
         }
         "vm" if dmabuf_testbed::cli::wants_help(rest) => {

@@ -2,9 +2,18 @@
 echo "kernel: $(uname -r)"
 echo "stack: $TESTBED_MODE"
 if [ "$TESTBED_MODE" = patched ]; then
-    echo "rdma-core: v55 with kernel-patches/rdma-core (libibverbs and the rxe provider: $LD_LIBRARY_PATH)"
+    echo "rdma-core: v55 with kernel-patches/rdma-core (libibverbs and the rxe provider: $TESTBED_RDMA_LIB)"
 else
     echo "rdma-core: Debian's $(dpkg-query -W -f '${Version}' libibverbs1)"
+fi
+# The libibverbs a verbs program loads (the loader's list for ibv_devices, as ldd prints it),
+# asked with the system's library folder first on LD_LIBRARY_PATH, as a command may set it.
+verbs=$(LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu LD_TRACE_LOADED_OBJECTS=1 ibv_devices |
+    sed -n '/libibverbs/{s/^[[:space:]]*//; s/ (0x[0-9a-f]*)$//; p;}')
+if [ "$TESTBED_MODE" = patched ]; then
+    echo "libibverbs: $verbs = $(cd "$TESTBED_RDMA_LIB" && pwd -P)/libibverbs.so.1 (listed in /etc/ld.so.preload: every program loads it first, whatever its LD_LIBRARY_PATH)"
+else
+    echo "libibverbs: $verbs"
 fi
 echo "rdma-core (Debian's, for everything else): $(dpkg-query -W -f '${Version}' rdma-core)"
 echo "perftest: $(dpkg-query -W -f '${Version}' perftest)"

@@ -3,8 +3,9 @@
 # The run's host paths come from the file `paths` in the node's run folder (the 9p share
 # tagged `out`, mounted first at /out; vm::PATHS_FILE): one `key=path` a line, with the keys
 # run (the run folder's host path), start (where the command starts), cwd (a working folder
-# shared writable), pkgs (unpacked extra packages, laid over the host's root) and expose
-# (once per folder bound back over the guest's tmpfs). Paths may hold any byte but a newline:
+# shared writable), pkgs (unpacked extra packages, laid over the host's root), preload (the
+# patched libibverbs.so.1, which every program loads first) and expose (once per folder bound
+# back over the guest's tmpfs). Paths may hold any byte but a newline:
 # each is read whole (IFS= read -r) and used quoted, never split or globbed.
 set -f
 /bin/busybox --install -s /bin
@@ -23,12 +24,14 @@ RUN=
 START=
 CWD=
 PKGS=
+PRELOAD=
 while IFS= read -r line; do
     case "$line" in
     run=*) RUN=${line#run=} ;;
     start=*) START=${line#start=} ;;
     cwd=*) CWD=${line#cwd=} ;;
     pkgs=*) PKGS=${line#pkgs=} ;;
+    preload=*) PRELOAD=${line#preload=} ;;
     esac
 done < /out/paths
 [ -n "$RUN" ] && [ -n "$START" ] || { say "no run folder in /out/paths"; poweroff -f; }
@@ -44,6 +47,20 @@ if [ -n "$PKGS" ]; then
         { say "cannot lay the extra packages over the host's root"; poweroff -f; }
 else
     mount --bind /hostraw /host
+fi
+if [ -n "$PRELOAD" ]; then
+    # The patched libibverbs first in every program, whatever LD_LIBRARY_PATH the command
+    # sets or clears (env -i, sudo): the loader maps /etc/ld.so.preload's libraries before
+    # it searches any path, and a library already loaded under its soname is not looked for
+    # again. /etc gets a read-only overlay whose top layer holds that file (the host's own
+    # entries after ours) and a link to the library by a name without spaces or colons,
+    # which the file cannot carry. Set before anything is mounted below /host/etc.
+    mkdir -p /etc-testbed/dmabuf-testbed
+    ln -s "$PRELOAD" /etc-testbed/dmabuf-testbed/libibverbs.so.1
+    { echo /etc/dmabuf-testbed/libibverbs.so.1; cat /host/etc/ld.so.preload 2>/dev/null; } \
+        > /etc-testbed/ld.so.preload
+    mount -t overlay overlay -o ro,lowerdir=/etc-testbed:/host/etc /host/etc ||
+        { say "cannot put the patched libibverbs in /etc/ld.so.preload"; poweroff -f; }
 fi
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys

@@ -36,13 +36,14 @@ fi
 ip addr add "$LOCAL_ADDR/24" dev "$NETDEV" || fatal "no $NETDEV"
 ip link set "$NETDEV" up
 if [ "$TESTBED_MODE" = patched ]; then
-    # Before the rxe device exists: the patched module in place of Debian's, and the patched
-    # libibverbs and rxe provider first on the library path of every command.
+    # Before the rxe device exists: the patched module in place of Debian's. (Every program
+    # loads the patched libibverbs first through /etc/ld.so.preload, which /init set up; it
+    # loads the rxe provider from its own folder.)
     rmmod rdma_rxe 2>/dev/null
     insmod "$RXE_MODULE" || fatal "cannot load the patched rdma_rxe.ko"
     # /dev/dmabuf_test_exporter: dma-bufs whose sg_tables carry poisoned page pointers.
     insmod "$EXPORTER_MODULE" || fatal "cannot load the test exporter"
-    export LD_LIBRARY_PATH="$RDMA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export TESTBED_RDMA_LIB="$RDMA_LIB"
 fi
 rdma link add rxe0 type rxe netdev "$NETDEV" || fatal "rdma link add failed"
 P=/sys/class/infiniband/rxe0/ports/1
@@ -64,10 +65,15 @@ until grep -q ACTIVE "$P/state" 2>/dev/null && RDMA_GID_INDEX=$(gid_index); do
 done
 export RDMA_GID_INDEX NETDEV
 if [ "$TESTBED_MODE" = patched ]; then
-    # Verbs programs must really load the patched libibverbs and provider: a silent fallback
-    # to the system's library would look exactly like a stock kernel's EOPNOTSUPP.
-    loaded=$(LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p')
-    case "$loaded" in *"$RDMA_LIB"/libibverbs.so*) ;; *) fatal "the patched libibverbs was not loaded: $loaded" ;; esac
+    # Verbs programs must really load the patched libibverbs and provider, even with the
+    # system's library folder first on their own LD_LIBRARY_PATH: a silent fallback to the
+    # system's library would look exactly like a stock kernel's EOPNOTSUPP.
+    SYSLIBS=/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu
+    real=$(cd "$RDMA_LIB" && pwd -P) || fatal "no patched library folder $RDMA_LIB"
+    # The file a process maps (the maps' fields before the path hold no slash).
+    mapped=$(LD_LIBRARY_PATH=$SYSLIBS sed -n 's|^[^/]*\(/.*/libibverbs\.so[^/]*\)$|\1|p' /proc/self/maps)
+    case "$mapped" in "$real"/libibverbs.so.1*) ;; *) fatal "the patched libibverbs was not loaded: $mapped" ;; esac
+    loaded=$(LD_LIBRARY_PATH=$SYSLIBS LD_DEBUG=libs ibv_devices 2>&1 | sed -n 's/.*calling init: //p')
     case "$loaded" in *"$RDMA_LIB"/librxe-rdmav34.so*) ;; *) fatal "the patched rxe provider was not loaded: $loaded" ;; esac
 fi
 if [ "$TESTBED_NODES" -gt 1 ]; then

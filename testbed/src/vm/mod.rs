@@ -45,6 +45,9 @@ pub struct Opts {
     pub writable_cwd: bool,
     /// Debian packages to add to the guest's root ([`crate::packages`]).
     pub packages: Vec<String>,
+    /// Print the accelerator's whole story (QEMU's words from the KVM probe) in the run's
+    /// header, not its one-line summary.
+    pub verbose: bool,
 }
 
 impl Default for Opts {
@@ -58,6 +61,7 @@ impl Default for Opts {
             expose: Vec::new(),
             writable_cwd: false,
             packages: Vec::new(),
+            verbose: false,
         }
     }
 }
@@ -211,12 +215,16 @@ fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     info(format!(
         "QEMU {}, {}",
         accel::qemu_version(),
-        stack.accel.describe()
+        if opts.verbose {
+            stack.accel.describe()
+        } else {
+            stack.accel.summary()
+        }
     ));
     if opts.nodes > 1 {
         info(retry_settings());
     }
-    let step = Step::start(banner(&stack, opts));
+    let step = Step::check(banner(&stack, opts));
     let vmlinuz = stack.kernel.vmlinuz();
     let boot = Boot {
         accel: &stack.accel,
@@ -354,7 +362,8 @@ fn write_node_files(
     sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
     let inner = inner_script(dir, node, opts, patched)?;
     programs::write_script(&dir.join("inner.sh"), &inner)?;
-    let paths = guest_paths(boot, dir, cwd)?;
+    let preload = patched.map(Patched::libibverbs);
+    let paths = guest_paths(boot, dir, cwd, preload.as_deref())?;
     std::fs::write(dir.join(PATHS_FILE), paths)
         .map_err(|e| format!("cannot write {}: {e}", dir.join(PATHS_FILE).display()))?;
     Ok(())
@@ -363,16 +372,18 @@ fn write_node_files(
 /// The file in each node's run folder that tells `/init` the host paths of the run (the
 /// kernel command line carries none): `key=path` lines ([`share::lines`]) with the keys
 /// `run` (the node's run folder, where `/init` binds the `out` share), `start` (the command's
-/// working folder), `cwd` (the same, when shared writable), `pkgs` (the extra packages' root)
-/// and `expose` (once per host folder bound back over the guest's tmpfs).
+/// working folder), `cwd` (the same, when shared writable), `pkgs` (the extra packages' root),
+/// `preload` (the patched `libibverbs.so.1`, which `/init` names in the guest's
+/// `/etc/ld.so.preload`) and `expose` (once per host folder bound back over the guest's tmpfs).
 pub const PATHS_FILE: &str = "paths";
 
 /// The text of [`PATHS_FILE`] for the node whose run folder is `dir`, the command starting
-/// in `cwd`.
-fn guest_paths(boot: &Boot<'_>, dir: &Path, cwd: &Path) -> Result<Vec<u8>> {
+/// in `cwd`; `preload`: the library every program of the guest loads first (patched mode).
+fn guest_paths(boot: &Boot<'_>, dir: &Path, cwd: &Path, preload: Option<&Path>) -> Result<Vec<u8>> {
     let mut entries = vec![("run", dir), ("start", cwd)];
     entries.extend(boot.cwd.map(|c| ("cwd", c)));
     entries.extend(boot.packages.map(|p| ("pkgs", p)));
+    entries.extend(preload.map(|p| ("preload", p)));
     entries.extend(boot.expose.iter().map(|p| ("expose", p.as_path())));
     Ok(share::lines(&entries)?)
 }
@@ -525,6 +536,7 @@ mod tests {
             kvm: false,
             cpu: "max".into(),
             why: String::new(),
+            brief: String::new(),
         };
         let cwd = Path::new("/tmp/w,path=/x y");
         let boot = Boot {
@@ -536,14 +548,15 @@ mod tests {
             cwd: Some(cwd),
             packages: Some(Path::new("/c/pkgs")),
         };
-        let text = guest_paths(&boot, Path::new("/c/runs/1/a"), cwd).unwrap();
+        let lib = Path::new("/c/p 1/lib/libibverbs.so.1");
+        let text = guest_paths(&boot, Path::new("/c/runs/1/a"), cwd, Some(lib)).unwrap();
         assert_eq!(
             String::from_utf8(text).unwrap(),
             "run=/c/runs/1/a\nstart=/tmp/w,path=/x y\ncwd=/tmp/w,path=/x y\npkgs=/c/pkgs\n\
-             expose=/run/p\nexpose=/tmp/w,path=/x y\n"
+             preload=/c/p 1/lib/libibverbs.so.1\nexpose=/run/p\nexpose=/tmp/w,path=/x y\n"
         );
         let bad = Path::new("/tmp/a\nb");
-        let e = guest_paths(&boot, Path::new("/c/runs/1/a"), bad).unwrap_err();
+        let e = guest_paths(&boot, Path::new("/c/runs/1/a"), bad, None).unwrap_err();
         assert!(e.to_string().contains("newline (U+000A)"), "{e}");
     }
 }

@@ -300,6 +300,7 @@ mod tests {
             kvm: false,
             cpu: "max".into(),
             why: String::new(),
+            brief: String::new(),
         };
         let cwd_path = Path::new(std::ffi::OsStr::from_bytes(cwd));
         let boot = Boot {
