@@ -93,6 +93,19 @@ pub fn loaded_libraries(maps: &str, needle: &str) -> Vec<String> {
     v
 }
 
+/// How a libibverbs other than the system's got in: listed in `/etc/ld.so.preload` (as the
+/// testbed's patched stack is, `preload` the file's text), in `LD_PRELOAD`, else found through
+/// `LD_LIBRARY_PATH` (its value shown).
+fn how_loaded(preload: &str, ld_preload: &str, library_path: &str) -> String {
+    if preload.contains("libibverbs") {
+        "a build loaded first through /etc/ld.so.preload (LD_LIBRARY_PATH cannot replace it)".into()
+    } else if ld_preload.contains("libibverbs") {
+        format!("a build loaded first through LD_PRELOAD ({ld_preload})")
+    } else {
+        format!("a build found through LD_LIBRARY_PATH ({library_path})")
+    }
+}
+
 /// rdma-core's version from libibverbs' file name: `libibverbs.so.1.<abi>.<rdma-core>.0`.
 pub fn rdma_core_version(path: &str) -> Option<u32> {
     let name = Path::new(path).file_name()?.to_str()?;
@@ -122,9 +135,11 @@ pub fn rdma_core_checks() -> Vec<Check> {
     let from = if system {
         "the system's".to_string()
     } else {
+        let preload = std::fs::read_to_string("/etc/ld.so.preload").unwrap_or_default();
+        let env = |k: &str| std::env::var(k).unwrap_or_default();
         format!(
-            "not the system's: a build found through LD_LIBRARY_PATH ({})",
-            std::env::var("LD_LIBRARY_PATH").unwrap_or_default()
+            "not the system's: {}",
+            how_loaded(&preload, &env("LD_PRELOAD"), &env("LD_LIBRARY_PATH"))
         )
     };
     out.push(Check::ok(
@@ -320,6 +335,22 @@ pub fn memory_checks() -> Vec<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_that_is_not_the_system_s_is_traced_to_how_it_got_in() {
+        let preloaded = how_loaded("/etc/dmabuf-testbed/libibverbs.so.1\n", "", "/x");
+        assert!(preloaded.contains("/etc/ld.so.preload"), "{preloaded}");
+        let env = how_loaded("", "/opt/rdma/libibverbs.so.1", "");
+        assert!(
+            env.contains("LD_PRELOAD (/opt/rdma/libibverbs.so.1)"),
+            "{env}"
+        );
+        let path = how_loaded("", "", "/opt/rdma/lib");
+        assert_eq!(
+            path,
+            "a build found through LD_LIBRARY_PATH (/opt/rdma/lib)"
+        );
+    }
 
     /// ib_uverbs built into the kernel (as on a Firecracker GPU guest, seen on an H200
     /// machine) has no /sys/module entry and, without an RDMA device, no uverbs0: its class
