@@ -1,35 +1,16 @@
 //! [`RegistrationCache`]: reuse of dma-buf registrations.
 
 use crate::error::{Error, Op, Result};
-use crate::mr::{reg_dmabuf_mr, sealed, Access, Backing, MemoryRegion};
+use crate::mr::{reg_dmabuf_mr, Access, MemoryRegion};
 use crate::part::{self, OwnedPart};
 use crate::pd::ProtectionDomain;
+use crate::shared_dmabuf::SharedDmaBuf;
 use drm_export::DmaBuf;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::{Deref, Range};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-
-/// A dma-buf shared by the cached regions over it. No CPU access: the cache lends its
-/// regions to the NIC, and two regions of one buffer may be in use at once.
-#[derive(Debug)]
-pub struct SharedDmaBuf(Arc<DmaBuf>);
-
-impl SharedDmaBuf {
-    /// The buffer's size in bytes.
-    pub fn size(&self) -> u64 {
-        self.0.size()
-    }
-
-    /// The exporter's name.
-    pub fn exporter(&self) -> &str {
-        self.0.exporter()
-    }
-}
-
-impl sealed::Sealed for SharedDmaBuf {}
-impl Backing for SharedDmaBuf {}
 
 /// Which memory a cached registration is of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -413,7 +394,7 @@ impl RegistrationCache {
             MemoryRegion::from_parts(
                 mr,
                 &self.pd,
-                SharedDmaBuf(dmabuf),
+                SharedDmaBuf::from_arc(dmabuf),
                 iova,
                 key.len,
                 key.access,

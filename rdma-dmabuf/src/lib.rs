@@ -90,6 +90,7 @@ pub mod reactor;
 mod remote;
 mod scope;
 mod shard;
+mod shared_dmabuf;
 mod slots;
 mod spin;
 #[cfg(feature = "tokio")]
@@ -99,9 +100,7 @@ mod waiters;
 mod watch;
 mod wr;
 
-pub use cache::{
-    BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, RegistrationCache, SharedDmaBuf,
-};
+pub use cache::{BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, RegistrationCache};
 pub use cm::{release_removed_devices, CmConnector, CmListener, MAX_PRIVATE_DATA};
 pub use device::{
     devices, AtomicCap, Context, DeviceAttr, DeviceInfo, Gid, Mtu, PortAttr, PortState,
@@ -126,6 +125,7 @@ pub use qp::{
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use shard::{JoinError, Shard, SplitError};
+pub use shared_dmabuf::SharedDmaBuf;
 pub use spin::SpinPolicy;
 pub use wr::{AtomicOp, WorkCompletion, WorkKind};
 
