@@ -1,0 +1,208 @@
+//! The transfer engine's transfer path on one node (rxe loopback): a batch awaited on a
+//! tokio runtime, chunks spread over several queue pairs, a batch to a dead peer that does
+//! not hold up a batch to a healthy one, and a forged rkey refused by the NIC. Needs the
+//! testbed VM.
+
+use gpu_rdma_engine::{
+    Agent, AgentDescriptor, Batch, EmbeddedMetadata, EntryStatus, Error, Memory, MetadataService,
+    PeerRecord, Settings,
+};
+use integration_tests::testbed::Testbed;
+use integration_tests::verbs::pattern;
+use rdma_dmabuf::HostBuffer;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn settings(tb: &Testbed, chunk: u64) -> Settings {
+    Settings {
+        devices: Some(vec![tb.device.clone()]),
+        bind: "127.0.0.1:0".parse().unwrap(),
+        chunk_size: chunk,
+        ..Settings::default()
+    }
+}
+
+fn host(data: &[u8], len: usize) -> HostBuffer {
+    let mut h = HostBuffer::new(len).unwrap();
+    h.as_mut_slice()[..data.len()].copy_from_slice(data);
+    h
+}
+
+fn bytes(m: Memory) -> Vec<u8> {
+    match m {
+        Memory::Host(h) => h.as_slice().to_vec(),
+        Memory::DmaBuf(_) => panic!("host segments only here"),
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn loopback_batches_awaited_on_tokio_over_three_queue_pairs() {
+    let tb = Testbed::get();
+    let three = Settings {
+        queue_pairs: 3,
+        ..settings(&tb, 16 << 10)
+    };
+    let a = Agent::new("a", three.clone()).unwrap();
+    let b = Agent::new("b", three).unwrap();
+    a.add_peer("b", b.address());
+    const LEN: usize = 8 << 20;
+    a.register("src", host(&pattern(LEN, 11), LEN)).unwrap();
+    b.register("dst", host(&[], LEN)).unwrap();
+    // Two batches of 256 chunks each (odd-sized last chunks too), over 3 queue pairs.
+    let half = (LEN / 2) as u64;
+    let first = Batch::new().write("src", 0, "b", "dst", 0, half - 1000);
+    let second = Batch::new()
+        .write("src", half - 1000, "b", "dst", half - 1000, half + 1000)
+        .notify(b"awaited".to_vec());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let (one, two) = rt.block_on(async {
+        let (t1, t2) = (a.transfer(&first).unwrap(), a.transfer(&second).unwrap());
+        tokio::join!(t1.finished(WAIT), t2.finished(WAIT))
+    });
+    one.expect("first batch");
+    two.expect("second batch");
+    eprintln!("two batches of 4 MiB awaited in {:?}", t0.elapsed());
+    // An awaited batch that cannot finish in time reports the timeout.
+    let slow = a
+        .transfer(&Batch::new().write("src", 0, "b", "dst", 0, LEN as u64))
+        .unwrap();
+    let short = rt.block_on(slow.finished(Duration::from_micros(1)));
+    assert!(
+        matches!(short, Err(Error::Timeout(_))) || slow.is_finished(),
+        "{short:?}"
+    );
+    slow.wait(WAIT).unwrap();
+    let note = b.wait_notification(Duration::from_secs(10)).expect("note");
+    assert_eq!(&note.message[..], b"awaited");
+    assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 11));
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn loopback_a_dead_peer_does_not_hold_up_a_batch_to_a_healthy_one() {
+    let tb = Testbed::get();
+    let a = Agent::new("a", settings(&tb, 16 << 10)).unwrap();
+    let b = Agent::new("b", settings(&tb, 16 << 10)).unwrap();
+    let c = Agent::new("c", settings(&tb, 16 << 10)).unwrap();
+    a.add_peer("b", b.address());
+    a.add_peer("c", c.address());
+    const LEN: usize = 32 << 20;
+    a.register("to-c", host(&pattern(LEN, 1), LEN)).unwrap();
+    a.register("to-b", host(&pattern(1 << 20, 2), 1 << 20))
+        .unwrap();
+    b.register("dst", host(&[], 1 << 20)).unwrap();
+    c.register("dst", host(&[], LEN)).unwrap();
+    let bound = Settings::default().peer_failure_bound();
+    // 512 entries of 64 KiB; c dies once the first has landed (the batch is in flight).
+    const PIECE: u64 = 64 << 10;
+    let to_c = (0..LEN as u64 / PIECE).fold(Batch::new(), |b, j| {
+        b.write("to-c", j * PIECE, "c", "dst", j * PIECE, PIECE)
+    });
+    let stuck = a.transfer(&to_c).unwrap();
+    let started = Instant::now();
+    while !stuck.status().contains(&EntryStatus::Done) {
+        assert!(started.elapsed() < WAIT, "nothing landed at c");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(c);
+    let died = Instant::now();
+    let healthy = a
+        .transfer(&Batch::new().write("to-b", 0, "b", "dst", 0, 1 << 20))
+        .unwrap();
+    healthy.wait(WAIT).expect("the batch to b");
+    let b_took = died.elapsed();
+    let c_result = stuck.wait(WAIT);
+    let c_took = died.elapsed();
+    eprintln!("b's batch done {b_took:?} after c died; c's ended after {c_took:?} ({c_result:?})");
+    match c_result {
+        Err(Error::EntryFailed { error, .. }) => {
+            assert!(matches!(*error, Error::PeerDown { .. }), "{error:?}");
+            // The batch to b ran beside the stuck one, not after it (c's lasts the queue
+            // pairs' retry budget, about 1.9 s, past its death).
+            assert!(
+                b_took + Duration::from_millis(500) < c_took,
+                "b's batch waited for c's ({b_took:?})"
+            );
+        }
+        other => panic!("a batch to a dead peer gave {other:?}"),
+    }
+    assert!(
+        b_took < bound,
+        "b's batch took {b_took:?} (bound {bound:?})"
+    );
+    assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(1 << 20, 2));
+}
+
+/// A metadata service that hands out the embedded service's descriptors with every rkey
+/// changed: a peer publishing wrong keys.
+struct Forging(EmbeddedMetadata);
+
+impl MetadataService for Forging {
+    fn publish(&self, d: &AgentDescriptor, control: SocketAddr) -> gpu_rdma_engine::Result<()> {
+        self.0.publish(d, control)
+    }
+    fn withdraw(&self, agent: &str) -> gpu_rdma_engine::Result<()> {
+        self.0.withdraw(agent)
+    }
+    fn lookup(&self, agent: &str) -> gpu_rdma_engine::Result<PeerRecord> {
+        let mut r = self.0.lookup(agent)?;
+        for s in &mut r.descriptor.segments {
+            for region in &mut s.regions {
+                region.rkey ^= 0x5a5a_0000;
+            }
+        }
+        Ok(r)
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn loopback_a_forged_rkey_is_refused_by_the_nic_and_reported_typed() {
+    let tb = Testbed::get();
+    let b = Agent::new("b", settings(&tb, 64 << 10)).unwrap();
+    let forging = Forging(EmbeddedMetadata::new(Duration::from_secs(10)));
+    forging.0.add_peer("b", b.address());
+    let a = Agent::with_metadata("a", settings(&tb, 64 << 10), Arc::new(forging)).unwrap();
+    const LEN: usize = 1 << 20;
+    a.register("src", host(&pattern(LEN, 4), LEN)).unwrap();
+    a.register("back", host(&[], LEN)).unwrap();
+    b.register("dst", host(&pattern(LEN, 8), LEN)).unwrap();
+    let bound = Settings::default().peer_failure_bound();
+    for batch in [
+        Batch::new().write("src", 0, "b", "dst", 0, LEN as u64),
+        Batch::new().read("back", 0, "b", "dst", 0, LEN as u64),
+    ] {
+        let t0 = Instant::now();
+        let t = a
+            .transfer(&batch)
+            .expect("accepted: the descriptor looks right");
+        let r = t.wait(WAIT);
+        eprintln!(
+            "{:?} with a forged rkey: {r:?} after {:?}",
+            batch.entries[0].op,
+            t0.elapsed()
+        );
+        match r {
+            Err(Error::EntryFailed { error, .. }) => {
+                assert!(matches!(*error, Error::RemoteAccess { .. }), "{error:?}")
+            }
+            other => panic!("a forged rkey gave {other:?}"),
+        }
+        assert!(t
+            .status()
+            .iter()
+            .all(|s| matches!(s, EntryStatus::Failed(_))));
+        assert!(t0.elapsed() < bound + Duration::from_secs(10));
+    }
+    // Nothing landed on either side.
+    assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 8));
+    assert!(bytes(a.unregister("back").unwrap()).iter().all(|&x| x == 0));
+}
