@@ -38,6 +38,8 @@ pub struct Settings {
     /// connections). Default 2, so that a batch stuck on a dead peer for up to
     /// [`Settings::peer_failure_bound`] does not hold up batches to healthy peers; a worker
     /// busy-polls while it has a batch, so more workers than cores cost more than they give.
+    /// Batches are not ordered with more than one: a later batch may land before an earlier
+    /// one (each notification still follows its own batch's entries); 1 runs them in order.
     pub workers: u32,
 }
 
