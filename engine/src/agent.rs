@@ -88,6 +88,11 @@ impl Agent {
                 "chunk_size and in_flight must be above 0".into(),
             ));
         }
+        // An unusable RDMA_DMABUF_* retry variable fails here, typed, not at the first
+        // transfer's connection.
+        settings
+            .resolved_retry()
+            .map_err(|e| Error::rdma("read the transport retry settings", e))?;
         if settings.queue_pairs == 0 || settings.workers == 0 {
             return Err(Error::Settings(
                 "queue_pairs and workers must be above 0".into(),

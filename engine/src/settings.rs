@@ -1,5 +1,6 @@
 //! [`Settings`]: what an agent is given, every field with a finite default.
 
+use rdma_dmabuf::TransportRetry;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -19,12 +20,12 @@ pub struct Settings {
     pub chunk_size: u64,
     /// How many chunks each queue pair has in flight at most (its send queue's depth).
     pub in_flight: u32,
-    /// The queue pairs' ACK timeout exponent (4.096 µs × 2^t) and retry count: together
-    /// they bound how long a dead peer keeps a chunk pending
-    /// ([`Settings::peer_failure_bound`]).
-    pub ack_timeout: u8,
-    /// See [`Settings::ack_timeout`] (7 means "forever" on soft-RoCE: keep it below).
-    pub retry_count: u8,
+    /// The queue pairs' ACK timeout exponent (4.096 µs × 2^t) and retry count, which bound
+    /// how long a dead peer keeps a chunk pending ([`Settings::peer_failure_bound`]).
+    /// `None` (the default): rdma-dmabuf's defaults with its environment variables applied
+    /// (`RDMA_DMABUF_ACK_TIMEOUT`, `RDMA_DMABUF_RETRY_COUNT`: slow fabrics such as emulated
+    /// machines set them), as every queue pair of rdma-dmabuf starts from.
+    pub transport_retry: Option<TransportRetry>,
     /// Bounds each connect, request and reply of the control channel.
     pub io_timeout: Duration,
     /// Queue pairs per (peer, local device, remote device); a batch's chunks are spread
@@ -50,8 +51,7 @@ impl Default for Settings {
             bind: SocketAddr::from(([0, 0, 0, 0], 0)),
             chunk_size: 256 << 10,
             in_flight: 64,
-            ack_timeout: 16,
-            retry_count: 6,
+            transport_retry: None,
             io_timeout: Duration::from_secs(10),
             queue_pairs: 2,
             workers: 2,
@@ -60,12 +60,27 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The transport retry settings the agent's queue pairs use: [`Settings::transport_retry`]
+    /// or rdma-dmabuf's defaults with the environment applied.
+    ///
+    /// # Errors
+    /// An environment variable that is set but unusable ([`Error::Setting`](rdma_dmabuf::Error::Setting)).
+    pub fn resolved_retry(&self) -> rdma_dmabuf::Result<TransportRetry> {
+        self.transport_retry
+            .map_or_else(TransportRetry::from_environment, Ok)
+    }
+
     /// How long after a peer dies its pending entries fail at most: every retry of one
-    /// request (the transport's budget), plus a second for the flush of the rest. Each
-    /// request in flight to the peer fails together, not one after another, since the first
-    /// failure moves the queue pair to the error state.
+    /// request (the transport's budget by the specification's bound,
+    /// [`TransportRetry::budget`]; soft-RoCE takes about a quarter of it), plus a second for
+    /// the flush of the rest. Each request in flight to the peer fails together, not one
+    /// after another, since the first failure moves the queue pair to the error state. With
+    /// an unusable environment (which `Agent::new` refuses) it states the defaults' bound.
     pub fn peer_failure_bound(&self) -> Duration {
-        let one = Duration::from_nanos(4096 << self.ack_timeout.min(31));
-        one * (u32::from(self.retry_count) + 1) + Duration::from_secs(1)
+        let retry = self.resolved_retry().unwrap_or(TransportRetry {
+            ack_timeout: rdma_dmabuf::DEFAULT_ACK_TIMEOUT,
+            retry_count: rdma_dmabuf::DEFAULT_RETRY_COUNT,
+        });
+        retry.budget() + Duration::from_secs(1)
     }
 }

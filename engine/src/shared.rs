@@ -37,10 +37,13 @@ impl Shared {
     /// A queue pair builder on device `device` with the agent's settings.
     pub fn qp_builder(&self, device: usize) -> QueuePairBuilder {
         let s = &self.settings;
-        QueuePairBuilder::new(&self.devices[device].pd)
-            .send_depth(s.in_flight)
-            .ack_timeout(s.ack_timeout)
-            .retry_count(s.retry_count)
+        let builder = QueuePairBuilder::new(&self.devices[device].pd).send_depth(s.in_flight);
+        match s.transport_retry {
+            Some(r) => builder
+                .ack_timeout(r.ack_timeout)
+                .retry_count(r.retry_count),
+            None => builder,
+        }
     }
 
     /// Forgets `agent`'s descriptor: the next transfer to it fetches it again.

@@ -117,10 +117,10 @@ pub use part::{Local, OwnedPart, Part, PartMut};
 pub use pd::ProtectionDomain;
 pub use qp::{
     BatchError, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
-    Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending, WorkError,
-    ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT, DEFAULT_BUSY_POLL, DEFAULT_HOP_LIMIT,
-    DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY, MAX_BATCH, MAX_BUSY_POLL,
-    MAX_ENV_ACK_TIMEOUT, MAX_ENV_RETRY_COUNT, RETRY_COUNT_ENV,
+    Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending,
+    TransportRetry, WorkError, ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT, DEFAULT_BUSY_POLL,
+    DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT, DEFAULT_RNR_RETRY, MAX_BATCH,
+    MAX_BUSY_POLL, MAX_ENV_ACK_TIMEOUT, MAX_ENV_RETRY_COUNT, RETRY_COUNT_ENV,
 };
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};

@@ -143,10 +143,19 @@ fn rdma_cm_refusals_are_typed() {
     let started = std::time::Instant::now();
     let err = CmConnector::resolve(addr, T)
         .unwrap()
-        .connect_retrying(QueuePairBuilder::new(&pd), &[], T, Duration::from_millis(500))
+        .connect_retrying(
+            QueuePairBuilder::new(&pd),
+            &[],
+            T,
+            Duration::from_millis(500),
+        )
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
-    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     // Too much private data.
     let c = CmConnector::resolve(addr, T).expect("resolve");
     let err = c

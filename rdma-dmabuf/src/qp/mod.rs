@@ -34,7 +34,9 @@ pub use retry::{
     DEFAULT_ACK_TIMEOUT, DEFAULT_HOP_LIMIT, DEFAULT_MIN_RNR_TIMER, DEFAULT_RETRY_COUNT,
     DEFAULT_RNR_RETRY,
 };
-pub use retry_env::{ACK_TIMEOUT_ENV, MAX_ENV_ACK_TIMEOUT, MAX_ENV_RETRY_COUNT, RETRY_COUNT_ENV};
+pub use retry_env::{
+    TransportRetry, ACK_TIMEOUT_ENV, MAX_ENV_ACK_TIMEOUT, MAX_ENV_RETRY_COUNT, RETRY_COUNT_ENV,
+};
 pub use srq::{SharedReceiveQueue, SrqPending};
 pub use wake::{DEFAULT_BUSY_POLL, MAX_BUSY_POLL};
 

@@ -45,6 +45,48 @@ const ACK_ACCEPTED: &str = "an ACK timeout exponent from 1 to 22 (4.096 us x 2^t
 const RETRY_ACCEPTED: &str = "a retry count from 0 to 6 (7 is read as forever by soft-RoCE: \
     ask for it with QueuePairBuilder::retry_count)";
 
+/// The ACK timeout exponent and transport retry count a new queue pair starts from
+/// ([`DEFAULT_ACK_TIMEOUT`](super::DEFAULT_ACK_TIMEOUT) and
+/// [`DEFAULT_RETRY_COUNT`](super::DEFAULT_RETRY_COUNT), with [`ACK_TIMEOUT_ENV`] and
+/// [`RETRY_COUNT_ENV`] applied), for a layer above that must state its own bounds before it
+/// builds a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TransportRetry {
+    /// The ACK timeout exponent (4.096 µs × 2^t per try).
+    pub ack_timeout: u8,
+    /// How many times an unacknowledged request is sent again.
+    pub retry_count: u8,
+}
+
+impl TransportRetry {
+    /// The defaults of [`QueuePairBuilder::new`](super::QueuePairBuilder::new), the
+    /// environment's values applied.
+    ///
+    /// # Errors
+    /// [`Error::Setting`] for a variable that is set but unusable, as `build` would refuse.
+    pub fn from_environment() -> crate::error::Result<TransportRetry> {
+        let (r, bad) = apply(Retry::default());
+        match bad {
+            Some(b) => Err(b.to_error()),
+            None => Ok(TransportRetry {
+                ack_timeout: r.ack_timeout,
+                retry_count: r.retry_count,
+            }),
+        }
+    }
+
+    /// The longest a request can stay unacknowledged with these values before it fails:
+    /// [`QueuePairBuilder::retry_budget`](super::QueuePairBuilder::retry_budget)'s bound.
+    pub fn budget(&self) -> std::time::Duration {
+        Retry {
+            ack_timeout: self.ack_timeout,
+            retry_count: self.retry_count,
+            ..Retry::default()
+        }
+        .transport_budget()
+    }
+}
+
 /// A variable that is set but unusable: kept by the builder (which is `Clone`) and turned
 /// into [`Error::Setting`] when it builds.
 #[derive(Clone, Debug)]
