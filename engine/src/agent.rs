@@ -207,8 +207,10 @@ impl Agent {
             .publish(&self.shared.descriptor(), self.address())
     }
 
-    /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`: always).
+    /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`, or a
+    /// backend that follows its peers itself: always).
     fn peer_records(&self, batch: &Batch, refresh: bool) -> Result<HashMap<String, PeerRecord>> {
+        let refresh = refresh || self.shared.metadata.follows_peers();
         let mut out = HashMap::new();
         for e in &batch.entries {
             if out.contains_key(&e.remote_agent) {

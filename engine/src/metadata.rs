@@ -46,6 +46,15 @@ pub trait MetadataService: Send + Sync {
     /// [`Error::UnknownAgent`] for an agent the service does not know;
     /// [`Error::IncompatibleVersion`] for a descriptor of another format; the backend's.
     fn lookup(&self, agent: &str) -> Result<PeerRecord>;
+
+    /// Whether [`MetadataService::lookup`] answers from a cache that the backend keeps
+    /// current itself (a watch), cheaply: the agent then asks it before every transfer, so
+    /// that a peer withdrawn or restarted is seen at once. `false` (the default): each
+    /// lookup costs a round trip, and the agent keeps the records it got until a transfer
+    /// finds them stale.
+    fn follows_peers(&self) -> bool {
+        false
+    }
 }
 
 /// The embedded backend: peers are named with their control address

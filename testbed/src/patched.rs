@@ -42,6 +42,9 @@ pub fn build(cache: &Cache, kernel: &Kernel) -> Result<Patched> {
     let patches = patch_files(&embedded_sources(cache)?)?;
     let key = cache_key(kernel, &patches)?;
     let dir = cache.dir.join(format!("patched-{key:016x}"));
+    // One builder at a time per cache: another testbed process waits here rather than
+    // building into (or removing) the same folders.
+    let _lock = lock(&cache.dir, "patched")?;
     let out = Patched {
         module: dir.join("rdma_rxe.ko"),
         exporter: dir.join(format!("{TEST_EXPORTER}.ko")),
@@ -134,15 +137,46 @@ fn cache_key(kernel: &Kernel, p: &Patches) -> Result<u64> {
     Ok(h.finish())
 }
 
-/// Removes the folders of `testbed` whose names start with `prefix`, except `keep`: builds
-/// cached under an older key.
+/// How long a build cached under another key is kept: another checkout's testbed (another
+/// version of the patches or of this code) may be using it at the same time, and must not
+/// find it removed under a running VM.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes the folders of `testbed` whose names start with `prefix`, except `keep` and those
+/// changed in the last [`STALE_AFTER`]: builds cached under another key that nobody has
+/// built for a day.
 pub fn remove_stale(testbed: &Path, prefix: &str, keep: &Path) {
     for e in std::fs::read_dir(testbed).into_iter().flatten().flatten() {
         let p = e.path();
-        if p != keep && e.file_name().to_string_lossy().starts_with(prefix) {
+        let recent = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age < STALE_AFTER);
+        if p != keep && !recent && e.file_name().to_string_lossy().starts_with(prefix) {
             let _ = std::fs::remove_dir_all(p);
         }
     }
+}
+
+/// An exclusive lock on `<testbed>/<name>.lock` (`flock`), held until the file is dropped:
+/// builds of the shared cache by several testbed processes take turns.
+///
+/// # Errors
+/// The lock file cannot be created or locked.
+pub fn lock(testbed: &Path, name: &str) -> Result<std::fs::File> {
+    std::fs::create_dir_all(testbed)?;
+    let path = testbed.join(format!("{name}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    file.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    Ok(file)
 }
 
 /// A fresh sibling `<name>.partial` of `root` (versions contain dots: no with_extension).
@@ -426,4 +460,32 @@ pub fn build_in_place(tree: &Path, pyverbs: bool) -> Result {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_builds_go_after_a_day_and_recent_ones_of_other_keys_stay() {
+        let root = std::env::temp_dir().join(format!("testbed-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["patched-keep", "patched-recent", "patched-old", "other-old"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let day_ago = std::time::SystemTime::now() - STALE_AFTER - STALE_AFTER / 24;
+        for d in ["patched-old", "other-old"] {
+            std::fs::File::open(root.join(d))
+                .unwrap()
+                .set_modified(day_ago)
+                .unwrap();
+        }
+        remove_stale(&root, "patched-", &root.join("patched-keep"));
+        let left = |d: &str| root.join(d).is_dir();
+        assert!(left("patched-keep") && left("patched-recent") && left("other-old"));
+        assert!(!left("patched-old"), "a day-old build of another key stays");
+        let held = lock(&root, "patched").unwrap();
+        drop(held);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

@@ -8,6 +8,7 @@
 pub mod counts;
 pub mod cuda_standin;
 pub mod device_admin;
+pub mod engine;
 pub mod etcd;
 pub mod evil_waker;
 pub mod exporters;

@@ -4,12 +4,12 @@
 //! testbed VM.
 
 use gpu_rdma_engine::{
-    Agent, AgentDescriptor, Batch, EmbeddedMetadata, EntryStatus, Error, Memory, MetadataService,
+    Agent, AgentDescriptor, Batch, EmbeddedMetadata, EntryStatus, Error, MetadataService,
     PeerRecord, Settings,
 };
+use integration_tests::engine::{bytes, host};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
-use rdma_dmabuf::HostBuffer;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,19 +22,6 @@ fn settings(tb: &Testbed, chunk: u64) -> Settings {
         bind: "127.0.0.1:0".parse().unwrap(),
         chunk_size: chunk,
         ..Settings::default()
-    }
-}
-
-fn host(data: &[u8], len: usize) -> HostBuffer {
-    let mut h = HostBuffer::new(len).unwrap();
-    h.as_mut_slice()[..data.len()].copy_from_slice(data);
-    h
-}
-
-fn bytes(m: Memory) -> Vec<u8> {
-    match m {
-        Memory::Host(h) => h.as_slice().to_vec(),
-        Memory::DmaBuf(_) => panic!("host segments only here"),
     }
 }
 

@@ -3,14 +3,14 @@
 //! through etcd, keys live under leases, watches follow segments, etcd lost and back.
 
 use gpu_rdma_engine::{
-    Agent, AgentDescriptor, Batch, DeviceRegion, Error, EtcdMetadata, EtcdSettings, Memory,
+    Agent, AgentDescriptor, Batch, DeviceRegion, Error, EtcdMetadata, EtcdSettings,
     MetadataService, SegmentDescriptor, Settings,
 };
+use integration_tests::engine::{bytes, host};
 use integration_tests::etcd::Etcd;
 use integration_tests::exporters::Exporter;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
-use rdma_dmabuf::HostBuffer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,19 +35,6 @@ fn agent(tb: &Testbed, name: &str, m: &Arc<EtcdMetadata>) -> Agent {
         ..Settings::default()
     };
     Agent::with_metadata(name, settings, m.clone()).expect("agent")
-}
-
-fn host(data: &[u8], len: usize) -> HostBuffer {
-    let mut h = HostBuffer::new(len).unwrap();
-    h.as_mut_slice()[..data.len()].copy_from_slice(data);
-    h
-}
-
-fn bytes(m: Memory) -> Vec<u8> {
-    match m {
-        Memory::Host(h) => h.as_slice().to_vec(),
-        Memory::DmaBuf(mut d) => Exporter::read(&mut d),
-    }
 }
 
 /// Polls `f` every 100 ms until it holds, at most `limit`; how long it took.

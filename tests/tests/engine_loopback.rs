@@ -1,10 +1,10 @@
 //! The transfer engine on one node: two agents over rxe loopback. Needs the testbed VM.
 
-use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, Memory, Settings, Side};
+use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, Settings, Side};
+use integration_tests::engine::{bytes, host};
 use integration_tests::exporters::{Exporter, ALL};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
-use rdma_dmabuf::HostBuffer;
 use std::time::{Duration, Instant};
 
 const BLOCK: u64 = 64 << 10;
@@ -26,19 +26,6 @@ fn pair(tb: &Testbed) -> (Agent, Agent) {
     a.add_peer("b", b.address());
     b.add_peer("a", a.address());
     (a, b)
-}
-
-fn host(data: &[u8], len: usize) -> HostBuffer {
-    let mut h = HostBuffer::new(len).unwrap();
-    h.as_mut_slice()[..data.len()].copy_from_slice(data);
-    h
-}
-
-fn bytes(m: Memory) -> Vec<u8> {
-    match m {
-        Memory::Host(h) => h.as_slice().to_vec(),
-        Memory::DmaBuf(mut d) => Exporter::read(&mut d),
-    }
 }
 
 #[test]

@@ -3,11 +3,11 @@
 //! dropped while node b's writes to it are in flight: node b's entries fail typed within
 //! the bound, and node a's second agent keeps working). Needs the two-node testbed.
 
-use gpu_rdma_engine::{Agent, Batch, Error, Memory, Settings, Transfer};
+use gpu_rdma_engine::{Agent, Batch, Error, Settings, Transfer};
+use integration_tests::engine::{bytes, host};
 use integration_tests::oob;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
-use rdma_dmabuf::HostBuffer;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(240);
@@ -41,19 +41,6 @@ fn add_peers(tb: &Testbed, a: &Agent) {
             };
             a.add_peer(name, format!("{host}:{port}").parse().unwrap());
         }
-    }
-}
-
-fn host(data: &[u8], len: usize) -> HostBuffer {
-    let mut h = HostBuffer::new(len).unwrap();
-    h.as_mut_slice()[..data.len()].copy_from_slice(data);
-    h
-}
-
-fn bytes(m: Memory) -> Vec<u8> {
-    match m {
-        Memory::Host(h) => h.as_slice().to_vec(),
-        Memory::DmaBuf(_) => panic!("host segments only here"),
     }
 }
 

@@ -182,6 +182,11 @@ impl EtcdMetadata {
 }
 
 impl MetadataService for EtcdMetadata {
+    /// Looked-up peers are watched: the backend's cache follows etcd.
+    fn follows_peers(&self) -> bool {
+        true
+    }
+
     /// Publishes `descriptor` under the agent's lease. The first call grants the lease,
     /// creates the agent record (refused with [`Error::AgentExists`] while a live record of
     /// another incarnation holds the name) and starts the lease's renewal; later calls put

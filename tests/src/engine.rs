@@ -1,0 +1,22 @@
+//! Helpers of the transfer engine's tests: host memory with given bytes, and a segment's
+//! bytes once unregistering has handed its memory back.
+
+use crate::exporters::Exporter;
+use gpu_rdma_engine::Memory;
+use rdma_dmabuf::HostBuffer;
+
+/// `len` bytes of host memory starting with `data` (the rest zero).
+pub fn host(data: &[u8], len: usize) -> HostBuffer {
+    let mut h = HostBuffer::new(len).expect("host buffer");
+    h.as_mut_slice()[..data.len()].copy_from_slice(data);
+    h
+}
+
+/// The bytes of memory an unregistered segment handed back (a dma-buf read through its
+/// mapping).
+pub fn bytes(m: Memory) -> Vec<u8> {
+    match m {
+        Memory::Host(h) => h.as_slice().to_vec(),
+        Memory::DmaBuf(mut d) => Exporter::read(&mut d),
+    }
+}
