@@ -169,8 +169,9 @@ impl Agent {
 
     /// Registers `memory` (a [`DmaBuf`](rdma_dmabuf::DmaBuf) or a
     /// [`HostBuffer`](rdma_dmabuf::HostBuffer)) whole as segment `name`, readable and
-    /// writable by peers, and publishes it. The segment is registered on the agent's first
-    /// device (see the crate's documentation, "Limits").
+    /// writable by peers, and publishes it. A dma-buf is registered on every device of the
+    /// agent (one region each, all in the descriptor); host memory on the first device only
+    /// (see the crate's documentation, "Limits").
     ///
     /// # Errors
     /// [`Error::SegmentExists`] (the memory is dropped), [`Error::Rdma`] for the
@@ -179,9 +180,9 @@ impl Agent {
         if self.shared.segments.lock().contains_key(name) {
             return Err(Error::SegmentExists(name.into()));
         }
-        let device = &self.shared.devices[0];
-        let region = Region::register(device, memory.into())?;
-        let desc = describe(name, 0, device, &region);
+        let devices = &self.shared.devices;
+        let region = Region::register(devices, memory.into())?;
+        let desc = describe(name, devices, &region);
         self.shared
             .segments
             .insert(desc.clone(), region)
@@ -190,7 +191,7 @@ impl Agent {
         Ok(desc)
     }
 
-    /// Deregisters segment `name` and hands its memory back.
+    /// Deregisters segment `name` (every device's region) and hands its memory back.
     ///
     /// # Errors
     /// [`Error::SegmentBusy`] while a transfer that uses it has not finished (nothing

@@ -38,11 +38,16 @@
 //! successfully.
 //!
 //! # Limits (this slice)
-//! A segment is registered on the agent's first device only: rdma-dmabuf's regions own
-//! their memory, and neither a [`DmaBuf`](rdma_dmabuf::DmaBuf) (one owner per buffer) nor a
-//! `HostBuffer` can back regions in two protection domains through its public API. Batches
-//! that use the same local segment take turns on it, one round at a time (a region is lent
-//! whole to one worker).
+//! A dma-buf segment is registered on every device of the agent: the buffer is shared
+//! ([`SharedDmaBuf`](rdma_dmabuf::SharedDmaBuf), no CPU access), one region per protection
+//! domain, each in the descriptor's `regions`; each chunk goes through the region of the
+//! local device it is planned on (a device both segments are registered on, the same index
+//! on both sides where there is one, spread over those). [`Agent::unregister`] deregisters
+//! every region and hands the [`DmaBuf`](rdma_dmabuf::DmaBuf) back (an error, never a silent
+//! leak, if some handle still held it). A `HostBuffer` segment is registered on the first
+//! device only: a `HostBuffer` backs one region, and rdma-dmabuf's public API cannot share it
+//! across protection domains. Batches that use the same local segment take turns on it, one
+//! round at a time (a segment's regions are lent together to one worker).
 #![forbid(unsafe_code)]
 
 mod agent;

@@ -2,7 +2,7 @@
 //! run before anything is posted.
 
 use crate::batch::{Entry, Op};
-use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
+use crate::descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor};
 use crate::error::{Error, Result, Side};
 use std::collections::HashMap;
 
@@ -132,7 +132,7 @@ pub(crate) fn plan<'l, 'r>(
                 needs,
             });
         }
-        let (Some(lr), Some(rr)) = (l.regions.first(), r.regions.first()) else {
+        if l.regions.is_empty() || r.regions.is_empty() {
             return Err(Error::Protocol(format!(
                 "entry {i}: a segment registered on no device"
             )));
@@ -153,6 +153,7 @@ pub(crate) fn plan<'l, 'r>(
         }
         for k in 0..n {
             let at = k * chunk_size;
+            let (lr, rr) = devices(l, r, chunks.len());
             chunks.push(Chunk {
                 entry: i as u32,
                 op: e.op,
@@ -182,6 +183,28 @@ pub(crate) fn plan<'l, 'r>(
         rounds,
         chunks_per_entry,
     })
+}
+
+/// The (local, remote) regions chunk number `k` of the batch goes through, both segments
+/// having at least one: spread over the devices of the same index that both are registered
+/// on, or, with none in common, over each side's own (any local device reaches any remote
+/// one: the queue pairs are per device pair).
+fn devices<'a>(
+    l: &'a SegmentDescriptor,
+    r: &'a SegmentDescriptor,
+    k: usize,
+) -> (&'a DeviceRegion, &'a DeviceRegion) {
+    let both = |lr: &&DeviceRegion| r.regions.iter().any(|rr| rr.device == lr.device);
+    let n = l.regions.iter().filter(both).count();
+    if n > 0 {
+        let lr = l.regions.iter().filter(both).nth(k % n).expect("n of them");
+        let rr = r.regions.iter().find(|rr| rr.device == lr.device);
+        return (lr, rr.expect("filtered on it"));
+    }
+    (
+        &l.regions[k % l.regions.len()],
+        &r.regions[k % r.regions.len()],
+    )
 }
 
 /// Refuses a read whose local range overlaps any other entry's in the same segment.

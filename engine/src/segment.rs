@@ -9,7 +9,7 @@ use crate::descriptor::{DeviceRegion, SegmentDescriptor};
 use crate::devices::Device;
 use crate::error::{Error, Result};
 use crate::metadata::lock;
-use rdma_dmabuf::{Access, DmaBuf, HostBuffer, MemoryRegion};
+use rdma_dmabuf::{Access, DmaBuf, HostBuffer, MemoryRegion, SharedDmaBuf};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -34,11 +34,16 @@ impl From<HostBuffer> for Memory {
     }
 }
 
-/// A registered segment's region.
+/// A registered segment's regions, by device index.
+///
+/// A dma-buf is shared ([`SharedDmaBuf`]) and registered in every device's protection
+/// domain, one region each; host memory is registered on the first device only (a
+/// [`HostBuffer`] backs one region: its public API cannot share it across protection
+/// domains). A slot is `None` only while its region is lent to `exec::run`.
 #[derive(Debug)]
 pub(crate) enum Region {
-    DmaBuf(MemoryRegion<DmaBuf>),
-    Host(MemoryRegion<HostBuffer>),
+    DmaBuf(Vec<Option<MemoryRegion<SharedDmaBuf>>>),
+    Host(Option<MemoryRegion<HostBuffer>>),
 }
 
 /// Every access a segment is registered with: peers read and write it.
@@ -47,60 +52,115 @@ const ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_READ);
 
 impl Region {
-    /// Registers `memory` whole on `device`.
-    pub fn register(device: &Device, memory: Memory) -> Result<Region> {
+    /// Registers `memory` whole: a dma-buf on every one of `devices`, host memory on the
+    /// first. On failure the regions made so far are deregistered and dropped.
+    pub fn register(devices: &[Device], memory: Memory) -> Result<Region> {
         let fail = |e| Error::rdma("register a segment", e);
         Ok(match memory {
             Memory::DmaBuf(d) => {
                 let len = d.size();
-                Region::DmaBuf(
-                    MemoryRegion::register_dmabuf(&device.pd, d, 0, len, None, ACCESS)
+                let shared = SharedDmaBuf::new(d);
+                let mut regions = Vec::with_capacity(devices.len());
+                for device in devices {
+                    regions.push(Some(
+                        MemoryRegion::register_shared_dmabuf(
+                            &device.pd, &shared, 0, len, None, ACCESS,
+                        )
                         .map_err(fail)?,
-                )
+                    ));
+                }
+                Region::DmaBuf(regions)
             }
-            Memory::Host(h) => {
-                Region::Host(MemoryRegion::register(&device.pd, h, ACCESS).map_err(fail)?)
-            }
+            Memory::Host(h) => Region::Host(Some(
+                MemoryRegion::register(&devices[0].pd, h, ACCESS).map_err(fail)?,
+            )),
         })
     }
 
-    fn remote(&self) -> (u64, u64, u32) {
+    /// (device index, addr, len, rkey) of every region.
+    fn remotes(&self) -> Vec<(u16, u64, u64, u32)> {
+        let rows = |i: usize, addr, len, rkey| (i as u16, addr, len, rkey);
         match self {
-            Region::DmaBuf(r) => (r.addr(), r.len(), r.rkey()),
-            Region::Host(r) => (r.addr(), r.len(), r.rkey()),
+            Region::DmaBuf(rs) => rs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| r.as_ref().map(|r| rows(i, r.addr(), r.len(), r.rkey())))
+                .collect(),
+            Region::Host(r) => r
+                .iter()
+                .map(|r| rows(0, r.addr(), r.len(), r.rkey()))
+                .collect(),
         }
     }
 
-    /// Deregisters; the memory back.
+    /// Whether every region is home (none lent, none lost).
+    pub fn whole(&self) -> bool {
+        match self {
+            Region::DmaBuf(rs) => rs.iter().all(Option::is_some),
+            Region::Host(r) => r.is_some(),
+        }
+    }
+
+    /// Deregisters every region; the memory back. A dma-buf comes back once its last
+    /// region is deregistered; if some handle still held it, that is a bug, reported as
+    /// [`Error::Protocol`] rather than leaked silently.
     pub fn into_memory(self) -> Result<Memory> {
         let fail = |e| Error::rdma("deregister a segment", e);
-        Ok(match self {
-            Region::DmaBuf(r) => Memory::DmaBuf(r.into_inner().map_err(fail)?),
-            Region::Host(r) => Memory::Host(r.into_inner().map_err(fail)?),
-        })
+        let missing = || Error::Protocol("a segment's region was lost".into());
+        match self {
+            Region::DmaBuf(rs) => {
+                let mut shared = None;
+                let mut first_err = None;
+                for r in rs {
+                    match r.map(MemoryRegion::into_inner) {
+                        Some(Ok(s)) => shared = Some(s),
+                        Some(Err(e)) => {
+                            first_err.get_or_insert(fail(e));
+                        }
+                        None => {
+                            first_err.get_or_insert_with(missing);
+                        }
+                    }
+                }
+                if let Some(e) = first_err {
+                    return Err(e);
+                }
+                let shared = shared.ok_or_else(missing)?;
+                shared.try_into_inner().map(Memory::DmaBuf).map_err(|s| {
+                    Error::Protocol(format!(
+                        "a deregistered dma-buf segment is still held ({} handles)",
+                        s.holders()
+                    ))
+                })
+            }
+            Region::Host(r) => Ok(Memory::Host(
+                r.ok_or_else(missing)?.into_inner().map_err(fail)?,
+            )),
+        }
     }
 }
 
-/// The descriptor of `region`, registered as `name` on device `index`.
-pub(crate) fn describe(
-    name: &str,
-    index: u16,
-    device: &Device,
-    region: &Region,
-) -> SegmentDescriptor {
-    let (addr, len, rkey) = region.remote();
+/// The descriptor of `region`, registered as `name` on `devices` (by index).
+pub(crate) fn describe(name: &str, devices: &[Device], region: &Region) -> SegmentDescriptor {
+    let remotes = region.remotes();
     SegmentDescriptor {
         name: name.into(),
-        len,
+        len: remotes.first().map_or(0, |r| r.2),
         remote_read: true,
         remote_write: true,
-        regions: vec![DeviceRegion {
-            device: index,
-            device_name: device.name.clone(),
-            gid: device.gid,
-            addr,
-            rkey,
-        }],
+        regions: remotes
+            .into_iter()
+            .map(|(index, addr, _, rkey)| {
+                let device = &devices[usize::from(index)];
+                DeviceRegion {
+                    device: index,
+                    device_name: device.name.clone(),
+                    gid: device.gid,
+                    addr,
+                    rkey,
+                }
+            })
+            .collect(),
     }
 }
 

@@ -59,16 +59,19 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
     let mut order: Vec<usize> = (0..plan.chunks.len()).collect();
     // In place (a stable sort's scratch would be allocated past a size), in batch order
     // within each group.
-    order.sort_unstable_by_key(|&c| (plan.chunks[c].round, plan.chunks[c].segment, c));
+    order.sort_unstable_by_key(|&c| {
+        let ch = &plan.chunks[c];
+        (ch.round, ch.segment, ch.local_device, c)
+    });
     let window = shared.settings.in_flight as usize;
     for picks in order.chunk_by(|&a, &b| {
         let (a, b) = (&plan.chunks[a], &plan.chunks[b]);
         (a.round, a.segment) == (b.round, b.segment)
     }) {
         let name = &plan.segments[usize::from(plan.chunks[picks[0]].segment)];
-        // Waits while another worker's batch has it lent (a region is lent for one round
-        // of one segment, and a worker never waits for a region while holding one).
-        let Some(region) = shared.segments.take(name) else {
+        // Waits while another worker's batch has it lent (a segment is lent for one round
+        // of it, and a worker never waits for a segment while holding one).
+        let Some(mut region) = shared.segments.take(name) else {
             let e = Error::SegmentBusy {
                 segment: name.clone(),
                 users: 0,
@@ -78,16 +81,25 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
             }
             continue;
         };
-        let (chunks, progress) = (&plan.chunks[..], &*job.progress);
-        let back = match region {
-            Region::DmaBuf(r) => {
-                exec::run(r, chunks, picks, &mut lanes, progress, window).map(Region::DmaBuf)
-            }
-            Region::Host(r) => {
-                exec::run(r, chunks, picks, &mut lanes, progress, window).map(Region::Host)
-            }
-        };
-        shared.segments.put_back(name, back);
+        // Each local device's chunks from that device's region.
+        for picks in
+            picks.chunk_by(|&a, &b| plan.chunks[a].local_device == plan.chunks[b].local_device)
+        {
+            let device = usize::from(plan.chunks[picks[0]].local_device);
+            run_on(
+                &mut region,
+                device,
+                plan,
+                picks,
+                &mut lanes,
+                &job.progress,
+                window,
+            );
+        }
+        // A region lost (never expected) loses the segment: the others are dropped.
+        shared
+            .segments
+            .put_back(name, Some(region).filter(Region::whole));
     }
     let down: Vec<bool> = lanes.iter().map(|l| l.down.is_some()).collect();
     drop(lanes);
@@ -119,6 +131,43 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
         }
     }
     job.progress.finish(note_error);
+}
+
+/// Runs `picks` (all planned on local device `device`) from `region`'s region on that
+/// device; a chunk whose device has no region (never expected: the plan picks devices the
+/// segment is registered on) fails.
+fn run_on<'c>(
+    region: &mut Region,
+    device: usize,
+    plan: &Plan,
+    picks: &[usize],
+    lanes: &mut [Lane<'c>],
+    progress: &Progress,
+    window: usize,
+) {
+    let chunks = &plan.chunks[..];
+    let found = match region {
+        Region::DmaBuf(rs) => match rs.get_mut(device) {
+            Some(slot @ Some(_)) => {
+                let r = slot.take().expect("matched Some");
+                *slot = exec::run(r, chunks, picks, lanes, progress, window);
+                true
+            }
+            _ => false,
+        },
+        Region::Host(slot @ Some(_)) if device == 0 => {
+            let r = slot.take().expect("matched Some");
+            *slot = exec::run(r, chunks, picks, lanes, progress, window);
+            true
+        }
+        Region::Host(_) => false,
+    };
+    if !found {
+        let e = Error::Protocol(format!("no region of the segment on local device {device}"));
+        for &c in picks {
+            progress.fail(chunks[c].entry, &e);
+        }
+    }
 }
 
 /// Makes sure the worker is connected to peer `p`, which still is the incarnation the
