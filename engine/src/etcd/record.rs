@@ -1,10 +1,8 @@
 //! The etcd backend's values: the agent record, a segment's value, typed errors.
 
-use super::state::Watched;
 use crate::codec::{Reader, Writer};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor, FORMAT_VERSION};
 use crate::error::{Error, Result};
-use crate::metadata::PeerRecord;
 use std::net::SocketAddr;
 
 /// The first bytes of an agent record; [`FORMAT_VERSION`] follows.
@@ -80,29 +78,4 @@ pub(super) fn one_segment(agent: &str, incarnation: u64, s: &SegmentDescriptor) 
         segments: vec![s.clone()],
     }
     .to_bytes()
-}
-
-/// A peer's record from its watched state.
-pub(super) fn record_of(agent: &str, w: &Watched) -> Result<PeerRecord> {
-    if let Some(e) = w.refused.values().next() {
-        return Err(e.clone());
-    }
-    let r = w
-        .record
-        .as_ref()
-        .ok_or_else(|| Error::UnknownAgent(agent.into()))?;
-    let segments = w
-        .segments
-        .values()
-        .filter(|(i, _)| *i == r.incarnation)
-        .map(|(_, s)| s.clone())
-        .collect();
-    Ok(PeerRecord {
-        descriptor: AgentDescriptor {
-            agent: agent.into(),
-            incarnation: r.incarnation,
-            segments,
-        },
-        control: r.control,
-    })
 }

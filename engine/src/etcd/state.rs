@@ -5,6 +5,7 @@ use super::EtcdSettings;
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::metadata::lock;
+use crate::metadata::PeerRecord;
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
@@ -408,4 +409,29 @@ impl Inner {
             }
         }
     }
+}
+
+/// A peer's record from its watched state.
+pub(super) fn record_of(agent: &str, w: &Watched) -> Result<PeerRecord> {
+    if let Some(e) = w.refused.values().next() {
+        return Err(e.clone());
+    }
+    let r = w
+        .record
+        .as_ref()
+        .ok_or_else(|| Error::UnknownAgent(agent.into()))?;
+    let segments = w
+        .segments
+        .values()
+        .filter(|(i, _)| *i == r.incarnation)
+        .map(|(_, s)| s.clone())
+        .collect();
+    Ok(PeerRecord {
+        descriptor: AgentDescriptor {
+            agent: agent.into(),
+            incarnation: r.incarnation,
+            segments,
+        },
+        control: r.control,
+    })
 }
