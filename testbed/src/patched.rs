@@ -143,7 +143,7 @@ fn cache_key(kernel: &Kernel, p: &Patches) -> Result<u64> {
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Removes the folders of `testbed` whose names start with `prefix`, except `keep` and those
-/// changed in the last [`STALE_AFTER`]: builds cached under another key that nobody has
+/// changed in the last day (`STALE_AFTER`): builds cached under another key that nobody has
 /// built for a day.
 pub fn remove_stale(testbed: &Path, prefix: &str, keep: &Path) {
     for e in std::fs::read_dir(testbed).into_iter().flatten().flatten() {
