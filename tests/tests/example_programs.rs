@@ -149,6 +149,47 @@ fn two_node_gpu_rdma_write_across_the_wire() {
     }
 }
 
+/// The engine example as the README runs it: three agents, 1,024 scattered 64 KiB blocks
+/// from vgem, udmabuf, the system heap and host memory written and read back.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn engine_transfer_moves_1024_scattered_blocks_between_three_agents_and_verifies() {
+    let _tb = Testbed::get();
+    let out = run(example("engine_transfer").args(["--agents", "3"]), T);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("blocks: 1024 x 64 KiB"), "{t}");
+    assert!(t.contains("verified: every byte"), "{t}");
+}
+
+/// The engine bench, small: one result line per peer count and size, each a positive
+/// bandwidth and latency.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn engine_bench_reports_bandwidth_and_latency_per_size() {
+    let _tb = Testbed::get();
+    let out = run(
+        example("engine_bench").args(["--bytes", "1M", "--rounds", "1", "--sizes", "4K,64K"]),
+        T,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = t
+        .lines()
+        .filter(|l| l.starts_with("RESULT engine"))
+        .collect();
+    assert_eq!(lines.len(), 4, "two peer counts x two sizes:\n{t}");
+    for l in lines {
+        let num = |key: &str| -> f64 {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {l}"))
+        };
+        assert!(num("bw_MBps=") > 0.0 && num("lat_us=") > 0.0, "{l}");
+    }
+}
+
 /// rdma-dmabuf's `two_node` example, the recipe of its README: the client starts first and
 /// retries until the server (started 2 s later) listens; the server learns from the
 /// disconnect that the client is done, deregisters and checks every byte.
