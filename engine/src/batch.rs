@@ -53,7 +53,7 @@ impl Batch {
     /// Adds a write of `local[local_offset..+len]` to `remote_agent`'s
     /// `remote_segment[remote_offset..]`.
     pub fn write(
-        mut self,
+        self,
         local: &str,
         local_offset: u64,
         remote_agent: &str,
@@ -61,22 +61,14 @@ impl Batch {
         remote_offset: u64,
         len: u64,
     ) -> Batch {
-        self.entries.push(Entry {
-            op: Op::Write,
-            local: local.into(),
-            local_offset,
-            remote_agent: remote_agent.into(),
-            remote_segment: remote_segment.into(),
-            remote_offset,
-            len,
-        });
-        self
+        let (remote, at) = ((remote_agent, remote_segment), remote_offset);
+        self.entry(Op::Write, (local, local_offset), remote, at, len)
     }
 
     /// Adds a read of `remote_agent`'s `remote_segment[remote_offset..+len]` into
     /// `local[local_offset..]`.
     pub fn read(
-        mut self,
+        self,
         local: &str,
         local_offset: u64,
         remote_agent: &str,
@@ -84,8 +76,22 @@ impl Batch {
         remote_offset: u64,
         len: u64,
     ) -> Batch {
+        let (remote, at) = ((remote_agent, remote_segment), remote_offset);
+        self.entry(Op::Read, (local, local_offset), remote, at, len)
+    }
+
+    /// Adds an entry: `op` between `local` (segment, offset) and `remote` (agent, segment)
+    /// at `remote_offset`, `len` bytes.
+    fn entry(
+        mut self,
+        op: Op,
+        (local, local_offset): (&str, u64),
+        (remote_agent, remote_segment): (&str, &str),
+        remote_offset: u64,
+        len: u64,
+    ) -> Batch {
         self.entries.push(Entry {
-            op: Op::Read,
+            op,
             local: local.into(),
             local_offset,
             remote_agent: remote_agent.into(),

@@ -91,6 +91,22 @@ impl<'a> Reader<'a> {
             .map_err(|_| Error::Protocol("a name that is not UTF-8".into()))
     }
     /// Refuses trailing bytes.
+    /// Reads `magic` (else [`Error::Protocol`] naming `what`) and a format version, which
+    /// must be `version` (else [`Error::IncompatibleVersion`]).
+    pub fn header(&mut self, magic: &[u8], version: u16, what: &str) -> Result<()> {
+        if self.raw(magic.len())? != magic {
+            return Err(Error::Protocol(format!("not {what} (bad magic)")));
+        }
+        let found = self.u16()?;
+        if found != version {
+            return Err(Error::IncompatibleVersion {
+                found,
+                supported: version,
+            });
+        }
+        Ok(())
+    }
+
     pub fn end(&self) -> Result<()> {
         if self.at == self.b.len() {
             Ok(())

@@ -85,18 +85,7 @@ impl AgentDescriptor {
     /// unknown access bits.
     pub fn from_bytes(b: &[u8]) -> Result<AgentDescriptor> {
         let mut r = Reader::new(b);
-        if r.raw(MAGIC.len())? != MAGIC {
-            return Err(Error::Protocol(
-                "not an agent descriptor (bad magic)".into(),
-            ));
-        }
-        let found = r.u16()?;
-        if found != FORMAT_VERSION {
-            return Err(Error::IncompatibleVersion {
-                found,
-                supported: FORMAT_VERSION,
-            });
-        }
+        r.header(MAGIC, FORMAT_VERSION, "an agent descriptor")?;
         let agent = r.str()?;
         let incarnation = r.u64()?;
         let n = r.u32()?;

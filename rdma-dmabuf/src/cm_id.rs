@@ -89,22 +89,39 @@ impl Channel {
         timeout: Duration,
         step: &str,
     ) -> Result<Event> {
+        self.until_async(timeout, step, || match self.try_next(step)? {
+            Some(ev) => check_event(ev, expect, step).map(Some),
+            None => Ok(None),
+        })
+        .await
+    }
+
+    /// Calls `ready` until it gives a value, waiting on tokio's reactor (at most `timeout`)
+    /// for the channel to become readable between two calls; `ETIMEDOUT` naming `step`
+    /// after `timeout`. The fd is registered for the wait only.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn until_async<T>(
+        &self,
+        timeout: Duration,
+        step: &str,
+        mut ready: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
         use crate::deadline::{reactor_error, register};
         let wait = async {
             // SAFETY: the registration is a local of this block, which the channel
             // (borrowed for the whole call) outlives.
             let fd = unsafe { register(self.fd()) }.map_err(|e| reactor_error(Op::Cm, step, &e))?;
             loop {
-                if let Some(ev) = self.try_next(step)? {
-                    return check_event(ev, expect, step);
+                if let Some(v) = ready()? {
+                    return Ok(v);
                 }
-                let mut ready = fd
+                let mut readable = fd
                     .readable()
                     .await
                     .map_err(|e| reactor_error(Op::Cm, step, &e))?;
-                match self.try_next(step)? {
-                    Some(ev) => return check_event(ev, expect, step),
-                    None => ready.clear_ready(),
+                match ready()? {
+                    Some(v) => return Ok(v),
+                    None => readable.clear_ready(),
                 }
             }
         };
@@ -336,31 +353,9 @@ impl CmId {
     /// As [`CmId::wait_disconnected`], awaiting the event channel on tokio's reactor.
     #[cfg(feature = "tokio")]
     pub(crate) async fn wait_disconnected_async(&self, timeout: Duration) -> Result<ConnectionEnd> {
-        use crate::deadline::{reactor_error, register};
-        let step = "wait for disconnect";
-        let wait = async {
-            // SAFETY: the registration is a local of this block, which the id (and so its
-            // channel, borrowed for the whole call) outlives.
-            let fd = unsafe { register(self.channel.fd()) }
-                .map_err(|e| reactor_error(Op::Cm, step, &e))?;
-            loop {
-                if let Some(end) = self.take_events()? {
-                    return Ok(end);
-                }
-                fd.readable()
-                    .await
-                    .map_err(|e| reactor_error(Op::Cm, step, &e))?
-                    .clear_ready();
-            }
-        };
-        match tokio::time::timeout(timeout, wait).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::from_errno(
-                Op::Cm,
-                format!("{step}: no event within {timeout:?}"),
-                libc::ETIMEDOUT,
-            )),
-        }
+        self.channel
+            .until_async(timeout, "wait for disconnect", || self.take_events())
+            .await
     }
 
     /// The device librdmacm bound the id to, holding a reference on it in librdmacm (see

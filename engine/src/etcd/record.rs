@@ -27,16 +27,7 @@ impl Record {
 
     pub(super) fn from_bytes(b: &[u8]) -> Result<Record> {
         let mut r = Reader::new(b);
-        if r.raw(RECORD_MAGIC.len())? != RECORD_MAGIC {
-            return Err(Error::Protocol("not an agent record (bad magic)".into()));
-        }
-        let found = r.u16()?;
-        if found != FORMAT_VERSION {
-            return Err(Error::IncompatibleVersion {
-                found,
-                supported: FORMAT_VERSION,
-            });
-        }
+        r.header(RECORD_MAGIC, FORMAT_VERSION, "an agent record")?;
         let agent = r.str()?;
         let incarnation = r.u64()?;
         let control = r
