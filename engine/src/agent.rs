@@ -174,9 +174,11 @@ impl Agent {
     /// (see the crate's documentation, "Limits").
     ///
     /// # Errors
-    /// [`Error::SegmentExists`] (the memory is dropped), [`Error::Rdma`] for the
-    /// registration.
+    /// [`Error::Settings`] for an empty name or one with control characters (it becomes a
+    /// key of the metadata service); [`Error::SegmentExists`] (the memory is dropped),
+    /// [`Error::Rdma`] for the registration.
     pub fn register(&self, name: &str, memory: impl Into<Memory>) -> Result<SegmentDescriptor> {
+        crate::segment::check_name(name)?;
         if self.shared.segments.lock().contains_key(name) {
             return Err(Error::SegmentExists(name.into()));
         }

@@ -34,6 +34,17 @@ impl From<HostBuffer> for Memory {
     }
 }
 
+/// Refuses a segment name that cannot serve as a key of the metadata service: empty, or
+/// holding control characters (a newline, NUL).
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(Error::Settings(format!(
+            "segment name {name:?}: not empty, and no control characters"
+        )));
+    }
+    Ok(())
+}
+
 /// A registered segment's regions, by device index.
 ///
 /// A dma-buf is shared ([`SharedDmaBuf`]) and registered in every device's protection
@@ -261,5 +272,18 @@ impl Segments {
         let mut d: Vec<_> = self.lock().values().map(|s| s.desc.clone()).collect();
         d.sort_by(|a, b| a.name.cmp(&b.name));
         d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn segment_names_are_refused_when_empty_or_with_control_characters() {
+        for bad in ["", "a\nb", "nul\0", "\t"] {
+            assert!(super::check_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["kv", "layer/0", "blocks 1-8", "é"] {
+            assert!(super::check_name(good).is_ok(), "{good:?}");
+        }
     }
 }
