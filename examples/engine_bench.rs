@@ -1,37 +1,95 @@
 //! The transfer engine's bandwidth and batch latency, in one process over rxe loopback (or
-//! any device): an initiator agent writes blocks of 4 KiB..4 MiB from host memory into one
-//! or three peer agents' segments.
+//! any device): an initiator agent writes blocks from host memory into one or three peer
+//! agents' segments. Three forms:
 //!
-//! * bandwidth: batches of `--bytes` (default 8 MiB) cut into blocks of the size, spread
-//!   over the peers; MB/s = bytes moved / time from `transfer` to `wait`'s return, the best
-//!   of `--rounds` batches (default 3);
-//! * latency: a batch of one block per peer, transferred and waited for; the median of
-//!   `--rounds` × 5 batches.
+//! * a sweep (no subcommand): per block size (4 KiB..4 MiB) and peer count (1, 3), bandwidth
+//!   (batches of `--bytes`, default 8 MiB, the best of `--rounds`, default 3; MB/s = 10^6
+//!   bytes/s) and latency (the median of `--rounds` × 5 batches of one block per peer); one
+//!   line `RESULT engine peers=P block=B bw_MBps=X lat_us=Y` each;
+//! * `bw --peers P --size B --iters N`: one step of `cargo xtask bench` (series
+//!   `engine/1peer`, `engine/3peers`): one batch of N blocks of B bytes spread over P peers,
+//!   timed from `transfer` to `wait`'s return, then the median of [`LAT_BATCHES`] batches
+//!   of one block per peer; one line `RESULT bw_MBps=X mpps=Y batch_lat_usec=Z peers=P`,
+//!   bandwidth in MiB/s (2^20, as perftest's `MB/sec`) and message rate in million blocks/s;
+//! * `alloc --size C --iters N`: the allocations of the whole process while a batch of 16
+//!   entries cut into N chunks of C bytes runs, and while the same entries cut into 4N chunks
+//!   run (the fewest of 5 batches each); one line `RESULT allocs_short=A allocs_long=B
+//!   chunks_short=N chunks_long=4N allocs_per_chunk=X`, X = (B - A) / 3N. A count that
+//!   timing does not move: the gate of `cargo xtask bench` (series `engine`).
 //!
-//! Each result is one line, `RESULT engine peers=P block=B bw_MBps=X lat_us=Y`.
-//! `examples/engine_bench.sh` runs perftest's `ib_write_bw` at the same sizes in the same
-//! boot, for the engine's overhead.
+//! `cargo xtask bench` runs the two step forms beside perftest's `ib_write_bw` at the same
+//! sizes and bytes in the same boot (docs/performance.md).
 //!
 //! ```sh
 //! cargo run --release -p examples --example engine_bench -- [--bytes N] [--rounds N] [--sizes 4K,64K,4M]
+//! cargo run --release -p examples --example engine_bench -- bw --peers 3 --size 64K --iters 128
+//! cargo run --release -p examples --example engine_bench -- alloc --size 4K --iters 256
 //! ```
 //! (`RDMA_DEVICE=rxe0` picks the device; default: every device with an active port.)
 
 use gpu_rdma_engine::{Agent, Batch, Settings};
 use rdma_dmabuf::HostBuffer;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 const WAIT: Duration = Duration::from_secs(600);
+/// Batches of one block per peer whose median is a `bw` step's batch latency.
+pub const LAT_BATCHES: usize = 5;
+/// Entries of an `alloc` batch.
+const ALLOC_ENTRIES: u64 = 16;
+/// Batches of each size an `alloc` step runs; the fewest allocations count.
+const ALLOC_RUNS: usize = 5;
+
+/// Counts every allocation and reallocation of the process (the `alloc` form reads it).
+struct Counting;
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// What to run.
+enum Mode {
+    Sweep,
+    Bw,
+    Alloc,
+}
 
 struct Args {
+    mode: Mode,
     bytes: u64,
     rounds: u32,
     sizes: Vec<u64>,
+    peers: usize,
+    size: u64,
+    iters: u64,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: engine_bench [--bytes N] [--rounds N] [--sizes 4K,64K,1M]");
+    eprintln!(
+        "usage: engine_bench [--bytes N] [--rounds N] [--sizes 4K,64K,1M]\n       \
+         engine_bench bw --peers 1|3 --size N --iters N\n       \
+         engine_bench alloc --size N --iters N"
+    );
     std::process::exit(2)
 }
 
@@ -49,17 +107,37 @@ fn size(w: &str) -> u64 {
 
 fn args() -> Args {
     let mut a = Args {
+        mode: Mode::Sweep,
         bytes: 8 << 20,
         rounds: 3,
         sizes: [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20].to_vec(),
+        peers: 1,
+        size: 64 << 10,
+        iters: 128,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = std::env::args().skip(1).peekable();
+    match it.peek().map(String::as_str) {
+        Some("bw") => a.mode = Mode::Bw,
+        Some("alloc") => a.mode = Mode::Alloc,
+        _ => {}
+    }
+    if !matches!(a.mode, Mode::Sweep) {
+        it.next();
+    }
     while let Some(k) = it.next() {
         let v = it.next().unwrap_or_else(|| usage());
+        let count = || v.parse::<u64>().ok().filter(|&n| n > 0);
         match k.as_str() {
             "--bytes" => a.bytes = size(&v),
-            "--rounds" => a.rounds = v.parse::<u32>().unwrap_or_else(|_| usage()).max(1),
+            "--rounds" => a.rounds = count().unwrap_or_else(|| usage()).min(100) as u32,
             "--sizes" => a.sizes = v.split(',').map(size).collect(),
+            "--peers" => match v.as_str() {
+                "1" => a.peers = 1,
+                "3" => a.peers = 3,
+                _ => usage(),
+            },
+            "--size" => a.size = size(&v),
+            "--iters" => a.iters = count().unwrap_or_else(|| usage()),
             _ => usage(),
         }
     }
@@ -76,24 +154,49 @@ fn batch(peers: usize, block: u64, bytes: u64) -> Batch {
     })
 }
 
-fn main() -> Res<()> {
-    let a = args();
-    let settings = Settings {
+/// The device from `RDMA_DEVICE` (default: every active one), loopback control channels.
+fn settings() -> Res<Settings> {
+    Ok(Settings {
         devices: std::env::var("RDMA_DEVICE").ok().map(|d| vec![d]),
         bind: "127.0.0.1:0".parse()?,
         ..Settings::default()
-    };
+    })
+}
+
+/// An initiator with a `src` segment of `src` bytes and `peers` agents `p0`.. with a `dst`
+/// segment of `dst` bytes each, known to the initiator.
+fn agents(settings: &Settings, peers: usize, src: u64, dst: u64) -> Res<(Agent, Vec<Agent>)> {
+    let init = Agent::new("init", settings.clone())?;
+    init.register("src", HostBuffer::new(src as usize)?)?;
+    let mut out = Vec::new();
+    for p in 0..peers {
+        let agent = Agent::new(&format!("p{p}"), settings.clone())?;
+        agent.register("dst", HostBuffer::new(dst as usize)?)?;
+        init.add_peer(agent.name(), agent.address());
+        out.push(agent);
+    }
+    Ok((init, out))
+}
+
+/// The time from `transfer` to `wait`'s return.
+fn timed(init: &Agent, b: &Batch) -> Res<Duration> {
+    let t0 = Instant::now();
+    init.transfer(b)?.wait(WAIT)?;
+    Ok(t0.elapsed())
+}
+
+/// The median of `n` batches `b`.
+fn median(init: &Agent, b: &Batch, n: usize) -> Res<Duration> {
+    let mut lat = (0..n).map(|_| timed(init, b)).collect::<Res<Vec<_>>>()?;
+    lat.sort();
+    Ok(lat[lat.len() / 2])
+}
+
+fn sweep(a: &Args) -> Res<()> {
+    let settings = settings()?;
     let largest = a.sizes.iter().copied().max().unwrap_or(1);
     let span = a.bytes.max(3 * largest);
-    let init = Agent::new("init", settings.clone())?;
-    init.register("src", HostBuffer::new(span as usize)?)?;
-    let mut peers = Vec::new();
-    for p in 0..3 {
-        let agent = Agent::new(&format!("p{p}"), settings.clone())?;
-        agent.register("dst", HostBuffer::new(span as usize)?)?;
-        init.add_peer(agent.name(), agent.address());
-        peers.push(agent);
-    }
+    let (init, _peers) = agents(&settings, 3, span, span)?;
     // Connections and descriptors made before anything is timed.
     init.transfer(&batch(3, largest, 3 * largest))?.wait(WAIT)?;
     println!(
@@ -109,25 +212,93 @@ fn main() -> Res<()> {
             let moved = big.entries.iter().map(|e| e.len).sum::<u64>();
             let mut best = Duration::MAX;
             for _ in 0..a.rounds {
-                let t0 = Instant::now();
-                init.transfer(&big)?.wait(WAIT)?;
-                best = best.min(t0.elapsed());
+                best = best.min(timed(&init, &big)?);
             }
-            let small = batch(peers, block, block * peers as u64);
-            let mut lat: Vec<Duration> = (0..a.rounds * 5)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    init.transfer(&small)?.wait(WAIT)?;
-                    Ok(t0.elapsed())
-                })
-                .collect::<Res<_>>()?;
-            lat.sort();
+            let lat = median(
+                &init,
+                &batch(peers, block, block * peers as u64),
+                a.rounds as usize * 5,
+            )?;
             println!(
                 "RESULT engine peers={peers} block={block} bw_MBps={:.2} lat_us={:.0}",
                 moved as f64 / best.as_secs_f64() / 1e6,
-                lat[lat.len() / 2].as_secs_f64() * 1e6
+                lat.as_secs_f64() * 1e6
             );
         }
     }
     Ok(())
+}
+
+/// One `cargo xtask bench` bandwidth step.
+fn bw(a: &Args) -> Res<()> {
+    let blocks = a.iters.max(a.peers as u64);
+    let per_peer = blocks.div_ceil(a.peers as u64);
+    let (init, _peers) = agents(&settings()?, a.peers, blocks * a.size, per_peer * a.size)?;
+    let small = batch(a.peers, a.size, a.size * a.peers as u64);
+    // Connections and descriptors made before anything is timed.
+    init.transfer(&small)?.wait(WAIT)?;
+    let big = batch(a.peers, a.size, blocks * a.size);
+    let t = timed(&init, &big)?;
+    let lat = median(&init, &small, LAT_BATCHES)?;
+    println!(
+        "RESULT bw_MBps={:.3} mpps={:.6} batch_lat_usec={:.1} peers={}",
+        (blocks * a.size) as f64 / t.as_secs_f64() / f64::from(1 << 20),
+        blocks as f64 / t.as_secs_f64() / 1e6,
+        lat.as_secs_f64() * 1e6,
+        a.peers
+    );
+    Ok(())
+}
+
+/// Allocations of the process while `b` is transferred and waited for (the fewest of
+/// [`ALLOC_RUNS`] batches).
+fn allocations(init: &Agent, b: &Batch) -> Res<usize> {
+    let mut fewest = usize::MAX;
+    for _ in 0..ALLOC_RUNS {
+        let before = ALLOCATIONS.load(Ordering::SeqCst);
+        let t = init.transfer(b)?;
+        t.wait(WAIT)?;
+        drop(t);
+        fewest = fewest.min(ALLOCATIONS.load(Ordering::SeqCst) - before);
+    }
+    Ok(fewest)
+}
+
+/// One `cargo xtask bench` allocation step: chunks of `--size`, `--iters` of them in the
+/// short batch, four times as many in the long one, the same 16 entries scattered.
+fn alloc(a: &Args) -> Res<()> {
+    let settings = Settings {
+        chunk_size: a.size,
+        ..settings()?
+    };
+    let per_entry = a.iters.div_ceil(ALLOC_ENTRIES);
+    let span = ALLOC_ENTRIES * 4 * per_entry * a.size;
+    let (init, _peers) = agents(&settings, 1, span, span)?;
+    let entries = |len: u64| {
+        (0..ALLOC_ENTRIES).fold(Batch::new(), |b, j| {
+            let at = ((j * 7) % ALLOC_ENTRIES) * len;
+            b.write("src", j * len, "p0", "dst", at, len)
+        })
+    };
+    let (short, long) = (entries(per_entry * a.size), entries(4 * per_entry * a.size));
+    // Warm: the descriptor fetched, the connections and queue pairs made.
+    allocations(&init, &long)?;
+    let (at_short, at_long) = (allocations(&init, &short)?, allocations(&init, &long)?);
+    let chunks = ALLOC_ENTRIES * per_entry;
+    println!(
+        "RESULT allocs_short={at_short} allocs_long={at_long} chunks_short={chunks} \
+         chunks_long={} allocs_per_chunk={:.4}",
+        4 * chunks,
+        (at_long as f64 - at_short as f64).max(0.0) / (3 * chunks) as f64
+    );
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    let a = args();
+    match a.mode {
+        Mode::Sweep => sweep(&a),
+        Mode::Bw => bw(&a),
+        Mode::Alloc => alloc(&a),
+    }
 }

@@ -27,12 +27,15 @@ cargo xtask <command>
 @OPTIONS@  test [--host-only]    fmt, clippy, host tests, then the VM tests; prints
                         `N passed, N failed, N skipped`
   bench [opts]          RDMA write bandwidth, message rate and latency beside perftest, over
-                        host and dma-buf regions, and registration time; one node and two;
+                        host and dma-buf regions, and registration time; the transfer
+                        engine's bandwidth and batch latency (4 KiB..4 MiB, one and three
+                        peers) and its allocations per chunk (a gate); one node and two;
                         a table, target/bench/bench.json and plots (docs/performance.md)
       --quick             two sizes, three rounds, one node: a few minutes
       --nodes 1|2|both    which testbeds (default: both; --quick: 1)
       --rounds N          rounds of every step (default 3)
       --sizes 8,64K,1M    message sizes (default: 2 B to 8 MiB, powers of two)
+      --only perftest,engine  only the series whose names start so
       --replot FILE       draw the plots of a run's bench.json again, into target/bench/
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
   soak [opts]           the demo many times in a row, counting failures, emulator faults

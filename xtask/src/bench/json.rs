@@ -1,10 +1,11 @@
 //! The JSON file of a run: how it was run, every sample, every failure, and the spread and
 //! goal ratios derived from them.
 
+use super::gates;
 use super::ins;
-use super::plan::{Profile, COST_ITERS};
+use super::plan::{Profile, COST_ITERS, ENGINE_ALLOC_CHUNKS};
 use super::results::{spreads, Failure, Sample};
-use super::series::{Metric, GOALS, SERIES};
+use super::series::{Metric, ENGINE_ALLOC_CHUNK, GOALS, SERIES};
 use super::table::{ratio_ranges, verdicts};
 use serde_json::{json, Value};
 
@@ -40,6 +41,9 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
                 "reg_iters": p.reg_iters,
                 "cost_sizes": p.cost_sizes,
                 "cost_iters": COST_ITERS,
+                "engine_alloc_chunk": ENGINE_ALLOC_CHUNK,
+                "engine_alloc_chunks": [ENGINE_ALLOC_CHUNKS, 4 * ENGINE_ALLOC_CHUNKS],
+                "only": p.only,
             })
         })
         .collect();
@@ -72,8 +76,10 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
     let mut summary = Vec::new();
     let mut goals = Vec::new();
     let mut instructions = Vec::new();
+    let mut gate_list = Vec::new();
     for p in ctx.profiles {
         instructions.extend(ins::json(samples, p.nodes));
+        gate_list.extend(gates::json(samples, p.nodes));
         for m in Metric::ALL {
             for value in value_names(m) {
                 for ((name, size), sp) in spreads(samples, m, p.nodes, value) {
@@ -101,7 +107,7 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
             goals.push(json!({
                 "nodes": p.nodes, "goal": g.describe(), "metric": g.metric.key(),
                 "series": g.series, "base": g.base, "bound": g.bound, "at_least": g.at_least,
-                "ratios": at,
+                "from_size": g.from, "ratios": at,
             }));
         }
     }
@@ -118,6 +124,7 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
         "summary": summary,
         "goals": goals,
         "instructions": instructions,
+        "gates": gate_list,
     })
 }
 
@@ -170,10 +177,11 @@ pub fn read(doc: &Value) -> Result<(Vec<Sample>, Vec<Profile>), String> {
 /// The figures each metric's steps report.
 pub fn value_names(m: Metric) -> &'static [&'static str] {
     match m {
-        Metric::Bandwidth => &["bw_MBps", "mpps"],
+        Metric::Bandwidth => &["bw_MBps", "mpps", "batch_lat_usec"],
         Metric::Latency => &["lat_usec", "typ_usec"],
         Metric::Registration => &["reg_usec", "dereg_usec"],
         Metric::Instructions => &["ins_per_write"],
+        Metric::Allocations => &["allocs_per_chunk"],
     }
 }
 

@@ -8,12 +8,15 @@
 //! * [`results`]: reading the consoles into samples and failures; min/median/max;
 //! * [`table`]: the terminal report and the goals as ratios;
 //! * [`ins`]: instructions per write beside the C loop's;
+//! * [`gates`]: the bounds on deterministic counts that fail a run (the engine's allocations
+//!   per chunk);
 //! * [`json`]: the JSON file with every sample;
 //! * [`plot`]: PNG and SVG plots.
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
 
+mod gates;
 mod ins;
 mod json;
 mod plan;
@@ -41,17 +44,20 @@ struct Request {
     nodes: Vec<u8>,
     rounds: Option<u32>,
     sizes: Option<Vec<u64>>,
+    /// `--only`: series name prefixes.
+    only: Vec<String>,
     /// Redraw the plots of a run's JSON file instead of running.
     replot: Option<PathBuf>,
 }
 
-/// `--quick`, `--nodes 1|2|both`, `--rounds N`, `--sizes 8,64K,1M`.
+/// `--quick`, `--nodes 1|2|both`, `--rounds N`, `--sizes 8,64K,1M`, `--only perftest,engine`.
 fn parse_args(args: &[String]) -> Result<Request> {
     let mut r = Request {
         quick: false,
         nodes: Vec::new(),
         rounds: None,
         sizes: None,
+        only: Vec::new(),
         replot: None,
     };
     let mut it = args.iter();
@@ -80,9 +86,24 @@ fn parse_args(args: &[String]) -> Result<Request> {
             }
             "--sizes" => r.sizes = Some(plan::parse_sizes(&value("a list like 8,64K,1M")?)?),
             "--replot" => r.replot = Some(PathBuf::from(value("a bench.json")?)),
+            "--only" => {
+                let v = value("series names or their beginnings, like perftest,engine")?;
+                r.only = v
+                    .split(',')
+                    .filter(|w| !w.is_empty())
+                    .map(String::from)
+                    .collect();
+                let known = |o: &String| SERIES.iter().any(|s| s.name.starts_with(o.as_str()));
+                if let Some(o) = r.only.iter().find(|o| !known(o)) {
+                    fail!("--only {o:?}: no series name starts with it");
+                }
+                if r.only.is_empty() {
+                    fail!("--only {v:?}: no series named");
+                }
+            }
             other => fail!(
                 "unknown bench option {other:?} (--quick, --nodes 1|2|both, --rounds N, \
-                 --sizes 8,64K,1M, --replot FILE)"
+                 --sizes 8,64K,1M, --only perftest,engine, --replot FILE)"
             ),
         }
     }
@@ -106,6 +127,7 @@ impl Request {
                 if let Some(r) = self.rounds {
                     p.rounds = r;
                 }
+                p.only.clone_from(&self.only);
                 if let Some(s) = &self.sizes {
                     p.sizes = s.clone();
                     p.cost_sizes.clone_from(&p.sizes);
@@ -129,6 +151,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     }
     let profiles = req.profiles();
     let bench = paths.release_example("rdma_bench")?;
+    let engine = paths.release_example(series::ENGINE)?;
     let script_file = paths.testbed.join("bench.sh");
     programs::write_script(&script_file, script::BENCH)?;
     let out = paths.target.join("bench");
@@ -151,7 +174,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         std::fs::write(&plan_file, plan::plan_text(p, &steps))?;
         let limit: u64 = steps
             .iter()
-            .map(|s| p.limit(SERIES[s.series].metric, s.size) + 10)
+            .map(|s| p.step_limit(&SERIES[s.series], s.size) + 10)
             .sum();
         info(format!(
             "{}: {} steps ({} sizes, {} rounds; plan in {})",
@@ -171,6 +194,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
                 .join("examples/rdma_bench/cost_floor.c")
                 .display()
                 .to_string(),
+            engine.display().to_string(),
         ];
         let opts = vm::Opts {
             nodes: p.nodes,
@@ -230,6 +254,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             .into_iter()
             .filter(|&m| m != Metric::Instructions)
         {
+            // (Each engine bandwidth sample also holds its batch latency: a table of its own.)
             for value in json::value_names(m) {
                 let t = table::values(&samples, m, p.nodes, value);
                 if !t.is_empty() {
@@ -245,6 +270,11 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         if !g.is_empty() {
             println!("{g}");
         }
+        let (g, missed) = gates::check(&samples, p.nodes);
+        if !g.is_empty() {
+            println!("{g}");
+        }
+        failures.extend(missed);
     }
     info(format!("guest scheduler: {sched}"));
     info(format!(
@@ -370,6 +400,18 @@ fn charts(samples: &[Sample], p: &Profile) -> Vec<(&'static str, plot::Chart)> {
                 title: format!("{}, {where_}", m.title()),
                 y_label: format!("{} ({note})", m.unit()),
                 lines: lines(m, m.value(), "", false),
+                reference: None,
+            },
+        ));
+    }
+    let engine_lat = lines(Metric::Bandwidth, "batch_lat_usec", "", false);
+    if !engine_lat.is_empty() {
+        out.push((
+            "engine-lat",
+            plot::Chart {
+                title: format!("transfer engine: batch latency, one block per peer, {where_}"),
+                y_label: format!("usec ({spread_note})"),
+                lines: engine_lat,
                 reference: None,
             },
         ));

@@ -1,7 +1,7 @@
 //! How a bench run measures: the sizes, rounds and budgets of a profile, and the plan of steps
 //! that `bench.sh` runs ([`super::series`] holds what is measured).
 
-use super::series::{Metric, SERIES};
+use super::series::{Metric, Series, ENGINE_ALLOC_CHUNK, ENGINE_SIZES, SERIES};
 use std::fmt::Write as _;
 
 /// How much a run measures.
@@ -28,6 +28,8 @@ pub struct Profile {
     pub cost_sizes: Vec<u64>,
     /// Only the series marked for `--quick`.
     pub quick: bool,
+    /// Only the series whose name starts with one of these (`--only`); empty: every series.
+    pub only: Vec<String>,
 }
 
 /// perftest takes no fewer iterations.
@@ -46,6 +48,9 @@ pub const FULL_COST_SIZES: [u64; 5] = [8, 64, 512, 4 << 10, COST_MAX];
 /// difference over the difference, so that start-up and tear-down drop out (as in
 /// tests/tests/rdma_cost.rs).
 pub const COST_ITERS: [u64; 2] = [10, 60];
+/// Chunks of the short batch of the engine's allocation count (the long one has four times
+/// as many).
+pub const ENGINE_ALLOC_CHUNKS: u64 = 256;
 
 impl Profile {
     /// Every power of two from 2 B to 8 MiB, three rounds (one node); every other power of
@@ -67,6 +72,7 @@ impl Profile {
                 reg_iters: 0,
                 cost_sizes: Vec::new(),
                 quick: false,
+                only: Vec::new(),
             };
         }
         Profile {
@@ -80,6 +86,7 @@ impl Profile {
             reg_iters: 10,
             cost_sizes: FULL_COST_SIZES.to_vec(),
             quick: false,
+            only: Vec::new(),
         }
     }
 
@@ -97,6 +104,7 @@ impl Profile {
             reg_iters: if nodes > 1 { 0 } else { 5 },
             cost_sizes: if nodes > 1 { vec![] } else { vec![8, 64 << 10] },
             quick: true,
+            only: Vec::new(),
         }
     }
 
@@ -109,6 +117,27 @@ impl Profile {
             Metric::Latency => fit(self.lat_bytes, self.lat_max),
             Metric::Registration => self.reg_iters.max(1),
             Metric::Instructions => COST_ITERS[1],
+            Metric::Allocations => ENGINE_ALLOC_CHUNKS,
+        }
+    }
+
+    /// Whether `--only` lets `series` run.
+    pub fn picks(&self, series: &Series) -> bool {
+        self.only.is_empty()
+            || self
+                .only
+                .iter()
+                .any(|o| series.name.starts_with(o.as_str()))
+    }
+
+    /// Seconds a step of `series` at `size` may take: [`Profile::limit`], and for the
+    /// engine's bandwidth its latency batches' bytes at the same rate and its agents' start.
+    pub fn step_limit(&self, series: &Series, size: u64) -> u64 {
+        let base = self.limit(series.metric, size);
+        if series.engine() && series.metric == Metric::Bandwidth {
+            (base + 30 + 3 * 6 * size / (512 << 10)).min(600)
+        } else {
+            base
         }
     }
 
@@ -116,7 +145,7 @@ impl Profile {
     /// to start, plus its bytes at 0.5 MiB/s, plus 50 ms a round trip; at most ten minutes.
     /// A count: five minutes for each run under callgrind.
     pub fn limit(&self, metric: Metric, size: u64) -> u64 {
-        if metric == Metric::Instructions {
+        if metric.counted() {
             return 300;
         }
         let iters = self.iters(metric, size);
@@ -148,18 +177,29 @@ pub struct Step {
 }
 
 /// The steps of `profile`: round after round, size after size, every series in table order,
-/// so that perftest and ours run side by side in time.
+/// so that perftest and ours run side by side in time. The engine's series run at
+/// [`ENGINE_SIZES`]; its allocation count once, in the first round at the first of them, with
+/// chunks of [`ENGINE_ALLOC_CHUNK`].
 pub fn steps(profile: &Profile) -> Vec<Step> {
     let mut out = Vec::new();
+    let first_engine_size = profile
+        .sizes
+        .iter()
+        .copied()
+        .find(|s| ENGINE_SIZES.contains(s));
     for round in 1..=profile.rounds {
         for &size in &profile.sizes {
             for (i, s) in SERIES.iter().enumerate() {
-                if (profile.nodes > 1 && (!s.two_node || s.local())) || (profile.quick && !s.quick)
+                if (profile.nodes > 1 && (!s.two_node || s.local()))
+                    || (profile.quick && !s.quick)
+                    || !profile.picks(s)
                 {
                     continue;
                 }
-                let iters = profile.iters(s.metric, size);
-                if s.local() && profile.reg_iters == 0 {
+                if s.metric == Metric::Registration && profile.reg_iters == 0 {
+                    continue;
+                }
+                if s.engine() && !ENGINE_SIZES.contains(&size) {
                     continue;
                 }
                 if s.metric == Metric::Instructions
@@ -167,6 +207,15 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
                 {
                     continue;
                 }
+                let size = if s.metric == Metric::Allocations {
+                    if round > 1 || Some(size) != first_engine_size {
+                        continue;
+                    }
+                    ENGINE_ALLOC_CHUNK
+                } else {
+                    size
+                };
+                let iters = profile.iters(s.metric, size);
                 out.push(Step {
                     id: format!(
                         "{}n/r{round}/{}/{}/{size}",
@@ -201,7 +250,7 @@ pub fn plan_text(profile: &Profile, steps: &[Step]) -> String {
             "{} {} {} {} {} {iters} {}",
             s.kind(),
             st.id,
-            profile.limit(s.metric, st.size),
+            profile.step_limit(s, st.size),
             s.program,
             st.size,
             s.args

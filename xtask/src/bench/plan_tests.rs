@@ -33,10 +33,11 @@ fn plans_interleave_and_have_unique_ids() {
     let st = steps(&p);
     let timed = SERIES
         .iter()
-        .filter(|s| s.quick && s.metric != Metric::Instructions)
+        .filter(|s| s.quick && !s.metric.counted() && !s.engine())
         .count();
-    // Counts in the first round only, at both sizes (8 B and 64 KiB).
-    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6);
+    // Counts in the first round only, at both sizes (8 B and 64 KiB); the engine's two
+    // series at 64 KiB only, and its allocation count once.
+    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6 + 3 * 2 + 1);
     let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
     assert_eq!(ids.len(), st.len());
     // perftest then ours, at the same size, in the same round.
@@ -76,6 +77,57 @@ fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
     assert!(steps(&Profile::full(2))
         .iter()
         .all(|s| SERIES[s.series].metric != Metric::Instructions));
+}
+
+#[test]
+fn the_engine_runs_from_4_kib_to_4_mib_beside_perftest_and_counts_once() {
+    let mut p = Profile::full(1);
+    p.sizes = vec![8, 4 << 10, 64 << 10, 8 << 20];
+    p.only = vec!["perftest".into(), "engine".into()];
+    let st = steps(&p);
+    let ids: Vec<&str> = st
+        .iter()
+        .filter(|s| s.round == 1)
+        .map(|s| s.id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "1n/r1/bw/perftest/8",
+            "1n/r1/lat/perftest/8",
+            "1n/r1/bw/perftest/4096",
+            "1n/r1/bw/engine/1peer/4096",
+            "1n/r1/bw/engine/3peers/4096",
+            "1n/r1/lat/perftest/4096",
+            "1n/r1/alloc/engine/4096",
+            "1n/r1/bw/perftest/65536",
+            "1n/r1/bw/engine/1peer/65536",
+            "1n/r1/bw/engine/3peers/65536",
+            "1n/r1/lat/perftest/65536",
+            "1n/r1/bw/perftest/8388608",
+            "1n/r1/lat/perftest/8388608",
+        ]
+    );
+    assert_eq!(st.iter().filter(|s| s.id.contains("/alloc/")).count(), 1);
+    let text = plan_text(&p, &st);
+    // The same messages as perftest's step; a local step (one process).
+    assert!(
+        text.contains("\npair 1n/r2/bw/perftest/65536 124 ib_write_bw 65536 512 \n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\nlocal 1n/r2/bw/engine/3peers/65536 156 engine_bench 65536 512 bw --peers 3\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("\nlocal 1n/r1/alloc/engine/4096 300 engine_bench 4096 256 alloc\n"));
+    // Not across two nodes; at a size list without 4 KiB..4 MiB, not at all.
+    assert!(steps(&Profile::full(2))
+        .iter()
+        .all(|s| !SERIES[s.series].engine()));
+    p.sizes = vec![8, 8 << 20];
+    assert!(steps(&p).iter().all(|s| !SERIES[s.series].engine()));
 }
 
 #[test]

@@ -44,6 +44,8 @@ pub fn label(value: &str) -> &'static str {
         "reg_usec" => "registration time, median of the step's calls, usec",
         "dereg_usec" => "deregistration time, median of the step's calls, usec",
         "ins_per_write" => "user-space instructions per RDMA write (callgrind)",
+        "batch_lat_usec" => "transfer engine: batch latency, one block per peer, median, usec",
+        "allocs_per_chunk" => "transfer engine: allocations per chunk, every thread",
         _ => "figure",
     }
 }
@@ -117,7 +119,10 @@ pub fn ratio_ranges(samples: &[Sample], goal: &Goal, nodes: u8) -> BTreeMap<u64,
     };
     let (series, base) = (of(goal.series), of(goal.base));
     let mut out: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-    for (key, x) in series {
+    for (key, x) in series
+        .into_iter()
+        .filter(|((size, _), _)| goal.applies(*size))
+    {
         let Some(&b) = base.get(&key).filter(|&&b| b > 0.0) else {
             continue;
         };
@@ -142,7 +147,7 @@ fn per_size<T>(
     let mut out = BTreeMap::new();
     for (v, sp) in &by_value {
         for (&(name, size), s) in sp {
-            if name != goal.series || goal.value(size) != *v {
+            if name != goal.series || goal.value(size) != *v || !goal.applies(size) {
                 continue;
             }
             if let Some(x) = sp.get(&(goal.base, size)).and_then(|b| f(s, b)) {

@@ -1,10 +1,12 @@
 # cargo xtask bench, inside the VM: runs a plan of steps in order, each under `timeout`. A
 # failed step is reported and the plan goes on. $1: the plan; $2: rdma_bench; $3: cost_floor.c
-# (compiled here when the plan counts instructions).
+# (compiled here when the plan counts instructions); $4: engine_bench (the transfer engine's
+# steps, one process each).
 #
 # Plan lines (words; `#` starts a comment line):
 #   pair  ID LIMIT PROGRAM SIZE ITERS [ARGS...]   a server, then its client once it listens
-#   local ID LIMIT rdma_bench SIZE ITERS [ARGS...]   one process (e.g. `reg --region heap`)
+#   local ID LIMIT PROGRAM SIZE ITERS [ARGS...]   one process: rdma_bench (e.g. `reg --region
+#         heap`) or engine_bench (`bw --peers 3`, `alloc`)
 #   cost  ID LIMIT PROGRAM SIZE SHORT,LONG [ARGS...]   one process under callgrind, run with
 #         SHORT then LONG iterations; prints `RESULT ins_short=N ins_long=N iters_short=SHORT
 #         iters_long=LONG writes_per_iter=W` (the instructions counted in `*measured_*`)
@@ -23,6 +25,11 @@ PLAN=$1
 # during the run cannot change it.
 B=/tmp/rdma_bench
 cp "$2" "$B" || exit 1
+# The engine's bench, the same way (only when the plan has engine steps).
+E=/tmp/engine_bench
+if grep -q ' engine_bench ' "$PLAN" && ! cp "$4" "$E"; then
+    echo "bench.sh: no $4: every engine_bench step will fail"
+fi
 # The C loop of the instruction counts, built here with the guest's libibverbs.
 F=/tmp/cost_floor
 if grep -q '^cost ' "$PLAN" && ! cc -O2 -o "$F" "$3" -libverbs; then
@@ -72,6 +79,7 @@ side() {
     rdma_bench:server) timeout "$LIMIT" "$B" server --port "$port" --size "$size" --iters "$iters" "$@" ;;
     rdma_bench:client) timeout "$LIMIT" "$B" client "$SERVER" --port "$port" --size "$size" --iters "$iters" "$@" ;;
     rdma_bench:local) timeout "$LIMIT" "$B" "$@" --size "$size" --iters "$iters" ;;
+    engine_bench:local) timeout "$LIMIT" "$E" "$@" --size "$size" --iters "$iters" ;;
     *) echo "bench.sh: no $role side for $prog"; return 2 ;;
     esac
 }
