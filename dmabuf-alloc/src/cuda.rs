@@ -38,7 +38,11 @@ pub unsafe extern "C" fn dmabuf_alloc_cuda_range(
 ) -> c_int {
     call(|| {
         let range = device(device_ordinal)?.export_range(ptr, len)?;
-        let (buf, offset, _, _) = range.into_parts();
+        let drm_export::cuda::RangeParts {
+            dmabuf: buf,
+            offset,
+            ..
+        } = range.into_parts();
         if !out_offset.is_null() {
             // SAFETY: the caller's contract: non-null means valid for a write.
             unsafe { out_offset.write(offset) };

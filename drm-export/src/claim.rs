@@ -7,11 +7,9 @@
 //! second claim on a buffer that is already claimed is refused. Not a hot path: a claim is
 //! made when a `DmaBuf` is made and released when it is dropped or turned back into its fd.
 
+use crate::dmabuf::BufferId;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-
-/// Which buffer: the dma-buf file's `(st_dev, st_ino)`.
-pub(crate) type BufferId = (u64, u64);
 
 static CLAIMED: Mutex<BTreeSet<BufferId>> = Mutex::new(BTreeSet::new());
 
@@ -47,11 +45,14 @@ mod tests {
 
     #[test]
     fn a_claimed_buffer_is_refused_until_its_claim_is_released() {
-        let id = (u64::MAX, 42);
+        let id = BufferId {
+            dev: u64::MAX,
+            ino: 42,
+        };
         let first = Claim::take(id).expect("first claim");
         assert!(Claim::take(id).is_none(), "second claim refused");
         assert!(
-            Claim::take((u64::MAX, 43)).is_some(),
+            Claim::take(BufferId { ino: 43, ..id }).is_some(),
             "another buffer is fine"
         );
         drop(first);

@@ -28,7 +28,7 @@ use std::sync::{Arc, OnceLock};
 mod cover;
 pub mod range;
 pub use cover::PointerInfo;
-pub use range::CudaRange;
+pub use range::{CudaRange, RangeParts};
 
 fn driver() -> Result<&'static Driver> {
     static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();

@@ -103,14 +103,24 @@ impl DmaBuf {
         self.udmabuf_small_pages = small;
     }
 
-    /// The buffer's identity, `(st_dev, st_ino)` of its dma-buf file.
-    pub fn buffer_id(&self) -> (u64, u64) {
+    /// The buffer's identity: `st_dev` and `st_ino` of its dma-buf file.
+    pub fn buffer_id(&self) -> BufferId {
         self.claim.id()
     }
 
     pub(crate) fn describe(&self) -> String {
         format!("dma-buf fd {} ({})", self.fd.as_raw_fd(), self.exporter)
     }
+}
+
+/// Which buffer a [`DmaBuf`] is: its dma-buf file's device and inode, the same for every fd
+/// of one buffer and never another live buffer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BufferId {
+    /// `st_dev` of the dma-buf file.
+    pub dev: u64,
+    /// `st_ino` of the dma-buf file.
+    pub ino: u64,
 }
 
 impl AsFd for DmaBuf {
@@ -142,14 +152,17 @@ impl TryFrom<OwnedFd> for DmaBuf {
             .map_err(|e| Error::os(Op::InspectDmaBuf, format!("fd {raw}"), e.into()))?;
         // Both are u64 on Linux x86_64 and aarch64; `as` keeps other layouts compiling.
         #[allow(clippy::unnecessary_cast)]
-        let id = (st.st_dev as u64, st.st_ino as u64);
+        let id = BufferId {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+        };
         // `thread-self`, not `self`: a thread that unshared its fd table
         // (`unshare(CLONE_FILES)`) would read the thread-group leader's fd `raw` there,
         // which may be another file.
         let info = std::fs::read_to_string(format!("/proc/thread-self/fdinfo/{raw}"))
             .map_err(|e| Error::os(Op::InspectDmaBuf, format!("fd {raw}"), e))?;
         // And the fdinfo must be this fd's: its inode is the one fstat saw.
-        if fdinfo_field(&info, "ino").is_some_and(|i| i.parse::<u64>().ok() != Some(id.1)) {
+        if fdinfo_field(&info, "ino").is_some_and(|i| i.parse::<u64>().ok() != Some(id.ino)) {
             return Err(Error::NotDmaBuf {
                 fd: raw,
                 what: "its fdinfo describes another file (inode differs from fstat's)".into(),
@@ -171,7 +184,7 @@ impl TryFrom<OwnedFd> for DmaBuf {
         let Some(claim) = Claim::take(id) else {
             return Err(Error::AlreadyOwned {
                 fd: raw,
-                inode: id.1,
+                inode: id.ino,
                 exporter,
             });
         };

@@ -51,7 +51,7 @@ mod udmabuf;
 mod vgem;
 
 pub use device::{drm_nodes, Capabilities, DriverInfo, DrmDevice, NodeKind, DRI_DIR};
-pub use dmabuf::DmaBuf;
+pub use dmabuf::{BufferId, DmaBuf};
 pub use dumb::DumbBuffer;
 pub use error::{CudaRefusal, Error, Op, Result};
 pub use gem::{GemBuffer, GpuBuffer, Placement};

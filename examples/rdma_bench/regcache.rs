@@ -36,7 +36,7 @@ pub fn run(pd: &Arc<ProtectionDomain>, alloc: &Allocator, run: &Run) {
             buf = mr.into_inner().unwrap_or_else(|e| fail(&e.to_string()));
             fresh_ns.push(t0.elapsed().as_nanos() as u64);
         }
-        let (dev, ino) = buf.buffer_id();
+        let drm_export::BufferId { dev, ino } = buf.buffer_id();
         let key = CacheKey {
             buffer: BufferKey::DmaBuf { dev, ino },
             offset: 0,

@@ -271,7 +271,8 @@ impl RegistrationCache {
         iova: Option<u64>,
         access: Access,
     ) -> Result<Checkout> {
-        let key = dmabuf_key(dmabuf.buffer_id(), offset, len, iova, access);
+        let id = dmabuf.buffer_id();
+        let key = dmabuf_key((id.dev, id.ino), offset, len, iova, access);
         if let Some(c) = self.hit(key) {
             return Ok(c);
         }
@@ -362,8 +363,9 @@ impl RegistrationCache {
         epoch: u64,
     ) -> Result<Checkout> {
         if let BufferKey::DmaBuf { dev, ino } = key.buffer {
-            if dmabuf.buffer_id() != (dev, ino) || offset != key.offset {
-                let (d, i) = dmabuf.buffer_id();
+            let id = dmabuf.buffer_id();
+            if (id.dev, id.ino) != (dev, ino) || offset != key.offset {
+                let (d, i) = (id.dev, id.ino);
                 return Err(Error::invalid(
                     Op::RegDmabufMr,
                     format!(

@@ -4,7 +4,7 @@
 //! allocation's memory under the old id. From an independent review, kept as a test of the
 //! rule (it failed before the check after the export: 3 stale exports in under a second).
 
-use drm_export::cuda::CudaBuffer;
+use drm_export::cuda::{CudaBuffer, RangeParts};
 use integration_tests::cuda_standin::{device, standin};
 use integration_tests::testbed::Testbed;
 use std::collections::HashMap;
@@ -58,7 +58,9 @@ fn an_export_racing_a_free_and_reallocation_reports_the_buffer_id_of_its_memory(
         };
         ok += 1;
         let id = r.buffer_id();
-        let (mut dmabuf, offset, ..) = r.into_parts();
+        let RangeParts {
+            mut dmabuf, offset, ..
+        } = r.into_parts();
         // The generation of the id the export reports, once recorded (after its fill).
         let want = loop {
             if let Some(&g) = gens.lock().unwrap().get(&id) {

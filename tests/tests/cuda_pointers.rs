@@ -9,6 +9,7 @@
 //! refused with typed errors; the registration cache, keyed on the buffer id,
 //! registers afresh when an address is freed and allocated again. Runs in the testbed VM.
 
+use drm_export::cuda::RangeParts;
 use drm_export::{CudaRefusal, DmaBuf, Error};
 use integration_tests::cuda_standin::{device, standin, vouch_small_pages, Kind};
 use integration_tests::testbed::Testbed;
@@ -26,7 +27,13 @@ const PAGE: u64 = 4096;
 
 /// Registers exactly the exported range, at `iova = ptr`.
 fn register(pd: &Arc<ProtectionDomain>, r: drm_export::cuda::CudaRange) -> MemoryRegion<DmaBuf> {
-    let (mut dmabuf, offset, len, iova) = r.into_parts();
+    let RangeParts {
+        mut dmabuf,
+        offset,
+        len,
+        iova,
+        ..
+    } = r.into_parts();
     // The stand-in's udmabufs come from another library: whether their pages are small is
     // vouched for here (rxe copies through udmabuf's kernel mapping, wrong for large pages on
     // this kernel).
@@ -277,7 +284,9 @@ fn cached_cuda_registrations_never_outlive_their_allocation_at_a_reused_address(
             let r = dev2
                 .export_range(ptr, len)
                 .map_err(|e| rdma_dmabuf::Error::Adopt(Box::new(e)))?;
-            let (mut dmabuf, offset, _, _) = r.into_parts();
+            let RangeParts {
+                mut dmabuf, offset, ..
+            } = r.into_parts();
             vouch_small_pages(&mut dmabuf);
             Ok((dmabuf, offset))
         }

@@ -215,7 +215,7 @@ fn every_edge_of_every_allocation_kind_is_exported_or_refused_as_the_model_says(
                         continue;
                     }
                     // The dma-buf holds exactly the device memory of its pages.
-                    let (mut dmabuf, ..) = r.into_parts();
+                    let mut dmabuf = r.into_parts().dmabuf;
                     let m = dmabuf.map().expect("map a udmabuf");
                     let bytes = m.read().expect("sync").to_vec();
                     if bytes != s.read(first, (end - first) as usize) {

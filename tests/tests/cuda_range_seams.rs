@@ -92,7 +92,7 @@ fn ranges_from_every_seam_to_every_seam_of_eight_parts_hold_exactly_their_pages(
                             ));
                             continue;
                         }
-                        let (mut d, ..) = r.into_parts();
+                        let mut d = r.into_parts().dmabuf;
                         let m = d.map().expect("map a udmabuf");
                         let bytes = m.read().expect("sync").to_vec();
                         let want = &fill[(first - a) as usize..(last - a) as usize];
@@ -249,7 +249,7 @@ fn a_seam_whose_reservation_is_split_and_joined_meanwhile_is_exported_only_withi
             ));
             continue;
         }
-        let (mut d, ..) = r.into_parts();
+        let mut d = r.into_parts().dmabuf;
         let m = d.map().expect("map a udmabuf");
         let bytes = m.read().expect("sync").to_vec();
         if let Some(j) = bytes.iter().position(|&b| b != g) {

@@ -237,7 +237,7 @@ fn an_export_across_seams_racing_a_remap_holds_one_generation_in_every_page() {
         };
         ok += 1;
         let id = r.buffer_id();
-        let (mut dmabuf, ..) = r.into_parts();
+        let mut dmabuf = r.into_parts().dmabuf;
         let want = loop {
             if let Some(&g) = gens.lock().unwrap().get(&id) {
                 break g;

@@ -30,7 +30,7 @@ fn sender(name: &str) {
     let mut sock = UnixStream::connect_addr(&addr).expect("connect to the receiver");
     let mut buf = Exporter::Udmabuf.allocate(SIZE);
     Exporter::fill(&mut buf, 0, &pattern(SIZE as usize, 1));
-    let (dev, ino) = buf.buffer_id();
+    let drm_export::BufferId { dev, ino } = buf.buffer_id();
     let mut head = [0u8; 17];
     head[..8].copy_from_slice(&dev.to_ne_bytes());
     head[8..16].copy_from_slice(&ino.to_ne_bytes());
@@ -102,15 +102,15 @@ fn dmabuf_fd_passed_between_processes_is_registered_on_the_receiving_side() {
     let mut buf = DmaBuf::try_from(fd).expect("a dma-buf");
     assert_eq!(buf.size(), SIZE);
     assert_eq!(buf.exporter(), "udmabuf");
-    let id = (
-        u64::from_ne_bytes(head[..8].try_into().unwrap()),
-        u64::from_ne_bytes(head[8..16].try_into().unwrap()),
-    );
+    let id = drm_export::BufferId {
+        dev: u64::from_ne_bytes(head[..8].try_into().unwrap()),
+        ino: u64::from_ne_bytes(head[8..16].try_into().unwrap()),
+    };
     assert_eq!(buf.buffer_id(), id, "the sender's buffer");
     // One owner per buffer in this process: a second fd of it is refused while the first
     // DmaBuf lives (the sender's own DmaBuf is in another process, outside the rule).
     match DmaBuf::try_from(dup) {
-        Err(Error::AlreadyOwned { inode, .. }) => assert_eq!(inode, id.1),
+        Err(Error::AlreadyOwned { inode, .. }) => assert_eq!(inode, id.ino),
         other => panic!("a second owner: {other:?}"),
     }
     // Not a dma-buf at all: refused.

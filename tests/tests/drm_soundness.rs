@@ -248,7 +248,7 @@ fn a_second_dmabuf_for_a_live_buffer_is_refused() {
             msg.contains("already owned") && msg.contains("into_fd"),
             "{msg}"
         );
-        assert!(msg.contains(&format!("inode {}", id.1)), "{msg}");
+        assert!(msg.contains(&format!("inode {}", id.ino)), "{msg}");
         let kept = dup();
         let pd = integration_tests::verbs::pd(&tb);
         let region = MemoryRegion::register_dmabuf(&pd, buf, 0, MIB, None, Access::LOCAL_WRITE);

@@ -142,8 +142,8 @@ fn cache_never_deregisters_a_checked_out_region_and_invalidates_on_return() {
     let a_fd = dup(&a);
     let id = a.buffer_id();
     let buffer = BufferKey::DmaBuf {
-        dev: id.0,
-        ino: id.1,
+        dev: id.dev,
+        ino: id.ino,
     };
     let src = cache.checkout_dmabuf(a, 0, 4 * PAGE, None, RW).unwrap();
     // Posted (moved into the request) while the cache is over its bound and invalidated.

@@ -30,7 +30,7 @@ fn a_dmabuf_key_of_another_buffer_is_refused() {
     let (peer, _owner) = loopback_pair(&pd);
     let cache = RegistrationCache::new(&pd, CacheLimits::default());
     let x = udmabuf(4 * PAGE, 1);
-    let (dev, ino) = x.buffer_id();
+    let drm_export::BufferId { dev, ino } = x.buffer_id();
     let y = udmabuf(4 * PAGE, 2);
     let key = CacheKey {
         buffer: BufferKey::DmaBuf { dev, ino },
@@ -72,7 +72,7 @@ fn a_region_exported_before_an_invalidate_is_not_cached_after_it() {
     let pd = pd(&tb);
     let cache = RegistrationCache::new(&pd, CacheLimits::default());
     let x = udmabuf(4 * PAGE, 3);
-    let (dev, ino) = x.buffer_id();
+    let drm_export::BufferId { dev, ino } = x.buffer_id();
     let buffer = BufferKey::DmaBuf { dev, ino };
     let key = CacheKey {
         buffer,

@@ -36,7 +36,7 @@ fn owned_gather_write_and_scatter_read_on_host_regions() {
     let tb = Testbed::get();
     let pd = pd(&tb);
     let (a, b) = pair_with_parts(&pd, 4);
-    assert_eq!(a.max_sge(), (4, 4));
+    assert_eq!((a.max_send_sge(), a.max_recv_sge()), (4, 4));
     assert!(a.max_read_sge() >= 1);
     let (p0, p1, p2) = (pattern(100, 1), pattern(4096, 2), pattern(300, 3));
     let parts = [

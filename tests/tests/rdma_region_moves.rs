@@ -195,8 +195,8 @@ fn regions_through_posts_into_inner_and_drop_leak_nothing() {
         }
         drop(c);
         cache.invalidate(rdma_dmabuf::BufferKey::DmaBuf {
-            dev: id.0,
-            ino: id.1,
+            dev: id.dev,
+            ino: id.ino,
         });
         cache.clear();
         drop(cache);

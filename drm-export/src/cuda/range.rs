@@ -71,11 +71,31 @@ impl CudaRange {
         self.buffer_id
     }
 
-    /// The dma-buf, the offset of `ptr` in it, the length and the iova (`ptr`): the arguments
-    /// of a dma-buf registration of exactly the range.
-    pub fn into_parts(self) -> (DmaBuf, u64, u64, u64) {
-        (self.dmabuf, self.offset, self.len, self.ptr)
+    /// The dma-buf, the offset of `ptr` in it, the length and the iova (`ptr`), by name: the
+    /// arguments of a dma-buf registration of exactly the range.
+    pub fn into_parts(self) -> RangeParts {
+        RangeParts {
+            dmabuf: self.dmabuf,
+            offset: self.offset,
+            len: self.len,
+            iova: self.ptr,
+        }
     }
+}
+
+/// A [`CudaRange`] taken apart: the arguments of a dma-buf registration (`ibv_reg_dmabuf_mr`)
+/// of exactly `[ptr, ptr + len)`, each by name.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RangeParts {
+    /// The dma-buf, which covers the pages holding the range.
+    pub dmabuf: DmaBuf,
+    /// The offset of `ptr` inside the dma-buf.
+    pub offset: u64,
+    /// The length asked for.
+    pub len: u64,
+    /// The iova to register with: the device pointer.
+    pub iova: u64,
 }
 
 impl CudaDevice {

@@ -92,7 +92,7 @@ fn device_pointers_anywhere_in_an_allocation_export_their_covering_pages() {
     }
     // CPU access: nv_dmabuf refuses mmap with the kernel-internal ENOTSUPP (524), which must
     // reach the caller as itself, with the hint (not errno 0, "Success"). Its fences work.
-    let (mut buf, ..) = dev.export_range(base, PAGE).unwrap().into_parts();
+    let mut buf = dev.export_range(base, PAGE).unwrap().into_parts().dmabuf;
     match buf.map() {
         Err(e @ Error::Os { .. }) => {
             eprintln!("driver: a CPU mapping of the dma-buf: {e}");

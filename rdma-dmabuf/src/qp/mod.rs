@@ -166,10 +166,16 @@ impl QueuePair {
         self.raw.caps.max_inline
     }
 
-    /// The most parts one send, write or atomic may gather from, and one receive may
-    /// scatter into (what the provider granted; see [`QueuePairBuilder::max_sge`]).
-    pub fn max_sge(&self) -> (u32, u32) {
-        (self.raw.caps.send_sge, self.raw.caps.recv_sge)
+    /// The most parts one send, write or atomic may gather from (what the provider granted;
+    /// see [`QueuePairBuilder::max_sge`]).
+    pub fn max_send_sge(&self) -> u32 {
+        self.raw.caps.send_sge
+    }
+
+    /// The most parts one receive may scatter into (what the provider granted; see
+    /// [`QueuePairBuilder::max_sge`]).
+    pub fn max_recv_sge(&self) -> u32 {
+        self.raw.caps.recv_sge
     }
 
     /// The most parts one RDMA read may scatter into: the send queue's parts, held to the
