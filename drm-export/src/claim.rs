@@ -7,9 +7,18 @@
 //! second claim on a buffer that is already claimed is refused. Not a hot path: a claim is
 //! made when a `DmaBuf` is made and released when it is dropped or turned back into its fd.
 
-use crate::dmabuf::BufferId;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
+
+/// Which buffer a [`DmaBuf`](crate::DmaBuf) is: its dma-buf file's device and inode, the same for every fd
+/// of one buffer and never another live buffer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BufferId {
+    /// `st_dev` of the dma-buf file.
+    pub dev: u64,
+    /// `st_ino` of the dma-buf file.
+    pub ino: u64,
+}
 
 static CLAIMED: Mutex<BTreeSet<BufferId>> = Mutex::new(BTreeSet::new());
 

@@ -1,6 +1,6 @@
 //! [`DmaBuf`]: an owned dma-buf file descriptor with its size and exporter.
 
-use crate::claim::Claim;
+use crate::claim::{BufferId, Claim};
 use crate::error::{Error, Op, Result};
 use crate::sync_file::{FenceAccess, SyncFile};
 use crate::sys;
@@ -111,16 +111,6 @@ impl DmaBuf {
     pub(crate) fn describe(&self) -> String {
         format!("dma-buf fd {} ({})", self.fd.as_raw_fd(), self.exporter)
     }
-}
-
-/// Which buffer a [`DmaBuf`] is: its dma-buf file's device and inode, the same for every fd
-/// of one buffer and never another live buffer's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BufferId {
-    /// `st_dev` of the dma-buf file.
-    pub dev: u64,
-    /// `st_ino` of the dma-buf file.
-    pub ino: u64,
 }
 
 impl AsFd for DmaBuf {

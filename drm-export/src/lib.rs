@@ -50,8 +50,9 @@ mod sys;
 mod udmabuf;
 mod vgem;
 
+pub use claim::BufferId;
 pub use device::{drm_nodes, Capabilities, DriverInfo, DrmDevice, NodeKind, DRI_DIR};
-pub use dmabuf::{BufferId, DmaBuf};
+pub use dmabuf::DmaBuf;
 pub use dumb::DumbBuffer;
 pub use error::{CudaRefusal, Error, Op, Result};
 pub use gem::{GemBuffer, GpuBuffer, Placement};

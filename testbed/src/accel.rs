@@ -9,9 +9,10 @@
 //! as long as the host stays up (the key holds the host's boot id, the QEMU and the kernel).
 //! `TESTBED_ACCEL=tcg` or `kvm` skips the probe.
 
+use crate::kernel::Kernel;
 use crate::sh::{self, Result};
 use crate::ui::Step;
-use crate::{fail, programs, setup, Cache};
+use crate::{fail, programs, Cache};
 use std::io::Read;
 use std::path::Path;
 use std::process::Stdio;
@@ -112,7 +113,7 @@ impl Accel {
 ///
 /// # Errors
 /// `TESTBED_ACCEL` has an unknown value, or `kvm` was asked for and does not boot the guest.
-pub fn choose(cache: &Cache, kernel: &setup::Kernel, initrd: &Path) -> Result<Accel> {
+pub fn choose(cache: &Cache, kernel: &Kernel, initrd: &Path) -> Result<Accel> {
     let asked = std::env::var(ACCEL_ENV).unwrap_or_default();
     match asked.as_str() {
         "tcg" => {
@@ -198,7 +199,7 @@ fn kvm_device() -> std::result::Result<(), (String, String)> {
 /// The probe's verdict for `cpu`, from the cache when this host boot already has one.
 fn cached_probe(
     cache: &Cache,
-    kernel: &setup::Kernel,
+    kernel: &Kernel,
     initrd: &Path,
     cpu: &str,
 ) -> Result<std::result::Result<(), String>> {
@@ -227,7 +228,7 @@ fn cached_probe(
 
 /// What a probe's answer depends on: the host's boot, the QEMU binary, the guest kernel and
 /// initramfs, the CPU model.
-fn probe_key(kernel: &setup::Kernel, initrd: &Path, cpu: &str) -> u64 {
+fn probe_key(kernel: &Kernel, initrd: &Path, cpu: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
@@ -259,11 +260,7 @@ fn which(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
 
 /// Boots `kernel` under KVM with `-cpu cpu` and a command that prints [`PROBE_MARK`]; Ok once
 /// the mark appears, else why not (QEMU's own words), within [`PROBE_LIMIT`].
-fn probe(
-    kernel: &setup::Kernel,
-    initrd: &Path,
-    cpu: &str,
-) -> Result<std::result::Result<(), String>> {
+fn probe(kernel: &Kernel, initrd: &Path, cpu: &str) -> Result<std::result::Result<(), String>> {
     let mut child = programs::cmd("qemu-system-x86_64")
         .args(["-machine", "q35", "-accel", "kvm", "-cpu", cpu])
         .args(["-smp", "1", "-m", "512", "-nic", "none"])

@@ -7,7 +7,7 @@
 //! into `/host`: host-built binaries run unchanged. Afterwards it saves the kernel log and taint
 //! to the run folder and powers off.
 
-use crate::setup::Kernel;
+use crate::kernel::Kernel;
 use crate::sh::{self, Result};
 use crate::ui::Step;
 use crate::{fail, programs, script, Cache};

@@ -11,6 +11,7 @@ pub mod accel;
 pub mod backports;
 pub mod cli;
 pub mod initramfs;
+pub mod kernel;
 pub mod klog;
 pub mod packages;
 pub mod patched;

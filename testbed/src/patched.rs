@@ -8,7 +8,7 @@
 //! and the script it runs (`scripts/rxe-sources.sh`). `inner.sh` (`scripts/inner.sh`) puts the
 //! stack in place in the VM.
 
-use crate::setup::{Kernel, KERNEL_SERIES};
+use crate::kernel::{Kernel, KERNEL_SERIES};
 use crate::sh::{self, Result};
 use crate::ui::Step;
 use crate::{fail, programs, script, Cache};

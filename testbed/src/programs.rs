@@ -53,6 +53,10 @@ const fn applet(name: &'static str) -> Program {
     }
 }
 
+/// Environment variable naming the `qemu-system-x86_64` to run instead of the one on `PATH`
+/// (for example a newer QEMU, which avoids the emulator fault described in docs/testbed.md).
+pub const QEMU_BINARY: &str = "TESTBED_QEMU";
+
 /// The table.
 pub const PROGRAMS: &[Program] = &[
     Program {
@@ -64,7 +68,7 @@ pub const PROGRAMS: &[Program] = &[
     Program {
         name: "qemu-system-x86_64",
         source: Source::Deb("qemu-system-x86"),
-        env: Some(crate::vm::QEMU_BINARY),
+        env: Some(QEMU_BINARY),
         why: "boots the testbed VM (host)",
     },
     deb(

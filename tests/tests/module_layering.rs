@@ -1,4 +1,6 @@
-//! The library crates' modules depend on each other in one direction only, at every level:
+//! Every crate of the workspace (the libraries, the engine, and the tooling: testbed, xtask,
+//! doctor, examples, tests) has modules that depend on each other in one direction only, at
+//! every level:
 //! among the top-level modules of a crate, and among the files of each folder (`qp/post.rs`
 //! and `qp/atomic.rs` are siblings under `qp`). A cycle means two concepts that cannot be
 //! read, or changed, one without the other.
@@ -22,38 +24,54 @@ struct File {
     ast: syn::File,
 }
 
-/// The module a file under `src` defines: `lib.rs` -> [], `qp/mod.rs` and `qp.rs` -> [qp],
-/// `qp/post.rs` -> [qp, post].
-fn module_of(src: &Path, path: &Path) -> ModPath {
-    let rel = path.strip_prefix(src).unwrap();
-    let mut parts: Vec<String> = rel
-        .iter()
-        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
-        .collect();
-    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
-        parts.pop();
-    }
-    parts
-}
-
-fn read_crate(src: &Path) -> Vec<File> {
+/// Reads the module tree of the crate whose root file is `root` (`lib.rs`, `main.rs`, an
+/// example or a test), following each `mod name;` to `name.rs` or `name/mod.rs` beside the
+/// file that declares it (in the folder named after the file, for a file other than a root
+/// or a `mod.rs`), or to the file its `#[path]` names. `#[cfg(test)]` modules are left out.
+fn read_tree(root: &Path) -> Vec<File> {
     let mut files = Vec::new();
-    let mut dirs = vec![src.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path: PathBuf = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path).unwrap();
-                let ast =
-                    syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                files.push(File {
-                    module: module_of(src, &path),
-                    ast,
-                });
+    // (file, its module path, the folder its child modules' files live in)
+    let mut todo = vec![(
+        root.to_path_buf(),
+        ModPath::new(),
+        root.parent().unwrap().to_path_buf(),
+    )];
+    while let Some((path, module, dir)) = todo.pop() {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for item in &ast.items {
+            let syn::Item::Mod(m) = item else { continue };
+            if m.content.is_some() || is_cfg_test(&m.attrs) {
+                continue;
             }
+            let name = m.ident.to_string();
+            let explicit = m.attrs.iter().find_map(|a| match &a.meta {
+                syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
+                    syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Str(s),
+                        ..
+                    }) => Some(s.value()),
+                    _ => None,
+                },
+                _ => None,
+            });
+            let (file, child_dir) = match explicit {
+                Some(p) => {
+                    let f = path.parent().unwrap().join(p);
+                    let d = f.with_extension("");
+                    (f, d)
+                }
+                None if dir.join(format!("{name}.rs")).is_file() => {
+                    (dir.join(format!("{name}.rs")), dir.join(&name))
+                }
+                None => (dir.join(&name).join("mod.rs"), dir.join(&name)),
+            };
+            let mut child = module.clone();
+            child.push(name);
+            todo.push((file, child, child_dir));
         }
+        files.push(File { module, ast });
     }
     files
 }
@@ -287,13 +305,10 @@ fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
         .find_map(|n| visit(graph, n, &mut Vec::new(), &mut done))
 }
 
-fn cycles_in(krate: &str) -> Vec<String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(krate)
-        .join("src");
-    let files = read_crate(&src);
-    let graph = file_graph(&files);
+/// The cycles among the modules of the crate rooted at `root`, each as "`name`, under
+/// `module`: a -> b -> a".
+fn cycles_in(name: &str, root: &Path) -> Vec<String> {
+    let graph = file_graph(&read_tree(root));
     sibling_graphs(&graph)
         .into_iter()
         .filter_map(|(parent, level)| {
@@ -303,18 +318,100 @@ fn cycles_in(krate: &str) -> Vec<String> {
                 } else {
                     parent.join("::")
                 };
-                format!("{krate}, under {at}: {}", c.join(" -> "))
+                format!("{name}, under {at}: {}", c.join(" -> "))
             })
         })
         .collect()
 }
 
+/// Every crate of the workspace, as `cargo metadata` lists them: (package, target kind and
+/// name, root file), for libraries, programs, examples, tests and build scripts alike.
+fn workspace_crates() -> Vec<(String, String, PathBuf)> {
+    let out = std::process::Command::new("cargo")
+        .args([
+            "metadata",
+            "--no-deps",
+            "--offline",
+            "--format-version",
+            "1",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut crates = Vec::new();
+    for package in meta["packages"].as_array().unwrap() {
+        for target in package["targets"].as_array().unwrap() {
+            crates.push((
+                package["name"].as_str().unwrap().to_string(),
+                format!(
+                    "{} {}",
+                    target["kind"][0].as_str().unwrap(),
+                    target["name"].as_str().unwrap()
+                ),
+                PathBuf::from(target["src_path"].as_str().unwrap()),
+            ));
+        }
+    }
+    crates
+}
+
+/// No crate of the workspace, library or tool, has a module cycle at any level.
 #[test]
-fn library_modules_have_no_cycle_at_any_level() {
-    let mut found = cycles_in("drm-export");
-    found.extend(cycles_in("rdma-dmabuf"));
-    found.extend(cycles_in("engine"));
+fn no_crate_of_the_workspace_has_a_module_cycle_at_any_level() {
+    let crates = workspace_crates();
+    let packages: BTreeSet<&str> = crates.iter().map(|(p, ..)| p.as_str()).collect();
+    // The libraries, the engine, the doctor, the tests, the examples, the testbed, the C
+    // library and xtask: a member that `cargo metadata` stopped listing would go unchecked.
+    for must in [
+        "drm-export",
+        "rdma-dmabuf",
+        "gpu-rdma-engine",
+        "gpu-rdma-doctor",
+        "integration-tests",
+        "examples",
+        "dmabuf-testbed",
+        "dmabuf-alloc",
+        "xtask",
+    ] {
+        assert!(packages.contains(must), "{must} not among {packages:?}");
+    }
+    let mut found = Vec::new();
+    for (package, target, root) in &crates {
+        found.extend(cycles_in(&format!("{package} ({target})"), root));
+    }
     assert!(found.is_empty(), "module cycles:\n{}", found.join("\n"));
+}
+
+/// The tree is read from the files a crate root declares, in a program (`main.rs`) as in a
+/// library, and a cycle between a file and a folder's file is found.
+#[test]
+fn the_checker_reads_a_program_from_its_files_and_finds_a_cycle() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("module_layering_program");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("vm")).unwrap();
+    let write = |f: &str, text: &str| std::fs::write(dir.join(f), text).unwrap();
+    write("main.rs", "mod programs; mod vm; fn main() {}");
+    write(
+        "programs.rs",
+        "pub fn run() { let _ = crate::vm::QEMU_BINARY; }",
+    );
+    write(
+        "vm/mod.rs",
+        "mod node; pub const QEMU_BINARY: &str = \"qemu\";",
+    );
+    write("vm/node.rs", "fn boot() { crate::programs::run(); }");
+    let found = cycles_in("synthetic", &dir.join("main.rs"));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("programs -> vm -> programs"), "{found:?}");
+    // Without the closing edge, none.
+    write("programs.rs", "pub fn run() {}");
+    assert!(cycles_in("synthetic", &dir.join("main.rs")).is_empty());
 }
 
 /// The checker itself: a grouped `use` through `super::` and a re-export make an edge, so a

@@ -9,10 +9,9 @@ mod soak;
 mod testrun;
 
 // The testbed itself (VM, kernel, initramfs, patched stack, the programs table) is the
-// `dmabuf-testbed` library; xtask names its modules as its own.
-pub(crate) use dmabuf_testbed::{fail, initramfs, patched, programs, setup, sh, ui, vm};
-
-use sh::Result;
+// `dmabuf-testbed` library, named by its own paths.
+// Modules and items of the testbed are written with `dmabuf_testbed::` here too: a `use` at
+// the crate root would make them `crate::` names for every module of xtask.
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -58,8 +57,8 @@ pub struct Paths {
     cache: dmabuf_testbed::Cache,
 }
 
-/// xtask's paths stand for the testbed's cache wherever the library asks for one, so that
-/// `vm::run(paths, ...)` reads as it did when the testbed lived in xtask.
+/// xtask's paths are the testbed's cache (`target/testbed`): the library's calls take them
+/// where they ask for a cache.
 impl std::ops::Deref for Paths {
     type Target = dmabuf_testbed::Cache;
     fn deref(&self) -> &dmabuf_testbed::Cache {
@@ -87,22 +86,22 @@ impl Paths {
     }
 
     /// Folders the testbed must bind back when they are under `/tmp` or `/run`: the
-    /// workspace and its target folder (set these in every `vm::Opts::expose` of xtask).
+    /// workspace and its target folder (set these in every `dmabuf_testbed::vm::Opts::expose` of xtask).
     pub fn vm_expose(&self) -> Vec<PathBuf> {
         vec![self.root.clone(), self.target.clone()]
     }
 
     /// `cargo` (the one running this xtask), in the workspace root.
     fn cargo(&self) -> std::process::Command {
-        let mut c = programs::cmd("cargo");
+        let mut c = dmabuf_testbed::programs::cmd("cargo");
         c.current_dir(&self.root);
         c
     }
 
     /// Builds the example `name` of the `examples` package in release; returns its path.
-    fn release_example(&self, name: &str) -> Result<PathBuf> {
-        let step = ui::Step::start(format!("building examples/{name} (release)"));
-        sh::run(self.cargo().args([
+    fn release_example(&self, name: &str) -> dmabuf_testbed::sh::Result<PathBuf> {
+        let step = dmabuf_testbed::ui::Step::start(format!("building examples/{name} (release)"));
+        dmabuf_testbed::sh::run(self.cargo().args([
             "build",
             "--quiet",
             "--release",
@@ -156,7 +155,7 @@ fn help() -> String {
     HELP.replace("@OPTIONS@", dmabuf_testbed::cli::RUN_OPTIONS)
 }
 
-fn dispatch(args: &[String]) -> Result<ExitCode> {
+fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
     let paths = Paths::find();
     let Some((cmd, rest)) = args.split_first() else {
         eprint!("{}", help());
@@ -165,9 +164,9 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
     match cmd.as_str() {
         "setup" => {
             // The same set-up as `dmabuf-testbed setup`, into target/testbed.
-            let ready = setup::testbed(&paths)?;
-            ui::info(format!("accelerator: {}", ready.accel.summary()));
-            ui::info(ready.summary());
+            let ready = dmabuf_testbed::setup::testbed(&paths)?;
+            dmabuf_testbed::ui::info(format!("accelerator: {}", ready.accel.summary()));
+            dmabuf_testbed::ui::info(ready.summary());
             Ok(ExitCode::SUCCESS)
         }
         "vm" if dmabuf_testbed::cli::wants_help(rest) => {
@@ -177,8 +176,8 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         "vm" => {
             let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(rest)?;
             opts.expose = paths.vm_expose();
-            setup::packages()?;
-            let results = vm::run(&paths, &argv, &opts)?;
+            dmabuf_testbed::setup::packages()?;
+            let results = dmabuf_testbed::vm::run(&paths, &argv, &opts)?;
             Ok(ExitCode::from(dmabuf_testbed::cli::exit_status(&results)))
         }
         "test" => testrun::main(&paths, rest),
@@ -186,14 +185,14 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         "soak" => soak::main(&paths, rest),
         "rdma-core-tests" => rdmacore::main(&paths),
         "bench" => {
-            setup::packages()?;
+            dmabuf_testbed::setup::packages()?;
             bench::main(&paths, rest)
         }
         "help" | "-h" | "--help" => {
             eprint!("{}", help());
             Ok(ExitCode::SUCCESS)
         }
-        other => fail!("unknown command `{other}`\n{}", help()),
+        other => dmabuf_testbed::fail!("unknown command `{other}`\n{}", help()),
     }
 }
 
@@ -202,7 +201,7 @@ mod tests {
     #[test]
     fn every_script_runs_only_programs_of_the_table() {
         for (name, script) in super::scripts() {
-            if let Err(e) = super::programs::check(&script, false) {
+            if let Err(e) = dmabuf_testbed::programs::check(&script, false) {
                 panic!("{name}: {e}");
             }
         }

@@ -4,8 +4,9 @@
 //! way docs.rs does (`DOCS_RS=1`, every feature, warnings denied). Both use their own target
 //! folder, `target/packaging`, so the package builds never disturb the workspace's.
 
-use crate::ui::{info, Step};
-use crate::{sh, Paths, Result};
+use crate::Paths;
+use dmabuf_testbed::sh::{self, Result};
+use dmabuf_testbed::ui::{info, Step};
 
 /// The crates a user can depend on, by package name.
 pub const PUBLISHED: [&str; 3] = ["drm-export", "rdma-dmabuf", "gpu-rdma-doctor"];

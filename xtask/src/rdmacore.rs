@@ -8,9 +8,10 @@
 //! libibverbs first on the library path, so its rxe provider is what gets loaded, and it boots
 //! Debian's own `rdma_rxe.ko`.
 
-use crate::sh::{self, Result};
-use crate::ui::{info, Step};
-use crate::{fail, patched, programs, script, setup, vm, Paths};
+use crate::{script, Paths};
+use dmabuf_testbed::sh::{self, Result};
+use dmabuf_testbed::ui::{info, Step};
+use dmabuf_testbed::{fail, patched, programs, setup, vm};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -3,9 +3,10 @@
 //! boots. It proves that the testbed holds on a busy machine, as CI runners and newcomers'
 //! laptops often are.
 
-use crate::sh::Result;
-use crate::ui::info;
-use crate::{demo, fail, programs, setup, testrun, Paths};
+use crate::{demo, testrun, Paths};
+use dmabuf_testbed::sh::Result;
+use dmabuf_testbed::ui::info;
+use dmabuf_testbed::{fail, programs, setup};
 use std::process::{Child, ExitCode};
 use std::time::{Duration, Instant};
 

@@ -6,9 +6,10 @@
 //! contains `stock_only` run on Debian's unpatched rxe; the rest in one VM with the patched
 //! stack.
 
-use crate::sh::{self, Result};
-use crate::ui::{info, Step};
-use crate::{fail, initramfs, programs, setup, vm, Paths};
+use crate::Paths;
+use dmabuf_testbed::sh::{self, Result};
+use dmabuf_testbed::ui::{info, Step};
+use dmabuf_testbed::{fail, initramfs, kernel, programs, setup, vm};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -122,7 +123,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let started = Instant::now();
     setup::packages()?;
     if !host_only {
-        let k = setup::kernel(paths)?;
+        let k = kernel::fetch(paths)?;
         initramfs::build(paths, &k)?;
     }
 

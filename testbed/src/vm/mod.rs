@@ -10,7 +10,7 @@ use crate::accel::{self, Accel};
 use crate::patched::Patched;
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, initramfs, programs, script, setup, Cache};
+use crate::{fail, initramfs, kernel, programs, script, Cache};
 use node::{report, start, stop_all, wait, Boot};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -69,10 +69,6 @@ impl Default for Opts {
 /// Environment variable whose value is appended to the guests' kernel command line, for
 /// debugging (e.g. `slub_debug=FZPU loglevel=7`).
 pub const EXTRA_CMDLINE: &str = "TESTBED_KERNEL_ARGS";
-
-/// Environment variable naming the `qemu-system-x86_64` to run instead of the one on `PATH`
-/// (for example a newer QEMU, which avoids the emulator fault described in docs/testbed.md).
-pub const QEMU_BINARY: &str = "TESTBED_QEMU";
 
 /// 2 MiB huge pages every guest reserves at boot (`hugepages=` on its command line), for the
 /// tests of udmabufs over hugetlb memfds. Reserved at boot, the pool cannot be short because
@@ -188,7 +184,7 @@ pub fn run_past_emulator_fault(
 
 /// What every boot of a run needs before a VM starts.
 struct Stack {
-    kernel: setup::Kernel,
+    kernel: kernel::Kernel,
     initrd: PathBuf,
     /// KVM or TCG, and why.
     accel: Accel,
@@ -313,7 +309,7 @@ fn check_request(argv: &[String], opts: &Opts) -> Result {
 /// The guest kernel, its initramfs and, in patched mode, the patched stack (each built on
 /// first use, then cached).
 fn prepare(cache: &Cache, opts: &Opts) -> Result<Stack> {
-    let kernel = setup::kernel(cache)?;
+    let kernel = kernel::fetch(cache)?;
     let initrd = initramfs::build(cache, &kernel)?;
     let patched = match opts.mode {
         Mode::Patched => Some(crate::patched::build(cache, &kernel)?),

@@ -25,9 +25,10 @@ mod results;
 mod series;
 mod table;
 
-use crate::sh::Result;
-use crate::ui::info;
-use crate::{fail, programs, script, vm, Paths};
+use crate::{script, Paths};
+use dmabuf_testbed::sh::Result;
+use dmabuf_testbed::ui::info;
+use dmabuf_testbed::{fail, programs, vm};
 use plan::Profile;
 use results::{spreads, Failure, Sample, Spread};
 use series::{Metric, GOALS, SERIES};
@@ -368,7 +369,8 @@ fn charts(samples: &[Sample], p: &Profile) -> Vec<(&'static str, plot::Chart)> {
         let sp = spreads(samples, m, p.nodes, value);
         SERIES
             .iter()
-            .filter(|s| s.metric == m)
+            // (The engine's instruction count is per chunk: a gate, not a line of writes.)
+            .filter(|s| s.metric == m && !(m == Metric::Instructions && s.engine()))
             .map(|s| plot::Line {
                 label: format!("{}{suffix}", s.name),
                 points: sp
@@ -489,7 +491,11 @@ mod tests {
         let r = parse_args(&words("--quick --sizes 8,4K,256K")).unwrap();
         assert_eq!(r.profiles()[0].cost_sizes, [8, 4 << 10]);
         assert_eq!(Profile::full(1).cost_sizes.len(), 5);
+        let r = parse_args(&words("--nodes 1 --only perftest,engine")).unwrap();
+        assert_eq!(r.profiles()[0].only, ["perftest", "engine"]);
         for bad in [
+            "--only nope",
+            "--only ,",
             "--nodes 3",
             "--rounds 0",
             "--rounds",

@@ -8,7 +8,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
-/// The font file, from Debian's `fonts-dejavu-core` (in `crate::setup::PACKAGES`).
+/// The font file, from Debian's `fonts-dejavu-core` (in `dmabuf_testbed::setup::PACKAGES`).
 pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
 const SIZE: (u32, u32) = (960, 600);
