@@ -23,6 +23,7 @@ use crate::dmabuf::DmaBuf;
 use crate::error::{Error, Op, Result};
 pub use crate::sys::cuda::LIBCUDA_ENV;
 use crate::sys::cuda::{self, Ctx, CuDevice, CuDevicePtr, Driver};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 mod cover;
@@ -63,6 +64,8 @@ pub struct CudaDevice {
     dev: CuDevice,
     ctx: Ctx,
     ordinal: i32,
+    /// Set by [`CudaDevice::assume_udmabuf_small_pages`].
+    udmabuf_small_pages: AtomicBool,
 }
 
 impl CudaDevice {
@@ -91,7 +94,27 @@ impl CudaDevice {
         let ctx = d
             .retain_and_bind(dev)
             .map_err(|r| cu_err(d, "cuDevicePrimaryCtxRetain", r))?;
-        Ok(Arc::new(CudaDevice { dev, ctx, ordinal }))
+        Ok(Arc::new(CudaDevice {
+            dev,
+            ctx,
+            ordinal,
+            udmabuf_small_pages: AtomicBool::new(false),
+        }))
+    }
+
+    /// For a libcuda whose exports are udmabufs (a stand-in for testing without a GPU):
+    /// records that every udmabuf this device exports from now on has small pages only, as
+    /// [`DmaBuf::assume_udmabuf_small_pages`] records it for one buffer, so that its ranges
+    /// can be registered on soft-RoCE where the kernel's udmabuf misplaces large pages (see
+    /// that function), including by code that exports for itself (a registration cache). An
+    /// NVIDIA driver's exports are not udmabufs: for them this changes nothing.
+    ///
+    /// # Safety
+    /// Every udmabuf the driver exports for this device from now on pins small pages only
+    /// (its memory comes from memfds that cannot have large pages), as
+    /// [`DmaBuf::assume_udmabuf_small_pages`] requires of each.
+    pub unsafe fn assume_udmabuf_small_pages(&self) {
+        self.udmabuf_small_pages.store(true, Ordering::Relaxed);
     }
 
     fn bind(&self) -> Result<&'static Driver> {

@@ -12,6 +12,11 @@ use std::ops::{Deref, Range};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+#[cfg(feature = "cuda")]
+mod cuda;
+mod lent;
+pub use lent::{Lent, LentJoinError, LentSplitError};
+
 /// Which memory a cached registration is of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BufferKey {

@@ -210,6 +210,20 @@ pub enum Error {
         /// The values it accepts, and what they bound.
         accepted: &'static str,
     },
+    /// A CUDA range the registration cache cannot key on one allocation's buffer id
+    /// (`RegistrationCache::checkout_cuda`): empty, or past the
+    /// allocation holding `ptr` (across `cuMemMap` seams, or beyond). Cache each part apart.
+    #[error("CUDA range of {len} bytes at {ptr:#x}: not inside the one allocation of {alloc_size} bytes at {alloc_base:#x} that a cached registration is keyed on; cache each allocation's part apart")]
+    CudaRangeNotOneAllocation {
+        /// The range's start.
+        ptr: u64,
+        /// Its length.
+        len: u64,
+        /// The base of the allocation holding `ptr`.
+        alloc_base: u64,
+        /// That allocation's size.
+        alloc_size: u64,
+    },
     /// A work request completed with an error status.
     #[error("{kind} on qp {qp_num:#x} failed: {status_text} (status {status}, vendor error {vendor_err:#x}){}", hint_text(completion_hint(*.status)))]
     Completion {
@@ -328,9 +342,10 @@ impl Error {
         use ffi::ibv_wc_status as S;
         match self {
             Error::Unsupported { .. } => ErrorKind::Unsupported,
-            Error::InvalidArgument { .. } | Error::GidIndex { .. } | Error::Setting { .. } => {
-                ErrorKind::InvalidInput
-            }
+            Error::InvalidArgument { .. }
+            | Error::GidIndex { .. }
+            | Error::Setting { .. }
+            | Error::CudaRangeNotOneAllocation { .. } => ErrorKind::InvalidInput,
             Error::QueueFull { .. } => ErrorKind::QueueFull,
             Error::FenceTimeout { .. } => ErrorKind::TimedOut,
             Error::Export(e) | Error::Fence(e) | Error::Map(e) | Error::Adopt(e) => {

@@ -100,7 +100,10 @@ mod waiters;
 mod watch;
 mod wr;
 
-pub use cache::{BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, RegistrationCache};
+pub use cache::{
+    BufferKey, CacheKey, CacheLimits, CacheStats, Checkout, Lent, LentJoinError, LentSplitError,
+    RegistrationCache,
+};
 pub use cm::{release_removed_devices, CmConnector, CmListener, MAX_PRIVATE_DATA};
 pub use device::{
     devices, AtomicCap, Context, DeviceAttr, DeviceInfo, Gid, Mtu, PortAttr, PortState,

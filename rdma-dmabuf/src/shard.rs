@@ -20,7 +20,7 @@ use crate::pd::ProtectionDomain;
 use crate::remote::RemoteRegion;
 use std::fmt;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// One of the disjoint owned parts of a region ([`MemoryRegion::split`]).
 pub struct Shard<B: Backing> {
@@ -29,9 +29,18 @@ pub struct Shard<B: Backing> {
     end: u64,
 }
 
-/// The region behind its shards. `Sync` exactly when the region is (its backing is), so a
-/// shard crosses threads under the region's own rules.
-struct Shared<B: Backing>(MemoryRegion<B>);
+/// The region behind its shards, and whether it was split from a
+/// [`Checkout`](crate::Checkout) (then only its [`Lent`](crate::Lent) joins it). `Sync`
+/// exactly when the region is (its backing is), so a shard crosses threads under the
+/// region's own rules.
+struct Shared<B: Backing>(MemoryRegion<B>, bool);
+
+/// Where the shards of a checked-out region belong: the region's own allocation, kept by a
+/// weak reference so that its address is never another region's while this lives.
+pub(crate) struct Home<B: Backing>(Weak<Shared<B>>);
+
+/// The shards of a split region, and where they belong.
+pub(crate) type Lending<B> = (Vec<Shard<B>>, Home<B>);
 
 impl<B: Backing> fmt::Debug for Shard<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -87,22 +96,7 @@ impl<B: Backing> MemoryRegion<B> {
         self,
         ranges: impl IntoIterator<Item = Range<u64>>,
     ) -> std::result::Result<Vec<Shard<B>>, SplitError<B>> {
-        let ranges: Vec<Range<u64>> = ranges.into_iter().collect();
-        if let Err(error) = check_disjoint(&ranges, self.len()) {
-            return Err(SplitError {
-                error,
-                region: self,
-            });
-        }
-        let region = Arc::new(Shared(self));
-        Ok(ranges
-            .into_iter()
-            .map(|r| Shard {
-                region: region.clone(),
-                start: r.start,
-                end: r.end,
-            })
-            .collect())
+        split(self, ranges.into_iter().collect(), false).map(|(shards, _)| shards)
     }
 
     /// Splits the region into consecutive shards of `size` bytes (the last one shorter if
@@ -121,6 +115,46 @@ impl<B: Backing> MemoryRegion<B> {
         let starts = (0..len.div_ceil(size)).map(|i| i * size);
         self.split(starts.map(|s| s..(s + size).min(len)).collect::<Vec<_>>())
     }
+}
+
+/// Splits `region` into shards of `ranges`; `lent` marks a checkout's region, which
+/// [`Shard::join`] refuses and [`join_home`] alone takes back.
+pub(crate) fn split<B: Backing>(
+    region: MemoryRegion<B>,
+    ranges: Vec<Range<u64>>,
+    lent: bool,
+) -> std::result::Result<Lending<B>, SplitError<B>> {
+    if let Err(error) = check_disjoint(&ranges, region.len()) {
+        return Err(SplitError { error, region });
+    }
+    let region = Arc::new(Shared(region, lent));
+    let home = Home(Arc::downgrade(&region));
+    let shards = ranges
+        .into_iter()
+        .map(|r| Shard {
+            region: region.clone(),
+            start: r.start,
+            end: r.end,
+        })
+        .collect();
+    Ok((shards, home))
+}
+
+/// The region back from every one of its shards, which must be shards of `home`'s region.
+pub(crate) fn join_home<B: Backing>(
+    home: &Home<B>,
+    shards: Vec<Shard<B>>,
+) -> std::result::Result<MemoryRegion<B>, JoinError<B>> {
+    if !shards
+        .iter()
+        .all(|s| std::ptr::eq(Arc::as_ptr(&s.region), home.0.as_ptr()))
+    {
+        return Err(JoinError {
+            error: Error::invalid(Op::Split, "shards of another region than the one lent"),
+            shards,
+        });
+    }
+    join(shards)
 }
 
 /// Refuses an empty list, empty or reversed ranges, ranges past `len`, and overlaps.
@@ -221,45 +255,65 @@ impl<B: Backing> Shard<B> {
     /// # Errors
     /// A [`JoinError`] with the shards back: none given, shards of different regions, or not
     /// all of the region's shards.
+    ///
+    /// The shards of a [`Checkout`](crate::Checkout)'s region are refused too: they go back
+    /// to their checkout with [`Lent::join`](crate::Lent::join), so that the region stays
+    /// the cache's.
     pub fn join(
         shards: impl IntoIterator<Item = Shard<B>>,
     ) -> std::result::Result<MemoryRegion<B>, JoinError<B>> {
-        let mut shards: Vec<Shard<B>> = shards.into_iter().collect();
-        let refuse = |why: String, shards| {
-            Err(JoinError {
-                error: Error::invalid(Op::Split, why),
-                shards,
-            })
-        };
-        let Some(first) = shards.first() else {
-            return refuse("no shard to join".into(), shards);
-        };
-        if !shards.iter().all(|s| s.same_region(first)) {
-            return refuse("shards of different regions".into(), shards);
-        }
-        let out = Arc::strong_count(&first.region) - shards.len();
-        if out != 0 {
-            return refuse(
-                format!(
-                    "{} of the region's {} shards given: {out} are elsewhere (another \
-                     thread, or a request still in flight)",
-                    shards.len(),
-                    shards.len() + out
+        let shards: Vec<Shard<B>> = shards.into_iter().collect();
+        if shards.iter().any(|s| s.region.1) {
+            return Err(JoinError {
+                error: Error::invalid(
+                    Op::Split,
+                    "shards of a checked-out region: Lent::join gives them back to their checkout",
                 ),
                 shards,
-            );
+            });
         }
-        // Every shard is here, and shards cannot be cloned: once the others are dropped,
-        // the last one holds the only reference.
-        let last = shards.pop().expect("not empty");
-        drop(shards);
-        match Arc::try_unwrap(last.region) {
-            Ok(shared) => Ok(shared.0),
-            Err(region) => refuse(
-                "a shard was made meanwhile (cannot happen)".into(),
-                vec![Shard { region, ..last }],
+        join(shards)
+    }
+}
+
+/// [`Shard::join`] without the check for a checkout's shards.
+fn join<B: Backing>(
+    mut shards: Vec<Shard<B>>,
+) -> std::result::Result<MemoryRegion<B>, JoinError<B>> {
+    let refuse = |why: String, shards| {
+        Err(JoinError {
+            error: Error::invalid(Op::Split, why),
+            shards,
+        })
+    };
+    let Some(first) = shards.first() else {
+        return refuse("no shard to join".into(), shards);
+    };
+    if !shards.iter().all(|s| s.same_region(first)) {
+        return refuse("shards of different regions".into(), shards);
+    }
+    let out = Arc::strong_count(&first.region) - shards.len();
+    if out != 0 {
+        return refuse(
+            format!(
+                "{} of the region's {} shards given: {out} are elsewhere (another \
+                 thread, or a request still in flight)",
+                shards.len(),
+                shards.len() + out
             ),
-        }
+            shards,
+        );
+    }
+    // Every shard is here, and shards cannot be cloned: once the others are dropped,
+    // the last one holds the only reference.
+    let last = shards.pop().expect("not empty");
+    drop(shards);
+    match Arc::try_unwrap(last.region) {
+        Ok(shared) => Ok(shared.0),
+        Err(region) => refuse(
+            "a shard was made meanwhile (cannot happen)".into(),
+            vec![Shard { region, ..last }],
+        ),
     }
 }
 

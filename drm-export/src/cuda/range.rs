@@ -26,6 +26,7 @@ use super::cover::{self, refuse, PointerInfo};
 use super::{cu_err, CudaDevice};
 use crate::dmabuf::DmaBuf;
 use crate::error::{CudaRefusal, Result};
+use std::sync::atomic::Ordering;
 
 /// A dma-buf exported for `[ptr, ptr + len)` of CUDA device memory, with what registering
 /// exactly that range needs.
@@ -170,8 +171,14 @@ impl CudaDevice {
             drop(fd);
             return Err(refuse(ptr, len, CudaRefusal::ChangedMeanwhile));
         }
+        let mut dmabuf = DmaBuf::try_from(fd)?;
+        if self.udmabuf_small_pages.load(Ordering::Relaxed) {
+            // SAFETY: the caller of `assume_udmabuf_small_pages` promised that every udmabuf
+            // this device exports has small pages only (a no-op for other exporters).
+            unsafe { dmabuf.assume_udmabuf_small_pages() };
+        }
         Ok(CudaRange {
-            dmabuf: DmaBuf::try_from(fd)?,
+            dmabuf,
             offset: ptr - start,
             ptr,
             len,
