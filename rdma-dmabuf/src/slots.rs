@@ -247,7 +247,8 @@ impl Slots {
             }
             // Cannot happen: a handle abandons its slot once, and a stranded slot has no
             // handle. Were it to, storing `buf` would drop what the slot holds while the NIC
-            // may use it (an independent review's note): both are kept, `buf` leaked.
+            // may use it: memory the NIC may use is never dropped, so both are kept, `buf`
+            // leaked.
             State::Abandoned | State::Stranded => {
                 std::mem::forget(buf);
                 None

@@ -1,8 +1,8 @@
 //! `CudaDevice::export_range` while another thread frees the allocation and makes a new one
 //! at the same address (testbed VM, stand-in libcuda): the export must hold the memory whose
 //! buffer id it reports, or be refused (`ChangedMeanwhile`), never hold the next
-//! allocation's memory under the old id. From an independent review, kept as a test of the
-//! rule (it failed before the check after the export: 3 stale exports in under a second).
+//! allocation's memory under the old id (without the check after the export: 3 stale
+//! exports in under a second).
 
 use drm_export::cuda::{CudaBuffer, RangeParts};
 use integration_tests::cuda_standin::{device, standin};

@@ -4,7 +4,7 @@
 //! memory, and the ends of the address space, pointers and lengths swept against a model of
 //! what must be exported or refused. No panic; every export holds exactly the device memory
 //! of its pages (read through the dma-buf and compared with the stand-in's host view); every
-//! refusal typed. From an independent review, kept as a test of the rules.
+//! refusal typed.
 
 use drm_export::{CudaRefusal, Error};
 use integration_tests::cuda_standin::{device, standin, Kind};

@@ -2,9 +2,8 @@
 //! libcuda: this project's code, not NVIDIA's driver): ranges from every seam to every seam
 //! of an eight-part reservation with page rounding at both ends, a reserved range split into
 //! two and joined again at the same address while ranges across its seam are looked up and
-//! exported, and what an export racing a free is refused as (`ChangedMeanwhile`, which it
-//! was not before the fix: `CrossesAllocations`, `PastAllocation` or the driver's error).
-//! From an independent review.
+//! exported, and what an export racing a free is refused as: `ChangedMeanwhile`, never
+//! `CrossesAllocations`, `PastAllocation` or the driver's error.
 
 use drm_export::cuda::CudaDevice;
 use drm_export::{CudaRefusal, Error};

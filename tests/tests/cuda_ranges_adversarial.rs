@@ -4,7 +4,7 @@
 //! (this project's code, not NVIDIA's driver): ranges into an adjacent allocation or reserved
 //! range, memory freed and remade as host memory during a lookup, an export across seams
 //! racing a remap, `CudaBuffer` sizes at the edges, and the C entry point from many threads
-//! with bad arguments. From an independent review; the first two failed before their fixes.
+//! with bad arguments. Each is refused typed or exports exactly the memory it reports.
 
 use dmabuf_alloc::{dmabuf_alloc_cuda_range, dmabuf_alloc_error};
 use drm_export::cuda::CudaBuffer;

@@ -2,9 +2,8 @@
 //! Task B awaits a receive; then the main task polls another receive of the same queue pair
 //! once (so the reactor last saw it) and afterwards keeps it idle, finishes it with the
 //! blocking `spin`, or forgets it. The message for B then arrives: B must wake by itself.
-//! Before the queue's fan-out waker, the reactor held the waker of whichever task parked
-//! last, and each of these three stranded B with its completion unpolled in the CQ (found by
-//! an independent review). Also: a handle polled after it resolved panics instead of
+//! The reactor holds the queue's fan-out waker, never the waker of whichever task parked
+//! last, which would strand B with its completion unpolled in the CQ in each case. Also: a handle polled after it resolved panics instead of
 //! spinning; and a receive awaited on a second runtime wakes there. Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
@@ -136,9 +135,9 @@ impl<F: std::future::Future + Unpin> std::future::Future for Counted<'_, F> {
 
 /// A receive polled on runtime A, then awaited on runtime B while A is kept idle (or after
 /// A is dropped): B's reactor must wake it when the message lands, promptly and without
-/// polling it in a loop meanwhile. Before the registration followed the runtime, the wake
-/// went to A's idle reactor (B woke only by its own timeout) or, with A gone, every await
-/// on the queue pair spun (thousands of polls a second; found by a second review).
+/// polling it in a loop meanwhile: the registration follows the runtime, so the wake never
+/// goes to A's idle reactor (B would wake only by its own timeout) and, with A gone, no await
+/// on the queue pair spins.
 fn a_receive_moved_to_a_second_runtime_wakes_there(drop_first: bool) {
     let tb = Testbed::get();
     let pd = pd(&tb);

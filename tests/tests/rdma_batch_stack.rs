@@ -1,7 +1,7 @@
 //! `post_write_batch` keeps its `K` work requests, SGEs and parts on the stack, so `K` is
-//! bounded at compile time (`MAX_BATCH`): before, a batch within the send queue's depth (8192
-//! of rxe's 16384 `max_qp_wr`, found by an independent review) overflowed a thread's default
-//! 2 MiB stack in a debug build and aborted the process. The largest batch allowed runs here
+//! bounded at compile time (`MAX_BATCH`): an unbounded one within the send queue's depth (8192
+//! of rxe's 16384 `max_qp_wr`) overflows a thread's default 2 MiB stack in a debug build and
+//! aborts the process. The largest batch allowed runs here
 //! on such a thread, in a child process so that an abort is observed rather than taking the
 //! test binary down.
 

@@ -1,8 +1,8 @@
 //! A busy-poll budget is spent inside one poll of a future, blocking the runtime's thread: a
-//! long one kept a task on the same current-thread runtime that would complete the awaited
-//! request from running, and a `tokio::time::timeout` around the await from firing (found by
-//! an independent review: a 20 s budget held the first await for 20 s). `set_busy_poll` now
-//! cuts budgets to `MAX_BUSY_POLL`. Runs in the testbed VM.
+//! long one would keep a task on the same current-thread runtime that completes the awaited
+//! request from running, and a `tokio::time::timeout` around the await from firing (a 20 s
+//! budget held the first await for 20 s). So `set_busy_poll` cuts budgets to
+//! `MAX_BUSY_POLL`. Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pd};

@@ -1,10 +1,8 @@
 //! `RegistrationCache` checks a dma-buf key against the dma-buf it registers, and takes a
-//! buffer's epoch before its export (both found by an independent review: a key of another
-//! buffer made later checkouts move that buffer's bytes, and an `invalidate` during an export
-//! let its region be handed out again).
-//! Before, the exported dma-buf was recorded as the key's buffer unchecked, so one wrong key
-//! poisoned later, honest `checkout_fd` calls of the other buffer: they registered (and RDMA
-//! moved) the wrong buffer's bytes and reported success. Runs in the testbed VM.
+//! buffer's epoch before its export: a key naming another buffer is refused (else later,
+//! honest checkouts of that buffer would register, and RDMA would move, the wrong bytes),
+//! and an `invalidate` during an export keeps the region from being handed out again. Runs
+//! in the testbed VM.
 
 use drm_export::Udmabuf;
 use integration_tests::testbed::Testbed;

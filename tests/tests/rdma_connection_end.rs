@@ -4,9 +4,8 @@
 //! stay posted for the others; on a multi-peer channel only the failing peer's queue pair; on
 //! an rdma_cm connection the peer learns through DISCONNECTED. And `wait_disconnected` leaves
 //! the queue pair flushed with the end recorded, so an awaited receive on the dead connection
-//! ends (before, the wait ate the DISCONNECTED event and the receive never ended). Written by
-//! an independent review (round 12) that tried to break the API from safe code. Runs in the
-//! testbed VM; every test takes a lock.
+//! ends (the wait never eats the DISCONNECTED event that ends it). Runs in the testbed VM;
+//! every test takes a lock.
 
 use integration_tests::process::{alone, within};
 use integration_tests::runtime::run_local;

@@ -2,9 +2,8 @@
 //! failed) and the first poll that sees it: `is_in_error` knows only what was polled, so such
 //! posts are accepted. A receive, a scoped receive and a batch posted in that window must all
 //! end: the poll that sees the first error completion moves the queue pair to the error state
-//! again, which makes rxe flush what was posted meanwhile (before that fix, the receive never
-//! ended). Written by an independent review (round 12) that tried to break the API from safe
-//! code. Runs in the testbed VM; every test takes a lock.
+//! again, which makes rxe flush what was posted meanwhile. Runs in the testbed VM; every
+//! test takes a lock.
 
 use integration_tests::process::alone;
 use integration_tests::testbed::Testbed;

@@ -397,8 +397,8 @@ fn a_scope_flushes_a_queue_pair_whose_first_request_finished() {
 
 /// At the drain deadline only queue pairs with requests still in flight are flushed: a write
 /// that completed long before, whose handle nobody spun, does not end its connection because
-/// of an unanswered receive on another queue pair (it once did: the scope flushed every queue
-/// pair with a request it had not yet seen finish). Found by the round-11 review.
+/// of an unanswered receive on another queue pair: the scope never flushes a queue pair only
+/// because it has not yet seen its request finish.
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_scope_spares_a_queue_pair_whose_requests_all_completed() {

@@ -1,10 +1,8 @@
 //! Using the API from inside other activity: a scope run by a `Drop` while the thread unwinds
 //! from an unrelated panic (its closure returned: its requests get their drain, not a flush;
-//! before the fix the scope took that panic for its closure's and flushed both connections), a
-//! waker whose `wake` polls its queue pair again and finishes another handle there, and
-//! volatile reads of a region a scope is sending from. Written by an independent review
-//! (round 12) that tried to break the API from safe code. Runs in the testbed VM; every test
-//! takes a lock.
+//! the scope never takes another panic for its closure's), a waker whose `wake` polls its
+//! queue pair again and finishes another handle there, and volatile reads of a region a
+//! scope is sending from. Runs in the testbed VM; every test takes a lock.
 
 use integration_tests::process::{alone, within};
 use integration_tests::testbed::Testbed;

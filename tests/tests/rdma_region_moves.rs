@@ -3,9 +3,8 @@
 //! keys are the kernel's and survive moves through posts and threads, that registering,
 //! posting, `into_inner` and dropping leak no MR, fd or dma-buf, that a stale rkey is refused,
 //! and that a handle (`Pending`, `PartsPending`, a future) dropped in any state releases its
-//! region exactly once and never while the NIC may use it; memcheck over all of it. Written
-//! by an independent review (round 11) that tried to break them from safe code. Runs in the
-//! testbed VM; every test takes a lock, so that those that count MRs or descriptors run alone
+//! region exactly once and never while the NIC may use it, whatever safe code does; memcheck
+//! over all of it. Runs in the testbed VM; every test takes a lock, so that those that count MRs or descriptors run alone
 //! (the test harness may run several at once).
 
 use integration_tests::counts::{dmabuf_objects, open_fds, rdma_resources};

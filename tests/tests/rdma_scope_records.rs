@@ -3,8 +3,8 @@
 //! panic in a scope of many posts, an unanswered receive past the inline entries at the drain
 //! deadline, a failing multi-part post that flushes at the end, futures dropped mid-flight,
 //! and a forgotten handle with a panicking waker: every message lands where it was posted,
-//! and nothing is touched after the scope returns. Written by an independent review (round
-//! 11) that tried to break them from safe code. Runs in the testbed VM.
+//! and nothing is touched after the scope returns, whatever safe code does. Runs in the
+//! testbed VM.
 
 use integration_tests::evil_waker::{evil, Site};
 use integration_tests::injection::parked;

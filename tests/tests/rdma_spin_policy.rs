@@ -103,7 +103,7 @@ fn every_wait_of_a_dedicated_queue_pair_ends_with_the_data_sent() {
 /// Nothing is done between two polls under `Dedicated`, but every deadline is still kept: a
 /// receive nobody answers comes back at its timeout from the handle's `spin_timeout` and
 /// `wait`, a scope's drain, a shared receive queue's `spin_timeout` and a multi-peer gather;
-/// the receive still works afterwards. (Written by an independent review, round 12.)
+/// the receive still works afterwards.
 #[test]
 #[ignore = "needs the testbed VM"]
 fn dedicated_spin_policy_still_honours_every_deadline() {

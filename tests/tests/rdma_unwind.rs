@@ -128,9 +128,9 @@ fn stderr_closed_child() {
 
 /// A task awaits a receive on the same queue pair as a receive whose slot holds a waker that
 /// panics when woken. The reactor's wake of the queue (the fan-out) must not raise that panic
-/// inside the runtime's I/O driver, which would stop the runtime for every task (found by the
-/// independent review: tokio's current-thread runtime lost its driver). The awaiting task is
-/// woken, and the runtime goes on working.
+/// inside the runtime's I/O driver, which would stop the runtime for every task (tokio's
+/// current-thread runtime would lose its driver). The awaiting task is woken, and the runtime
+/// goes on working.
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_waker_that_panics_in_the_reactors_wake_does_not_stop_the_runtime() {
@@ -167,8 +167,8 @@ fn a_waker_that_panics_in_the_reactors_wake_does_not_stop_the_runtime() {
 /// A waker whose `clone` panics while it is registered must not leave its request's slot
 /// unable to store the next task's waker (futures' `AtomicWaker` stays "registering" if the
 /// clone panics inside it, and then drops every later registration: an awaited request in
-/// that slot was woken only by its timeout, 8 s after its message, in the independent
-/// review). The next await on the same handle wakes when the message lands.
+/// that slot would wake only by its timeout). The next await on the same handle wakes when
+/// the message lands.
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_slot_whose_waker_clone_panicked_still_wakes_the_next_task() {

@@ -1,10 +1,8 @@
-//! A handle's poll finishes its own request in one step (`QueuePair::poll_for`): these tests,
-//! written by an independent review of that change, try from safe code to lose the request's
-//! completion when another task's waker panics in the same poll, to keep a region from its
-//! owner or in a freed slot, and to deliver a wake to the wrong handle after a slot is reused.
-//! Five of the six failed against the first version of the change (the completion was kept
-//! only on the unwinding stack); the poll now records it in its slot whenever a panic is
-//! pending. Runs in the testbed VM (some tests count MRs and take a lock to run alone).
+//! A handle's poll finishes its own request in one step (`QueuePair::poll_for`): these tests
+//! try from safe code to lose the request's completion when another task's waker panics in
+//! the same poll, to keep a region from its owner or in a freed slot, and to deliver a wake to
+//! the wrong handle after a slot is reused. The rule: the poll records the completion in its
+//! slot whenever a panic is pending, never only on the unwinding stack. Runs in the testbed VM (some tests count MRs and take a lock to run alone).
 
 use integration_tests::counts::rdma_resources;
 use integration_tests::evil_waker::{evil, Disarm, Evil, Site};

@@ -1,8 +1,7 @@
 //! udmabufs whose pages are large because shmem transparent huge pages backed them: on
 //! kernels whose udmabuf vmap misplaces large pages (6.10 to 6.16), a device that moves data
-//! with the CPU (rxe) would move the wrong bytes and reach pages outside the region (found by
-//! the independent reviews with `shmem_enabled` `always` or `within_size`: 4,177,920 of
-//! 4,194,304 bytes wrong, and writes landing in another udmabuf of the same memfd; also with
+//! with the CPU (rxe) would move the wrong bytes and reach pages outside the region (with
+//! `shmem_enabled` `always` or `within_size`: 4,177,920 of 4,194,304 bytes wrong, and writes landing in another udmabuf of the same memfd; also with
 //! a memfd filled while the setting was on and exported after it was turned off, and with
 //! `personality(UNAME26)` hiding the kernel's release). Registration looks at the udmabuf's
 //! own page frames, pinned since its creation, never at the settings, and at the kernel's
@@ -123,7 +122,7 @@ fn udmabufs_with_large_pages_are_refused_where_the_kernel_misplaces_them() {
     }
 
     // A memfd filled while huge pages were on, exported after they were turned off: its
-    // pages are what decides (the second review's case).
+    // pages are what decides, not the setting at export.
     let memfd = {
         let _set = Setting::set(&global, "always");
         let m = sealed_memfd(MemfdPages::Shmem, SIZE).unwrap();

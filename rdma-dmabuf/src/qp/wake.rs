@@ -62,9 +62,8 @@ impl Waitable for QueuePair {
 pub const DEFAULT_BUSY_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// The longest busy-poll budget [`QueuePair::set_busy_poll`] takes: 1 ms. The budget is spent
-/// inside one poll of a future, so a longer one would starve the runtime's other tasks (an
-/// independent review's test: a 20 s budget kept the sending task, and a 1 s timeout around
-/// the await, from running for 20 s).
+/// inside one poll of a future, so a longer one would starve the runtime's other tasks and
+/// the timers around the await (a 20 s budget kept a 1 s timeout from firing for 20 s).
 pub const MAX_BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Busy-polls `finish` for at most `q`'s busy-poll budget: the outcome if it came meanwhile.

@@ -112,7 +112,7 @@ struct Drain<'a, 'scope, 'env> {
     scope: &'a Scope<'scope, 'env>,
     /// Whether the scope's closure returned. Not `std::thread::panicking()`: a scope run by a
     /// `Drop` while the thread unwinds from an unrelated panic has a closure that returned,
-    /// and its requests deserve their drain, not a flush (an independent review's finding).
+    /// and its requests are drained, not flushed: only the scope's own unwind flushes.
     returned: bool,
 }
 
