@@ -15,7 +15,15 @@
 //!   entries cut into N chunks of C bytes runs, and while the same entries cut into 4N chunks
 //!   run (the fewest of 5 batches each); one line `RESULT allocs_short=A allocs_long=B
 //!   chunks_short=N chunks_long=4N allocs_per_chunk=X`, X = (B - A) / 3N. A count that
-//!   timing does not move: the gate of `cargo xtask bench` (series `engine`).
+//!   timing does not move: a gate of `cargo xtask bench` (series `engine`);
+//! * `cost --size C --iters N`: for an instruction counter (valgrind's callgrind with
+//!   `--collect-atstart=no --toggle-collect='*measured_*'`): after an untimed batch, one
+//!   batch of 16 entries of N chunks of C bytes each, of which only `Agent::transfer` is
+//!   counted (`measured_transfer`: the checks, the plan that cuts the entries into chunks,
+//!   the hand-over to a worker; on the caller's thread, which waits for nothing there); the
+//!   wait for the batch is not. One line `RESULT cost_iters=N writes_per_iter=16`: `cargo
+//!   xtask bench` counts N = 10 and 60 and divides the difference by 50 × 16, per chunk
+//!   (series `engine/plan`, a gate).
 //!
 //! `cargo xtask bench` runs the two step forms beside perftest's `ib_write_bw` at the same
 //! sizes and bytes in the same boot (docs/performance.md).
@@ -24,6 +32,8 @@
 //! cargo run --release -p examples --example engine_bench -- [--bytes N] [--rounds N] [--sizes 4K,64K,4M]
 //! cargo run --release -p examples --example engine_bench -- bw --peers 3 --size 64K --iters 128
 //! cargo run --release -p examples --example engine_bench -- alloc --size 4K --iters 256
+//! valgrind --tool=callgrind --collect-atstart=no '--toggle-collect=*measured_*' \
+//!     target/release/examples/engine_bench cost --size 4K --iters 60
 //! ```
 //! (`RDMA_DEVICE=rxe0` picks the device; default: every device with an active port.)
 
@@ -72,6 +82,7 @@ enum Mode {
     Sweep,
     Bw,
     Alloc,
+    Cost,
 }
 
 struct Args {
@@ -88,7 +99,8 @@ fn usage() -> ! {
     eprintln!(
         "usage: engine_bench [--bytes N] [--rounds N] [--sizes 4K,64K,1M]\n       \
          engine_bench bw --peers 1|3 --size N --iters N\n       \
-         engine_bench alloc --size N --iters N"
+         engine_bench alloc --size N --iters N\n       \
+         engine_bench cost --size N --iters N"
     );
     std::process::exit(2)
 }
@@ -119,6 +131,7 @@ fn args() -> Args {
     match it.peek().map(String::as_str) {
         Some("bw") => a.mode = Mode::Bw,
         Some("alloc") => a.mode = Mode::Alloc,
+        Some("cost") => a.mode = Mode::Cost,
         _ => {}
     }
     if !matches!(a.mode, Mode::Sweep) {
@@ -264,22 +277,55 @@ fn allocations(init: &Agent, b: &Batch) -> Res<usize> {
     Ok(fewest)
 }
 
+/// [`ALLOC_ENTRIES`] writes of `len` bytes each, scattered, to `p0`.
+fn entries(len: u64) -> Batch {
+    (0..ALLOC_ENTRIES).fold(Batch::new(), |b, j| {
+        let at = ((j * 7) % ALLOC_ENTRIES) * len;
+        b.write("src", j * len, "p0", "dst", at, len)
+    })
+}
+
+/// An initiator and one peer whose segments hold [`ALLOC_ENTRIES`] entries of `chunks`
+/// chunks of `chunk` bytes, chunks of that size.
+fn chunked(chunk: u64, chunks: u64) -> Res<(Agent, Vec<Agent>)> {
+    let settings = Settings {
+        chunk_size: chunk,
+        ..settings()?
+    };
+    let span = ALLOC_ENTRIES * chunks * chunk;
+    agents(&settings, 1, span, span)
+}
+
+/// The work of `transfer` on the caller's thread, and nothing else: the function callgrind's
+/// `--toggle-collect='*measured_*'` counts in.
+#[inline(never)]
+fn measured_transfer(
+    init: &Agent,
+    b: &Batch,
+) -> gpu_rdma_engine::Result<gpu_rdma_engine::Transfer> {
+    init.transfer(b)
+}
+
+/// One `cargo xtask bench` instruction count: `--iters` chunks of `--size` per entry.
+fn cost(a: &Args) -> Res<()> {
+    let (init, _peers) = chunked(a.size, a.iters)?;
+    let b = entries(a.iters * a.size);
+    // Connections, queue pairs and descriptors made, outside the count.
+    init.transfer(&b)?.wait(WAIT)?;
+    let t = measured_transfer(&init, &b)?;
+    t.wait(WAIT)?;
+    println!(
+        "RESULT cost_iters={} size={} writes_per_iter={ALLOC_ENTRIES}",
+        a.iters, a.size
+    );
+    Ok(())
+}
+
 /// One `cargo xtask bench` allocation step: chunks of `--size`, `--iters` of them in the
 /// short batch, four times as many in the long one, the same 16 entries scattered.
 fn alloc(a: &Args) -> Res<()> {
-    let settings = Settings {
-        chunk_size: a.size,
-        ..settings()?
-    };
     let per_entry = a.iters.div_ceil(ALLOC_ENTRIES);
-    let span = ALLOC_ENTRIES * 4 * per_entry * a.size;
-    let (init, _peers) = agents(&settings, 1, span, span)?;
-    let entries = |len: u64| {
-        (0..ALLOC_ENTRIES).fold(Batch::new(), |b, j| {
-            let at = ((j * 7) % ALLOC_ENTRIES) * len;
-            b.write("src", j * len, "p0", "dst", at, len)
-        })
-    };
+    let (init, _peers) = chunked(a.size, 4 * per_entry)?;
     let (short, long) = (entries(per_entry * a.size), entries(4 * per_entry * a.size));
     // Warm: the descriptor fetched, the connections and queue pairs made.
     allocations(&init, &long)?;
@@ -300,5 +346,6 @@ fn main() -> Res<()> {
         Mode::Sweep => sweep(&a),
         Mode::Bw => bw(&a),
         Mode::Alloc => alloc(&a),
+        Mode::Cost => cost(&a),
     }
 }

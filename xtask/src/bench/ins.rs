@@ -51,7 +51,8 @@ pub fn rows(samples: &[Sample], nodes: u8) -> Vec<Row> {
     for size in sizes {
         let base = |name: &str| sp.get(&(name, size)).map(|s| s.median);
         let ratio = |x: f64, b: Option<f64>| b.filter(|&b| b > 0.0).map(|b| x / b);
-        for s in SERIES.iter().filter(|s| s.metric == m) {
+        // (The engine's count is per chunk, not per write: a gate, not a row here.)
+        for s in SERIES.iter().filter(|s| s.metric == m && !s.engine()) {
             let Some(x) = sp.get(&(s.name, size)) else {
                 continue;
             };

@@ -3,9 +3,9 @@
 
 use super::gates;
 use super::ins;
-use super::plan::{Profile, COST_ITERS, ENGINE_ALLOC_CHUNKS};
+use super::plan::{Profile, COST_ITERS, ENGINE_COUNT_CHUNKS};
 use super::results::{spreads, Failure, Sample};
-use super::series::{Metric, ENGINE_ALLOC_CHUNK, GOALS, SERIES};
+use super::series::{Metric, ENGINE_COUNT_CHUNK, GOALS, SERIES};
 use super::table::{ratio_ranges, verdicts};
 use serde_json::{json, Value};
 
@@ -41,8 +41,8 @@ pub fn document(ctx: &Context<'_>, samples: &[Sample], failures: &[Failure]) -> 
                 "reg_iters": p.reg_iters,
                 "cost_sizes": p.cost_sizes,
                 "cost_iters": COST_ITERS,
-                "engine_alloc_chunk": ENGINE_ALLOC_CHUNK,
-                "engine_alloc_chunks": [ENGINE_ALLOC_CHUNKS, 4 * ENGINE_ALLOC_CHUNKS],
+                "engine_alloc_chunk": ENGINE_COUNT_CHUNK,
+                "engine_alloc_chunks": [ENGINE_COUNT_CHUNKS, 4 * ENGINE_COUNT_CHUNKS],
                 "only": p.only,
             })
         })

@@ -1,7 +1,7 @@
 //! How a bench run measures: the sizes, rounds and budgets of a profile, and the plan of steps
 //! that `bench.sh` runs ([`super::series`] holds what is measured).
 
-use super::series::{Metric, Series, ENGINE_ALLOC_CHUNK, ENGINE_SIZES, SERIES};
+use super::series::{Metric, Series, ENGINE_COUNT_CHUNK, ENGINE_SIZES, SERIES};
 use std::fmt::Write as _;
 
 /// How much a run measures.
@@ -50,7 +50,7 @@ pub const FULL_COST_SIZES: [u64; 5] = [8, 64, 512, 4 << 10, COST_MAX];
 pub const COST_ITERS: [u64; 2] = [10, 60];
 /// Chunks of the short batch of the engine's allocation count (the long one has four times
 /// as many).
-pub const ENGINE_ALLOC_CHUNKS: u64 = 256;
+pub const ENGINE_COUNT_CHUNKS: u64 = 256;
 
 impl Profile {
     /// Every power of two from 2 B to 8 MiB, three rounds (one node); every other power of
@@ -117,7 +117,7 @@ impl Profile {
             Metric::Latency => fit(self.lat_bytes, self.lat_max),
             Metric::Registration => self.reg_iters.max(1),
             Metric::Instructions => COST_ITERS[1],
-            Metric::Allocations => ENGINE_ALLOC_CHUNKS,
+            Metric::Allocations => ENGINE_COUNT_CHUNKS,
         }
     }
 
@@ -178,8 +178,8 @@ pub struct Step {
 
 /// The steps of `profile`: round after round, size after size, every series in table order,
 /// so that perftest and ours run side by side in time. The engine's series run at
-/// [`ENGINE_SIZES`]; its allocation count once, in the first round at the first of them, with
-/// chunks of [`ENGINE_ALLOC_CHUNK`].
+/// [`ENGINE_SIZES`]; its counts (allocations, instructions) once, in the first round at the
+/// first of them, with chunks of [`ENGINE_COUNT_CHUNK`].
 pub fn steps(profile: &Profile) -> Vec<Step> {
     let mut out = Vec::new();
     let first_engine_size = profile
@@ -203,15 +203,16 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
                     continue;
                 }
                 if s.metric == Metric::Instructions
+                    && !s.engine()
                     && (round > 1 || !profile.cost_sizes.contains(&size))
                 {
                     continue;
                 }
-                let size = if s.metric == Metric::Allocations {
+                let size = if s.engine() && s.metric.counted() {
                     if round > 1 || Some(size) != first_engine_size {
                         continue;
                     }
-                    ENGINE_ALLOC_CHUNK
+                    ENGINE_COUNT_CHUNK
                 } else {
                     size
                 };

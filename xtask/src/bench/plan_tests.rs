@@ -36,8 +36,8 @@ fn plans_interleave_and_have_unique_ids() {
         .filter(|s| s.quick && !s.metric.counted() && !s.engine())
         .count();
     // Counts in the first round only, at both sizes (8 B and 64 KiB); the engine's two
-    // series at 64 KiB only, and its allocation count once.
-    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6 + 3 * 2 + 1);
+    // series at 64 KiB only, and its two counts once.
+    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6 + 3 * 2 + 2);
     let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
     assert_eq!(ids.len(), st.len());
     // perftest then ours, at the same size, in the same round.
@@ -59,6 +59,7 @@ fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
     let counts: Vec<_> = st
         .iter()
         .filter(|s| SERIES[s.series].metric == Metric::Instructions)
+        .filter(|s| !SERIES[s.series].engine())
         .collect();
     assert_eq!(counts.len(), 2 * 6);
     assert!(counts
@@ -100,6 +101,7 @@ fn the_engine_runs_from_4_kib_to_4_mib_beside_perftest_and_counts_once() {
             "1n/r1/bw/engine/3peers/4096",
             "1n/r1/lat/perftest/4096",
             "1n/r1/alloc/engine/4096",
+            "1n/r1/ins/engine/plan/4096",
             "1n/r1/bw/perftest/65536",
             "1n/r1/bw/engine/1peer/65536",
             "1n/r1/bw/engine/3peers/65536",
@@ -109,6 +111,7 @@ fn the_engine_runs_from_4_kib_to_4_mib_beside_perftest_and_counts_once() {
         ]
     );
     assert_eq!(st.iter().filter(|s| s.id.contains("/alloc/")).count(), 1);
+    assert_eq!(st.iter().filter(|s| s.id.contains("/ins/")).count(), 1);
     let text = plan_text(&p, &st);
     // The same messages as perftest's step; a local step (one process).
     assert!(
@@ -122,6 +125,7 @@ fn the_engine_runs_from_4_kib_to_4_mib_beside_perftest_and_counts_once() {
         "{text}"
     );
     assert!(text.contains("\nlocal 1n/r1/alloc/engine/4096 300 engine_bench 4096 256 alloc\n"));
+    assert!(text.contains("\ncost 1n/r1/ins/engine/plan/4096 300 engine_bench 4096 10,60 cost\n"));
     // Not across two nodes; at a size list without 4 KiB..4 MiB, not at all.
     assert!(steps(&Profile::full(2))
         .iter()

@@ -106,8 +106,9 @@ pub const ENGINE: &str = "engine_bench";
 /// The block sizes the engine's series run at (issue 38: 4 KiB to 4 MiB).
 pub const ENGINE_SIZES: std::ops::RangeInclusive<u64> = 4 << 10..=4 << 20;
 
-/// The chunk size of the engine's allocation count, whatever the run's sizes.
-pub const ENGINE_ALLOC_CHUNK: u64 = 4 << 10;
+/// The chunk size of the engine's counts (allocations, instructions), whatever the run's
+/// sizes.
+pub const ENGINE_COUNT_CHUNK: u64 = 4 << 10;
 
 impl Series {
     /// Whether it is one process (registration, the engine) rather than a server and a
@@ -125,8 +126,8 @@ impl Series {
     /// process) or `cost` (one process under callgrind, twice).
     pub fn kind(&self) -> &'static str {
         match self.metric {
-            _ if self.local() => "local",
             Metric::Instructions => "cost",
+            _ if self.local() => "local",
             _ => "pair",
         }
     }
@@ -363,8 +364,11 @@ pub const SERIES: &[Series] = &[
     ),
     series("c/batch", Instructions, "cost_floor", "16", Quick),
     // The engine's allocations per chunk: batches of 16 entries cut into N and 4N chunks of
-    // ENGINE_ALLOC_CHUNK (the step's iterations: N), the difference over 3N.
+    // ENGINE_COUNT_CHUNK (the step's iterations: N), the difference over 3N.
     series("engine", Allocations, ENGINE, "alloc", Quick),
+    // The engine's instructions per chunk on the caller's thread (`Agent::transfer`: checks,
+    // plan, hand-over), batches of 16 entries of 10 and of 60 chunks of ENGINE_COUNT_CHUNK.
+    series("engine/plan", Instructions, ENGINE, "cost", Quick),
 ];
 
 /// A goal: the median of `series` over the median of `base`, at every size.

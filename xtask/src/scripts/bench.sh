@@ -10,7 +10,8 @@
 #   cost  ID LIMIT PROGRAM SIZE SHORT,LONG [ARGS...]   one process under callgrind, run with
 #         SHORT then LONG iterations; prints `RESULT ins_short=N ins_long=N iters_short=SHORT
 #         iters_long=LONG writes_per_iter=W` (the instructions counted in `*measured_*`)
-# PROGRAM is ib_write_bw, ib_write_lat, rdma_bench or cost_floor (its ARGS: writes a chain);
+# PROGRAM is ib_write_bw, ib_write_lat, rdma_bench, engine_bench or cost_floor (its ARGS:
+# writes a chain);
 # ARGS go to both sides; LIMIT (seconds) bounds the wait for the server and each process.
 # Each step prints `### step ID begin`, its client's output, then
 # `### step ID end client=RC server=RC secs=S` (RC 124: timed out; `ready`: the server never
@@ -85,14 +86,16 @@ side() {
 }
 
 # Prints the instructions callgrind counts in `*measured_*` functions when step $1 runs $2
-# (rdma_bench or cost_floor) at size $3 for $4 iterations (the rest: its arguments), bounded
-# by $LIMIT; the program's output goes to /tmp/cost.$1.$4.out. Fails when nothing was counted.
+# (rdma_bench, engine_bench or cost_floor) at size $3 for $4 iterations (the rest: its
+# arguments), bounded by $LIMIT; the program's output goes to /tmp/cost.$1.$4.out. Fails when
+# nothing was counted.
 counted() {
     f=/tmp/callgrind.$1.$4 out=/tmp/cost.$1.$4.out prog=$2 size=$3 n=$4
     shift 4
     case "$prog" in
     rdma_bench) set -- "$B" "$@" --size "$size" --iters "$n" --device "$D" ;;
     cost_floor) set -- "$F" "$D" "$G" "$size" "$n" "$@" ;;
+    engine_bench) set -- "$E" "$@" --size "$size" --iters "$n" ;;
     *) echo "bench.sh: no count for $prog" > "$out"; return 2 ;;
     esac
     timeout "$LIMIT" valgrind --tool=callgrind --callgrind-out-file="$f" --collect-atstart=no \
