@@ -71,6 +71,7 @@ fn bytes(m: Memory) -> Res<Vec<u8>> {
     Ok(match m {
         Memory::Host(h) => h.as_slice().to_vec(),
         Memory::DmaBuf(mut d) => d.map()?.read()?.to_vec(),
+        other => return Err(format!("no bytes to read in {other:?}").into()),
     })
 }
 

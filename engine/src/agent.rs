@@ -12,6 +12,7 @@ use crate::server::Server;
 use crate::settings::Settings;
 use crate::shared::Shared;
 use crate::worker::{self, Job};
+use rdma_dmabuf::CacheStats;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{SocketAddr, TcpListener};
@@ -98,7 +99,7 @@ impl Agent {
                 "queue_pairs and workers must be above 0".into(),
             ));
         }
-        let devices = crate::devices::open(settings.devices.as_deref())?;
+        let devices = crate::devices::open(settings.devices.as_deref(), settings.cache_limits)?;
         let listener =
             TcpListener::bind(settings.bind).map_err(|e| Error::io("bind", settings.bind, e))?;
         let embedded = Arc::new(EmbeddedMetadata::new(settings.io_timeout));
@@ -167,16 +168,19 @@ impl Agent {
         self.shared.forget_peer(agent);
     }
 
-    /// Registers `memory` (a [`DmaBuf`](rdma_dmabuf::DmaBuf) or a
-    /// [`HostBuffer`](rdma_dmabuf::HostBuffer)) whole as segment `name`, readable and
-    /// writable by peers, and publishes it. A dma-buf is registered on every device of the
-    /// agent (one region each, all in the descriptor); host memory on the first device only
-    /// (see the crate's documentation, "Limits").
+    /// Registers `memory` (a [`DmaBuf`](rdma_dmabuf::DmaBuf), a
+    /// [`HostBuffer`](rdma_dmabuf::HostBuffer), or a CUDA range, [`Memory::Cuda`]) whole as
+    /// segment `name`, readable and writable by peers, and publishes it. A dma-buf and a CUDA
+    /// range are registered on every device of the agent (one region each, all in the
+    /// descriptor; a CUDA range through the devices' registration caches, see
+    /// [`Agent::register_cuda`]); host memory on the first device only (see the crate's
+    /// documentation, "Limits").
     ///
     /// # Errors
     /// [`Error::Settings`] for an empty name or one with control characters (it becomes a
     /// key of the metadata service); [`Error::SegmentExists`] (the memory is dropped),
-    /// [`Error::Rdma`] for the registration.
+    /// [`Error::CudaRange`] for CUDA memory that cannot be a segment, [`Error::Rdma`] for the
+    /// registration.
     pub fn register(&self, name: &str, memory: impl Into<Memory>) -> Result<SegmentDescriptor> {
         crate::segment::check_name(name)?;
         if self.shared.segments.lock().contains_key(name) {
@@ -193,7 +197,53 @@ impl Agent {
         Ok(desc)
     }
 
+    /// Registers `[ptr, ptr + len)` of `device`'s memory as segment `name` on every device
+    /// of the agent, through each device's registration cache
+    /// ([`RegistrationCache::checkout_cuda`](rdma_dmabuf::RegistrationCache::checkout_cuda)):
+    /// a range registered before and unregistered since is served by its cached
+    /// registrations, with no export and no registration (GPU registration is slow). Peers
+    /// address it by device pointer: each device's region has `addr = ptr`. The range must
+    /// lie inside one allocation, which is looked up on every call, so memory freed and
+    /// allocated again at the same address is registered afresh. The same as
+    /// `register(name, Memory::Cuda { device, ptr, len })`.
+    ///
+    /// # Errors
+    /// [`Error::CudaRange`] for memory that is not `device`'s (unknown, freed, host,
+    /// managed), a range across the seams of `cuMemMap`ped allocations or past its
+    /// allocation, or pages shared with other allocations; otherwise as [`Agent::register`].
+    pub fn register_cuda(
+        &self,
+        name: &str,
+        device: &Arc<drm_export::cuda::CudaDevice>,
+        ptr: u64,
+        len: u64,
+    ) -> Result<SegmentDescriptor> {
+        let device = device.clone();
+        self.register(name, Memory::Cuda { device, ptr, len })
+    }
+
+    /// The counters of each device's registration cache, in the order of
+    /// [`Agent::devices`]: hits (CUDA segments registered from a cached registration),
+    /// misses (exported and registered), evictions, and what the cache holds now.
+    pub fn cache_stats(&self) -> Vec<CacheStats> {
+        self.shared
+            .devices
+            .iter()
+            .map(|d| d.cache.stats())
+            .collect()
+    }
+
+    /// Deregisters every idle registration of the caches (those of registered segments
+    /// stay), giving the GPU memory they pinned back to its allocator.
+    pub fn clear_registration_caches(&self) {
+        for d in &self.shared.devices {
+            d.cache.clear();
+        }
+    }
+
     /// Deregisters segment `name` (every device's region) and hands its memory back.
+    /// A CUDA segment's registrations go back to the registration caches instead, and its
+    /// [`Memory::Cuda`] description comes back (the memory is the CUDA allocator's).
     ///
     /// # Errors
     /// [`Error::SegmentBusy`] while a transfer that uses it has not finished (nothing

@@ -1,19 +1,23 @@
-//! The RDMA devices an agent uses: each opened once, with one protection domain.
+//! The RDMA devices an agent uses: each opened once, with one protection domain and one
+//! registration cache.
 
 use crate::error::{Error, Result};
-use rdma_dmabuf::{Context, PortState, ProtectionDomain};
+use rdma_dmabuf::{CacheLimits, Context, PortState, ProtectionDomain, RegistrationCache};
 use std::sync::Arc;
 
 /// One opened device.
 pub(crate) struct Device {
     pub name: String,
     pub pd: Arc<ProtectionDomain>,
+    /// The registrations of CUDA segments in `pd`, kept after they are unregistered.
+    pub cache: RegistrationCache,
     /// The GID its queue pairs send from (the RoCEv2 IPv4 one where there is one).
     pub gid: [u8; 16],
 }
 
-/// Opens `names`, or every device whose port 1 is active.
-pub(crate) fn open(names: Option<&[String]>) -> Result<Vec<Device>> {
+/// Opens `names`, or every device whose port 1 is active, each with a registration cache
+/// bounded by `limits`.
+pub(crate) fn open(names: Option<&[String]>, limits: CacheLimits) -> Result<Vec<Device>> {
     let names: Vec<String> = match names {
         Some(n) => n.to_vec(),
         None => rdma_dmabuf::devices()
@@ -39,9 +43,11 @@ pub(crate) fn open(names: Option<&[String]>) -> Result<Vec<Device>> {
                 Ok((_, g)) => g.0,
                 Err(_) => ctx.gid(1, 0).map_err(fail)?.0,
             };
+            let pd = ProtectionDomain::new(&ctx).map_err(fail)?;
             Ok(Device {
                 name: name.clone(),
-                pd: ProtectionDomain::new(&ctx).map_err(fail)?,
+                cache: RegistrationCache::new(&pd, limits),
+                pd,
                 gid,
             })
         })

@@ -40,6 +40,19 @@ pub enum Error {
         /// The OS error, as text.
         detail: String,
     },
+    /// CUDA memory that cannot be a segment ([`Memory::Cuda`](crate::Memory::Cuda)): not
+    /// device memory of the device (unknown, freed, host, managed, another GPU's), or not
+    /// inside one allocation (a range across the seams of `cuMemMap`ped allocations, or past
+    /// its allocation's end), or pages shared with other allocations. Nothing was registered.
+    #[error("CUDA range of {len} bytes at {ptr:#x}: {why}")]
+    CudaRange {
+        /// The range's device address.
+        ptr: u64,
+        /// Its length.
+        len: u64,
+        /// Why, as rdma-dmabuf and drm-export tell it.
+        why: String,
+    },
     /// A segment of this name is already registered.
     #[error("segment {0:?} is already registered")]
     SegmentExists(String),

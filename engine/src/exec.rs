@@ -13,9 +13,53 @@ use crate::peer::PeerConn;
 use crate::plan::Chunk;
 use crate::progress::Progress;
 use rdma_dmabuf::{
-    Backing, MemoryRegion, PartsDone, PartsError, PartsPending, RemoteRegion, Shard,
+    Backing, Checkout, Lent, MemoryRegion, PartsDone, PartsError, PartsPending, RemoteRegion,
+    Shard, SharedDmaBuf,
 };
 use std::collections::VecDeque;
+use std::ops::Range;
+
+/// What a worker splits into one owned shard per chunk and joins again: a segment's region,
+/// or the checkout of a CUDA segment's registration (whose shards only its [`Lent`] joins,
+/// so that it goes back to the registration cache whole).
+pub(crate) trait Lendable: Sized {
+    /// The backing of the shards.
+    type B: Backing;
+    /// What the shards are joined with.
+    type Home;
+    /// Splits into shards of `ranges`; refused, the error and `self` back.
+    fn lend(self, ranges: Vec<Range<u64>>) -> Lending<Self>;
+    /// `self` back from every shard; `None` if they could not be joined.
+    fn join(home: Self::Home, shards: Vec<Shard<Self::B>>) -> Option<Self>;
+}
+
+/// The shards of a lent region and where they go back; refused, why, with the region back.
+type Lending<L> =
+    Result<(Vec<Shard<<L as Lendable>::B>>, <L as Lendable>::Home), (rdma_dmabuf::Error, L)>;
+
+impl<B: Backing> Lendable for MemoryRegion<B> {
+    type B = B;
+    type Home = ();
+    fn lend(self, ranges: Vec<Range<u64>>) -> Lending<Self> {
+        self.split(ranges)
+            .map(|s| (s, ()))
+            .map_err(|e| (e.error, e.region))
+    }
+    fn join((): (), shards: Vec<Shard<B>>) -> Option<Self> {
+        Shard::join(shards).ok()
+    }
+}
+
+impl Lendable for Checkout {
+    type B = SharedDmaBuf;
+    type Home = Lent;
+    fn lend(self, ranges: Vec<Range<u64>>) -> Lending<Self> {
+        self.split(ranges).map_err(|e| (e.error, e.checkout))
+    }
+    fn join(lent: Lent, shards: Vec<Shard<SharedDmaBuf>>) -> Option<Self> {
+        lent.join(shards).ok()
+    }
+}
 
 /// The worker's view of one peer of the batch.
 pub(crate) struct Lane<'c> {
@@ -58,29 +102,29 @@ type InFlight<'c, B> = VecDeque<(usize, usize, PartsPending<'c, Shard<B>, 1>)>;
 
 /// Runs chunks `picks` (of `chunks`) from `region`; the region back, or `None` if a shard
 /// could not be joined (never expected: every shard is kept until its completion).
-pub(crate) fn run<'c, B: Backing>(
-    region: MemoryRegion<B>,
+pub(crate) fn run<'c, L: Lendable>(
+    region: L,
     chunks: &[Chunk],
     picks: &[usize],
     lanes: &mut [Lane<'c>],
     progress: &Progress,
     window: usize,
-) -> Option<MemoryRegion<B>> {
+) -> Option<L> {
     let ranges = picks
         .iter()
         .map(|&c| chunks[c].offset..chunks[c].offset + chunks[c].len);
-    let shards = match region.split(ranges.collect::<Vec<_>>()) {
+    let (shards, home) = match region.lend(ranges.collect::<Vec<_>>()) {
         Ok(s) => s,
-        Err(e) => {
-            let err = Error::rdma("split a segment into chunks", &e.error);
+        Err((error, region)) => {
+            let err = Error::rdma("split a segment into chunks", &error);
             for &c in picks {
                 progress.fail(chunks[c].entry, &err);
             }
-            return Some(e.region);
+            return Some(region);
         }
     };
-    let mut shards: Vec<Option<Shard<B>>> = shards.into_iter().map(Some).collect();
-    let mut in_flight: InFlight<'c, B> = VecDeque::with_capacity(picks.len().min(4096));
+    let mut shards: Vec<Option<Shard<L::B>>> = shards.into_iter().map(Some).collect();
+    let mut in_flight: InFlight<'c, L::B> = VecDeque::with_capacity(picks.len().min(4096));
     let per_peer = lanes
         .iter()
         .filter_map(|l| l.conn)
@@ -88,9 +132,9 @@ pub(crate) fn run<'c, B: Backing>(
         .max()
         .unwrap_or(1);
     let mut outstanding = vec![0usize; lanes.len() * per_peer];
-    let step = |q: &mut InFlight<'c, B>,
+    let step = |q: &mut InFlight<'c, L::B>,
                 out: &mut [usize],
-                sh: &mut [Option<Shard<B>>],
+                sh: &mut [Option<Shard<L::B>>],
                 lanes: &mut [Lane<'c>]| {
         complete_front(q, out, sh, lanes, chunks, picks, progress)
     };
@@ -147,7 +191,7 @@ pub(crate) fn run<'c, B: Backing>(
     // Sized up front: collecting from `flatten` would grow the vector once per doubling.
     let mut back = Vec::with_capacity(shards.len());
     back.extend(shards.into_iter().flatten());
-    rdma_dmabuf::Shard::join(back).ok()
+    L::join(home, back)
 }
 
 /// Waits for the oldest request in flight (a queue pair completes in order, so it is the

@@ -9,6 +9,10 @@
 //!   a [`SegmentDescriptor`] (inside the agent's [`AgentDescriptor`], with its random
 //!   incarnation and [`FORMAT_VERSION`]). [`Agent::unregister`] refuses while a transfer uses
 //!   the segment and hands the memory back otherwise.
+//! * [`Agent::register_cuda`]: CUDA device memory the program has (`[ptr, ptr + len)` inside
+//!   one allocation) becomes a segment through each device's registration cache
+//!   ([`Settings::cache_limits`]); registering it again after [`Agent::unregister`] reuses
+//!   the registrations ([`Agent::cache_stats`] counts the hits).
 //! * [`MetadataService`]: where descriptors are published and found; [`EmbeddedMetadata`]
 //!   asks peers named with [`Agent::add_peer`] directly.
 //!   With the cargo feature `etcd`, `EtcdMetadata` keeps them in etcd (keys under a lease,
@@ -44,7 +48,10 @@
 //! local device it is planned on (a device both segments are registered on, the same index
 //! on both sides where there is one, spread over those). [`Agent::unregister`] deregisters
 //! every region and hands the [`DmaBuf`](rdma_dmabuf::DmaBuf) back (an error, never a silent
-//! leak, if some handle still held it). A `HostBuffer` segment is registered on the first
+//! leak, if some handle still held it). A CUDA segment is a checkout of each device's
+//! [`RegistrationCache`](rdma_dmabuf::RegistrationCache), split into shards per round
+//! (`Checkout::split`) and joined back (`Lent::join`); unregistered, the checkouts go back
+//! to the caches. A `HostBuffer` segment is registered on the first
 //! device only: a `HostBuffer` backs one region, and rdma-dmabuf's public API cannot share it
 //! across protection domains. Batches that use the same local segment take turns on it, one
 //! round at a time (a segment's regions are lent together to one worker).

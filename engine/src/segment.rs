@@ -9,9 +9,10 @@ use crate::descriptor::{DeviceRegion, SegmentDescriptor};
 use crate::devices::Device;
 use crate::error::{Error, Result};
 use crate::metadata::lock;
-use rdma_dmabuf::{Access, DmaBuf, HostBuffer, MemoryRegion, SharedDmaBuf};
+use drm_export::cuda::CudaDevice;
+use rdma_dmabuf::{Access, Checkout, DmaBuf, HostBuffer, MemoryRegion, SharedDmaBuf};
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Memory to register as a segment, and what unregistering hands back.
 #[derive(Debug)]
@@ -20,6 +21,20 @@ pub enum Memory {
     DmaBuf(DmaBuf),
     /// Page-aligned host memory.
     Host(HostBuffer),
+    /// `[ptr, ptr + len)` of CUDA device memory the program has (a tensor, a slice of a
+    /// pool), inside one allocation of `device`: registered through each device's
+    /// registration cache, so that registering it again after
+    /// [`Agent::unregister`](crate::Agent::unregister) reuses the registrations (see
+    /// [`Agent::register_cuda`](crate::Agent::register_cuda)). Unregistering hands the same
+    /// description back: the memory stays the CUDA allocator's throughout.
+    Cuda {
+        /// The GPU whose memory it is.
+        device: Arc<CudaDevice>,
+        /// The device address of the first byte (peers address the segment by it).
+        ptr: u64,
+        /// The length in bytes.
+        len: u64,
+    },
 }
 
 impl From<DmaBuf> for Memory {
@@ -55,6 +70,14 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
 pub(crate) enum Region {
     DmaBuf(Vec<Option<MemoryRegion<SharedDmaBuf>>>),
     Host(Option<MemoryRegion<HostBuffer>>),
+    /// A CUDA range: one checkout of each device's registration cache, back to the caches
+    /// when unregistered.
+    Cuda {
+        device: Arc<CudaDevice>,
+        ptr: u64,
+        len: u64,
+        regions: Vec<Option<Checkout>>,
+    },
 }
 
 /// Every access a segment is registered with: peers read and write it.
@@ -85,6 +108,19 @@ impl Region {
             Memory::Host(h) => Region::Host(Some(
                 MemoryRegion::register(&devices[0].pd, h, ACCESS).map_err(fail)?,
             )),
+            Memory::Cuda { device, ptr, len } => {
+                let mut regions = Vec::with_capacity(devices.len());
+                for d in devices {
+                    let c = d.cache.checkout_cuda(&device, ptr, len, ACCESS);
+                    regions.push(Some(c.map_err(|e| cuda_error(ptr, len, e))?));
+                }
+                Region::Cuda {
+                    device,
+                    ptr,
+                    len,
+                    regions,
+                }
+            }
         })
     }
 
@@ -101,6 +137,11 @@ impl Region {
                 .iter()
                 .map(|r| rows(0, r.addr(), r.len(), r.rkey()))
                 .collect(),
+            Region::Cuda { regions, .. } => regions
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| r.as_ref().map(|r| rows(i, r.addr(), r.len(), r.rkey())))
+                .collect(),
         }
     }
 
@@ -109,6 +150,7 @@ impl Region {
         match self {
             Region::DmaBuf(rs) => rs.iter().all(Option::is_some),
             Region::Host(r) => r.is_some(),
+            Region::Cuda { regions, .. } => regions.iter().all(Option::is_some),
         }
     }
 
@@ -147,7 +189,40 @@ impl Region {
             Region::Host(r) => Ok(Memory::Host(
                 r.ok_or_else(missing)?.into_inner().map_err(fail)?,
             )),
+            Region::Cuda {
+                device,
+                ptr,
+                len,
+                regions,
+            } => {
+                // Each checkout goes back to its device's cache as it drops.
+                let lost = regions.iter().any(Option::is_none);
+                drop(regions);
+                if lost {
+                    return Err(missing());
+                }
+                Ok(Memory::Cuda { device, ptr, len })
+            }
         }
+    }
+}
+
+/// A CUDA segment's registration error: [`Error::CudaRange`] for memory that cannot be one
+/// (not the device's, freed, past one allocation), [`Error::Rdma`] otherwise.
+fn cuda_error(ptr: u64, len: u64, e: rdma_dmabuf::Error) -> Error {
+    let refused = match &e {
+        rdma_dmabuf::Error::CudaRangeNotOneAllocation { .. } => true,
+        rdma_dmabuf::Error::Export(x) => matches!(**x, drm_export::Error::CudaPointer { .. }),
+        _ => false,
+    };
+    if refused {
+        Error::CudaRange {
+            ptr,
+            len,
+            why: e.to_string(),
+        }
+    } else {
+        Error::rdma("register a CUDA segment", &e)
     }
 }
 

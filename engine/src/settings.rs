@@ -1,6 +1,6 @@
 //! [`Settings`]: what an agent is given, every field with a finite default.
 
-use rdma_dmabuf::TransportRetry;
+use rdma_dmabuf::{CacheLimits, TransportRetry};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -42,6 +42,17 @@ pub struct Settings {
     /// Batches are not ordered with more than one: a later batch may land before an earlier
     /// one (each notification still follows its own batch's entries); 1 runs them in order.
     pub workers: u32,
+    /// Bounds of each device's registration cache, which keeps the registrations of CUDA
+    /// segments ([`Agent::register_cuda`](crate::Agent::register_cuda)) after they are
+    /// unregistered, so that registering the same range again reuses them. Registered bytes
+    /// and registrations count those in use; past either, the least recently unregistered
+    /// idle ones are deregistered. Default: rdma-dmabuf's, 1 GiB and 1,024 registrations per
+    /// device. An idle registration pins its GPU memory (even after the program frees it,
+    /// until it is evicted or [`Agent::clear_registration_caches`](crate::Agent::clear_registration_caches)),
+    /// so the bound in bytes is GPU memory the allocator may not get back; raise it for large
+    /// segments registered again and again (a segment larger than the bound is deregistered
+    /// when unregistered).
+    pub cache_limits: CacheLimits,
 }
 
 impl Default for Settings {
@@ -55,6 +66,7 @@ impl Default for Settings {
             io_timeout: Duration::from_secs(10),
             queue_pairs: 2,
             workers: 2,
+            cache_limits: CacheLimits::default(),
         }
     }
 }

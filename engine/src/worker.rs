@@ -161,6 +161,14 @@ fn run_on<'c>(
             true
         }
         Region::Host(_) => false,
+        Region::Cuda { regions, .. } => match regions.get_mut(device) {
+            Some(slot @ Some(_)) => {
+                let r = slot.take().expect("matched Some");
+                *slot = exec::run(r, chunks, picks, lanes, progress, window);
+                true
+            }
+            _ => false,
+        },
     };
     if !found {
         let e = Error::Protocol(format!("no region of the segment on local device {device}"));

@@ -118,6 +118,26 @@ impl Standin {
     }
 }
 
+/// CUDA device 0 of the stand-in, whose exports may be registered on soft-RoCE by code that
+/// exports for itself (the registration cache's `checkout_cuda`, the engine's CUDA
+/// segments): their pages are vouched small for the device, as [`vouch_small_pages`] does
+/// for one buffer.
+///
+/// # Panics
+/// If it cannot be opened, or shmem transparent huge pages are enabled.
+pub fn vouched_device() -> Arc<CudaDevice> {
+    assert!(
+        shmem_huge_pages_off(),
+        "shmem transparent huge pages are on: the stand-in's memfds may have large pages"
+    );
+    let d = device();
+    // SAFETY: every export of the stand-in is a udmabuf of its plain shmem memfds
+    // (memfd_create without MFD_HUGETLB), and shmem transparent huge pages are off at every
+    // size (checked just above; the testbed never changes them), so their pages are small.
+    unsafe { d.assume_udmabuf_small_pages() };
+    d
+}
+
 /// Records that a udmabuf of the stand-in has small pages only (rdma-dmabuf refuses udmabufs
 /// of unknown pages on soft-RoCE on kernels whose udmabuf misplaces large ones), after
 /// checking that its memfds cannot have large pages.

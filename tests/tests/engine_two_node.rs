@@ -27,6 +27,7 @@ fn bytes(m: Memory) -> Vec<u8> {
     match m {
         Memory::Host(h) => h.as_slice().to_vec(),
         Memory::DmaBuf(mut d) => Exporter::read(&mut d),
+        other => panic!("no bytes to read in {other:?}"),
     }
 }
 
