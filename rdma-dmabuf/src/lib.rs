@@ -91,6 +91,7 @@ mod remote;
 mod scope;
 mod shard;
 mod shared_dmabuf;
+mod shared_host;
 mod slots;
 mod spin;
 #[cfg(feature = "tokio")]
@@ -129,6 +130,7 @@ pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use shard::{JoinError, Shard, SplitError};
 pub use shared_dmabuf::SharedDmaBuf;
+pub use shared_host::SharedHostBuffer;
 pub use spin::SpinPolicy;
 pub use wr::{AtomicOp, WorkCompletion, WorkKind};
 

@@ -133,27 +133,11 @@ impl MemoryRegion<HostBuffer> {
         buffer: HostBuffer,
         access: Access,
     ) -> Result<Self> {
-        access.check(Op::RegMr)?;
-        let addr = buffer.addr();
-        // SAFETY: `addr..addr+len` is the anonymous mapping owned by `buffer`, which the region
-        // keeps (moving a HostBuffer moves only its pointer, never the mapping) and drops only
-        // after ibv_dereg_mr.
-        let mr = unsafe {
-            ffi::ibv_reg_mr(pd.as_ptr(), addr.cast(), buffer.len(), access.bits() as i32)
-        };
-        let mr = NonNull::new(mr).ok_or_else(|| {
-            Error::last_os(
-                Op::RegMr,
-                format!(
-                    "{} ({} bytes at {addr:p})",
-                    pd.context().name(),
-                    buffer.len()
-                ),
-            )
-        })?;
-        let len = buffer.len() as u64;
-        // SAFETY: `mr` was just registered in `pd` over `buffer`'s mapping; nothing else has it.
-        Ok(unsafe { MemoryRegion::from_parts(mr, pd, buffer, addr as u64, len, access) })
+        let mr = reg_host_mr(pd, &buffer, access)?;
+        let (addr, len) = (buffer.addr() as u64, buffer.len() as u64);
+        // SAFETY: `mr` was just registered in `pd` over `buffer`'s mapping, which the region
+        // keeps; nothing else has the MR.
+        Ok(unsafe { MemoryRegion::from_parts(mr, pd, buffer, addr, len, access) })
     }
 
     /// The bytes, for the CPU.
@@ -238,6 +222,32 @@ impl MemoryRegion<DmaBuf> {
 /// `ibv_reg_dmabuf_mr` with [`MemoryRegion::register_dmabuf`]'s checks; the new MR and its
 /// iova. The kernel holds its own reference to the buffer; the caller keeps the dma-buf with
 /// the region all the same, to give it back after deregistration.
+/// `ibv_reg_mr` over the whole of `buffer`. The caller keeps `buffer` (its mapping) alive
+/// until the MR is deregistered: the region it builds owns it, or a handle of it.
+pub(crate) fn reg_host_mr(
+    pd: &ProtectionDomain,
+    buffer: &HostBuffer,
+    access: Access,
+) -> Result<NonNull<ffi::ibv_mr>> {
+    access.check(Op::RegMr)?;
+    let addr = buffer.addr();
+    // SAFETY: `addr..addr+len` is the anonymous mapping owned by `buffer` (moving a
+    // HostBuffer moves only its pointer, never the mapping); the caller keeps it until
+    // ibv_dereg_mr.
+    let mr =
+        unsafe { ffi::ibv_reg_mr(pd.as_ptr(), addr.cast(), buffer.len(), access.bits() as i32) };
+    NonNull::new(mr).ok_or_else(|| {
+        Error::last_os(
+            Op::RegMr,
+            format!(
+                "{} ({} bytes at {addr:p})",
+                pd.context().name(),
+                buffer.len()
+            ),
+        )
+    })
+}
+
 pub(crate) fn reg_dmabuf_mr(
     pd: &Arc<ProtectionDomain>,
     dmabuf: &DmaBuf,
