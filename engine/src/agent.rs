@@ -93,7 +93,7 @@ impl Agent {
         // transfer's connection.
         settings
             .resolved_retry()
-            .map_err(|e| Error::rdma("read the transport retry settings", e))?;
+            .map_err(|e| Error::rdma("read the transport retry settings", &e))?;
         if settings.queue_pairs == 0 || settings.workers == 0 {
             return Err(Error::Settings(
                 "queue_pairs and workers must be above 0".into(),

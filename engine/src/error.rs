@@ -29,6 +29,10 @@ pub enum Error {
         op: &'static str,
         /// rdma-dmabuf's error, as text.
         detail: String,
+        /// rdma-dmabuf's kind of the error ([`rdma_dmabuf::Error::kind`]).
+        kind: rdma_dmabuf::ErrorKind,
+        /// The errno behind it, if any ([`rdma_dmabuf::Error::errno`]).
+        errno: Option<i32>,
     },
     /// A socket operation of the metadata service or the control channel failed.
     #[error("{op} {addr}: {detail}")]
@@ -202,15 +206,83 @@ pub enum Error {
     },
 }
 
+/// What kind of failure an [`Error`] is ([`Error::kind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The request or a setting was refused before anything was posted: fix the request.
+    InvalidInput,
+    /// An agent or segment the metadata service does not know (yet, or any more).
+    NotFound,
+    /// A segment still used by an unfinished transfer: wait for it and try again.
+    Busy,
+    /// No RDMA device to use.
+    NoDevice,
+    /// rdma-dmabuf failed, with its kind (registration, queue pair set-up).
+    Rdma(rdma_dmabuf::ErrorKind),
+    /// The metadata service or a peer's control channel could not be reached: may work
+    /// later.
+    Unavailable,
+    /// A descriptor or message this engine cannot read (another format version, or
+    /// malformed).
+    Incompatible,
+    /// The peer restarted since its descriptor was read: look it up again.
+    Restarted,
+    /// The peer is down: its entries failed; later batches reconnect.
+    PeerDown,
+    /// The peer's NIC refused the access (its descriptor does not match its registrations).
+    RemoteAccess,
+    /// A bounded wait ended first.
+    TimedOut,
+    /// The agent is shutting down.
+    ShuttingDown,
+    /// Another live agent holds the name in the metadata service.
+    NameTaken,
+}
+
 /// The engine's results.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// An rdma-dmabuf failure during `op`.
-    pub(crate) fn rdma(op: &'static str, e: impl std::fmt::Display) -> Error {
+    pub(crate) fn rdma(op: &'static str, e: &rdma_dmabuf::Error) -> Error {
         Error::Rdma {
             op,
             detail: e.to_string(),
+            kind: e.kind(),
+            errno: e.errno(),
+        }
+    }
+
+    /// What kind of failure this is, for callers that handle some kinds (retry later, drop
+    /// a peer, fix the request) without matching every variant. An
+    /// [`Error::EntryFailed`] has its entry's kind.
+    pub fn kind(&self) -> ErrorKind {
+        use Error as E;
+        match self {
+            E::Settings(_)
+            | E::SegmentExists(_)
+            | E::ZeroLength { .. }
+            | E::OutOfRange { .. }
+            | E::Access { .. }
+            | E::Overlap { .. }
+            | E::EmptyBatch
+            | E::BatchTooLarge(_)
+            | E::NotificationTooLong(_) => ErrorKind::InvalidInput,
+            E::UnknownAgent(_) | E::UnknownSegment { .. } => ErrorKind::NotFound,
+            E::SegmentBusy { .. } => ErrorKind::Busy,
+            E::CudaRange { .. } => ErrorKind::InvalidInput,
+            E::NoDevice(_) => ErrorKind::NoDevice,
+            E::Rdma { kind, .. } => ErrorKind::Rdma(*kind),
+            E::Io { .. } | E::Metadata { .. } => ErrorKind::Unavailable,
+            E::IncompatibleVersion { .. } | E::Protocol(_) => ErrorKind::Incompatible,
+            E::IncarnationChanged { .. } => ErrorKind::Restarted,
+            E::PeerDown { .. } => ErrorKind::PeerDown,
+            E::RemoteAccess { .. } => ErrorKind::RemoteAccess,
+            E::Timeout(_) => ErrorKind::TimedOut,
+            E::EntryFailed { error, .. } => error.kind(),
+            E::ShuttingDown => ErrorKind::ShuttingDown,
+            E::AgentExists { .. } => ErrorKind::NameTaken,
         }
     }
 
@@ -221,5 +293,52 @@ impl Error {
             addr: addr.to_string(),
             detail: e.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, ErrorKind};
+    use crate::{Agent, Settings};
+
+    #[test]
+    fn an_rdma_failure_keeps_its_kind_and_errno_through_the_engine() {
+        // The only test of this crate that sets the variable; Agent::new reads it before
+        // it opens any device.
+        std::env::set_var("RDMA_DMABUF_ACK_TIMEOUT", "40");
+        let e = Agent::new("k", Settings::default()).err().expect("refused");
+        std::env::remove_var("RDMA_DMABUF_ACK_TIMEOUT");
+        assert!(
+            matches!(e, Error::Rdma { op, .. } if op.contains("retry")),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.kind(),
+            ErrorKind::Rdma(rdma_dmabuf::ErrorKind::InvalidInput),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_failed_entry_has_the_kind_of_its_error() {
+        let down = Error::PeerDown {
+            agent: "b".into(),
+            cause: "retry exceeded".into(),
+        };
+        let failed = Error::EntryFailed {
+            entry: 3,
+            error: Box::new(down.clone()),
+        };
+        assert_eq!(failed.kind(), ErrorKind::PeerDown);
+        assert_eq!(
+            Error::ZeroLength { entry: 0 }.kind(),
+            ErrorKind::InvalidInput
+        );
+        assert_eq!(Error::UnknownAgent("x".into()).kind(), ErrorKind::NotFound);
+        let busy = Error::SegmentBusy {
+            segment: "s".into(),
+            users: 1,
+        };
+        assert_eq!(busy.kind(), ErrorKind::Busy);
     }
 }

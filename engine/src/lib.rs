@@ -82,7 +82,7 @@ mod worker;
 pub use agent::Agent;
 pub use batch::{Batch, Entry, Notification, Op, MAX_NOTIFICATION};
 pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
-pub use error::{Error, Result, Side};
+pub use error::{Error, ErrorKind, Result, Side};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdMetadata, EtcdSettings};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};

@@ -69,7 +69,7 @@ impl PeerConn {
 
     /// One new queue pair from `local` to `remote`: endpoints cross the control channel.
     fn connect_qp(&mut self, shared: &Shared, local: u16, remote: u16) -> Result<QueuePair> {
-        let fail = |e| Error::rdma("connect a queue pair", e);
+        let fail = |e: rdma_dmabuf::Error| Error::rdma("connect a queue pair", &e);
         let prepared = shared
             .qp_builder(usize::from(local))
             .build()

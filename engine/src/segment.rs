@@ -89,7 +89,7 @@ impl Region {
     /// Registers `memory` whole: a dma-buf on every one of `devices`, host memory on the
     /// first. On failure the regions made so far are deregistered and dropped.
     pub fn register(devices: &[Device], memory: Memory) -> Result<Region> {
-        let fail = |e| Error::rdma("register a segment", e);
+        let fail = |e: rdma_dmabuf::Error| Error::rdma("register a segment", &e);
         Ok(match memory {
             Memory::DmaBuf(d) => {
                 let len = d.size();
@@ -158,7 +158,7 @@ impl Region {
     /// region is deregistered; if some handle still held it, that is a bug, reported as
     /// [`Error::Protocol`] rather than leaked silently.
     pub fn into_memory(self) -> Result<Memory> {
-        let fail = |e| Error::rdma("deregister a segment", e);
+        let fail = |e: rdma_dmabuf::Error| Error::rdma("deregister a segment", &e);
         let missing = || Error::Protocol("a segment's region was lost".into());
         match self {
             Region::DmaBuf(rs) => {

@@ -137,7 +137,7 @@ fn accept_qp(shared: &Shared, device: u16, endpoint: &Endpoint) -> Result<(Queue
     if d >= shared.devices.len() {
         return Err(Error::Protocol(format!("no device {device}")));
     }
-    let fail = |e| Error::rdma("accept a queue pair", e);
+    let fail = |e: rdma_dmabuf::Error| Error::rdma("accept a queue pair", &e);
     let prepared = shared.qp_builder(d).build().map_err(fail)?;
     let mine = prepared.endpoint();
     Ok((prepared.connect(endpoint).map_err(fail)?, mine))

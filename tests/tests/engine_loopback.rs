@@ -1,6 +1,6 @@
 //! The transfer engine on one node: two agents over rxe loopback. Needs the testbed VM.
 
-use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, Settings, Side};
+use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, ErrorKind, Settings, Side};
 use integration_tests::engine::{bytes, host};
 use integration_tests::exporters::{Exporter, ALL};
 use integration_tests::testbed::Testbed;
@@ -159,6 +159,12 @@ fn loopback_bad_entries_are_refused_typed_and_nothing_is_posted() {
             _ => matches!(e, Error::NotificationTooLong(5000)),
         };
         assert!(right, "{what}: {e:?}");
+        let kind = if what.starts_with("unknown") {
+            ErrorKind::NotFound
+        } else {
+            ErrorKind::InvalidInput
+        };
+        assert_eq!(e.kind(), kind, "{what}: {e:?}");
     }
     // Nothing was posted (b's segment is still zero) and nothing is left marked busy.
     assert!(bytes(b.unregister("dst").unwrap()).iter().all(|&x| x == 0));

@@ -9,7 +9,7 @@
 //! then plays the peer (an agent with one segment, its address printed on stdout) until it
 //! is killed, or a limit passes.
 
-use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, Settings};
+use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, ErrorKind, Settings};
 use integration_tests::engine::{bytes, host};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
@@ -114,7 +114,8 @@ fn loopback_a_peer_process_killed_mid_batch_fails_typed_and_a_new_one_is_served(
     eprintln!("b's batch done {b_took:?} after the kill; c's ended after {c_took:?}");
     match &c_result {
         Err(Error::EntryFailed { error, .. }) => {
-            assert!(matches!(**error, Error::PeerDown { .. }), "{error:?}")
+            assert!(matches!(**error, Error::PeerDown { .. }), "{error:?}");
+            assert_eq!(error.kind(), ErrorKind::PeerDown);
         }
         other => panic!("a batch to a killed peer gave {other:?}"),
     }
