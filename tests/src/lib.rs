@@ -2,8 +2,9 @@
 //!
 //! Tests that need the kernel are marked `#[ignore = "needs the testbed VM"]`: a host run
 //! counts them as skipped, and `cargo xtask test` runs them inside the testbed VM, where a
-//! missing device is a failure. Tests whose name contains `two_node` run in the two-node
-//! testbed, on both nodes at once.
+//! missing device is a failure. Tests in `mod two_node { ... }` at the root of a test file
+//! run in the two-node testbed, on both nodes at once; tests in `mod stock_only { ... }` on
+//! Debian's stock rxe (xtask/src/phase.rs).
 
 pub mod counts;
 pub mod cuda_standin;

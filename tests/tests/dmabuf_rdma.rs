@@ -361,63 +361,68 @@ mod raw {
     }
 }
 
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_dmabuf_regions_receive_rdma_writes_across_the_wire() {
-    let tb = Testbed::get();
-    // 64 MiB per region, every byte checked (the testbed lifts udmabuf's 64 MiB limit so that
-    // the buffer can hold a page more).
-    const SIZE: u64 = 64 << 20;
-    for (i, exporter) in ALL.into_iter().enumerate() {
-        let port = 18700 + i as u16;
-        let seed = 50 + i as u8;
-        let pd = pd(&tb);
-        let qp = QueuePairBuilder::new(&pd).build().unwrap();
-        if tb.is_server() {
-            // Node a owns the dma-buf region; node b writes into it over the wire.
-            let buf = exporter.allocate(SIZE + PAGE);
-            let region =
-                MemoryRegion::register_dmabuf(&pd, buf, PAGE, SIZE, Some(IOVA), RW).unwrap();
-            let mine = [
-                qp.endpoint().to_bytes().as_slice(),
-                &region.remote().unwrap().to_bytes(),
-            ]
-            .concat();
-            let theirs = oob::serve(&tb.local_addr, port, &mine);
-            let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
-            let note = qp
-                .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
-                .unwrap();
-            let got = note
-                .spin_timeout(Duration::from_secs(120))
-                .expect("note arrives")
-                .expect("ok");
-            assert_eq!(got.wc.imm, Some(i as u32));
-            let seen = Exporter::read(&mut region.into_inner().unwrap());
-            assert!(
-                seen[PAGE as usize..] == pattern(SIZE as usize, seed)[..],
-                "{exporter:?}: bytes across the wire"
-            );
-        } else {
-            let theirs = oob::connect(&tb.peer_addr, port, &qp.endpoint().to_bytes());
-            let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
-            let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
-            let remote = RemoteRegion::from_bytes(rr).unwrap();
-            let src = host_region(
-                &pd,
-                &pattern(SIZE as usize, seed),
-                SIZE as usize,
-                Access::empty(),
-            );
-            qp.post_write(Local::new(src, 0..SIZE), remote, None)
-                .unwrap()
-                .spin()
-                .expect("write across");
-            let note = host_region(&pd, b"done", 4096, Access::empty());
-            qp.post_send(Local::new(note, 0..4), Some(i as u32))
-                .unwrap()
-                .spin()
-                .expect("note");
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_dmabuf_regions_receive_rdma_writes_across_the_wire() {
+        let tb = Testbed::get();
+        // 64 MiB per region, every byte checked (the testbed lifts udmabuf's 64 MiB limit so that
+        // the buffer can hold a page more).
+        const SIZE: u64 = 64 << 20;
+        for (i, exporter) in ALL.into_iter().enumerate() {
+            let port = 18700 + i as u16;
+            let seed = 50 + i as u8;
+            let pd = pd(&tb);
+            let qp = QueuePairBuilder::new(&pd).build().unwrap();
+            if tb.is_server() {
+                // Node a owns the dma-buf region; node b writes into it over the wire.
+                let buf = exporter.allocate(SIZE + PAGE);
+                let region =
+                    MemoryRegion::register_dmabuf(&pd, buf, PAGE, SIZE, Some(IOVA), RW).unwrap();
+                let mine = [
+                    qp.endpoint().to_bytes().as_slice(),
+                    &region.remote().unwrap().to_bytes(),
+                ]
+                .concat();
+                let theirs = oob::serve(&tb.local_addr, port, &mine);
+                let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
+                let note = qp
+                    .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+                    .unwrap();
+                let got = note
+                    .spin_timeout(Duration::from_secs(120))
+                    .expect("note arrives")
+                    .expect("ok");
+                assert_eq!(got.wc.imm, Some(i as u32));
+                let seen = Exporter::read(&mut region.into_inner().unwrap());
+                assert!(
+                    seen[PAGE as usize..] == pattern(SIZE as usize, seed)[..],
+                    "{exporter:?}: bytes across the wire"
+                );
+            } else {
+                let theirs = oob::connect(&tb.peer_addr, port, &qp.endpoint().to_bytes());
+                let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
+                let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
+                let remote = RemoteRegion::from_bytes(rr).unwrap();
+                let src = host_region(
+                    &pd,
+                    &pattern(SIZE as usize, seed),
+                    SIZE as usize,
+                    Access::empty(),
+                );
+                qp.post_write(Local::new(src, 0..SIZE), remote, None)
+                    .unwrap()
+                    .spin()
+                    .expect("write across");
+                let note = host_region(&pd, b"done", 4096, Access::empty());
+                qp.post_send(Local::new(note, 0..4), Some(i as u32))
+                    .unwrap()
+                    .spin()
+                    .expect("note");
+            }
         }
     }
 }

@@ -116,39 +116,6 @@ fn gpu_rdma_write_moves_a_vgem_buffer_through_dmabuf_regions() {
     );
 }
 
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_gpu_rdma_write_across_the_wire() {
-    let tb = Testbed::get();
-    let args = ["--port", "18612", "--size", "64M"];
-    let out = if tb.is_server() {
-        run(example("gpu_rdma_write").arg("server").args(args), T)
-    } else {
-        run(
-            example("gpu_rdma_write")
-                .args(["client", &tb.peer_addr, "--iters", "1"])
-                .args(args),
-            T,
-        )
-    };
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(field(&out, "verified"), "yes");
-    // The server checked every byte of the 64 MiB GPU buffer; the client wrote all of it.
-    assert_eq!(field(&out, "bytes"), (64u64 << 20).to_string());
-    let t = text(&out);
-    if tb.is_server() {
-        assert!(
-            t.contains(&format!("listening on {}:18612", tb.local_addr)),
-            "{t}"
-        );
-    } else {
-        assert!(
-            t.contains(&format!("route to {}:18612", tb.peer_addr)),
-            "{t}"
-        );
-    }
-}
-
 /// The engine example as the README runs it: three agents, 1,024 scattered 64 KiB blocks
 /// from vgem, udmabuf, the system heap and host memory written and read back.
 #[test]
@@ -188,41 +155,6 @@ fn engine_bench_reports_bandwidth_and_latency_per_size() {
         };
         assert!(num("bw_MBps=") > 0.0 && num("lat_us=") > 0.0, "{l}");
     }
-}
-
-/// rdma-dmabuf's `two_node` example, the recipe of its README: the client starts first and
-/// retries until the server (started 2 s later) listens; the server learns from the
-/// disconnect that the client is done, deregisters and checks every byte.
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_recipe_example_retries_a_late_server_and_verifies() {
-    let tb = Testbed::get();
-    let out = if tb.is_server() {
-        std::thread::sleep(Duration::from_secs(2));
-        run(example("two_node").args(["server", &tb.local_addr]), T)
-    } else {
-        run(example("two_node").args(["client", &tb.peer_addr]), T)
-    };
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(field(&out, "verified"), "yes");
-    assert_eq!(field(&out, "bytes"), (1u64 << 20).to_string());
-}
-
-#[test]
-#[ignore = "needs the testbed VM"]
-fn stock_only_gpu_rdma_write_says_the_stack_lacks_dmabuf_regions() {
-    let tb = Testbed::get();
-    let out = run(
-        example("gpu_rdma_write").args(["server", "--bind", &tb.local_addr, "--port", "18613"]),
-        T,
-    );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let t = text(&out);
-    assert!(
-        t.contains("EOPNOTSUPP") || t.contains("not supported"),
-        "{t}"
-    );
-    assert!(t.contains("kernel-patches"), "the hint names the fix: {t}");
 }
 
 #[test]
@@ -363,26 +295,6 @@ fn gpu_service_serves_four_peers_at_once_one_task_each() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn two_node_gpu_service_across_the_wire() {
-    let tb = Testbed::get();
-    let opts = ["--port", "18619", "--peers", "3", "--size", "256K"];
-    let out = if tb.is_server() {
-        run(example("gpu_service").arg("server").args(opts), T)
-    } else {
-        run(
-            example("gpu_service")
-                .args(["client", &tb.peer_addr])
-                .args(opts),
-            T,
-        )
-    };
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(field(&out, "verified"), "yes");
-    assert_eq!(field(&out, "peers"), "3");
-}
-
-#[test]
-#[ignore = "needs the testbed VM"]
 fn the_crates_quickstarts_run_as_their_docs_show_them() {
     Testbed::get();
     let out = run(&mut example("drm_export_quickstart"), T);
@@ -484,4 +396,102 @@ fn the_bench_script_runs_its_plan_and_names_a_failed_step() {
         assert!(t.contains(line), "no {line:?} in:\n{t}");
     }
     assert!(start.elapsed() < Duration::from_secs(200), "{t}");
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_gpu_rdma_write_across_the_wire() {
+        let tb = Testbed::get();
+        let args = ["--port", "18612", "--size", "64M"];
+        let out = if tb.is_server() {
+            run(example("gpu_rdma_write").arg("server").args(args), T)
+        } else {
+            run(
+                example("gpu_rdma_write")
+                    .args(["client", &tb.peer_addr, "--iters", "1"])
+                    .args(args),
+                T,
+            )
+        };
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(field(&out, "verified"), "yes");
+        // The server checked every byte of the 64 MiB GPU buffer; the client wrote all of it.
+        assert_eq!(field(&out, "bytes"), (64u64 << 20).to_string());
+        let t = text(&out);
+        if tb.is_server() {
+            assert!(
+                t.contains(&format!("listening on {}:18612", tb.local_addr)),
+                "{t}"
+            );
+        } else {
+            assert!(
+                t.contains(&format!("route to {}:18612", tb.peer_addr)),
+                "{t}"
+            );
+        }
+    }
+
+    /// rdma-dmabuf's `two_node` example, the recipe of its README: the client starts first and
+    /// retries until the server (started 2 s later) listens; the server learns from the
+    /// disconnect that the client is done, deregisters and checks every byte.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_recipe_example_retries_a_late_server_and_verifies() {
+        let tb = Testbed::get();
+        let out = if tb.is_server() {
+            std::thread::sleep(Duration::from_secs(2));
+            run(example("two_node").args(["server", &tb.local_addr]), T)
+        } else {
+            run(example("two_node").args(["client", &tb.peer_addr]), T)
+        };
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(field(&out, "verified"), "yes");
+        assert_eq!(field(&out, "bytes"), (1u64 << 20).to_string());
+    }
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_gpu_service_across_the_wire() {
+        let tb = Testbed::get();
+        let opts = ["--port", "18619", "--peers", "3", "--size", "256K"];
+        let out = if tb.is_server() {
+            run(example("gpu_service").arg("server").args(opts), T)
+        } else {
+            run(
+                example("gpu_service")
+                    .args(["client", &tb.peer_addr])
+                    .args(opts),
+                T,
+            )
+        };
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(field(&out, "verified"), "yes");
+        assert_eq!(field(&out, "peers"), "3");
+    }
+}
+
+/// Tests of Debian's stock (unpatched) rxe: `cargo xtask test` runs this module there.
+mod stock_only {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn stock_only_gpu_rdma_write_says_the_stack_lacks_dmabuf_regions() {
+        let tb = Testbed::get();
+        let out = run(
+            example("gpu_rdma_write").args(["server", "--bind", &tb.local_addr, "--port", "18613"]),
+            T,
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let t = text(&out);
+        assert!(
+            t.contains("EOPNOTSUPP") || t.contains("not supported"),
+            "{t}"
+        );
+        assert!(t.contains("kernel-patches"), "the hint names the fix: {t}");
+    }
 }

@@ -108,28 +108,6 @@ fn rdma_cm_connects_writes_and_disconnects_over_loopback() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn two_node_rdma_cm_write_across_the_wire() {
-    let tb = Testbed::get();
-    if tb.is_server() {
-        serve(
-            format!("{}:20080", tb.local_addr).parse().unwrap(),
-            6,
-            TWO_NODE_SIZE,
-        );
-    } else {
-        let (_, server) = client(
-            format!("{}:20080", tb.peer_addr).parse().unwrap(),
-            6,
-            TWO_NODE_SIZE,
-        );
-        // The peer's GID is node a's RoCEv2 address.
-        let ip: std::net::Ipv4Addr = tb.peer_addr.parse().unwrap();
-        assert_eq!(server.gid.0[12..], ip.octets());
-    }
-}
-
-#[test]
-#[ignore = "needs the testbed VM"]
 fn rdma_cm_refusals_are_typed() {
     let tb = Testbed::get();
     // Nobody listens on this port: the connect is rejected.
@@ -217,4 +195,31 @@ fn rdma_cm_connect_retrying_reaches_a_late_listener_and_the_end_is_awaited() {
     drop(qp);
     let waited = server.join().expect("server side");
     assert!(waited < T, "{waited:?}");
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_rdma_cm_write_across_the_wire() {
+        let tb = Testbed::get();
+        if tb.is_server() {
+            serve(
+                format!("{}:20080", tb.local_addr).parse().unwrap(),
+                6,
+                TWO_NODE_SIZE,
+            );
+        } else {
+            let (_, server) = client(
+                format!("{}:20080", tb.peer_addr).parse().unwrap(),
+                6,
+                TWO_NODE_SIZE,
+            );
+            // The peer's GID is node a's RoCEv2 address.
+            let ip: std::net::Ipv4Addr = tb.peer_addr.parse().unwrap();
+            assert_eq!(server.gid.0[12..], ip.octets());
+        }
+    }
 }

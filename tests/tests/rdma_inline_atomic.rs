@@ -235,63 +235,6 @@ fn atomic_bad_inputs_are_typed_errors() {
     assert!(a.is_in_error());
 }
 
-/// Across the wire: node b writes inline into node a's region, adds to a counter there with
-/// an atomic (checking the old value), then tells a with an inline send; a checks the bytes.
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_inline_write_atomic_and_inline_send_across_the_wire() {
-    use integration_tests::oob;
-    use rdma_dmabuf::{Endpoint, RemoteRegion};
-    let tb = Testbed::get();
-    let pd = pd(&tb);
-    let qp = QueuePairBuilder::new(&pd)
-        .max_inline_data(64)
-        .build()
-        .unwrap();
-    if tb.is_server() {
-        let mut init = [0u8; 16];
-        init[8..].copy_from_slice(&40u64.to_ne_bytes());
-        let target = host_region(&pd, &init, 4096, RWA);
-        let mine = [
-            qp.endpoint().to_bytes().as_slice(),
-            &target.remote().unwrap().to_bytes(),
-        ]
-        .concat();
-        let theirs = oob::serve(&tb.local_addr, 18610, &mine);
-        let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
-        let note = qp
-            .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
-            .unwrap();
-        let got = note.spin_timeout(Duration::from_secs(60)).unwrap().unwrap();
-        assert_eq!(&got.region.bytes().unwrap()[..4], b"done");
-        let host = target.into_inner().unwrap();
-        assert_eq!(&host.as_slice()[64..80], b"inline over wire");
-        assert_eq!(
-            u64::from_ne_bytes(host.as_slice()[8..16].try_into().unwrap()),
-            42
-        );
-    } else {
-        let theirs = oob::connect(&tb.peer_addr, 18610, &qp.endpoint().to_bytes());
-        let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
-        let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
-        let remote = RemoteRegion::from_bytes(rr).unwrap();
-        qp.post_write_inline(b"inline over wire", remote.slice(64, 16).unwrap(), None)
-            .unwrap()
-            .spin()
-            .unwrap();
-        let local = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
-        let add = AtomicOp::FetchAdd { add: 2 };
-        let done = qp
-            .post_atomic(Local::new(local, 0..8), remote.slice(8, 8).unwrap(), add)
-            .unwrap()
-            .spin()
-            .unwrap();
-        let old = u64::from_ne_bytes(done.region.bytes().unwrap()[..8].try_into().unwrap());
-        assert_eq!(old, 40);
-        qp.post_send_inline(b"done", None).unwrap().spin().unwrap();
-    }
-}
-
 /// Fetch-and-adds from two queue pairs, each on its own thread, on one 8-byte counter in a
 /// vgem region (vgem maps its pages write-combined, so rxe's stores to it must be drained
 /// before the next atomic reads them): the final count is exact and every old value is
@@ -341,4 +284,66 @@ fn concurrent_fetch_adds_from_two_queue_pairs_on_one_vgem_region_are_exact() {
     let mut back = target.into_inner().unwrap();
     let v = Exporter::read(&mut back);
     assert_eq!(u64::from_ne_bytes(v[64..72].try_into().unwrap()), 2 * EACH);
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    /// Across the wire: node b writes inline into node a's region, adds to a counter there with
+    /// an atomic (checking the old value), then tells a with an inline send; a checks the bytes.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_inline_write_atomic_and_inline_send_across_the_wire() {
+        use integration_tests::oob;
+        use rdma_dmabuf::{Endpoint, RemoteRegion};
+        let tb = Testbed::get();
+        let pd = pd(&tb);
+        let qp = QueuePairBuilder::new(&pd)
+            .max_inline_data(64)
+            .build()
+            .unwrap();
+        if tb.is_server() {
+            let mut init = [0u8; 16];
+            init[8..].copy_from_slice(&40u64.to_ne_bytes());
+            let target = host_region(&pd, &init, 4096, RWA);
+            let mine = [
+                qp.endpoint().to_bytes().as_slice(),
+                &target.remote().unwrap().to_bytes(),
+            ]
+            .concat();
+            let theirs = oob::serve(&tb.local_addr, 18610, &mine);
+            let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
+            let note = qp
+                .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+                .unwrap();
+            let got = note.spin_timeout(Duration::from_secs(60)).unwrap().unwrap();
+            assert_eq!(&got.region.bytes().unwrap()[..4], b"done");
+            let host = target.into_inner().unwrap();
+            assert_eq!(&host.as_slice()[64..80], b"inline over wire");
+            assert_eq!(
+                u64::from_ne_bytes(host.as_slice()[8..16].try_into().unwrap()),
+                42
+            );
+        } else {
+            let theirs = oob::connect(&tb.peer_addr, 18610, &qp.endpoint().to_bytes());
+            let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
+            let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
+            let remote = RemoteRegion::from_bytes(rr).unwrap();
+            qp.post_write_inline(b"inline over wire", remote.slice(64, 16).unwrap(), None)
+                .unwrap()
+                .spin()
+                .unwrap();
+            let local = host_region(&pd, &[], 4096, Access::LOCAL_WRITE);
+            let add = AtomicOp::FetchAdd { add: 2 };
+            let done = qp
+                .post_atomic(Local::new(local, 0..8), remote.slice(8, 8).unwrap(), add)
+                .unwrap()
+                .spin()
+                .unwrap();
+            let old = u64::from_ne_bytes(done.region.bytes().unwrap()[..8].try_into().unwrap());
+            assert_eq!(old, 40);
+            qp.post_send_inline(b"done", None).unwrap().spin().unwrap();
+        }
+    }
 }

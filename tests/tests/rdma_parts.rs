@@ -436,84 +436,90 @@ fn scoped_and_multi_peer_parts_gather_and_scatter() {
     }
 }
 
-/// Across the wire: node b gathers four shards of a vgem dma-buf into one RDMA write to node
-/// a, then sends three of them as one message that a scatters into two dma-buf parts.
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_gather_write_and_scattered_receive_across_the_wire() {
-    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
-    use integration_tests::oob;
-    use rdma_dmabuf::{Endpoint, RemoteRegion};
-    let tb = Testbed::get();
-    let pd = pd(&tb);
-    let qp = QueuePairBuilder::new(&pd).max_sge(4).build().unwrap();
-    let data = pattern(65536, 21);
-    let ranges: [std::ops::Range<usize>; 4] = [0..4096, 8192..12288, 20000..24096, 60000..64096];
-    if tb.is_server() {
-        let target = host_region(&pd, &[], 65536, RW);
-        let mine = [
-            qp.endpoint().to_bytes().as_slice(),
-            &target.remote().unwrap().to_bytes(),
-        ]
-        .concat();
-        let theirs = oob::serve(&tb.local_addr, 18620, &mine);
-        let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
-        let into = [0, 1].map(|_| {
-            let buf = Exporter::Vgem.allocate(8192);
-            let r = MemoryRegion::register_dmabuf(&pd, buf, 0, 8192, None, Access::LOCAL_WRITE)
-                .unwrap();
-            Local::new(r, 0..8192)
-        });
-        let got = qp
-            .post_recv_parts(into)
-            .unwrap()
-            .spin_timeout(Duration::from_secs(60))
-            .unwrap()
-            .unwrap();
-        assert_eq!(got.wc.byte_len, 3 * 4096);
-        let gathered: Vec<u8> = ranges
-            .iter()
-            .flat_map(|r| data[r.start..r.end].to_vec())
-            .collect();
-        let [p0, p1] = got.parts;
-        let mut b0 = p0.into_region().into_inner().unwrap();
-        let mut b1 = p1.into_region().into_inner().unwrap();
-        assert_eq!(Exporter::read(&mut b0), gathered[..8192]);
-        assert_eq!(Exporter::read(&mut b1)[..4096], gathered[8192..12288]);
-        let host = target.into_inner().unwrap();
-        assert_eq!(&host.as_slice()[..gathered.len()], &gathered[..]);
-    } else {
-        let theirs = oob::connect(&tb.peer_addr, 18620, &qp.endpoint().to_bytes());
-        let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
-        let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
-        let remote = RemoteRegion::from_bytes(rr).unwrap();
-        let mut buf = Exporter::Vgem.allocate(65536);
-        Exporter::fill(&mut buf, 0, &data);
-        let region =
-            MemoryRegion::register_dmabuf(&pd, buf, 0, 65536, None, Access::empty()).unwrap();
-        let shards: [Shard<_>; 4] = region
-            .split(ranges.map(|r| r.start as u64..r.end as u64))
-            .unwrap()
-            .try_into()
-            .unwrap();
-        let done = qp
-            .post_write_parts(shards, remote, None)
-            .unwrap()
-            .spin_timeout(T)
-            .unwrap()
-            .unwrap();
-        let [s0, s1, s2, s3] = done.parts;
-        qp.post_send_parts([s0, s1, s2], None)
-            .unwrap()
-            .spin_timeout(T)
-            .unwrap()
-            .unwrap();
-        drop(s3);
-    }
-}
-
 /// 10..0, a reversed range.
 fn reversed() -> std::ops::Range<u64> {
     let (start, end) = (10, 0);
     start..end
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    /// Across the wire: node b gathers four shards of a vgem dma-buf into one RDMA write to node
+    /// a, then sends three of them as one message that a scatters into two dma-buf parts.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_gather_write_and_scattered_receive_across_the_wire() {
+        let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
+        use integration_tests::oob;
+        use rdma_dmabuf::{Endpoint, RemoteRegion};
+        let tb = Testbed::get();
+        let pd = pd(&tb);
+        let qp = QueuePairBuilder::new(&pd).max_sge(4).build().unwrap();
+        let data = pattern(65536, 21);
+        let ranges: [std::ops::Range<usize>; 4] =
+            [0..4096, 8192..12288, 20000..24096, 60000..64096];
+        if tb.is_server() {
+            let target = host_region(&pd, &[], 65536, RW);
+            let mine = [
+                qp.endpoint().to_bytes().as_slice(),
+                &target.remote().unwrap().to_bytes(),
+            ]
+            .concat();
+            let theirs = oob::serve(&tb.local_addr, 18620, &mine);
+            let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
+            let into = [0, 1].map(|_| {
+                let buf = Exporter::Vgem.allocate(8192);
+                let r = MemoryRegion::register_dmabuf(&pd, buf, 0, 8192, None, Access::LOCAL_WRITE)
+                    .unwrap();
+                Local::new(r, 0..8192)
+            });
+            let got = qp
+                .post_recv_parts(into)
+                .unwrap()
+                .spin_timeout(Duration::from_secs(60))
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.wc.byte_len, 3 * 4096);
+            let gathered: Vec<u8> = ranges
+                .iter()
+                .flat_map(|r| data[r.start..r.end].to_vec())
+                .collect();
+            let [p0, p1] = got.parts;
+            let mut b0 = p0.into_region().into_inner().unwrap();
+            let mut b1 = p1.into_region().into_inner().unwrap();
+            assert_eq!(Exporter::read(&mut b0), gathered[..8192]);
+            assert_eq!(Exporter::read(&mut b1)[..4096], gathered[8192..12288]);
+            let host = target.into_inner().unwrap();
+            assert_eq!(&host.as_slice()[..gathered.len()], &gathered[..]);
+        } else {
+            let theirs = oob::connect(&tb.peer_addr, 18620, &qp.endpoint().to_bytes());
+            let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
+            let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
+            let remote = RemoteRegion::from_bytes(rr).unwrap();
+            let mut buf = Exporter::Vgem.allocate(65536);
+            Exporter::fill(&mut buf, 0, &data);
+            let region =
+                MemoryRegion::register_dmabuf(&pd, buf, 0, 65536, None, Access::empty()).unwrap();
+            let shards: [Shard<_>; 4] = region
+                .split(ranges.map(|r| r.start as u64..r.end as u64))
+                .unwrap()
+                .try_into()
+                .unwrap();
+            let done = qp
+                .post_write_parts(shards, remote, None)
+                .unwrap()
+                .spin_timeout(T)
+                .unwrap()
+                .unwrap();
+            let [s0, s1, s2, s3] = done.parts;
+            qp.post_send_parts([s0, s1, s2], None)
+                .unwrap()
+                .spin_timeout(T)
+                .unwrap()
+                .unwrap();
+            drop(s3);
+        }
+    }
 }

@@ -21,7 +21,7 @@ const CHILD_ENV: &str = "RDMA_LIVENESS_PEER_DEATH_CHILD";
 const TRANSFERS_BEFORE_DEATH: usize = 5;
 const WRITE_LEN: usize = 64 << 10;
 
-/// Node a's child process in [`two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retry_budget`]:
+/// Node a's child process in [`two_node::two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retry_budget`]:
 /// owns the queue pair, counts node b's writes, says when it has seen enough, and goes on
 /// receiving until it is killed. Without its environment variable (a plain run) it does
 /// nothing.
@@ -75,17 +75,6 @@ fn peer_death_child_process() {
 const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
-
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retry_budget() {
-    let tb = Testbed::get();
-    if tb.is_server() {
-        peer_death_node_a(&tb, DEATH_PORT, REPORT_PORT);
-    } else {
-        peer_death_node_b(&tb);
-    }
-}
 
 /// Node a: starts the child that owns the queue pair, SIGKILLs it once node b's writes flow,
 /// then waits for node b's report.
@@ -235,21 +224,6 @@ fn status_of(e: &Error) -> u32 {
 const ASYNC_DEATH_PORT: u16 = 18642;
 const ASYNC_REPORT_PORT: u16 = 18643;
 
-/// As the blocking peer-death test, with node b's requests awaited on tokio: eight writers,
-/// each its own task re-posting its region until a write fails, and four receives awaited
-/// in tasks of their own; once the peer is killed, every one of those futures resolves to an
-/// error within the retry budget (each await bounded, so none can hang unseen).
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_awaited_requests_end_in_errors_within_the_retry_budget_when_the_peer_is_killed() {
-    let tb = Testbed::get();
-    if tb.is_server() {
-        peer_death_node_a(&tb, ASYNC_DEATH_PORT, ASYNC_REPORT_PORT);
-    } else {
-        peer_death_node_b_awaited(&tb);
-    }
-}
-
 /// How one awaited request of node b ended.
 enum End {
     Failed(u32, Instant),
@@ -360,4 +334,35 @@ fn peer_death_node_b_awaited(tb: &Testbed) {
     eprintln!("node b: {report}");
     integration_tests::oob::connect(&tb.peer_addr, ASYNC_REPORT_PORT, report.as_bytes());
     assert!(report.starts_with("ok"), "{report}");
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_peer_killed_mid_transfer_fails_every_pending_request_within_the_retry_budget() {
+        let tb = Testbed::get();
+        if tb.is_server() {
+            peer_death_node_a(&tb, DEATH_PORT, REPORT_PORT);
+        } else {
+            peer_death_node_b(&tb);
+        }
+    }
+
+    /// As the blocking peer-death test, with node b's requests awaited on tokio: eight writers,
+    /// each its own task re-posting its region until a write fails, and four receives awaited
+    /// in tasks of their own; once the peer is killed, every one of those futures resolves to an
+    /// error within the retry budget (each await bounded, so none can hang unseen).
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_awaited_requests_end_in_errors_within_the_retry_budget_when_the_peer_is_killed() {
+        let tb = Testbed::get();
+        if tb.is_server() {
+            peer_death_node_a(&tb, ASYNC_DEATH_PORT, ASYNC_REPORT_PORT);
+        } else {
+            peer_death_node_b_awaited(&tb);
+        }
+    }
 }

@@ -311,52 +311,6 @@ fn dropping_the_shared_queue_before_its_queue_pairs_is_safe() {
     drop(a);
 }
 
-/// Across the wire: node a serves two queue pairs through one shared receive queue; node b
-/// sends on both; a tells the senders apart by the completion's queue pair.
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_two_connections_share_one_receive_queue() {
-    let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
-    use integration_tests::oob;
-    let tb = Testbed::get();
-    let pd = pd(&tb);
-    if tb.is_server() {
-        let srq = SharedReceiveQueue::new(&pd, 8).unwrap();
-        let qps = [0, 1].map(|_| QueuePairBuilder::new(&pd).srq(&srq).build().unwrap());
-        let inbox: Vec<_> = (0..2)
-            .map(|_| {
-                srq.post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
-                    .unwrap()
-            })
-            .collect();
-        let mine = [qps[0].endpoint().to_bytes(), qps[1].endpoint().to_bytes()].concat();
-        let theirs = oob::serve(&tb.local_addr, 18630, &mine);
-        let qps = connect_both(qps, &theirs);
-        for p in inbox {
-            let got = p.spin_timeout(Duration::from_secs(60)).unwrap().unwrap();
-            let i = (0..2)
-                .find(|&i| qps[i].endpoint().qpn == got.wc.qp_num)
-                .expect("one of the two");
-            let want = format!("on connection {i}");
-            assert_eq!(&got.region.bytes().unwrap()[..want.len()], want.as_bytes());
-        }
-    } else {
-        let qps = [0, 1].map(|_| QueuePairBuilder::new(&pd).build().unwrap());
-        let mine = [qps[0].endpoint().to_bytes(), qps[1].endpoint().to_bytes()].concat();
-        let theirs = oob::connect(&tb.peer_addr, 18630, &mine);
-        let qps = connect_both(qps, &theirs);
-        for (i, qp) in qps.iter().enumerate() {
-            let msg = format!("on connection {i}");
-            let r = host_region(&pd, msg.as_bytes(), 4096, Access::empty());
-            qp.post_send(r.into_part(0..msg.len() as u64), None)
-                .unwrap()
-                .spin_timeout(T)
-                .unwrap()
-                .unwrap();
-        }
-    }
-}
-
 /// Connects each prepared queue pair to the peer's endpoint at the same position.
 fn connect_both(prepared: [rdma_dmabuf::PreparedQp; 2], theirs: &[u8]) -> Vec<QueuePair> {
     let n = rdma_dmabuf::Endpoint::WIRE_LEN;
@@ -497,4 +451,55 @@ fn flushed(
         e.error
     );
     e
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    /// Across the wire: node a serves two queue pairs through one shared receive queue; node b
+    /// sends on both; a tells the senders apart by the completion's queue pair.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_two_connections_share_one_receive_queue() {
+        let _counting = COUNTING.read().unwrap_or_else(|e| e.into_inner());
+        use integration_tests::oob;
+        let tb = Testbed::get();
+        let pd = pd(&tb);
+        if tb.is_server() {
+            let srq = SharedReceiveQueue::new(&pd, 8).unwrap();
+            let qps = [0, 1].map(|_| QueuePairBuilder::new(&pd).srq(&srq).build().unwrap());
+            let inbox: Vec<_> = (0..2)
+                .map(|_| {
+                    srq.post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+                        .unwrap()
+                })
+                .collect();
+            let mine = [qps[0].endpoint().to_bytes(), qps[1].endpoint().to_bytes()].concat();
+            let theirs = oob::serve(&tb.local_addr, 18630, &mine);
+            let qps = connect_both(qps, &theirs);
+            for p in inbox {
+                let got = p.spin_timeout(Duration::from_secs(60)).unwrap().unwrap();
+                let i = (0..2)
+                    .find(|&i| qps[i].endpoint().qpn == got.wc.qp_num)
+                    .expect("one of the two");
+                let want = format!("on connection {i}");
+                assert_eq!(&got.region.bytes().unwrap()[..want.len()], want.as_bytes());
+            }
+        } else {
+            let qps = [0, 1].map(|_| QueuePairBuilder::new(&pd).build().unwrap());
+            let mine = [qps[0].endpoint().to_bytes(), qps[1].endpoint().to_bytes()].concat();
+            let theirs = oob::connect(&tb.peer_addr, 18630, &mine);
+            let qps = connect_both(qps, &theirs);
+            for (i, qp) in qps.iter().enumerate() {
+                let msg = format!("on connection {i}");
+                let r = host_region(&pd, msg.as_bytes(), 4096, Access::empty());
+                qp.post_send(r.into_part(0..msg.len() as u64), None)
+                    .unwrap()
+                    .spin_timeout(T)
+                    .unwrap()
+                    .unwrap();
+            }
+        }
+    }
 }

@@ -117,23 +117,6 @@ fn write_with_immediate_consumes_a_receive_and_delivers_the_immediate() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn stock_only_rxe_has_no_dmabuf_regions_and_says_so() {
-    let tb = Testbed::get();
-    let pd = pd(&tb);
-    assert!(
-        !supports_dmabuf(&pd).unwrap(),
-        "stock rxe does not support dma-buf MRs"
-    );
-    let u = drm_export::Udmabuf::new(1 << 20).unwrap();
-    let (_memfd, dmabuf) = u.into_parts();
-    let err = MemoryRegion::register_dmabuf(&pd, dmabuf, 0, 1 << 20, None, RW).unwrap_err();
-    assert!(err.is_unsupported(), "{err}");
-    assert_eq!(err.errno(), Some(libc::EOPNOTSUPP));
-    assert!(err.to_string().contains("kernel-patches"), "{err}");
-}
-
-#[test]
-#[ignore = "needs the testbed VM"]
 fn device_memory_on_rxe_is_a_typed_unsupported() {
     let tb = Testbed::get();
     let ctx = Context::open(&tb.device).unwrap();
@@ -324,53 +307,6 @@ fn posting_past_the_queue_depth_is_back_pressure() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn two_node_rdma_write_and_send_across_the_wire() {
-    let tb = Testbed::get();
-    let pd = pd(&tb);
-    let qp = QueuePairBuilder::new(&pd).build().unwrap();
-    const SIZE: usize = 64 << 20;
-    if tb.is_server() {
-        let target = host_region(&pd, &[], SIZE, RW);
-        let mine = [
-            qp.endpoint().to_bytes().as_slice(),
-            &target.remote().unwrap().to_bytes(),
-        ]
-        .concat();
-        let theirs = oob::serve(&tb.local_addr, 18600, &mine);
-        let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
-        // The peer writes, then sends a note with the immediate: wait for the note.
-        let note = qp
-            .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
-            .unwrap();
-        let got = note
-            .spin_timeout(Duration::from_secs(120))
-            .expect("note arrives")
-            .expect("ok");
-        assert_eq!(got.wc.imm, Some(SIZE as u32));
-        let host = target.into_inner().unwrap();
-        assert_eq!(&host.as_slice()[..SIZE], &pattern(SIZE, 77)[..]);
-    } else {
-        let theirs = oob::connect(&tb.peer_addr, 18600, &qp.endpoint().to_bytes());
-        let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
-        let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
-        let remote = RemoteRegion::from_bytes(rr).unwrap();
-        let src = host_region(&pd, &pattern(SIZE, 77), SIZE, Access::empty());
-        let done = qp
-            .post_write(src, remote, None)
-            .unwrap()
-            .spin()
-            .expect("write across");
-        let note = host_region(&pd, b"done", 4096, Access::empty());
-        drop(done);
-        qp.post_send(Local::new(note, 0..4), Some(SIZE as u32))
-            .unwrap()
-            .spin()
-            .expect("note");
-    }
-}
-
-#[test]
-#[ignore = "needs the testbed VM"]
 fn blocking_wait_sleeps_on_the_completion_channel_until_the_message_comes() {
     let tb = Testbed::get();
     let pd = pd(&tb);
@@ -405,4 +341,78 @@ fn blocking_wait_sleeps_on_the_completion_channel_until_the_message_comes() {
         .expect("ok");
     assert_eq!(&got.region.bytes().unwrap()[..7], b"wake up");
     sender.join().unwrap();
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_rdma_write_and_send_across_the_wire() {
+        let tb = Testbed::get();
+        let pd = pd(&tb);
+        let qp = QueuePairBuilder::new(&pd).build().unwrap();
+        const SIZE: usize = 64 << 20;
+        if tb.is_server() {
+            let target = host_region(&pd, &[], SIZE, RW);
+            let mine = [
+                qp.endpoint().to_bytes().as_slice(),
+                &target.remote().unwrap().to_bytes(),
+            ]
+            .concat();
+            let theirs = oob::serve(&tb.local_addr, 18600, &mine);
+            let qp = qp.connect(&Endpoint::from_bytes(&theirs).unwrap()).unwrap();
+            // The peer writes, then sends a note with the immediate: wait for the note.
+            let note = qp
+                .post_recv(host_region(&pd, &[], 4096, Access::LOCAL_WRITE))
+                .unwrap();
+            let got = note
+                .spin_timeout(Duration::from_secs(120))
+                .expect("note arrives")
+                .expect("ok");
+            assert_eq!(got.wc.imm, Some(SIZE as u32));
+            let host = target.into_inner().unwrap();
+            assert_eq!(&host.as_slice()[..SIZE], &pattern(SIZE, 77)[..]);
+        } else {
+            let theirs = oob::connect(&tb.peer_addr, 18600, &qp.endpoint().to_bytes());
+            let (ep, rr) = theirs.split_at(Endpoint::WIRE_LEN);
+            let qp = qp.connect(&Endpoint::from_bytes(ep).unwrap()).unwrap();
+            let remote = RemoteRegion::from_bytes(rr).unwrap();
+            let src = host_region(&pd, &pattern(SIZE, 77), SIZE, Access::empty());
+            let done = qp
+                .post_write(src, remote, None)
+                .unwrap()
+                .spin()
+                .expect("write across");
+            let note = host_region(&pd, b"done", 4096, Access::empty());
+            drop(done);
+            qp.post_send(Local::new(note, 0..4), Some(SIZE as u32))
+                .unwrap()
+                .spin()
+                .expect("note");
+        }
+    }
+}
+
+/// Tests of Debian's stock (unpatched) rxe: `cargo xtask test` runs this module there.
+mod stock_only {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn stock_only_rxe_has_no_dmabuf_regions_and_says_so() {
+        let tb = Testbed::get();
+        let pd = pd(&tb);
+        assert!(
+            !supports_dmabuf(&pd).unwrap(),
+            "stock rxe does not support dma-buf MRs"
+        );
+        let u = drm_export::Udmabuf::new(1 << 20).unwrap();
+        let (_memfd, dmabuf) = u.into_parts();
+        let err = MemoryRegion::register_dmabuf(&pd, dmabuf, 0, 1 << 20, None, RW).unwrap_err();
+        assert!(err.is_unsupported(), "{err}");
+        assert_eq!(err.errno(), Some(libc::EOPNOTSUPP));
+        assert!(err.to_string().contains("kernel-patches"), "{err}");
+    }
 }

@@ -95,37 +95,6 @@ fn rdma_cm_rping_over_loopback() {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn two_node_rc_pingpong_across_the_wire() {
-    let tb = Testbed::get();
-    assert_eq!(tb.nodes, 2, "runs in the two-node testbed");
-    let out = if tb.is_server() {
-        run(&mut rc_pingpong(&tb, 18516, None), LIMIT)
-    } else {
-        run_client(|| rc_pingpong(&tb, 18516, Some(&tb.peer_addr)), LIMIT)
-    };
-    assert_pingpong_done(&out);
-    assert!(
-        process::text(&out).contains(&format!("::ffff:{}", tb.peer_addr)),
-        "the remote GID is the peer's: {}",
-        process::text(&out)
-    );
-}
-
-#[test]
-#[ignore = "needs the testbed VM"]
-fn two_node_rdma_cm_rping_across_the_wire() {
-    let tb = Testbed::get();
-    assert_eq!(tb.nodes, 2, "runs in the two-node testbed");
-    if tb.is_server() {
-        let s = run(&mut rping(&tb, 7472, true), LIMIT);
-        assert!(s.status.success(), "{}", process::text(&s));
-    } else {
-        assert_rping_done(&run_client(|| rping(&tb, 7472, false), LIMIT));
-    }
-}
-
-#[test]
-#[ignore = "needs the testbed VM"]
 fn vgem_dumb_buffer_exports_a_dma_buf() {
     Testbed::get();
     let card = integration_tests::exporters::vgem_card();
@@ -152,4 +121,40 @@ fn udmabuf_is_created() {
 fn system_dma_heap_is_present() {
     Testbed::get();
     assert!(std::path::Path::new("/dev/dma_heap/system").exists());
+}
+
+/// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
+mod two_node {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_rc_pingpong_across_the_wire() {
+        let tb = Testbed::get();
+        assert_eq!(tb.nodes, 2, "runs in the two-node testbed");
+        let out = if tb.is_server() {
+            run(&mut rc_pingpong(&tb, 18516, None), LIMIT)
+        } else {
+            run_client(|| rc_pingpong(&tb, 18516, Some(&tb.peer_addr)), LIMIT)
+        };
+        assert_pingpong_done(&out);
+        assert!(
+            process::text(&out).contains(&format!("::ffff:{}", tb.peer_addr)),
+            "the remote GID is the peer's: {}",
+            process::text(&out)
+        );
+    }
+
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_rdma_cm_rping_across_the_wire() {
+        let tb = Testbed::get();
+        assert_eq!(tb.nodes, 2, "runs in the two-node testbed");
+        if tb.is_server() {
+            let s = run(&mut rping(&tb, 7472, true), LIMIT);
+            assert!(s.status.success(), "{}", process::text(&s));
+        } else {
+            assert_rping_done(&run_client(|| rping(&tb, 7472, false), LIMIT));
+        }
+    }
 }

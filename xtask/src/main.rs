@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod packaging;
+mod phase;
 mod rdmacore;
 mod script;
 mod soak;
@@ -130,7 +131,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
         ("self-check", testrun::SELF_CHECK.to_string()),
         (
             "VM tests",
-            testrun::vm_script(&vm_tests, testrun::Phase::One),
+            testrun::vm_script(&vm_tests, phase::Phase::One),
         ),
         (
             "rdma-core-suite.sh",

@@ -1,11 +1,10 @@
 //! `cargo xtask test`: formatting, clippy, rustdoc, host tests, then the VM tests.
 //!
 //! Tests that need the testbed are `#[ignore = "needs the testbed VM ..."]`: the host run
-//! counts them as ignored; the VM runs exactly those (`--ignored`). Tests whose name contains
-//! `two_node` run in the two-node testbed (on both nodes, one at a time); those whose name
-//! contains `stock_only` run on Debian's unpatched rxe; the rest in one VM with the patched
-//! stack.
+//! counts them as ignored; the VM runs exactly those (`--ignored`), each in the phase of the
+//! module it is in ([`crate::phase`]); each phase's script names its tests exactly.
 
+use crate::phase::Phase;
 use crate::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::{info, Step};
@@ -15,68 +14,6 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
-
-/// Name fragment that sends a VM test to the two-node testbed.
-const TWO_NODE: &str = "two_node";
-/// Name fragment that sends a VM test to the stock (unpatched) stack.
-const STOCK_ONLY: &str = "stock_only";
-
-/// The VM phases, each with its label, node count, stack and the tests it takes.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-pub(crate) enum Phase {
-    /// One VM, patched stack.
-    One,
-    /// One VM, stock stack.
-    Stock,
-    /// Two VMs, patched stack.
-    Two,
-}
-
-impl Phase {
-    fn of(name: &str) -> Phase {
-        if name.contains(TWO_NODE) {
-            Phase::Two
-        } else if name.contains(STOCK_ONLY) {
-            Phase::Stock
-        } else {
-            Phase::One
-        }
-    }
-
-    fn nodes(self) -> u8 {
-        if self == Phase::Two {
-            2
-        } else {
-            1
-        }
-    }
-
-    fn mode(self) -> vm::Mode {
-        if self == Phase::Stock {
-            vm::Mode::Stock
-        } else {
-            vm::Mode::Patched
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Phase::One => "1-node testbed, patched rxe",
-            Phase::Stock => "1-node testbed, stock rxe",
-            Phase::Two => "2-node testbed, patched rxe",
-        }
-    }
-
-    /// libtest filter arguments selecting this phase's tests.
-    fn filter(self) -> String {
-        match self {
-            Phase::One => format!("--skip {TWO_NODE} --skip {STOCK_ONLY}"),
-            Phase::Stock => STOCK_ONLY.to_string(),
-            // Both nodes must step through the same tests in the same order.
-            Phase::Two => format!("--test-threads=1 {TWO_NODE}"),
-        }
-    }
-}
 
 /// A test's outcome as libtest prints it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -340,7 +277,7 @@ fn vm_tests(bins: &[(String, PathBuf)]) -> Result<BTreeMap<Phase, VmSet>> {
                 continue;
             };
             phases
-                .entry(Phase::of(name))
+                .entry(Phase::of(name)?)
                 .or_default()
                 .entry(exe.clone())
                 .or_default()
@@ -353,7 +290,7 @@ fn vm_tests(bins: &[(String, PathBuf)]) -> Result<BTreeMap<Phase, VmSet>> {
 /// The script the VM runs: every binary's VM tests, one binary after another.
 pub(crate) fn vm_script(set: &VmSet, phase: Phase) -> String {
     let mut s = String::from("status=0\nexport RUST_BACKTRACE=1\n");
-    for exe in set.keys() {
+    for (exe, tests) in set {
         let shown = exe
             .file_name()
             .map(|n| n.to_string_lossy())
@@ -363,7 +300,7 @@ pub(crate) fn vm_script(set: &VmSet, phase: Phase) -> String {
         let cmd = format!(
             "BIN={}\n\"$BIN\" --ignored --color never {}",
             sh::quote(&exe.to_string_lossy()),
-            phase.filter()
+            phase.args(tests)
         );
         s.push_str(&format!("echo '### BIN {shown}'\n{cmd} || status=1\n"));
     }
@@ -497,16 +434,20 @@ test result: ok. 1 passed; 0 failed
     }
 
     #[test]
-    fn two_node_script_runs_tests_in_order() {
+    fn each_phase_script_names_its_tests_exactly_and_two_node_runs_them_in_order() {
         let mut set = VmSet::new();
-        set.insert(PathBuf::from("/t/bin-1"), vec!["two_node_x".into()]);
+        set.insert(
+            PathBuf::from("/t/bin-1"),
+            vec!["two_node::a".into(), "two_node::b".into()],
+        );
         let s = vm_script(&set, Phase::Two);
         assert!(s.contains(
-            "BIN='/t/bin-1'\n\"$BIN\" --ignored --color never --test-threads=1 two_node"
+            "BIN='/t/bin-1'\n\"$BIN\" --ignored --color never --exact --test-threads=1 \
+             'two_node::a' 'two_node::b'"
         ));
         programs::check(&s, false).unwrap();
-        assert!(vm_script(&set, Phase::One).contains("--skip two_node --skip stock_only"));
-        assert_eq!(Phase::of("stock_only_x"), Phase::Stock);
-        assert_eq!(Phase::of("two_node_x"), Phase::Two);
+        let one = vm_script(&set, Phase::One);
+        assert!(one.contains("--exact 'two_node::a'") && !one.contains("--skip"));
+        programs::check(&one, false).unwrap();
     }
 }
