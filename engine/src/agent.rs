@@ -170,11 +170,11 @@ impl Agent {
 
     /// Registers `memory` (a [`DmaBuf`](rdma_dmabuf::DmaBuf), a
     /// [`HostBuffer`](rdma_dmabuf::HostBuffer), or a CUDA range, [`Memory::Cuda`]) whole as
-    /// segment `name`, readable and writable by peers, and publishes it. A dma-buf and a CUDA
-    /// range are registered on every device of the agent (one region each, all in the
-    /// descriptor; a CUDA range through the devices' registration caches, see
-    /// [`Agent::register_cuda`]); host memory on the first device only (see the crate's
-    /// documentation, "Limits").
+    /// segment `name`, readable and writable by peers, and publishes it. It is registered on
+    /// every device of the agent (one region each, all in the descriptor; a CUDA range
+    /// through the devices' registration caches, see [`Agent::register_cuda`]); a dma-buf
+    /// or host buffer is shared between its regions with no CPU access until
+    /// [`Agent::unregister`] hands it back.
     ///
     /// # Errors
     /// [`Error::Settings`] for an empty name or one with control characters (it becomes a

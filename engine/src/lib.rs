@@ -47,13 +47,13 @@
 //! domain, each in the descriptor's `regions`; each chunk goes through the region of the
 //! local device it is planned on (a device both segments are registered on, the same index
 //! on both sides where there is one, spread over those). [`Agent::unregister`] deregisters
-//! every region and hands the [`DmaBuf`](rdma_dmabuf::DmaBuf) back (an error, never a silent
-//! leak, if some handle still held it). A CUDA segment is a checkout of each device's
+//! every region and hands the [`DmaBuf`](rdma_dmabuf::DmaBuf) or
+//! [`HostBuffer`](rdma_dmabuf::HostBuffer) back (an error, never a silent leak, if some
+//! handle still held it). A CUDA segment is a checkout of each device's
 //! [`RegistrationCache`](rdma_dmabuf::RegistrationCache), split into shards per round
 //! (`Checkout::split`) and joined back (`Lent::join`); unregistered, the checkouts go back
-//! to the caches. A `HostBuffer` segment is registered on the first
-//! device only: a `HostBuffer` backs one region, and rdma-dmabuf's public API cannot share it
-//! across protection domains. Batches that use the same local segment take turns on it, one
+//! to the caches. A `HostBuffer` segment is shared the same way as a dma-buf
+//! ([`SharedHostBuffer`](rdma_dmabuf::SharedHostBuffer), one region per device). Batches that use the same local segment take turns on it, one
 //! round at a time (a segment's regions are lent together to one worker).
 #![forbid(unsafe_code)]
 

@@ -10,7 +10,9 @@ use crate::devices::Device;
 use crate::error::{Error, Result};
 use crate::metadata::lock;
 use drm_export::cuda::CudaDevice;
-use rdma_dmabuf::{Access, Checkout, DmaBuf, HostBuffer, MemoryRegion, SharedDmaBuf};
+use rdma_dmabuf::{
+    Access, Backing, Checkout, DmaBuf, HostBuffer, MemoryRegion, SharedDmaBuf, SharedHostBuffer,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -62,14 +64,13 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
 
 /// A registered segment's regions, by device index.
 ///
-/// A dma-buf is shared ([`SharedDmaBuf`]) and registered in every device's protection
-/// domain, one region each; host memory is registered on the first device only (a
-/// [`HostBuffer`] backs one region: its public API cannot share it across protection
-/// domains). A slot is `None` only while its region is lent to `exec::run`.
+/// A dma-buf or host buffer is shared ([`SharedDmaBuf`], [`SharedHostBuffer`]: no CPU
+/// access while registered) and registered in every device's protection domain, one
+/// region each. A slot is `None` only while its region is lent to `exec::run`.
 #[derive(Debug)]
 pub(crate) enum Region {
     DmaBuf(Vec<Option<MemoryRegion<SharedDmaBuf>>>),
-    Host(Option<MemoryRegion<HostBuffer>>),
+    Host(Vec<Option<MemoryRegion<SharedHostBuffer>>>),
     /// A CUDA range: one checkout of each device's registration cache, back to the caches
     /// when unregistered.
     Cuda {
@@ -86,8 +87,8 @@ const ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_READ);
 
 impl Region {
-    /// Registers `memory` whole: a dma-buf on every one of `devices`, host memory on the
-    /// first. On failure the regions made so far are deregistered and dropped.
+    /// Registers `memory` whole on every one of `devices`. On failure the regions made so
+    /// far are deregistered and dropped (and the memory with them).
     pub fn register(devices: &[Device], memory: Memory) -> Result<Region> {
         let fail = |e: rdma_dmabuf::Error| Error::rdma("register a segment", &e);
         Ok(match memory {
@@ -105,9 +106,17 @@ impl Region {
                 }
                 Region::DmaBuf(regions)
             }
-            Memory::Host(h) => Region::Host(Some(
-                MemoryRegion::register(&devices[0].pd, h, ACCESS).map_err(fail)?,
-            )),
+            Memory::Host(h) => {
+                let shared = SharedHostBuffer::new(h);
+                let mut regions = Vec::with_capacity(devices.len());
+                for device in devices {
+                    regions.push(Some(
+                        MemoryRegion::register_shared_host(&device.pd, &shared, ACCESS)
+                            .map_err(fail)?,
+                    ));
+                }
+                Region::Host(regions)
+            }
             Memory::Cuda { device, ptr, len } => {
                 let mut regions = Vec::with_capacity(devices.len());
                 for d in devices {
@@ -127,16 +136,15 @@ impl Region {
     /// (device index, addr, len, rkey) of every region.
     fn remotes(&self) -> Vec<(u16, u64, u64, u32)> {
         let rows = |i: usize, addr, len, rkey| (i as u16, addr, len, rkey);
-        match self {
-            Region::DmaBuf(rs) => rs
-                .iter()
+        fn of<B: Backing>(rs: &[Option<MemoryRegion<B>>]) -> Vec<(u16, u64, u64, u32)> {
+            rs.iter()
                 .enumerate()
-                .filter_map(|(i, r)| r.as_ref().map(|r| rows(i, r.addr(), r.len(), r.rkey())))
-                .collect(),
-            Region::Host(r) => r
-                .iter()
-                .map(|r| rows(0, r.addr(), r.len(), r.rkey()))
-                .collect(),
+                .filter_map(|(i, r)| r.as_ref().map(|r| (i as u16, r.addr(), r.len(), r.rkey())))
+                .collect()
+        }
+        match self {
+            Region::DmaBuf(rs) => of(rs),
+            Region::Host(rs) => of(rs),
             Region::Cuda { regions, .. } => regions
                 .iter()
                 .enumerate()
@@ -149,46 +157,30 @@ impl Region {
     pub fn whole(&self) -> bool {
         match self {
             Region::DmaBuf(rs) => rs.iter().all(Option::is_some),
-            Region::Host(r) => r.is_some(),
+            Region::Host(rs) => rs.iter().all(Option::is_some),
             Region::Cuda { regions, .. } => regions.iter().all(Option::is_some),
         }
     }
 
-    /// Deregisters every region; the memory back. A dma-buf comes back once its last
-    /// region is deregistered; if some handle still held it, that is a bug, reported as
-    /// [`Error::Protocol`] rather than leaked silently.
+    /// Deregisters every region; the memory back. A dma-buf or host buffer comes back once
+    /// its last region is deregistered; if some handle still held it, that is a bug,
+    /// reported as [`Error::Protocol`] rather than leaked silently.
     pub fn into_memory(self) -> Result<Memory> {
-        let fail = |e: rdma_dmabuf::Error| Error::rdma("deregister a segment", &e);
         let missing = || Error::Protocol("a segment's region was lost".into());
+        let held = |what: &str, holders: usize| {
+            Error::Protocol(format!(
+                "a deregistered {what} segment is still held ({holders} handles)"
+            ))
+        };
         match self {
-            Region::DmaBuf(rs) => {
-                let mut shared = None;
-                let mut first_err = None;
-                for r in rs {
-                    match r.map(MemoryRegion::into_inner) {
-                        Some(Ok(s)) => shared = Some(s),
-                        Some(Err(e)) => {
-                            first_err.get_or_insert(fail(e));
-                        }
-                        None => {
-                            first_err.get_or_insert_with(missing);
-                        }
-                    }
-                }
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
-                let shared = shared.ok_or_else(missing)?;
-                shared.try_into_inner().map(Memory::DmaBuf).map_err(|s| {
-                    Error::Protocol(format!(
-                        "a deregistered dma-buf segment is still held ({} handles)",
-                        s.holders()
-                    ))
-                })
-            }
-            Region::Host(r) => Ok(Memory::Host(
-                r.ok_or_else(missing)?.into_inner().map_err(fail)?,
-            )),
+            Region::DmaBuf(rs) => deregister_all(rs)?
+                .try_into_inner()
+                .map(Memory::DmaBuf)
+                .map_err(|s| held("dma-buf", s.holders())),
+            Region::Host(rs) => deregister_all(rs)?
+                .try_into_inner()
+                .map(Memory::Host)
+                .map_err(|s| held("host", s.holders())),
             Region::Cuda {
                 device,
                 ptr,
@@ -204,6 +196,30 @@ impl Region {
                 Ok(Memory::Cuda { device, ptr, len })
             }
         }
+    }
+}
+
+/// Deregisters every region of one shared backing; a handle of the backing back (the last
+/// one, once every region is gone), or the first failure.
+fn deregister_all<B: Backing>(rs: Vec<Option<MemoryRegion<B>>>) -> Result<B> {
+    let mut back = None;
+    let mut first_err = None;
+    for r in rs {
+        match r.map(MemoryRegion::into_inner) {
+            Some(Ok(b)) => back = Some(b),
+            Some(Err(e)) => {
+                first_err.get_or_insert(Error::rdma("deregister a segment", &e));
+            }
+            None => {
+                first_err
+                    .get_or_insert_with(|| Error::Protocol("a segment's region was lost".into()));
+            }
+        }
+    }
+    match (first_err, back) {
+        (Some(e), _) => Err(e),
+        (None, Some(b)) => Ok(b),
+        (None, None) => Err(Error::Protocol("a segment without regions".into())),
     }
 }
 

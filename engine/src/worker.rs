@@ -147,34 +147,38 @@ fn run_on<'c>(
 ) {
     let chunks = &plan.chunks[..];
     let found = match region {
-        Region::DmaBuf(rs) => match rs.get_mut(device) {
-            Some(slot @ Some(_)) => {
-                let r = slot.take().expect("matched Some");
-                *slot = exec::run(r, chunks, picks, lanes, progress, window);
-                true
-            }
-            _ => false,
-        },
-        Region::Host(slot @ Some(_)) if device == 0 => {
-            let r = slot.take().expect("matched Some");
-            *slot = exec::run(r, chunks, picks, lanes, progress, window);
-            true
+        Region::DmaBuf(rs) => run_slot(rs, device, chunks, picks, lanes, progress, window),
+        Region::Host(rs) => run_slot(rs, device, chunks, picks, lanes, progress, window),
+        Region::Cuda { regions, .. } => {
+            run_slot(regions, device, chunks, picks, lanes, progress, window)
         }
-        Region::Host(_) => false,
-        Region::Cuda { regions, .. } => match regions.get_mut(device) {
-            Some(slot @ Some(_)) => {
-                let r = slot.take().expect("matched Some");
-                *slot = exec::run(r, chunks, picks, lanes, progress, window);
-                true
-            }
-            _ => false,
-        },
     };
     if !found {
         let e = Error::Protocol(format!("no region of the segment on local device {device}"));
         for &c in picks {
             progress.fail(chunks[c].entry, &e);
         }
+    }
+}
+
+/// Lends the region of `device` in `slots` to `exec::run` if it is home, and puts back what
+/// returns; `false` if there is none.
+fn run_slot<'c, L: exec::Lendable>(
+    slots: &mut [Option<L>],
+    device: usize,
+    chunks: &[crate::plan::Chunk],
+    picks: &[usize],
+    lanes: &mut [Lane<'c>],
+    progress: &Progress,
+    window: usize,
+) -> bool {
+    match slots.get_mut(device) {
+        Some(slot @ Some(_)) => {
+            let r = slot.take().expect("matched Some");
+            *slot = exec::run(r, chunks, picks, lanes, progress, window);
+            true
+        }
+        _ => false,
     }
 }
 

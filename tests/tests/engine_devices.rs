@@ -1,6 +1,6 @@
-//! The transfer engine with a dma-buf segment on several devices: the testbed's one rxe
-//! device opened twice per agent (two contexts, two protection domains). Needs the testbed
-//! VM.
+//! The transfer engine with dma-buf and host segments on several devices: the testbed's
+//! one rxe device opened twice per agent (two contexts, two protection domains). Needs the
+//! testbed VM.
 
 use gpu_rdma_engine::{Agent, Batch, EntryStatus, Memory, Settings};
 use integration_tests::engine::{bytes, host};
@@ -25,7 +25,7 @@ fn agent(tb: &Testbed, name: &str) -> Agent {
 
 #[test]
 #[ignore = "needs the testbed VM"]
-fn dmabuf_segment_on_two_devices_scattered_blocks_written_and_read_back_through_both() {
+fn dmabuf_and_host_segments_on_two_devices_scattered_blocks_written_and_read_back_through_both() {
     let tb = Testbed::get();
     let (a, b) = (agent(&tb, "a"), agent(&tb, "b"));
     a.add_peer("b", b.address());
@@ -45,10 +45,17 @@ fn dmabuf_segment_on_two_devices_scattered_blocks_written_and_read_back_through_
         assert_eq!((r[0].device, r[1].device), (0, 1));
         assert_ne!(r[0].rkey, r[1].rkey, "{}: one region per device", desc.name);
     }
-    // Host memory stays on the first device.
+    // Host memory is on every device too, at one address.
     let h = a.register("host", host(&src, len as usize)).unwrap();
-    assert_eq!(h.regions.len(), 1);
-    assert_eq!(h.regions[0].device, 0);
+    let hdst = b.register("hdst", host(&[], len as usize)).unwrap();
+    a.register("hback", host(&[], len as usize)).unwrap();
+    for desc in [&h, &hdst] {
+        let r = &desc.regions;
+        assert_eq!(r.len(), 2, "{}: a region per device", desc.name);
+        assert_eq!((r[0].device, r[1].device), (0, 1));
+        assert_eq!(r[0].addr, r[1].addr, "{}: the buffer's address", desc.name);
+        assert_ne!(r[0].rkey, r[1].rkey, "{}: one region per device", desc.name);
+    }
 
     // One-block entries (one chunk each), so consecutive chunks alternate devices.
     let slot = |j: u64| ((j * 37) % BLOCKS) * BLOCK;
@@ -67,7 +74,22 @@ fn dmabuf_segment_on_two_devices_scattered_blocks_written_and_read_back_through_
     let t = a.transfer(&read).expect("accepted");
     t.wait(WAIT).expect("read back");
     assert!(t.status().iter().all(|s| *s == EntryStatus::Done));
-    // Host (device 0 only) to the two-device segment: a device both have.
+    // Host to host, scattered over both devices, and back; then a host block to the
+    // dma-buf segment.
+    let mut write = Batch::new();
+    let mut read = Batch::new();
+    for j in 0..BLOCKS {
+        write = write.write("host", from(j), "b", "hdst", slot(j), BLOCK);
+        read = read.read("hback", j * BLOCK, "b", "hdst", slot(j), BLOCK);
+    }
+    a.transfer(&write)
+        .unwrap()
+        .wait(WAIT)
+        .expect("host written");
+    a.transfer(&read)
+        .unwrap()
+        .wait(WAIT)
+        .expect("host read back");
     let t = a
         .transfer(&Batch::new().write("host", 0, "b", "dst", 0, BLOCK))
         .expect("accepted");
@@ -90,6 +112,17 @@ fn dmabuf_segment_on_two_devices_scattered_blocks_written_and_read_back_through_
             want
         };
         assert!(dst[at] == *want, "block {j} differs at b");
+    }
+    let hback = a.unregister("hback").unwrap();
+    assert!(
+        matches!(hback, Memory::Host(_)),
+        "the host buffer handed back"
+    );
+    let hback = bytes(hback);
+    for j in 0..BLOCKS {
+        let want = &src[from(j) as usize..(from(j) + BLOCK) as usize];
+        let at = (j * BLOCK) as usize..((j + 1) * BLOCK) as usize;
+        assert!(hback[at] == *want, "host block {j} read back differs");
     }
     assert_eq!(bytes(a.unregister("src").unwrap()), src);
     assert_eq!(bytes(a.unregister("host").unwrap()), src);
