@@ -47,6 +47,7 @@ fn play_peer() {
 
 /// Starts the peer process and reads its control address.
 fn start_peer() -> (Child, SocketAddr) {
+    // This test binary (built by this workspace) again, as the peer.
     let mut child = Command::new(std::env::current_exe().expect("this test binary"))
         .args([
             "--exact",

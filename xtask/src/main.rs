@@ -129,10 +129,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
         ("bench.sh", script::BENCH.to_string()),
         ("demo.sh", script::DEMO.to_string()),
         ("self-check", testrun::SELF_CHECK.to_string()),
-        (
-            "VM tests",
-            testrun::vm_script(&vm_tests, phase::Phase::One),
-        ),
+        ("VM tests", testrun::vm_script(&vm_tests, phase::Phase::One)),
         (
             "rdma-core-suite.sh",
             rdmacore::suite_script("/t/lib", cwd).unwrap(),
