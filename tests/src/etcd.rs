@@ -1,9 +1,10 @@
 //! A private etcd for a test: Debian's `etcd` (package `etcd-server`, installed by the
-//! testbed's setup), listening on 127.0.0.1 at free ports, its data under the temporary
-//! directory; stopped and removed on drop.
+//! testbed's setup), listening on 127.0.0.1 at free ports (or for clients on a given address
+//! and port, for the other node), its data under the temporary directory; stopped and
+//! removed on drop.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ pub struct Etcd {
     child: Option<Child>,
     /// The data directory (kept across [`Etcd::stop`] and [`Etcd::start_again`]).
     pub dir: PathBuf,
+    client_host: IpAddr,
     client_port: u16,
     peer_port: u16,
 }
@@ -31,13 +33,23 @@ impl Etcd {
     /// # Panics
     /// If it does not start or answer.
     pub fn start(tag: &str) -> Etcd {
+        Etcd::start_at(tag, IpAddr::V4(Ipv4Addr::LOCALHOST), free_port())
+    }
+
+    /// As [`Etcd::start`], serving clients on `host:port` (the node's address, for agents
+    /// on the other node).
+    ///
+    /// # Panics
+    /// If it does not start or answer.
+    pub fn start_at(tag: &str, host: IpAddr, port: u16) -> Etcd {
         let dir = std::env::temp_dir().join(format!("etcd-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create etcd's directory");
         let mut e = Etcd {
             child: None,
             dir,
-            client_port: free_port(),
+            client_host: host,
+            client_port: port,
             peer_port: free_port(),
         };
         e.start_again();
@@ -46,7 +58,7 @@ impl Etcd {
 
     /// The client URL, for [`EtcdSettings::endpoints`](gpu_rdma_engine::EtcdSettings).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.client_host, self.client_port)
     }
 
     /// Starts etcd again on the same data directory and ports (after [`Etcd::stop`]).
@@ -98,7 +110,7 @@ impl Etcd {
 
     /// Whether etcd answers `/health` with `"health":"true"`.
     pub fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+        let Ok(mut s) = TcpStream::connect((self.client_host, self.client_port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
