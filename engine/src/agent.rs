@@ -241,9 +241,11 @@ impl Agent {
         }
     }
 
-    /// Deregisters segment `name` (every device's region) and hands its memory back.
-    /// A CUDA segment's registrations go back to the registration caches instead, and its
-    /// [`Memory::Cuda`] description comes back (the memory is the CUDA allocator's).
+    /// Deregisters segment `name` (every device's region) and hands its memory back: no
+    /// peer can reach it any more. A CUDA segment's [`Memory::Cuda`] description comes back
+    /// (the memory is the CUDA allocator's); its registrations go back to the registration
+    /// caches only with [`Settings::keep_cuda_registrations`], and then stay open to peers
+    /// (see there).
     ///
     /// # Errors
     /// [`Error::SegmentBusy`] while a transfer that uses it has not finished (nothing
@@ -251,6 +253,9 @@ impl Agent {
     pub fn unregister(&self, name: &str) -> Result<Memory> {
         let region = self.shared.segments.remove(&self.shared.name, name)?;
         self.publish()?;
+        if !self.shared.settings.keep_cuda_registrations {
+            region.evict_cached(&self.shared.devices);
+        }
         region.into_memory()
     }
 

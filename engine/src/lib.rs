@@ -11,8 +11,9 @@
 //!   the segment and hands the memory back otherwise.
 //! * [`Agent::register_cuda`]: CUDA device memory the program has (`[ptr, ptr + len)` inside
 //!   one allocation) becomes a segment through each device's registration cache
-//!   ([`Settings::cache_limits`]); registering it again after [`Agent::unregister`] reuses
-//!   the registrations ([`Agent::cache_stats`] counts the hits).
+//!   ([`Settings::cache_limits`]). [`Agent::unregister`] deregisters it, unless
+//!   [`Settings::keep_cuda_registrations`] keeps the registrations (still open to peers) so
+//!   that registering it again reuses them ([`Agent::cache_stats`] counts the hits).
 //! * [`MetadataService`]: where descriptors are published and found; [`EmbeddedMetadata`]
 //!   asks peers named with [`Agent::add_peer`] directly.
 //!   With the cargo feature `etcd`, `EtcdMetadata` keeps them in etcd (keys under a lease,

@@ -153,6 +153,19 @@ impl Region {
         }
     }
 
+    /// Marks a CUDA segment's registrations to be deregistered as they go back to the
+    /// caches (every cached registration of the same allocations with them), so that no
+    /// peer reaches the memory after `unregister`; nothing for other segments.
+    pub fn evict_cached(&self, devices: &[Device]) {
+        if let Region::Cuda { regions, .. } = self {
+            for (c, d) in regions.iter().zip(devices) {
+                if let Some(c) = c {
+                    d.cache.invalidate(c.key().buffer);
+                }
+            }
+        }
+    }
+
     /// Whether every region is home (none lent, none lost).
     pub fn whole(&self) -> bool {
         match self {

@@ -53,6 +53,16 @@ pub struct Settings {
     /// segments registered again and again (a segment larger than the bound is deregistered
     /// when unregistered).
     pub cache_limits: CacheLimits,
+    /// Whether a CUDA segment's registrations stay in the caches when it is unregistered
+    /// (default `false`: they are deregistered, as every other segment's are).
+    ///
+    /// Kept, registering the same range again is a cache hit (no export, no registration),
+    /// but the registrations keep their remote access: a peer that still holds the old
+    /// descriptor can read and write that GPU memory after `unregister` returned, until the
+    /// cache evicts the registration or [`Agent::clear_registration_caches`](crate::Agent::clear_registration_caches)
+    /// runs. Turn it on only for memory that serves the agent alone for its life (a KV-cache
+    /// pool registered again and again), never for memory the program hands to other uses.
+    pub keep_cuda_registrations: bool,
 }
 
 impl Default for Settings {
@@ -67,6 +77,7 @@ impl Default for Settings {
             queue_pairs: 2,
             workers: 2,
             cache_limits: CacheLimits::default(),
+            keep_cuda_registrations: false,
         }
     }
 }

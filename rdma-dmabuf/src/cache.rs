@@ -188,6 +188,11 @@ impl State {
 /// The dma-bufs of cached regions are shared between the regions of one buffer and never
 /// mapped by the CPU ([`SharedDmaBuf`] has no CPU access): memory in the cache is memory the
 /// NIC may use. Locks are taken on checkout and return, never by posts or polls.
+///
+/// A registration back in the cache keeps the access it was made with: one with remote
+/// access stays open to any peer holding its rkey until it is evicted. Before memory you
+/// registered with remote access goes to another use (CUDA memory the program keeps and
+/// reuses, which the cache cannot see), [`RegistrationCache::invalidate`] its buffer.
 pub struct RegistrationCache {
     pd: Arc<ProtectionDomain>,
     state: Arc<Mutex<State>>,

@@ -4,7 +4,9 @@
 //! domains, two registration caches). A range at an odd offset is written to a peer and read
 //! back into from it, every byte (and the bytes around the range) checked through the
 //! stand-in's host view; registered again after `unregister`, it is served by the caches
-//! (hits, no new miss); unregistering is refused while a transfer uses it; ranges across
+//! (hits, no new miss) when the agent keeps CUDA registrations, and otherwise no peer
+//! reaches it after `unregister` (a stale descriptor's write is refused by the NIC, the
+//! memory the program reused untouched); unregistering is refused while a transfer uses it; ranges across
 //! `cuMemMap` seams, freed or host memory are refused typed. Runs in the testbed VM.
 
 use gpu_rdma_engine::{Agent, Batch, Error, Memory, Settings};
@@ -18,10 +20,15 @@ const WAIT: Duration = Duration::from_secs(120);
 const SIZE: usize = 8 << 20;
 
 fn agent(tb: &Testbed, name: &str, devices: usize) -> Agent {
+    agent_keeping(tb, name, devices, false)
+}
+
+fn agent_keeping(tb: &Testbed, name: &str, devices: usize, keep: bool) -> Agent {
     let settings = Settings {
         devices: Some(vec![tb.device.clone(); devices]),
         bind: "127.0.0.1:0".parse().unwrap(),
         chunk_size: 16 << 10,
+        keep_cuda_registrations: keep,
         ..Settings::default()
     };
     Agent::new(name, settings).expect("agent")
@@ -38,7 +45,7 @@ fn hits_misses(a: &Agent) -> (u64, u64) {
 #[ignore = "needs the testbed VM"]
 fn a_cuda_segment_is_moved_byte_for_byte_and_registered_again_from_the_caches() {
     let tb = Testbed::get();
-    let (a, b) = (agent(&tb, "a", 2), agent(&tb, "b", 1));
+    let (a, b) = (agent_keeping(&tb, "a", 2, true), agent(&tb, "b", 1));
     a.add_peer("b", b.address());
     let s = standin();
     let dev = vouched_device();
@@ -168,4 +175,45 @@ fn cuda_segments_across_seams_freed_or_of_host_memory_are_refused_typed() {
     drop(a);
     s.free(mapped);
     s.free(pinned);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn an_unregistered_cuda_segment_is_out_of_every_peers_reach() {
+    let tb = Testbed::get();
+    let (a, b) = (agent(&tb, "a", 1), agent(&tb, "b", 1));
+    b.add_peer("a", a.address());
+    let s = standin();
+    let dev = vouched_device();
+    const N: usize = 64 << 10;
+    let base = s.alloc(N, 1, Kind::Device);
+    s.write(base, &vec![0; N]);
+    a.register_cuda("gpu", &dev, base, N as u64).unwrap();
+    b.register("src", host(&pattern(N, 3), N)).unwrap();
+    let write = Batch::new().write("src", 0, "a", "gpu", 0, N as u64);
+    b.transfer(&write).unwrap().wait(WAIT).expect("written");
+    assert_eq!(s.read(base, N), pattern(N, 3));
+    // Unregistered, and the program puts the memory to another use; b still holds a's
+    // old descriptor.
+    assert!(matches!(a.unregister("gpu").unwrap(), Memory::Cuda { .. }));
+    let st = a.cache_stats();
+    assert!(st.iter().all(|s| s.entries == 0), "deregistered: {st:?}");
+    s.write(base, &vec![0xaa; N]);
+    let late = b.transfer(&write).map(|t| t.wait(WAIT));
+    match late {
+        Ok(Err(Error::EntryFailed { error, .. })) => {
+            assert!(matches!(*error, Error::RemoteAccess { .. }), "{error:?}")
+        }
+        other => panic!("a write to an unregistered CUDA segment gave {other:?}"),
+    }
+    assert!(
+        s.read(base, N) == vec![0xaa; N],
+        "a peer wrote after unregister"
+    );
+    // Registered again: exported and registered afresh (nothing was kept).
+    a.register_cuda("gpu", &dev, base, N as u64).unwrap();
+    assert_eq!(hits_misses(&a), (0, 2));
+    a.unregister("gpu").unwrap();
+    drop(a);
+    s.free(base);
 }
