@@ -180,7 +180,10 @@ impl Agent {
     /// [`Error::Settings`] for an empty name or one with control characters (it becomes a
     /// key of the metadata service); [`Error::SegmentExists`] (the memory is dropped),
     /// [`Error::CudaRange`] for CUDA memory that cannot be a segment, [`Error::Rdma`] for the
-    /// registration.
+    /// registration; the metadata service's error when it cannot publish the segment: the
+    /// segment is then deregistered again and its memory dropped (a CUDA range's
+    /// registrations evicted), so no peer can reach it (unless a transfer of this agent
+    /// already uses it, when it stays registered: unregister it).
     pub fn register(&self, name: &str, memory: impl Into<Memory>) -> Result<SegmentDescriptor> {
         crate::segment::check_name(name)?;
         if self.shared.segments.lock().contains_key(name) {
@@ -189,11 +192,16 @@ impl Agent {
         let devices = &self.shared.devices;
         let region = Region::register(devices, memory.into())?;
         let desc = describe(name, devices, &region);
-        self.shared
-            .segments
-            .insert(desc.clone(), region)
-            .map_err(|(e, _region)| e)?;
-        self.publish()?;
+        if let Err((e, region)) = self.shared.segments.insert(desc.clone(), region) {
+            let _ = self.release(region);
+            return Err(e);
+        }
+        if let Err(e) = self.publish() {
+            if let Ok(region) = self.shared.segments.remove(&self.shared.name, name) {
+                let _ = self.release(region);
+            }
+            return Err(e);
+        }
         Ok(desc)
     }
 
@@ -245,14 +253,26 @@ impl Agent {
     /// peer can reach it any more. A CUDA segment's [`Memory::Cuda`] description comes back
     /// (the memory is the CUDA allocator's); its registrations go back to the registration
     /// caches only with [`Settings::keep_cuda_registrations`], and then stay open to peers
-    /// (see there).
+    /// (see there). The segment is deregistered first, then the metadata service is told;
+    /// if it cannot be (etcd unreachable, a backend's error), the memory still comes back:
+    /// peers that hold the old descriptor are refused by their NICs
+    /// ([`Error::RemoteAccess`]) and fetch it again, and the next publication carries the
+    /// removal.
     ///
     /// # Errors
     /// [`Error::SegmentBusy`] while a transfer that uses it has not finished (nothing
     /// changes); [`Error::UnknownSegment`]; [`Error::Rdma`] if deregistration fails.
     pub fn unregister(&self, name: &str) -> Result<Memory> {
         let region = self.shared.segments.remove(&self.shared.name, name)?;
-        self.publish()?;
+        let memory = self.release(region);
+        // Deregistered whatever the metadata service answers: see above.
+        let _ = self.publish();
+        memory
+    }
+
+    /// Deregisters a segment's regions (a CUDA segment's registrations evicted from the
+    /// caches unless kept): no peer reaches its memory any more.
+    fn release(&self, region: Region) -> Result<Memory> {
         if !self.shared.settings.keep_cuda_registrations {
             region.evict_cached(&self.shared.devices);
         }

@@ -96,10 +96,15 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
                 window,
             );
         }
-        // A region lost (never expected) loses the segment: the others are dropped.
+        // A region lost (never expected) loses the segment: the others are dropped,
+        // deregistered (a CUDA segment's evicted from the caches, kept or not).
+        let whole = region.whole();
+        if !whole {
+            region.evict_cached(&shared.devices);
+        }
         shared
             .segments
-            .put_back(name, Some(region).filter(Region::whole));
+            .put_back(name, Some(region).filter(|_| whole));
     }
     let down: Vec<bool> = lanes.iter().map(|l| l.down.is_some()).collect();
     drop(lanes);
