@@ -7,7 +7,7 @@ use gpu_rdma_engine::{
     Agent, AgentDescriptor, Batch, EmbeddedMetadata, EntryStatus, Error, MetadataService,
     PeerRecord, Settings,
 };
-use integration_tests::engine::{bytes, host};
+use integration_tests::engine::{bytes, host, loopback_settings};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
 use std::net::SocketAddr;
@@ -17,12 +17,7 @@ use std::time::{Duration, Instant};
 const WAIT: Duration = Duration::from_secs(120);
 
 fn settings(tb: &Testbed, chunk: u64) -> Settings {
-    Settings {
-        devices: Some(vec![tb.device.clone()]),
-        bind: "127.0.0.1:0".parse().unwrap(),
-        chunk_size: chunk,
-        ..Settings::default()
-    }
+    loopback_settings(tb, chunk)
 }
 
 #[test]

@@ -9,7 +9,7 @@ use gpu_rdma_engine::{
     Agent, AgentDescriptor, Batch, Error, ErrorKind, Memory, MetadataService, PeerRecord, Settings,
 };
 use integration_tests::cuda_standin::{standin, vouched_device, Kind};
-use integration_tests::engine::host;
+use integration_tests::engine::{host, loopback_settings};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
 use std::net::SocketAddr;
@@ -44,12 +44,7 @@ impl MetadataService for Flaky {
 }
 
 fn settings(tb: &Testbed) -> Settings {
-    Settings {
-        devices: Some(vec![tb.device.clone()]),
-        bind: "127.0.0.1:0".parse().unwrap(),
-        chunk_size: 16 << 10,
-        ..Settings::default()
-    }
+    loopback_settings(tb, 16 << 10)
 }
 
 /// Agent `a` on the flaky service (down or not), and `b` that knows `a`'s address.

@@ -10,7 +10,7 @@
 //! is killed, or a limit passes.
 
 use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, ErrorKind, Settings};
-use integration_tests::engine::{bytes, host};
+use integration_tests::engine::{bytes, host, loopback_settings};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
 use std::io::{BufRead, BufReader};
@@ -25,12 +25,7 @@ const LEN: usize = 32 << 20;
 const PIECE: u64 = 64 << 10;
 
 fn settings(tb: &Testbed) -> Settings {
-    Settings {
-        devices: Some(vec![tb.device.clone()]),
-        bind: "127.0.0.1:0".parse().unwrap(),
-        chunk_size: 16 << 10,
-        ..Settings::default()
-    }
+    loopback_settings(tb, 16 << 10)
 }
 
 /// The peer's side: agent "c" with a zeroed segment "dst" of `LEN` bytes; prints its control
