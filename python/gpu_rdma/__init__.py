@@ -1,0 +1,51 @@
+"""gpu_rdma: zero-copy RDMA of GPU and host memory from Python.
+
+An :class:`Agent` per process registers memory as named segments (dma-bufs from the
+exporters, :class:`HostMemory` and numpy arrays over it, CUDA ranges) and moves
+:class:`Batch` es of reads and writes between its segments and its peers'. Waits are
+bounded and release the GIL; ``await transfer.finished(timeout)`` and
+``await agent.notification(timeout)`` wait from asyncio. Errors are :class:`Error` and its
+subclasses. See docs/python.md.
+"""
+
+from ._native import (
+    MAX_NOTIFICATION,
+    Agent,
+    Batch,
+    Busy,
+    DmaBuf,
+    Error,
+    HostMemory,
+    InvalidInput,
+    NotFound,
+    Notification,
+    PeerLost,
+    Timeout,
+    Transfer,
+    Unsupported,
+    dma_heap,
+    dmabuf_from_fd,
+    udmabuf,
+    vgem,
+)
+
+__all__ = [
+    "MAX_NOTIFICATION",
+    "Agent",
+    "Batch",
+    "Busy",
+    "DmaBuf",
+    "Error",
+    "HostMemory",
+    "InvalidInput",
+    "NotFound",
+    "Notification",
+    "PeerLost",
+    "Timeout",
+    "Transfer",
+    "Unsupported",
+    "dma_heap",
+    "dmabuf_from_fd",
+    "udmabuf",
+    "vgem",
+]

@@ -1,0 +1,346 @@
+//! `Agent`: the engine's agent, its segments and what keeps each segment's Python memory
+//! alive while registered.
+
+use crate::errors::{Class, Failure, Result};
+use crate::host::{export_pinned, pin, HostMemory, Pin};
+use crate::memory::{from_fd, PyDmaBuf};
+use crate::transfer::{bound, Batch, Notification, Transfer};
+use gpu_rdma_engine::{Agent as EngineAgent, Memory, Settings};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What a registered segment holds on the Python side.
+enum Held {
+    /// A `DmaBuf` object, given its dma-buf back when unregistered.
+    DmaBuf(Py<PyDmaBuf>),
+    /// The object registered (a `HostMemory`, a buffer over one, a CUDA tensor's owner),
+    /// and the pinned export of a buffer's bytes.
+    Object(PyObject, Option<Pin>),
+    /// A dma-buf from an `int` fd (a duplicate of it): handed back as a new `DmaBuf`.
+    Fd,
+}
+
+/// A transfer engine agent: one per process. Peers find its segments through the metadata
+/// service (the embedded one: name peers with `add_peer`).
+///
+/// `Agent(name, devices=None, bind="0.0.0.0:0", chunk_size=None, in_flight=None,
+/// queue_pairs=None, workers=None, io_timeout=None)`: `devices` are RDMA device names
+/// (default: every device with an active port); `io_timeout` bounds each control-channel
+/// connect, request and reply (seconds).
+#[pyclass(module = "gpu_rdma", name = "Agent", frozen)]
+pub(crate) struct Agent {
+    agent: Mutex<Option<Arc<EngineAgent>>>,
+    segments: Mutex<HashMap<String, Held>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn address(op: &str, text: &str) -> Result<SocketAddr> {
+    text.parse().map_err(|e| {
+        Failure::new(
+            Class::InvalidInput,
+            op,
+            format!("{op}: address {text:?}: {e}"),
+        )
+        .hinted("an IP address and port, such as \"10.0.0.2:18700\"")
+    })
+}
+
+impl Agent {
+    fn engine(&self, op: &str) -> Result<Arc<EngineAgent>> {
+        lock(&self.agent)
+            .clone()
+            .ok_or_else(|| Failure::new(Class::Base, op, format!("{op}: the agent is closed")))
+    }
+
+    /// The engine's memory for `obj`, and what the segment must hold.
+    fn memory(&self, name: &str, obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
+        if let Ok(d) = obj.downcast::<PyDmaBuf>() {
+            let dmabuf = d.borrow_mut().lend(name)?;
+            return Ok((Memory::DmaBuf(dmabuf), Held::DmaBuf(d.clone().unbind())));
+        }
+        if let Ok(h) = obj.downcast::<HostMemory>() {
+            let dmabuf = h.borrow().export()?;
+            return Ok((
+                Memory::DmaBuf(dmabuf),
+                Held::Object(obj.clone().unbind(), None),
+            ));
+        }
+        if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+            let fd: i32 = obj.extract().map_err(|e| {
+                Failure::new(
+                    Class::InvalidInput,
+                    "register",
+                    format!("register: fd: {e}"),
+                )
+            })?;
+            return Ok((Memory::DmaBuf(from_fd(fd)?), Held::Fd));
+        }
+        let pinned = pin(obj)?;
+        let dmabuf = export_pinned(&pinned)?;
+        Ok((
+            Memory::DmaBuf(dmabuf),
+            Held::Object(obj.clone().unbind(), Some(pinned)),
+        ))
+    }
+
+    fn insert(&self, py: Python<'_>, name: &str, memory: Memory, held: Held) -> PyResult<u64> {
+        let agent = self.engine("register")?;
+        let owned = name.to_string();
+        match py.allow_threads(move || agent.register(&owned, memory)) {
+            Ok(desc) => {
+                lock(&self.segments).insert(name.to_string(), held);
+                Ok(desc.len)
+            }
+            Err(e) => {
+                // The engine dropped the memory: a DmaBuf object is closed now.
+                if let Held::DmaBuf(d) = held {
+                    d.borrow_mut(py).restore_none();
+                }
+                Err(Failure::engine("register", &e).into())
+            }
+        }
+    }
+
+    fn check_free(&self, name: &str) -> Result<()> {
+        if lock(&self.segments).contains_key(name) {
+            return Err(Failure::new(
+                Class::InvalidInput,
+                "register",
+                format!("register: segment {name:?} is already registered"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Agent {
+    #[new]
+    #[pyo3(signature = (name, devices = None, bind = "0.0.0.0:0", chunk_size = None,
+        in_flight = None, queue_pairs = None, workers = None, io_timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        name: &str,
+        devices: Option<Vec<String>>,
+        bind: &str,
+        chunk_size: Option<u64>,
+        in_flight: Option<u32>,
+        queue_pairs: Option<u32>,
+        workers: Option<u32>,
+        io_timeout: Option<f64>,
+    ) -> PyResult<Agent> {
+        let mut s = Settings::default();
+        s.devices = devices;
+        s.bind = address("Agent", bind)?;
+        s.chunk_size = chunk_size.unwrap_or(s.chunk_size);
+        s.in_flight = in_flight.unwrap_or(s.in_flight);
+        s.queue_pairs = queue_pairs.unwrap_or(s.queue_pairs);
+        s.workers = workers.unwrap_or(s.workers);
+        if let Some(t) = io_timeout {
+            s.io_timeout = bound("Agent", t)?;
+        }
+        let name = name.to_string();
+        let agent = py
+            .allow_threads(move || EngineAgent::new(&name, s))
+            .map_err(|e| Failure::engine("Agent", &e))?;
+        Ok(Agent {
+            agent: Mutex::new(Some(Arc::new(agent))),
+            segments: Mutex::default(),
+        })
+    }
+
+    /// The agent's name.
+    #[getter]
+    fn name(&self) -> PyResult<String> {
+        Ok(self.engine("name")?.name().to_string())
+    }
+
+    /// The control listener's address, `"ip:port"` (peers pass it to `add_peer`).
+    #[getter]
+    fn address(&self) -> PyResult<String> {
+        Ok(self.engine("address")?.address().to_string())
+    }
+
+    /// The RDMA devices in use.
+    #[getter]
+    fn devices(&self) -> PyResult<Vec<String>> {
+        Ok(self.engine("devices")?.devices())
+    }
+
+    /// This start's random incarnation.
+    #[getter]
+    fn incarnation(&self) -> PyResult<u64> {
+        Ok(self.engine("incarnation")?.incarnation())
+    }
+
+    /// The names of the segments registered through this object.
+    fn segments(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.segments).keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Names peer `name` and its control address `"ip:port"`.
+    fn add_peer(&self, name: &str, address: &str) -> PyResult<()> {
+        let addr = self::address("add_peer", address)?;
+        self.engine("add_peer")?.add_peer(name, addr);
+        Ok(())
+    }
+
+    /// Registers `memory` whole as segment `name`, readable and writable by peers; returns
+    /// its length. `memory`: a `DmaBuf` (moved into the segment until `unregister`), a
+    /// `HostMemory`, a writable buffer over a `HostMemory`'s whole pages (a numpy array, a
+    /// `memoryview`), or an `int` dma-buf fd (duplicated; the caller keeps its own). The
+    /// segment holds a reference to the object, and a buffer's export, until unregistered.
+    fn register(&self, py: Python<'_>, name: &str, memory: &Bound<'_, PyAny>) -> PyResult<u64> {
+        self.engine("register")?;
+        self.check_free(name)?;
+        let (memory, held) = self.memory(name, memory)?;
+        self.insert(py, name, memory, held)
+    }
+
+    /// Registers `[ptr, ptr + size)` of GPU `device`'s memory (a tensor's `data_ptr()` and
+    /// byte size) as segment `name`; the segment holds a reference to `owner` (the tensor)
+    /// until unregistered. `Unsupported` without CUDA.
+    #[pyo3(signature = (name, ptr, size, device = 0, owner = None))]
+    fn register_cuda(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        ptr: u64,
+        size: u64,
+        device: i32,
+        owner: Option<PyObject>,
+    ) -> PyResult<u64> {
+        self.engine("register_cuda")?;
+        self.check_free(name)?;
+        let dev = py
+            .allow_threads(|| drm_export::cuda::CudaDevice::open(device))
+            .map_err(|e| Failure::export("register_cuda", &e))?;
+        let memory = Memory::Cuda {
+            device: dev,
+            ptr,
+            len: size,
+        };
+        let owner = owner.unwrap_or_else(|| py.None());
+        self.insert(py, name, memory, Held::Object(owner, None))
+    }
+
+    /// Unregisters segment `name` (refused with `Busy` while a transfer uses it) and returns
+    /// what was registered: the `DmaBuf` (readable again), the `HostMemory` or buffer
+    /// object, a new `DmaBuf` for an `int` fd, the owner of a CUDA range.
+    fn unregister(&self, py: Python<'_>, name: &str) -> PyResult<PyObject> {
+        let agent = self.engine("unregister")?;
+        if !lock(&self.segments).contains_key(name) {
+            let e = gpu_rdma_engine::Error::UnknownSegment {
+                agent: agent.name().to_string(),
+                segment: name.to_string(),
+            };
+            return Err(Failure::engine("unregister", &e).into());
+        }
+        let owned = name.to_string();
+        let memory = py
+            .allow_threads(move || agent.unregister(&owned))
+            .map_err(|e| Failure::engine("unregister", &e))?;
+        let held = lock(&self.segments).remove(name);
+        Ok(match (held, memory) {
+            (Some(Held::DmaBuf(d)), Memory::DmaBuf(m)) => {
+                d.borrow_mut(py).restore(m);
+                d.into_any()
+            }
+            (Some(Held::Fd), Memory::DmaBuf(m)) => Py::new(py, PyDmaBuf::wrap(m))?.into_any(),
+            (Some(Held::Object(o, pinned)), m) => {
+                // Deregistered: the udmabuf goes, then the buffer's export.
+                drop(m);
+                drop(pinned);
+                o
+            }
+            (_, m) => {
+                drop(m);
+                py.None()
+            }
+        })
+    }
+
+    /// Submits `batch`: every entry is checked against both segments first (`InvalidInput`,
+    /// `NotFound`), then posted. Returns at once; wait on the `Transfer`.
+    fn transfer(&self, py: Python<'_>, batch: &Batch) -> PyResult<Transfer> {
+        let agent = self.engine("transfer")?;
+        let b = batch.inner.clone();
+        let t = py
+            .allow_threads(move || agent.transfer(&b))
+            .map_err(|e| Failure::engine("transfer", &e))?;
+        Ok(Transfer { inner: Arc::new(t) })
+    }
+
+    /// The next notification, waiting at most `timeout` seconds (the GIL released); None if
+    /// none came.
+    fn wait_notification(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Notification>> {
+        let t = bound("wait_notification", timeout)?;
+        let agent = self.engine("wait_notification")?;
+        Ok(py
+            .allow_threads(move || agent.wait_notification(t))
+            .map(|n| Notification {
+                sender: n.from,
+                message: n.message,
+            }))
+    }
+
+    /// An awaitable of `wait_notification(timeout)`, run in the event loop's executor.
+    fn notification<'py>(slf: Bound<'py, Self>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+        bound("notification", timeout)?;
+        let py = slf.py();
+        let looped = py.import("asyncio")?.call_method0("get_running_loop")?;
+        let wait = slf.getattr("wait_notification")?;
+        looped.call_method1("run_in_executor", (py.None(), wait, timeout))
+    }
+
+    /// Shuts the agent down: its segments are deregistered and their Python objects let go
+    /// (a registered `DmaBuf` is closed).
+    fn close(&self, py: Python<'_>) {
+        let agent = lock(&self.agent).take();
+        if let Some(a) = agent {
+            py.allow_threads(move || drop(a));
+        }
+        let held: Vec<Held> = lock(&self.segments).drain().map(|(_, h)| h).collect();
+        for h in held {
+            if let Held::DmaBuf(d) = h {
+                d.borrow_mut(py).restore_none();
+            }
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (_t = None, _v = None, _tb = None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _t: Option<PyObject>,
+        _v: Option<PyObject>,
+        _tb: Option<PyObject>,
+    ) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match lock(&self.agent).as_ref() {
+            Some(a) => format!(
+                "Agent(name={:?}, address={:?})",
+                a.name(),
+                a.address().to_string()
+            ),
+            None => "Agent(closed)".into(),
+        }
+    }
+}

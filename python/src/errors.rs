@@ -1,0 +1,244 @@
+//! The exception hierarchy: one base, `gpu_rdma.Error`, with the Rust error's operation,
+//! errno and hint as attributes, and a subclass for each kind a caller handles.
+
+use gpu_rdma_engine::ErrorKind as EngineKind;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::PyType;
+use rdma_dmabuf::ErrorKind as RdmaKind;
+use std::ffi::{CStr, CString};
+
+/// The classes, made once (`gpu_rdma.Error` first, the others its subclasses), by name and
+/// docstring, in the order of [`Class`].
+const CLASSES: [(&str, &CStr); 7] = [
+    (
+        "Error",
+        c"Every error of gpu_rdma. Attributes: `operation` (what was attempted), `errno` (the \
+         OS error number, or None), `hint` (the likely cause, or None), `kind` (the Rust \
+         error kind's name).",
+    ),
+    (
+        "Unsupported",
+        c"The device, driver, kernel or build cannot do it (no RDMA device, no CUDA, memory \
+         the engine cannot register).",
+    ),
+    (
+        "InvalidInput",
+        c"The request was refused before anything was posted: fix it (a range past a \
+         segment, a closed fd, a name taken, a read-only buffer).",
+    ),
+    (
+        "PeerLost",
+        c"The peer is down, restarted, unreachable, or refused the access: its entries failed.",
+    ),
+    (
+        "Timeout",
+        c"A bounded wait ended before what it waited for.",
+    ),
+    (
+        "NotFound",
+        c"An agent or segment the metadata service does not know (yet, or any more).",
+    ),
+    (
+        "Busy",
+        c"A segment is still used by an unfinished transfer: wait for it and try again.",
+    ),
+];
+
+static TYPES: GILOnceCell<Vec<Py<PyType>>> = GILOnceCell::new();
+
+fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
+    TYPES.get_or_try_init(py, || {
+        let base = PyErr::new_type(
+            py,
+            c"gpu_rdma.Error",
+            Some(CLASSES[0].1),
+            Some(&py.get_type::<PyException>()),
+            None,
+        )?;
+        let mut all = vec![base.clone_ref(py)];
+        for (name, doc) in &CLASSES[1..] {
+            let full = CString::new(format!("gpu_rdma.{name}")).expect("no NUL in the names");
+            let t = PyErr::new_type(py, &full, Some(doc), Some(base.bind(py)), None)?;
+            all.push(t);
+        }
+        Ok(all)
+    })
+}
+
+/// The Python class an error becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    Base = 0,
+    Unsupported,
+    InvalidInput,
+    PeerLost,
+    Timeout,
+    NotFound,
+    Busy,
+}
+
+/// An error on its way to Python: its class, text, operation, errno and hint.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub class: Class,
+    pub kind: String,
+    pub operation: String,
+    pub message: String,
+    pub errno: Option<i32>,
+    pub hint: Option<String>,
+}
+
+/// The `(hint: ...)` the libraries append to an error's text, if any.
+fn hint_of(text: &str) -> Option<String> {
+    let start = text.find("(hint: ")? + "(hint: ".len();
+    let rest = &text[start..];
+    let end = rest.rfind(')').unwrap_or(rest.len());
+    Some(rest[..end].to_string())
+}
+
+fn rdma_class(kind: RdmaKind) -> Class {
+    match kind {
+        RdmaKind::InvalidInput => Class::InvalidInput,
+        RdmaKind::TimedOut => Class::Timeout,
+        RdmaKind::Unsupported | RdmaKind::NoDevice => Class::Unsupported,
+        RdmaKind::Refused | RdmaKind::Unreachable | RdmaKind::PeerGone | RdmaKind::RemoteAccess => {
+            Class::PeerLost
+        }
+        _ => Class::Base,
+    }
+}
+
+impl Failure {
+    /// A refusal of this module's own (a wrong argument, memory it cannot register).
+    pub fn new(class: Class, operation: &str, message: impl Into<String>) -> Failure {
+        Failure {
+            class,
+            kind: format!("{class:?}"),
+            operation: operation.into(),
+            message: message.into(),
+            errno: None,
+            hint: None,
+        }
+    }
+
+    /// The same, with a hint.
+    pub fn hinted(mut self, hint: impl Into<String>) -> Failure {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// The engine's error `e`, during `operation`.
+    pub fn engine(operation: &str, e: &gpu_rdma_engine::Error) -> Failure {
+        let kind = e.kind();
+        let class = match kind {
+            EngineKind::InvalidInput => Class::InvalidInput,
+            EngineKind::NotFound => Class::NotFound,
+            EngineKind::Busy => Class::Busy,
+            EngineKind::NoDevice => Class::Unsupported,
+            EngineKind::Rdma(k) => rdma_class(k),
+            EngineKind::Unavailable
+            | EngineKind::Restarted
+            | EngineKind::PeerDown
+            | EngineKind::RemoteAccess => Class::PeerLost,
+            EngineKind::TimedOut => Class::Timeout,
+            _ => Class::Base,
+        };
+        let mut errno = None;
+        let mut op = operation.to_string();
+        let mut inner = e;
+        while let gpu_rdma_engine::Error::EntryFailed { error, .. } = inner {
+            inner = error;
+        }
+        if let gpu_rdma_engine::Error::Rdma {
+            op: what, errno: n, ..
+        } = inner
+        {
+            errno = *n;
+            op = format!("{operation}: {what}");
+        }
+        let message = e.to_string();
+        Failure {
+            class,
+            kind: format!("{kind:?}"),
+            operation: op,
+            hint: hint_of(&message),
+            message,
+            errno,
+        }
+    }
+
+    /// drm-export's error `e`, during `operation`.
+    pub fn export(operation: &str, e: &drm_export::Error) -> Failure {
+        use drm_export::Error as E;
+        let errno = e.errno();
+        let class = match e {
+            E::Unsupported { .. } | E::CudaPointer { .. } => Class::Unsupported,
+            E::InvalidArgument { .. } | E::NotDmaBuf { .. } | E::AlreadyOwned { .. } => {
+                Class::InvalidInput
+            }
+            E::Timeout { .. } => Class::Timeout,
+            _ if matches!(errno, Some(2 | 6 | 19 | 95)) => Class::Unsupported,
+            _ if matches!(errno, Some(9 | 22)) => Class::InvalidInput,
+            _ => Class::Base,
+        };
+        let message = e.to_string();
+        Failure {
+            class,
+            kind: format!("{class:?}"),
+            operation: operation.into(),
+            hint: hint_of(&message),
+            message,
+            errno,
+        }
+    }
+
+    /// An OS error of this module's own (`dup` of an fd).
+    pub fn os(operation: &str, e: &std::io::Error) -> Failure {
+        let errno = e.raw_os_error();
+        let class = if errno == Some(9) {
+            Class::InvalidInput
+        } else {
+            Class::Base
+        };
+        Failure {
+            class,
+            kind: format!("{class:?}"),
+            operation: operation.into(),
+            message: format!("{operation}: {e}"),
+            errno,
+            hint: None,
+        }
+    }
+}
+
+impl From<Failure> for PyErr {
+    fn from(f: Failure) -> PyErr {
+        Python::with_gil(|py| {
+            let class = match types(py) {
+                Ok(t) => t[f.class as usize].clone_ref(py),
+                Err(e) => return e,
+            };
+            let err = PyErr::from_type(class.into_bound(py), f.message.clone());
+            let v = err.value(py);
+            // Setting attributes on a fresh exception instance cannot fail but for memory.
+            let _ = v.setattr("operation", f.operation);
+            let _ = v.setattr("errno", f.errno);
+            let _ = v.setattr("hint", f.hint);
+            let _ = v.setattr("kind", f.kind);
+            err
+        })
+    }
+}
+
+/// Results whose errors become Python exceptions.
+pub(crate) type Result<T> = std::result::Result<T, Failure>;
+
+/// Adds the classes to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    for ((name, _), t) in CLASSES.iter().zip(types(m.py())?) {
+        m.add(*name, t.clone_ref(m.py()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! `gpu_rdma._native`: the Python package `gpu_rdma` over the transfer engine
+//! ([`gpu_rdma_engine`]) and the exporters ([`drm_export`]), built with PyO3 for the stable
+//! ABI of CPython 3.9 and newer. The Python-facing documentation is docs/python.md and the
+//! stubs in `python/gpu_rdma/_native.pyi`.
+//!
+//! * `agent`: `Agent` (register, unregister, transfer, notifications) and what each segment
+//!   holds of its Python object while registered.
+//! * `memory`: `DmaBuf`, the exporters (`udmabuf`, `dma_heap`, `vgem`) and `dmabuf_from_fd`.
+//! * `host`: `HostMemory` and the pinning of buffer-protocol objects.
+//! * `transfer`: `Batch`, `Transfer` (bounded waits with the GIL released, asyncio
+//!   awaitables), `Notification`.
+//! * `errors`: the exception hierarchy.
+
+mod agent;
+mod errors;
+mod host;
+mod memory;
+mod transfer;
+
+use pyo3::prelude::*;
+
+/// The module `gpu_rdma._native` (re-exported by the package `gpu_rdma`).
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::add(m)?;
+    m.add_class::<agent::Agent>()?;
+    m.add_class::<memory::PyDmaBuf>()?;
+    m.add_class::<host::HostMemory>()?;
+    m.add_class::<transfer::Batch>()?;
+    m.add_class::<transfer::Transfer>()?;
+    m.add_class::<transfer::Notification>()?;
+    m.add_function(wrap_pyfunction!(memory::udmabuf, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::dma_heap, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::vgem, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::dmabuf_from_fd, m)?)?;
+    m.add("MAX_NOTIFICATION", gpu_rdma_engine::MAX_NOTIFICATION)?;
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Batches, transfers and their waits: bounded, with the GIL released, and awaitable from
+//! asyncio (the bounded wait run in the event loop's executor).
+
+use crate::errors::{Class, Failure, Result};
+use gpu_rdma_engine::{Batch as EngineBatch, EntryStatus, Transfer as EngineTransfer};
+use pyo3::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A bound for a wait, from seconds: finite and not negative (no wait without a bound).
+pub(crate) fn bound(op: &str, seconds: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        Failure::new(
+            Class::InvalidInput,
+            op,
+            format!("{op}: a timeout of {seconds} s (a finite number of seconds, 0 or more)"),
+        )
+    })
+}
+
+/// Reads and writes between this agent's segments and peers' segments, with an optional
+/// notification delivered to the peers once every entry has landed.
+///
+/// `Batch().write("src", 0, "b", "dst", 4096, 65536).notify(b"done")`: methods return the
+/// batch, so calls chain.
+#[pyclass(module = "gpu_rdma", name = "Batch")]
+pub(crate) struct Batch {
+    pub(crate) inner: EngineBatch,
+}
+
+#[pymethods]
+impl Batch {
+    #[new]
+    fn new() -> Batch {
+        Batch {
+            inner: EngineBatch::new(),
+        }
+    }
+
+    /// Adds an RDMA write of `length` bytes from `local`'s `local_offset` to `remote`'s
+    /// `remote_offset` on agent `peer`.
+    fn write<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        local: &str,
+        local_offset: u64,
+        peer: &str,
+        remote: &str,
+        remote_offset: u64,
+        length: u64,
+    ) -> PyRefMut<'py, Self> {
+        let b = std::mem::replace(&mut slf.inner, EngineBatch::new());
+        slf.inner = b.write(local, local_offset, peer, remote, remote_offset, length);
+        slf
+    }
+
+    /// Adds an RDMA read of `length` bytes from `remote`'s `remote_offset` on agent `peer`
+    /// into `local`'s `local_offset`.
+    fn read<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        local: &str,
+        local_offset: u64,
+        peer: &str,
+        remote: &str,
+        remote_offset: u64,
+        length: u64,
+    ) -> PyRefMut<'py, Self> {
+        let b = std::mem::replace(&mut slf.inner, EngineBatch::new());
+        slf.inner = b.read(local, local_offset, peer, remote, remote_offset, length);
+        slf
+    }
+
+    /// Sends `message` (at most 4096 bytes) to every peer of the batch once all its
+    /// entries have landed.
+    fn notify<'py>(mut slf: PyRefMut<'py, Self>, message: &[u8]) -> PyRefMut<'py, Self> {
+        let b = std::mem::replace(&mut slf.inner, EngineBatch::new());
+        slf.inner = b.notify(message.to_vec());
+        slf
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.entries.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Batch({} entries)", self.inner.entries.len())
+    }
+}
+
+/// A submitted batch. `wait(timeout)` blocks with the GIL released; `await
+/// transfer.finished(timeout)` waits in the event loop's executor.
+#[pyclass(module = "gpu_rdma", name = "Transfer")]
+pub(crate) struct Transfer {
+    pub(crate) inner: Arc<EngineTransfer>,
+}
+
+#[pymethods]
+impl Transfer {
+    /// Waits at most `timeout` seconds for every entry (the GIL released meanwhile).
+    /// Raises `Timeout` if the batch has not finished by then, the first failed entry's
+    /// error (`PeerLost`, ...) if one failed.
+    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let t = bound("wait", timeout)?;
+        let inner = self.inner.clone();
+        py.allow_threads(move || inner.wait(t))
+            .map_err(|e| Failure::engine("wait", &e).into())
+    }
+
+    /// An awaitable of `wait(timeout)`, run in the running event loop's default executor.
+    fn finished<'py>(slf: Bound<'py, Self>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+        bound("finished", timeout)?;
+        let py = slf.py();
+        let looped = py.import("asyncio")?.call_method0("get_running_loop")?;
+        let wait = slf.getattr("wait")?;
+        looped.call_method1("run_in_executor", (py.None(), wait, timeout))
+    }
+
+    /// Whether the engine is done with the batch (every entry done or failed).
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.is_finished()
+    }
+
+    /// Each entry's state: `"pending"`, `"done"` or `"failed: <error>"`.
+    fn status(&self) -> Vec<String> {
+        self.inner
+            .status()
+            .into_iter()
+            .map(|s| match s {
+                EntryStatus::Pending => "pending".to_string(),
+                EntryStatus::Done => "done".to_string(),
+                EntryStatus::Failed(e) => format!("failed: {e}"),
+            })
+            .collect()
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.inner.status();
+        let done = s.iter().filter(|x| **x == EntryStatus::Done).count();
+        format!("Transfer({done} of {} entries done)", s.len())
+    }
+}
+
+/// A notification from a peer: who sent it, and the message.
+#[pyclass(module = "gpu_rdma", name = "Notification", frozen)]
+pub(crate) struct Notification {
+    pub(crate) sender: String,
+    pub(crate) message: Vec<u8>,
+}
+
+#[pymethods]
+impl Notification {
+    /// The sending agent's name.
+    #[getter]
+    fn sender(&self) -> &str {
+        &self.sender
+    }
+
+    /// The message.
+    #[getter]
+    fn message<'py>(&self, py: Python<'py>) -> Bound<'py, pyo3::types::PyBytes> {
+        pyo3::types::PyBytes::new(py, &self.message)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Notification(sender={:?}, {} bytes)",
+            self.sender,
+            self.message.len()
+        )
+    }
+}
