@@ -174,7 +174,17 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "/usr/bin/python3",
         "python3-minimal",
-        "rdma-core's test suite, pyverbs' build, the dmabuf-alloc Python example (host and VM)",
+        "rdma-core's test suite, pyverbs' build, the dmabuf-alloc Python example (host and VM); the gpu_rdma package's tests (`-m pytest`, VM) and type check (`-m mypy`, host)",
+    ),
+    deb(
+        "/usr/bin/pytest-3",
+        "python3-pytest",
+        "pytest, which the gpu_rdma package's tests run under as `python3 -m pytest` (VM)",
+    ),
+    deb(
+        "/usr/bin/mypy",
+        "mypy",
+        "checks the gpu_rdma package's stubs against its tests and example, as `python3 -m mypy` (host)",
     ),
     deb("ip", "iproute2", "addresses and veth links (VM)"),
     deb(

@@ -117,6 +117,18 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     ("python3-dev", "pyverbs' C extensions"),
     (
+        "python3-pytest",
+        "pytest: runs the gpu_rdma package's tests (python/tests) in the testbed",
+    ),
+    (
+        "python3-numpy",
+        "numpy: the gpu_rdma package's tests and KV-cache example use numpy arrays",
+    ),
+    (
+        "mypy",
+        "type-checks the gpu_rdma package's stubs, tests and example",
+    ),
+    (
         "fonts-dejavu-core",
         "DejaVuSans.ttf, the text of cargo xtask bench's plots",
     ),

@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod packaging;
 mod phase;
+mod python;
 mod rdmacore;
 mod script;
 mod soak;
@@ -43,6 +44,8 @@ cargo xtask <command>
       --demo N            how many demo runs (default 10)
       --hog               a CPU hog (stress-ng) on every host core meanwhile
       --test              then cargo xtask test, under the same hog
+  python                build the Python package gpu_rdma's module and stage the package in
+                        target/debug/python (cargo xtask test does it before the VM tests)
   rdma-core-tests       rdma-core's own test suite on the patched and the stock rxe, compared
 ";
 
@@ -179,6 +182,11 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
             Ok(ExitCode::from(dmabuf_testbed::cli::exit_status(&results)))
         }
         "test" => testrun::main(&paths, rest),
+        "python" => {
+            let dir = python::stage(&paths)?;
+            dmabuf_testbed::ui::info(format!("PYTHONPATH={}", dir.display()));
+            Ok(ExitCode::SUCCESS)
+        }
         "demo" => demo::main(&paths),
         "soak" => soak::main(&paths, rest),
         "rdma-core-tests" => rdmacore::main(&paths),

@@ -129,6 +129,8 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             failed += t.failed;
             ran_in_vm += t.passed + t.failed;
         }
+        // For tests/tests/python_package.rs: the gpu_rdma package, staged under target/.
+        crate::python::stage(paths)?;
         // For tests/tests/rdma_cost.rs: instructions are counted in the release build.
         paths.release_example("rdma_bench")?;
         for (phase, set) in vm_tests(&bins)? {

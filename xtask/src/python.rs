@@ -1,0 +1,40 @@
+//! The Python package `gpu_rdma` for the tests: `cargo build -p gpu-rdma-python` and the
+//! package folder staged as `target/debug/python/gpu_rdma/` (the Python sources and stubs
+//! of `python/gpu_rdma`, the extension module as `_native.abi3.so`), which
+//! tests/tests/python_package.rs puts on `PYTHONPATH`. `pip install ./python` builds the same
+//! module with maturin instead (python/pyproject.toml).
+
+use crate::Paths;
+use dmabuf_testbed::sh::{self, Result};
+use dmabuf_testbed::ui::Step;
+use std::path::PathBuf;
+
+/// Builds the extension module and stages the package; returns the folder to put on
+/// `PYTHONPATH`.
+pub fn stage(paths: &Paths) -> Result<PathBuf> {
+    let step = Step::start("building the Python module (gpu_rdma)");
+    sh::run(
+        paths
+            .cargo()
+            .args(["build", "--quiet", "-p", "gpu-rdma-python"]),
+    )?;
+    let out = paths.target.join("debug/python");
+    let pkg = out.join("gpu_rdma");
+    std::fs::create_dir_all(&pkg).map_err(|e| format!("create {}: {e}", pkg.display()))?;
+    let src = paths.root.join("python/gpu_rdma");
+    let entries = std::fs::read_dir(&src).map_err(|e| format!("read {}: {e}", src.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.is_file() {
+            let to = pkg.join(path.file_name().expect("a file has a name"));
+            std::fs::copy(&path, &to).map_err(|e| format!("copy {}: {e}", path.display()))?;
+        }
+    }
+    let lib = paths.target.join("debug/libgpu_rdma_native.so");
+    let to = pkg.join("_native.abi3.so");
+    // Replaced, not overwritten: a Python process may have the old file mapped.
+    let _ = std::fs::remove_file(&to);
+    std::fs::copy(&lib, &to).map_err(|e| format!("copy {}: {e}", lib.display()))?;
+    step.done();
+    Ok(out)
+}
