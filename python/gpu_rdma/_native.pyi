@@ -110,6 +110,9 @@ class Agent:
         queue_pairs: Optional[int] = None,
         workers: Optional[int] = None,
         io_timeout: Optional[float] = None,
+        etcd: Optional[Sequence[str]] = None,
+        etcd_prefix: Optional[str] = None,
+        etcd_lease_ttl: Optional[float] = None,
     ) -> None: ...
     @property
     def name(self) -> str: ...

@@ -29,7 +29,10 @@ enum Held {
 /// `Agent(name, devices=None, bind="0.0.0.0:0", chunk_size=None, in_flight=None,
 /// queue_pairs=None, workers=None, io_timeout=None)`: `devices` are RDMA device names
 /// (default: every device with an active port); `io_timeout` bounds each control-channel
-/// connect, request and reply (seconds).
+/// connect, request and reply (seconds). `etcd=["http://host:2379"]` uses etcd as the
+/// metadata service instead of the embedded one (keys under `etcd_prefix`, default
+/// `/gpu-rdma`, with a lease of `etcd_lease_ttl` seconds, default 5); `Unsupported` in a build
+/// without the `etcd` feature.
 #[pyclass(module = "gpu_rdma", name = "Agent", frozen)]
 pub(crate) struct Agent {
     agent: Mutex<Option<Arc<EngineAgent>>>,
@@ -123,7 +126,8 @@ impl Agent {
 impl Agent {
     #[new]
     #[pyo3(signature = (name, devices = None, bind = "0.0.0.0:0", chunk_size = None,
-        in_flight = None, queue_pairs = None, workers = None, io_timeout = None))]
+        in_flight = None, queue_pairs = None, workers = None, io_timeout = None, etcd = None,
+        etcd_prefix = None, etcd_lease_ttl = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -135,6 +139,9 @@ impl Agent {
         queue_pairs: Option<u32>,
         workers: Option<u32>,
         io_timeout: Option<f64>,
+        etcd: Option<Vec<String>>,
+        etcd_prefix: Option<String>,
+        etcd_lease_ttl: Option<f64>,
     ) -> PyResult<Agent> {
         let mut s = Settings::default();
         s.devices = devices;
@@ -146,9 +153,10 @@ impl Agent {
         if let Some(t) = io_timeout {
             s.io_timeout = bound("Agent", t)?;
         }
+        let metadata = crate::etcd::Metadata::new(etcd, etcd_prefix, etcd_lease_ttl)?;
         let name = name.to_string();
         let agent = py
-            .allow_threads(move || EngineAgent::new(&name, s))
+            .allow_threads(move || metadata.start(&name, s))
             .map_err(|e| Failure::engine("Agent", &e))?;
         Ok(Agent {
             agent: Mutex::new(Some(Arc::new(agent))),

@@ -9,10 +9,12 @@
 //! * `host`: `HostMemory` and the pinning of buffer-protocol objects.
 //! * `transfer`: `Batch`, `Transfer` (bounded waits with the GIL released, asyncio
 //!   awaitables), `Notification`.
+//! * `etcd`: the metadata service an agent starts with (embedded, or etcd).
 //! * `errors`: the exception hierarchy.
 
 mod agent;
 mod errors;
+mod etcd;
 mod host;
 mod memory;
 mod transfer;

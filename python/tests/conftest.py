@@ -9,7 +9,7 @@ import pytest
 import gpu_rdma
 
 
-def testbed(key: str) -> str:
+def vm_env(key: str) -> str:
     """A variable the testbed sets (fails the test outside the VM)."""
     value = os.environ.get(key)
     assert value, f"{key} is unset: these tests run in the testbed VM (cargo xtask test)"
@@ -18,7 +18,7 @@ def testbed(key: str) -> str:
 
 def agent(name: str) -> gpu_rdma.Agent:
     """An agent on the testbed's rxe device, listening on loopback."""
-    return gpu_rdma.Agent(name, devices=[testbed("RDMA_DEVICE")], bind="127.0.0.1:0")
+    return gpu_rdma.Agent(name, devices=[vm_env("RDMA_DEVICE")], bind="127.0.0.1:0")
 
 
 @pytest.fixture

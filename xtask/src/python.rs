@@ -13,11 +13,14 @@ use std::path::PathBuf;
 /// `PYTHONPATH`.
 pub fn stage(paths: &Paths) -> Result<PathBuf> {
     let step = Step::start("building the Python module (gpu_rdma)");
-    sh::run(
-        paths
-            .cargo()
-            .args(["build", "--quiet", "-p", "gpu-rdma-python"]),
-    )?;
+    sh::run(paths.cargo().args([
+        "build",
+        "--quiet",
+        "-p",
+        "gpu-rdma-python",
+        "--features",
+        "etcd",
+    ]))?;
     let out = paths.target.join("debug/python");
     let pkg = out.join("gpu_rdma");
     std::fs::create_dir_all(&pkg).map_err(|e| format!("create {}: {e}", pkg.display()))?;
