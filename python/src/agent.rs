@@ -54,6 +54,53 @@ fn address(op: &str, text: &str) -> Result<SocketAddr> {
     })
 }
 
+/// GPU `ordinal`, opened with the GIL released.
+fn cuda_device(py: Python<'_>, ordinal: i32) -> Result<Arc<drm_export::cuda::CudaDevice>> {
+    py.allow_threads(|| drm_export::cuda::CudaDevice::open(ordinal))
+        .map_err(|e| Failure::export("register_cuda", &e))
+}
+
+/// The device pointer and byte length of an object with `__cuda_array_interface__` (a
+/// CUDA tensor), or None without one; refused when it is not C-contiguous.
+fn cuda_array(obj: &Bound<'_, PyAny>) -> Result<Option<(u64, u64)>> {
+    let Ok(iface) = obj.getattr("__cuda_array_interface__") else {
+        return Ok(None);
+    };
+    let refused = |why: &str| {
+        Failure::new(
+            Class::InvalidInput,
+            "register",
+            format!("register: __cuda_array_interface__: {why}"),
+        )
+    };
+    let get = |k: &str| iface.get_item(k).map_err(|_| refused(&format!("no {k:?}")));
+    let ptr: u64 = get("data")?
+        .get_item(0)
+        .and_then(|p| p.extract())
+        .map_err(|_| refused("data[0] is not a pointer"))?;
+    let shape: Vec<u64> = get("shape")?
+        .extract()
+        .map_err(|_| refused("shape is not a tuple of sizes"))?;
+    let typestr: String = get("typestr")?
+        .extract()
+        .map_err(|_| refused("typestr is not a string"))?;
+    let strides = iface.get_item("strides").ok().filter(|s| !s.is_none());
+    if strides.is_some() {
+        return Err(refused(
+            "strided arrays are not one range: pass a contiguous one",
+        ));
+    }
+    let item: u64 = typestr
+        .get(2..)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| refused(&format!("typestr {typestr:?}")))?;
+    let len = shape
+        .iter()
+        .try_fold(item, |n, d| n.checked_mul(*d))
+        .ok_or_else(|| refused("a size past 2^64 bytes"))?;
+    Ok(Some((ptr, len)))
+}
+
 impl Agent {
     fn engine(&self, op: &str) -> Result<Arc<EngineAgent>> {
         lock(&self.agent)
@@ -83,6 +130,11 @@ impl Agent {
                 )
             })?;
             return Ok((Memory::DmaBuf(from_fd(fd)?), Held::Fd));
+        }
+        if let Some((ptr, len)) = cuda_array(obj)? {
+            let device = cuda_device(obj.py(), 0)?;
+            let memory = Memory::Cuda { device, ptr, len };
+            return Ok((memory, Held::Object(obj.clone().unbind(), None)));
         }
         let pinned = pin(obj)?;
         let dmabuf = export_pinned(&pinned)?;
@@ -205,7 +257,9 @@ impl Agent {
     /// Registers `memory` whole as segment `name`, readable and writable by peers; returns
     /// its length. `memory`: a `DmaBuf` (moved into the segment until `unregister`), a
     /// `HostMemory`, a writable buffer over a `HostMemory`'s whole pages (a numpy array, a
-    /// `memoryview`), or an `int` dma-buf fd (duplicated; the caller keeps its own). The
+    /// `memoryview`), an `int` dma-buf fd (duplicated; the caller keeps its own), or a
+    /// contiguous CUDA array with `__cuda_array_interface__` (a torch tensor: GPU 0's
+    /// memory; `register_cuda` names another GPU). The
     /// segment holds a reference to the object, and a buffer's export, until unregistered.
     fn register(&self, py: Python<'_>, name: &str, memory: &Bound<'_, PyAny>) -> PyResult<u64> {
         self.engine("register")?;
@@ -229,9 +283,7 @@ impl Agent {
     ) -> PyResult<u64> {
         self.engine("register_cuda")?;
         self.check_free(name)?;
-        let dev = py
-            .allow_threads(|| drm_export::cuda::CudaDevice::open(device))
-            .map_err(|e| Failure::export("register_cuda", &e))?;
+        let dev = cuda_device(py, device)?;
         let memory = Memory::Cuda {
             device: dev,
             ptr,

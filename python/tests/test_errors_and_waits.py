@@ -93,6 +93,22 @@ def test_cuda_without_a_gpu_is_refused_typed(pair: Pair) -> None:
     with pytest.raises(gpu_rdma.Error) as e:
         a.register_cuda("gpu", 1 << 32, 1 << 20, owner=owner)
     assert isinstance(e.value, (gpu_rdma.Unsupported, gpu_rdma.InvalidInput)), e.value
+
+    class Tensor:
+        def __init__(self, strides: Any = None) -> None:
+            self.__cuda_array_interface__ = {
+                "data": (1 << 32, False),
+                "shape": (4, 1024),
+                "typestr": "<f4",
+                "strides": strides,
+                "version": 3,
+            }
+
+    with pytest.raises(gpu_rdma.InvalidInput):
+        a.register("strided", Tensor(strides=(8192, 4)))
+    with pytest.raises(gpu_rdma.Error) as e:
+        a.register("tensor", Tensor())
+    assert isinstance(e.value, (gpu_rdma.Unsupported, gpu_rdma.InvalidInput)), e.value
     assert a.segments() == []
 
 
