@@ -3,7 +3,7 @@
 use crate::error::{Error, Op, Result};
 use crate::mr::{reg_dmabuf_mr, Access, MemoryRegion};
 use crate::part::{self, OwnedPart};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use crate::shared_dmabuf::SharedDmaBuf;
 use drm_export::DmaBuf;
 use std::collections::{BTreeMap, HashMap};

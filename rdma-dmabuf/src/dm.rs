@@ -6,7 +6,7 @@
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
 use crate::mr::{sealed::Sealed, Access, Backing, MemoryRegion};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use rdma_sys as ffi;
 use std::fmt;
 use std::ptr::NonNull;

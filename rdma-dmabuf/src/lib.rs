@@ -84,7 +84,6 @@ mod host;
 mod mr;
 mod multi;
 mod part;
-mod pd;
 mod qp;
 pub mod reactor;
 mod remote;
@@ -94,6 +93,7 @@ mod shared_dmabuf;
 mod shared_host;
 mod slots;
 mod spin;
+mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio_rt;
 mod unwind;
@@ -118,7 +118,7 @@ pub use host::HostBuffer;
 pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, Backing, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, OwnedPart, Part, PartMut};
-pub use pd::ProtectionDomain;
+pub use sys::pd::ProtectionDomain;
 pub use qp::{
     BatchError, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
     Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending,

@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Op, Result, DMABUF_HINT};
 use crate::host::{page_size, HostBuffer};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use crate::remote::RemoteRegion;
 use drm_export::DmaBuf;
 use rdma_sys as ffi;

@@ -12,7 +12,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::mr::Backing;
 use crate::part::{Part, PartMut};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use crate::qp::{PreparedQp, QueuePair, QueuePairBuilder};
 use crate::remote::RemoteRegion;
 use crate::scope::{scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};

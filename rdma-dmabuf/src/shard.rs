@@ -16,7 +16,7 @@ use crate::error::{Error, Op, Result};
 use crate::host::HostBuffer;
 use crate::mr::{Access, Backing, MemoryRegion};
 use crate::part::{sealed, OwnedPart};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use crate::remote::RemoteRegion;
 use std::fmt;
 use std::ops::Range;

@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 use crate::mr::{reg_dmabuf_mr, sealed, Access, Backing, MemoryRegion};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use drm_export::DmaBuf;
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 use crate::error::Result;
 use crate::host::HostBuffer;
 use crate::mr::{reg_host_mr, sealed, Access, Backing, MemoryRegion};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use std::sync::Arc;
 
 /// A [`HostBuffer`] that several regions hold at once: one per protection domain when one

@@ -9,7 +9,7 @@ use crate::device::{Context, DeviceAttr, Gid};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::mr::Access;
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use rdma_sys as ffi;
 use std::ptr::NonNull;
 use std::sync::Arc;

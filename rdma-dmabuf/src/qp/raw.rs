@@ -5,7 +5,7 @@ use crate::cm_id::{CmId, ConnectionEnd};
 use crate::cq::CompletionQueue;
 use crate::device::AtomicCap;
 use crate::error::{Error, Op, Result};
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use rdma_sys as ffi;
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -26,7 +26,7 @@ use crate::deadline::{deadline_after, time_left};
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing};
 use crate::part::Local;
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
 use crate::spin::Spinner;
 use crate::wr::{WorkCompletion, WorkKind};
