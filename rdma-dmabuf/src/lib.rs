@@ -118,7 +118,6 @@ pub use host::HostBuffer;
 pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, Backing, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, OwnedPart, Part, PartMut};
-pub use sys::pd::ProtectionDomain;
 pub use qp::{
     BatchError, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
     Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending,
@@ -132,6 +131,7 @@ pub use shard::{JoinError, Shard, SplitError};
 pub use shared_dmabuf::SharedDmaBuf;
 pub use shared_host::SharedHostBuffer;
 pub use spin::SpinPolicy;
+pub use sys::pd::ProtectionDomain;
 pub use wr::{AtomicOp, WorkCompletion, WorkKind};
 
 // The README's examples are compiled as doc tests, so they cannot drift from the API.

@@ -16,8 +16,8 @@ use crate::error::{Error, Op, Result};
 use crate::host::HostBuffer;
 use crate::mr::{Access, Backing, MemoryRegion};
 use crate::part::{sealed, OwnedPart};
-use crate::sys::pd::ProtectionDomain;
 use crate::remote::RemoteRegion;
+use crate::sys::pd::ProtectionDomain;
 use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, Weak};
@@ -329,7 +329,7 @@ impl Shard<HostBuffer> {
         // region is reachable only through its shards, and this shard is borrowed shared,
         // so nothing writes them meanwhile (peers cannot: checked just above; the NIC
         // cannot: a posted shard is moved into its request).
-        Ok(unsafe { std::slice::from_raw_parts(self.host_ptr(), self.len() as usize) })
+        Ok(unsafe { self.host().range(self.start as usize, self.len() as usize) })
     }
 
     /// The shard's bytes, writable by the CPU.
@@ -340,16 +340,16 @@ impl Shard<HostBuffer> {
         self.cpu_access()?;
         // SAFETY: as in `bytes`, and the shard is borrowed exclusively, so nothing else reads
         // or writes these bytes meanwhile.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.host_ptr(), self.len() as usize) })
+        Ok(unsafe {
+            self.host()
+                .range_mut(self.start as usize, self.len() as usize)
+        })
     }
 
-    fn host_ptr(&self) -> *mut u8 {
-        // In bounds: the split checked `end <= len`.
-        self.region
-            .0
-            .backing_unchecked()
-            .addr()
-            .wrapping_add(self.start as usize)
+    /// The host buffer the shard's bytes are in: `start..start + len` of it, in bounds (the
+    /// split checked `end <= len`).
+    fn host(&self) -> &HostBuffer {
+        self.region.0.backing_unchecked()
     }
 
     fn cpu_access(&self) -> Result<()> {

@@ -29,6 +29,9 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod device;
+pub(crate) mod dm;
+pub(crate) mod host;
+pub(crate) mod mr;
 pub(crate) mod pd;
 
 /// Plain C structs of `rdma_sys` for which all-zero is a valid value, so [`zeroed`] may
