@@ -322,6 +322,7 @@ impl Shard<HostBuffer> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if peers may write the region.
+    #[allow(unsafe_code)] // the range is this shard's own: see the SAFETY comment
     pub fn bytes(&self) -> Result<&[u8]> {
         self.cpu_access()?;
         // SAFETY: `start..end` lies inside the host buffer the region owns (checked by the
@@ -336,6 +337,7 @@ impl Shard<HostBuffer> {
     ///
     /// # Errors
     /// As [`Shard::bytes`].
+    #[allow(unsafe_code)] // as `bytes`
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         self.cpu_access()?;
         // SAFETY: as in `bytes`, and the shard is borrowed exclusively, so nothing else reads
