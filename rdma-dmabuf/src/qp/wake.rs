@@ -306,7 +306,7 @@ pub(crate) fn poll_request<'q, Q: Waitable, R>(
 #[cfg(feature = "tokio")]
 pub(crate) mod with_tokio {
     use super::{Step, Waitable};
-    use crate::deadline::{register, Borrowed};
+    use crate::sys::fd::{register_unbound, Unbound};
     use std::cell::{Ref, RefCell};
     use std::os::fd::BorrowedFd;
     use std::task::{Context, Poll};
@@ -314,7 +314,7 @@ pub(crate) mod with_tokio {
     use tokio::runtime::{Handle, Id};
 
     /// One fd's registration with a runtime's reactor, and which runtime.
-    type OnRuntime = RefCell<Option<(Id, AsyncFd<Borrowed>)>>;
+    type OnRuntime = RefCell<Option<(Id, AsyncFd<Unbound>)>>;
 
     /// A queue's fds as registered with the reactor of the runtime that awaits it: made at
     /// the first await, made again when an await runs on another runtime (the queue is
@@ -334,14 +334,14 @@ pub(crate) mod with_tokio {
     fn registered<'a>(
         cell: &'a OnRuntime,
         fd: BorrowedFd<'_>,
-    ) -> Option<Ref<'a, AsyncFd<Borrowed>>> {
+    ) -> Option<Ref<'a, AsyncFd<Unbound>>> {
         let id = Handle::try_current().ok()?.id();
         let current = matches!(&*cell.borrow(), Some((on, _)) if *on == id);
         if !current {
             drop(cell.borrow_mut().take());
             // SAFETY: `fd` belongs to the queue pair (or shared receive queue) that holds this
             // registration in its first field, dropped before the fields that close its fds.
-            let fresh = unsafe { register(fd) }.ok()?;
+            let fresh = unsafe { register_unbound(fd) }.ok()?;
             *cell.borrow_mut() = Some((id, fresh));
         }
         Ref::filter_map(cell.borrow(), |r| r.as_ref().map(|(_, fd)| fd)).ok()

@@ -28,8 +28,11 @@
 
 #![allow(unsafe_code)]
 
+pub(crate) mod cm;
 pub(crate) mod device;
 pub(crate) mod dm;
+pub(crate) mod event;
+pub(crate) mod fd;
 pub(crate) mod host;
 pub(crate) mod mr;
 pub(crate) mod pd;
@@ -61,4 +64,5 @@ zeroable!(
     rdma_sys::ibv_device_attr_ex,
     rdma_sys::ibv_port_attr,
     rdma_sys::ibv_gid,
+    rdma_sys::ibv_qp_attr,
 );
