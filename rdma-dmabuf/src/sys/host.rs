@@ -116,8 +116,9 @@ impl HostBuffer {
     /// returned slice lives, neither the CPU (no `&mut` to them) nor a device.
     pub(crate) unsafe fn range(&self, start: usize, len: usize) -> &[u8] {
         debug_assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        let first = self.ptr.as_ptr().wrapping_add(start);
         // SAFETY: in bounds and not written meanwhile (this function's contract).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), len) }
+        unsafe { std::slice::from_raw_parts(first, len) }
     }
 
     /// `len` bytes at `start`, for the one holder of that range of the buffer.
@@ -129,8 +130,9 @@ impl HostBuffer {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn range_mut(&self, start: usize, len: usize) -> &mut [u8] {
         debug_assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        let first = self.ptr.as_ptr().wrapping_add(start);
         // SAFETY: in bounds and exclusive (this function's contract).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(start), len) }
+        unsafe { std::slice::from_raw_parts_mut(first, len) }
     }
 }
 

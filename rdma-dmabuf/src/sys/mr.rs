@@ -192,9 +192,11 @@ impl<B> Registration<B> {
     pub(crate) fn deregister(self) -> Result<B> {
         let mut this = ManuallyDrop::new(self);
         let rc = this.dereg();
-        // SAFETY: `this` is never used or dropped again, so reading the fields out moves
-        // them (each exactly once).
-        let (pd, backing) = unsafe { (std::ptr::read(&this.pd), std::ptr::read(&this.backing)) };
+        // SAFETY: `this` is never used or dropped again, so reading the field out moves it
+        // (once).
+        let pd = unsafe { std::ptr::read(&this.pd) };
+        // SAFETY: as above, for the backing.
+        let backing = unsafe { std::ptr::read(&this.backing) };
         drop(pd);
         rc.map(|()| ManuallyDrop::into_inner(backing))
     }
