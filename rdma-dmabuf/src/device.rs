@@ -28,7 +28,7 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
         .collect())
 }
 
-pub use crate::sys::device::Context;
+pub use crate::sys::device::{AtomicCap, Context};
 
 impl Context {
     /// Opens the first device of the list.
@@ -196,17 +196,6 @@ impl DeviceAttr {
     pub fn moves_data_with_the_cpu(&self) -> bool {
         matches!(self.vendor_id, 0x00ff_ffff | 0x0062_6d74)
     }
-}
-
-/// A device's remote atomic capability (`ibv_atomic_cap`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomicCap {
-    /// No remote atomics.
-    None,
-    /// Atomic among the device's own operations (`IBV_ATOMIC_HCA`).
-    Device,
-    /// Atomic also against the CPU and other devices (`IBV_ATOMIC_GLOB`).
-    Global,
 }
 
 /// A port's attributes.

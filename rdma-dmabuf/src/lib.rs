@@ -38,6 +38,8 @@
 #![doc = include_str!("../examples/rdma_dmabuf_quickstart.rs")]
 // `eprintln!` panics on a closed stderr, and notices come from drops and drains: see `diag`.
 #![deny(clippy::print_stderr, clippy::print_stdout)]
+// Unsafe code lives in `sys`, the raw layer, and in the few places docs/safety.md lists.
+#![deny(unsafe_code)]
 //! ```
 //!
 //! The compiler enforces the ownership rules: a posted region cannot be touched by the CPU

@@ -41,7 +41,6 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 pub use crate::cm_id::ConnectionEnd;
-pub(crate) use crate::sys::event::Registered;
 
 /// What a reactor did when [`Pending::poll_with`](crate::Pending::poll_with) asked it to
 /// wait for a queue pair's fds.
@@ -241,7 +240,7 @@ impl AsyncEvents {
     /// # Errors
     /// [`Error::Verbs`] if reading the fd fails otherwise than with `EAGAIN`.
     pub fn try_next(&self) -> Result<Option<AsyncEvent>> {
-        let ctx = self.context().as_ptr() as usize;
+        let ctx = self.context().id();
         // Read before the event is acknowledged: a fatal one flushes the queue pairs it
         // concerns first.
         let next = self.raw.try_next(|raw| {

@@ -88,6 +88,52 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
         2,
         "a host shard's bytes: its range is its own (the split refused overlaps)",
     ),
+    (
+        "qp/post.rs",
+        3,
+        "post_raw and post_borrowed: what a request names stays with the NIC until its \
+         completion (owned posts move it into the handle, scoped posts drain first)",
+    ),
+    (
+        "qp/parts.rs",
+        2,
+        "several-part posts through post_raw and post_borrowed_parts",
+    ),
+    (
+        "qp/batch.rs",
+        1,
+        "a chain of writes whose parts move into one handle",
+    ),
+    (
+        "qp/atomic.rs",
+        1,
+        "an atomic through post_raw, its 8-byte part moved in",
+    ),
+    (
+        "qp/inline.rs",
+        1,
+        "inline posts through post_raw (the data is copied during the call)",
+    ),
+    (
+        "qp/srq.rs",
+        1,
+        "a shared queue's receive, its region moved into the handle or slot",
+    ),
+    (
+        "qp/wake.rs",
+        1,
+        "a queue pair's reactor registration, dropped first by field order",
+    ),
+    (
+        "scope/mod.rs",
+        2,
+        "scoped posts of borrowed parts, every one drained before the scope returns",
+    ),
+    (
+        "slots.rs",
+        1,
+        "Slots::cancel: frees a slot only for a request the provider refused",
+    ),
 ];
 
 #[test]

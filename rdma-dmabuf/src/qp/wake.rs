@@ -37,7 +37,7 @@ pub(crate) trait Waitable {
 
 impl Waitable for QueuePair {
     fn cq(&self) -> &CompletionQueue {
-        &self.raw.cq
+        self.raw.cq()
     }
     fn wait_state(&self) -> &WaitState {
         &self.wait
@@ -149,7 +149,7 @@ impl QueuePair {
     /// completion. Borrowed from the queue pair, which closes it when destroyed: a reactor
     /// registration of it must end first.
     pub fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.raw.cq.channel_fd()
+        self.raw.cq().channel_fd()
     }
 
     /// How long an awaited request of this queue pair busy-polls the completion queue before
@@ -208,7 +208,7 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verbs`](crate::Error::Verbs) for a read error other than `EAGAIN`.
     pub fn take_completion_events(&self) -> Result<u32> {
-        self.raw.cq.take_events()
+        self.raw.cq().take_events()
     }
 
     /// For an rdma_cm connection, its event channel's fd: non-blocking, readable when an
@@ -331,6 +331,7 @@ pub(crate) mod with_tokio {
     /// old one is dropped first; epoll reports an fd that is readable when it is added, so
     /// no readiness is lost in the move). None outside a runtime or if the reactor refuses
     /// the fd.
+    #[allow(unsafe_code)] // a reactor registration kept valid by field order; see the SAFETY comment
     fn registered<'a>(
         cell: &'a OnRuntime,
         fd: BorrowedFd<'_>,

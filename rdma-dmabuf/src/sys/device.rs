@@ -166,7 +166,7 @@ impl Context {
     /// # Safety
     /// `ctx` is a context librdmacm opened (an `rdma_cm_id`'s `verbs`) and is open for the
     /// duration of this call: the cm id it came from is alive (its reference keeps it open).
-    pub(crate) unsafe fn borrowed(ctx: NonNull<ffi::ibv_context>) -> Result<Arc<Context>> {
+    pub(in crate::sys) unsafe fn borrowed(ctx: NonNull<ffi::ibv_context>) -> Result<Arc<Context>> {
         let mut n = 0;
         // SAFETY: `n` is a valid out-pointer; the list is freed below or in Drop.
         let list = unsafe { ffi::rdma_get_devices(&mut n) };
@@ -202,7 +202,14 @@ impl Context {
         &self.name
     }
 
-    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_context {
+    /// The context's address, as a value that identifies it (in the list of queue pairs
+    /// fatal events flush).
+    pub(crate) fn id(&self) -> usize {
+        self.ctx.as_ptr() as usize
+    }
+
+    /// The `ibv_context`, for the calls of this layer that take it.
+    pub(in crate::sys) fn as_ptr(&self) -> *mut ffi::ibv_context {
         self.ctx.as_ptr()
     }
 
@@ -271,4 +278,15 @@ impl Drop for Context {
             }
         }
     }
+}
+
+/// A device's remote atomic capability (`ibv_atomic_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicCap {
+    /// No remote atomics.
+    None,
+    /// Atomic among the device's own operations (`IBV_ATOMIC_HCA`).
+    Device,
+    /// Atomic also against the CPU and other devices (`IBV_ATOMIC_GLOB`).
+    Global,
 }

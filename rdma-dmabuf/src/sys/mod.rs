@@ -29,6 +29,7 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod cm;
+pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod dm;
 pub(crate) mod event;
@@ -36,6 +37,8 @@ pub(crate) mod fd;
 pub(crate) mod host;
 pub(crate) mod mr;
 pub(crate) mod pd;
+pub(crate) mod qp;
+pub(crate) mod srq;
 
 /// Plain C structs of `rdma_sys` for which all-zero is a valid value, so [`zeroed`] may
 /// make one.
@@ -52,6 +55,12 @@ pub(crate) fn zeroed<T: Zeroable>() -> T {
     unsafe { std::mem::zeroed() }
 }
 
+/// The 16 bytes of a GID.
+pub(crate) fn gid_bytes(gid: &rdma_sys::ibv_gid) -> [u8; 16] {
+    // SAFETY: `ibv_gid` is a union of a byte array and integers; any bits are valid bytes.
+    unsafe { gid.raw }
+}
+
 macro_rules! zeroable {
     ($($t:ty),* $(,)?) => {
         // SAFETY: each is a bindgen-generated `#[repr(C)]` struct or union of integers,
@@ -65,4 +74,8 @@ zeroable!(
     rdma_sys::ibv_port_attr,
     rdma_sys::ibv_gid,
     rdma_sys::ibv_qp_attr,
+    rdma_sys::ibv_qp_init_attr,
+    rdma_sys::ibv_srq_init_attr,
+    rdma_sys::ibv_srq_attr,
+    rdma_sys::ibv_send_wr,
 );

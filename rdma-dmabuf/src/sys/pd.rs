@@ -47,7 +47,7 @@ impl ProtectionDomain {
     }
 
     /// The `ibv_pd`, for the calls of this layer that take it.
-    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_pd {
+    pub(in crate::sys) fn as_ptr(&self) -> *mut ffi::ibv_pd {
         self.pd.as_ptr()
     }
 }
