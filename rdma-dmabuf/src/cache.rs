@@ -1,10 +1,10 @@
 //! [`RegistrationCache`]: reuse of dma-buf registrations.
 
 use crate::error::{Error, Op, Result};
-use crate::mr::{reg_dmabuf_mr, Access, MemoryRegion};
+use crate::mr::{reg_dmabuf, Access, MemoryRegion};
 use crate::part::{self, OwnedPart};
-use crate::pd::ProtectionDomain;
 use crate::shared_dmabuf::SharedDmaBuf;
+use crate::sys::pd::ProtectionDomain;
 use drm_export::DmaBuf;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -333,6 +333,7 @@ impl RegistrationCache {
     ///
     /// # Errors
     /// As [`RegistrationCache::checkout_with`], but for the CUDA key.
+    #[allow(unsafe_code)] // a promise the caller makes; no unsafe operation inside
     pub unsafe fn checkout_with_unchecked(
         &self,
         key: CacheKey,
@@ -387,31 +388,21 @@ impl RegistrationCache {
             }
         }
         // Registered without the lock: other threads' hits go on meanwhile.
-        let (mr, iova) = reg_dmabuf_mr(
+        let reg = reg_dmabuf(
             &self.pd,
-            &dmabuf,
+            SharedDmaBuf::from_arc(dmabuf.clone()),
+            SharedDmaBuf::dmabuf,
             offset,
             key.len,
             Some(key.iova),
             key.access,
         )?;
+        let region = MemoryRegion::from_registration(reg);
         let mut st = lock(&self.state);
         if let BufferKey::DmaBuf { dev, ino } = key.buffer {
             st.buffers.retain(|_, b| b.strong_count() > 0);
             st.buffers.insert((dev, ino), Arc::downgrade(&dmabuf));
         }
-        // SAFETY: `mr` was just registered in this cache's PD over `dmabuf`'s bytes; nothing
-        // else has it.
-        let region = unsafe {
-            MemoryRegion::from_parts(
-                mr,
-                &self.pd,
-                SharedDmaBuf::from_arc(dmabuf),
-                iova,
-                key.len,
-                key.access,
-            )
-        };
         st.stats.misses += 1;
         st.stats.entries += 1;
         st.stats.checked_out += 1;

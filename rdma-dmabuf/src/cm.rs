@@ -6,16 +6,15 @@
 //! librdmacm opens the devices itself: protection domains and regions for a connection must
 //! come from the context it picked, [`CmConnector::context`] or [`CmListener::context`].
 
-use crate::cm_id::{create_id, Channel, CmId, Event};
+use crate::cm_id::{CmId, Event};
 use crate::deadline::poll_ms;
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
 use crate::qp::raw::RawQp;
 use crate::qp::{QueuePair, QueuePairBuilder, Retry};
-use nix::sys::socket::{SockaddrLike, SockaddrStorage};
+use crate::sys::cm::ConnParam;
 use rdma_sys as ffi;
 use std::net::SocketAddr;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,37 +44,8 @@ fn unframe(raw: Vec<u8>) -> Vec<u8> {
     }
 }
 
-/// `RDMA_OPTION_ID` (`rdma_set_option` level) and `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`), from
-/// `<rdma/rdma_cma.h>`.
-const RDMA_OPTION_ID: i32 = 0;
-const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
-
-/// Gives the id's queue pair the builder's ACK timeout (by default the CM derives it from the
-/// path's packet lifetime); must precede `rdma_connect` / `rdma_accept`.
-fn set_ack_timeout(parts: &CmId, retry: Retry) -> Result<()> {
-    let mut timeout: u8 = retry.ack_timeout;
-    // SAFETY: live id; `timeout` is a valid `u8` option value of the size passed.
-    let rc = unsafe {
-        ffi::rdma_set_option(
-            parts.id(),
-            RDMA_OPTION_ID,
-            RDMA_OPTION_ID_ACK_TIMEOUT,
-            (&mut timeout as *mut u8).cast(),
-            std::mem::size_of::<u8>(),
-        )
-    };
-    if rc != 0 {
-        return Err(Error::last_os(
-            Op::Cm,
-            format!("rdma_set_option(ACK_TIMEOUT, {timeout})"),
-        ));
-    }
-    Ok(())
-}
-
-/// Connection parameters carrying `framed` (from [`frame`]), which must outlive their use,
-/// and the builder's retry counts.
-fn conn_param(framed: &[u8], retry: Retry) -> Result<ffi::rdma_conn_param> {
+/// Connection parameters carrying `framed` (from [`frame`]), and the builder's retry counts.
+fn conn_param(framed: &[u8], retry: Retry) -> Result<ConnParam<'_>> {
     let data = framed.len().saturating_sub(2);
     if data > MAX_PRIVATE_DATA {
         return Err(Error::invalid(
@@ -83,21 +53,14 @@ fn conn_param(framed: &[u8], retry: Retry) -> Result<ffi::rdma_conn_param> {
             format!("{data} bytes of private data; at most {MAX_PRIVATE_DATA}"),
         ));
     }
-    let private = framed;
-    Ok(ffi::rdma_conn_param {
-        private_data: if private.is_empty() {
-            std::ptr::null()
-        } else {
-            private.as_ptr().cast()
-        },
-        private_data_len: private.len() as u8,
+    Ok(ConnParam {
+        private: framed,
         responder_resources: 16,
         initiator_depth: 16,
         flow_control: 1,
         retry_count: retry.retry_count,
         rnr_retry_count: retry.rnr_retry,
         srq: 0,
-        qp_num: 0,
     })
 }
 
@@ -128,16 +91,12 @@ fn begin(
     let (send, recv) = qp.depths();
     let raw = qp.create(Some(id))?;
     let id = raw.cm().expect("created on a cm id");
-    set_ack_timeout(id, qp.retry())?;
-    let rc = match start {
-        // SAFETY: live id with its QP; `param` (and the private data it points to, which the
-        // caller keeps) is valid across the call.
-        Start::Connect => unsafe { ffi::rdma_connect(id.id(), &mut param) },
-        // SAFETY: as above.
-        Start::Accept => unsafe { ffi::rdma_accept(id.id(), &mut param) },
-    };
-    if rc != 0 {
-        return Err(Error::last_os(Op::Cm, what));
+    // The builder's ACK timeout (by default the CM derives it from the path's packet
+    // lifetime); must precede `rdma_connect` / `rdma_accept`.
+    id.set_ack_timeout(qp.retry().ack_timeout)?;
+    match start {
+        Start::Connect => id.connect(&param, what)?,
+        Start::Accept => id.accept(&param, what)?,
     }
     Ok((raw, send, recv))
 }
@@ -160,34 +119,6 @@ fn establish(
     Ok((QueuePair::from_cm(raw, send, recv)?, ev))
 }
 
-/// `rdma_resolve_addr` towards `peer` (the caller waits for `ADDR_RESOLVED`).
-fn start_resolve_addr(parts: &CmId, peer: SocketAddr, ms: i32) -> Result<()> {
-    let dst = SockaddrStorage::from(peer);
-    // SAFETY: live id; `dst` is a valid sockaddr of its family for the call (librdmacm
-    // only reads it, so the `*mut` its C signature asks for is never written through).
-    if unsafe {
-        ffi::rdma_resolve_addr(
-            parts.id(),
-            std::ptr::null_mut(),
-            dst.as_ptr().cast_mut().cast(),
-            ms,
-        )
-    } != 0
-    {
-        return Err(Error::last_os(Op::Cm, format!("rdma_resolve_addr {peer}")));
-    }
-    Ok(())
-}
-
-/// `rdma_resolve_route` (the caller waits for `ROUTE_RESOLVED`).
-fn start_resolve_route(parts: &CmId, peer: SocketAddr, ms: i32) -> Result<()> {
-    // SAFETY: live id with a resolved address.
-    if unsafe { ffi::rdma_resolve_route(parts.id(), ms) } != 0 {
-        return Err(Error::last_os(Op::Cm, format!("rdma_resolve_route {peer}")));
-    }
-    Ok(())
-}
-
 /// `rdma_get_devices` + `rdma_free_devices`: lets librdmacm close its own contexts of devices
 /// that have gone away (`rdma link delete`, a hot unplug) and that nothing uses any more.
 ///
@@ -208,14 +139,7 @@ fn start_resolve_route(parts: &CmId, peer: SocketAddr, ms: i32) -> Result<()> {
 /// Safe at any time: the check closes only contexts that nothing references, and everything
 /// this crate makes on a librdmacm context references it.
 pub fn release_removed_devices() {
-    // SAFETY: no out-parameter is needed; the list is freed just below.
-    let list = unsafe { ffi::rdma_get_devices(std::ptr::null_mut()) };
-    if !list.is_null() {
-        // SAFETY: the list came from rdma_get_devices and is freed once; librdmacm closes
-        // only the contexts of removed devices that no cm id or device list references, and
-        // every Context of ours on a librdmacm context holds such a list.
-        unsafe { ffi::rdma_free_devices(list) };
-    }
+    crate::sys::cm::release_removed_devices();
 }
 
 /// The active side: address and route resolved, ready to connect.
@@ -242,13 +166,13 @@ impl CmConnector {
         let parts = CmId::new()?;
         // librdmacm takes an `int` of milliseconds: clamped, and at least 1.
         let ms = poll_ms(timeout).max(1);
-        start_resolve_addr(&parts, peer, ms)?;
+        parts.resolve_addr(peer, ms)?;
         parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
             timeout,
             &format!("resolve address {peer}"),
         )?;
-        start_resolve_route(&parts, peer, ms)?;
+        parts.resolve_route(peer, ms)?;
         parts.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
             timeout,
@@ -272,7 +196,7 @@ impl CmConnector {
     /// `ENODEV` if the id has no device (cannot happen after `resolve`) or librdmacm found
     /// the device removed.
     pub fn context(&self) -> Result<Arc<Context>> {
-        self.parts.context()
+        self.parts.device()
     }
 
     /// Creates the queue pair (`rdma_create_qp` with the builder's PD and depths) and
@@ -304,13 +228,11 @@ impl CmConnector {
 
 /// The passive side: bound to a local address and listening.
 pub struct CmListener {
-    id: NonNull<ffi::rdma_cm_id>,
-    channel: Channel,
+    /// The listening id and its event channel (`Send`: cm ids may be used from any thread;
+    /// `accept` takes `&self` and librdmacm serialises).
+    id: CmId,
     addr: SocketAddr,
 }
-
-// SAFETY: cm ids may be used from any thread; `accept` takes `&self` and librdmacm serialises.
-unsafe impl Send for CmListener {}
 
 impl std::fmt::Debug for CmListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -327,20 +249,10 @@ impl CmListener {
     /// # Errors
     /// `EADDRINUSE`, `EADDRNOTAVAIL` with a hint, or [`Error::Verbs`].
     pub fn bind(addr: SocketAddr) -> Result<CmListener> {
-        let channel = Channel::new()?;
-        let id = create_id(&channel)?;
-        let listener = CmListener { id, channel, addr };
-        let sa = SockaddrStorage::from(addr);
-        // SAFETY: live id; `sa` is a valid sockaddr of its family for the call (only read,
-        // though the C signature asks for `*mut`).
-        if unsafe { ffi::rdma_bind_addr(id.as_ptr(), sa.as_ptr().cast_mut().cast()) } != 0 {
-            return Err(Error::last_os(Op::Cm, format!("rdma_bind_addr {addr}")));
-        }
-        // SAFETY: live, bound id.
-        if unsafe { ffi::rdma_listen(id.as_ptr(), 16) } != 0 {
-            return Err(Error::last_os(Op::Cm, format!("rdma_listen {addr}")));
-        }
-        Ok(listener)
+        let id = CmId::new()?;
+        id.bind_addr(addr)?;
+        id.listen(16, addr)?;
+        Ok(CmListener { id, addr })
     }
 
     /// The device the listener is bound to: create the protection domain here.
@@ -353,14 +265,10 @@ impl CmListener {
     /// `ENODEV` with a hint if bound to a wildcard address; `ENODEV` if librdmacm found the
     /// device removed.
     pub fn context(&self) -> Result<Arc<Context>> {
-        // SAFETY: live id; `verbs` is set when bound to a device's address.
-        let verbs = unsafe { self.id.as_ref() }.verbs;
-        let ctx = NonNull::new(verbs).ok_or_else(|| {
-            Error::from_errno(Op::Cm, format!("listener on {} has no device (bind to the RDMA netdev's address, not a wildcard)", self.addr), libc::ENODEV)
-        })?;
-        // SAFETY: `verbs` is librdmacm's context of the id's device, open while the id (alive:
-        // borrowed by `self`) holds its reference; `borrowed` takes a reference of its own.
-        unsafe { Context::borrowed(ctx) }
+        // `verbs` is set when bound to a device's address.
+        self.id.context().unwrap_or_else(|| {
+            Err(Error::from_errno(Op::Cm, format!("listener on {} has no device (bind to the RDMA netdev's address, not a wildcard)", self.addr), libc::ENODEV))
+        })
     }
 
     /// Waits for a connect request, moves it to its own event channel, creates its queue pair
@@ -378,46 +286,16 @@ impl CmListener {
     ) -> Result<(QueuePair, Vec<u8>)> {
         let framed = frame(private);
         conn_param(&framed, qp.retry())?;
-        let req = self.channel.expect(
+        let mut req = self.id.channel().expect(
             ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
             timeout,
             &format!("wait for a connect request on {}", self.addr),
         )?;
-        let parts = adopt_request(&req)?;
+        let parts = CmId::adopt_request(&mut req)?;
         let what = format!("accept on {}", self.addr);
         let (qp, _) = establish(qp, parts, &framed, Start::Accept, &what, timeout)?;
         Ok((qp, unframe(req.private)))
     }
-}
-
-/// The new id of a connect request, moved to its own event channel and owned from here (the
-/// request is rejected and its id destroyed if that fails).
-fn adopt_request(req: &Event) -> Result<CmId> {
-    let child = NonNull::new(req.id)
-        .ok_or_else(|| Error::from_errno(Op::Cm, "connect request without id", libc::EIO))?;
-    let channel = match Channel::new() {
-        Ok(c) => c,
-        Err(e) => {
-            // SAFETY: the child id is ours and has no QP; rejected (so the peer hears at
-            // once) and destroyed once.
-            unsafe {
-                ffi::rdma_reject(child.as_ptr(), std::ptr::null(), 0);
-            }
-            // SAFETY: as above.
-            unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
-            return Err(e);
-        }
-    };
-    // SAFETY: `child` is the request's new id, owned from here; `channel` is live.
-    if unsafe { ffi::rdma_migrate_id(child.as_ptr(), channel.as_ptr()) } != 0 {
-        let e = Error::last_os(Op::Cm, "rdma_migrate_id");
-        // SAFETY: the child id is ours and has no QP.
-        unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
-        return Err(e);
-    }
-    // SAFETY: `child` is the request's new id, ours alone (nothing else destroys it), and
-    // now reports to `channel` (migrated just above).
-    Ok(unsafe { CmId::from_raw(child, channel) })
 }
 
 #[cfg(feature = "tokio")]
@@ -433,7 +311,7 @@ mod with_tokio {
         pub async fn resolve_async(peer: SocketAddr, timeout: Duration) -> Result<CmConnector> {
             let parts = CmId::new()?;
             let ms = poll_ms(timeout).max(1);
-            start_resolve_addr(&parts, peer, ms)?;
+            parts.resolve_addr(peer, ms)?;
             parts
                 .channel()
                 .expect_async(
@@ -442,7 +320,7 @@ mod with_tokio {
                     &format!("resolve address {peer}"),
                 )
                 .await?;
-            start_resolve_route(&parts, peer, ms)?;
+            parts.resolve_route(peer, ms)?;
             parts
                 .channel()
                 .expect_async(
@@ -498,15 +376,16 @@ mod with_tokio {
         ) -> Result<(QueuePair, Vec<u8>)> {
             let framed = frame(private);
             conn_param(&framed, qp.retry())?;
-            let req = self
-                .channel
+            let mut req = self
+                .id
+                .channel()
                 .expect_async(
                     ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
                     timeout,
                     &format!("wait for a connect request on {}", self.addr),
                 )
                 .await?;
-            let parts = adopt_request(&req)?;
+            let parts = CmId::adopt_request(&mut req)?;
             let what = format!("accept on {}", self.addr);
             let (raw, send, recv) = begin(&qp, parts, &framed, Start::Accept, &what)?;
             raw.cm()
@@ -520,13 +399,6 @@ mod with_tokio {
                 .await?;
             Ok((QueuePair::from_cm(raw, send, recv)?, unframe(req.private)))
         }
-    }
-}
-
-impl Drop for CmListener {
-    fn drop(&mut self) {
-        // SAFETY: the listening id is destroyed once, before its channel (field order).
-        unsafe { ffi::rdma_destroy_id(self.id.as_ptr()) };
     }
 }
 

@@ -5,6 +5,8 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
+pub(crate) use crate::sys::fd::set_nonblocking;
+
 /// The instant `timeout` from now; `None` (no deadline) when it lies past what [`Instant`]
 /// can hold, as `Duration::MAX` does.
 pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
@@ -35,49 +37,6 @@ pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> nix::Resul
         Err(nix::errno::Errno::EINTR) => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-/// Sets `O_NONBLOCK` on `fd`, keeping its other status flags.
-pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> nix::Result<()> {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map(drop)
-}
-
-/// An fd borrowed from the object that owns it, as registered with tokio's reactor: the
-/// `AsyncFd` holding it is always dropped before that object closes the fd (see
-/// [`register`]).
-#[cfg(feature = "tokio")]
-#[derive(Debug)]
-pub(crate) struct Borrowed(std::os::fd::RawFd);
-
-#[cfg(feature = "tokio")]
-impl std::os::fd::AsRawFd for Borrowed {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0
-    }
-}
-
-/// `fd` registered for readability with the current runtime's reactor (which must exist:
-/// callers check, or are async functions, which run inside one).
-///
-/// # Safety
-/// The returned value is dropped before `fd` is closed (tokio's contract for
-/// `register_with_interest`: the fd stays open, the same file, while registered).
-#[cfg(feature = "tokio")]
-pub(crate) unsafe fn register(
-    fd: BorrowedFd<'_>,
-) -> std::io::Result<tokio::io::unix::AsyncFd<Borrowed>> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `fd` is open now, and stays open until the value is dropped (our contract);
-    // `Borrowed` returns the same fd on every call.
-    unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(
-            Borrowed(fd.as_raw_fd()),
-            tokio::io::Interest::READABLE,
-        )
-    }
-    .map_err(|e| e.into_parts().1)
 }
 
 /// A reactor error as the crate's error, naming `op` and `what`.

@@ -1,67 +1,9 @@
 //! [`HostBuffer`]: page-aligned, zero-filled host memory to register as a region.
 
-use crate::error::{Error, Op, Result};
-use nix::sys::mman;
-use std::fmt;
-use std::ptr::NonNull;
-
-/// Page-aligned host memory from an anonymous mapping, zero-filled; unmapped on drop.
-pub struct HostBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain owned memory, like a `Box<[u8]>`.
-unsafe impl Send for HostBuffer {}
-// SAFETY: `&HostBuffer` gives only shared `&[u8]` access.
-unsafe impl Sync for HostBuffer {}
-
-impl fmt::Debug for HostBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostBuffer")
-            .field("len", &self.len)
-            .finish()
-    }
-}
+use crate::error::Result;
+pub use crate::sys::host::HostBuffer;
 
 impl HostBuffer {
-    /// Maps `len` bytes (rounded up to the page size) of zeroed memory.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for length 0; [`Error::Verbs`] if `mmap` fails.
-    pub fn new(len: usize) -> Result<HostBuffer> {
-        if len == 0 {
-            return Err(Error::invalid(Op::AllocHost, "length 0"));
-        }
-        let page = page_size();
-        let Some(len) = len.checked_next_multiple_of(page) else {
-            return Err(Error::invalid(
-                Op::AllocHost,
-                format!("{len} bytes: rounded up to the {page}-byte page size, past usize::MAX"),
-            ));
-        };
-        if isize::try_from(len).is_err() {
-            return Err(Error::invalid(
-                Op::AllocHost,
-                format!("{len} bytes: more than isize::MAX, the largest Rust slice"),
-            ));
-        }
-        let size = std::num::NonZeroUsize::new(len).expect("checked above: at least a page");
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
-        // nothing of this process; it is unmapped exactly once, in Drop.
-        let p = unsafe {
-            mman::mmap_anonymous(
-                None,
-                size,
-                mman::ProtFlags::PROT_READ | mman::ProtFlags::PROT_WRITE,
-                mman::MapFlags::MAP_PRIVATE,
-            )
-        }
-        .map_err(|e| Error::from_errno(Op::AllocHost, format!("mmap of {len} bytes"), e as i32))?;
-        let ptr = p.cast::<u8>();
-        Ok(HostBuffer { ptr, len })
-    }
-
     /// A buffer holding a copy of `data` (rounded up to the page size, zero-padded).
     ///
     /// The buffer is a whole page or more: a region of it posted whole sends (or writes)
@@ -89,43 +31,9 @@ impl HostBuffer {
         Ok(b)
     }
 
-    /// The length in bytes (a multiple of the page size).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// Never empty.
     pub fn is_empty(&self) -> bool {
         false
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` maps `len` readable bytes until drop; `&self` excludes `&mut` views.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// The bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as `as_slice`, and `&mut self` makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-
-    pub(crate) fn addr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        // SAFETY: exactly the mapping made in `new`, unmapped once; no slice outlives `self`,
-        // and a region over it deregisters before dropping it (MemoryRegion's Drop).
-        if let Err(e) = unsafe { mman::munmap(self.ptr.cast(), self.len) } {
-            crate::diag::warn(format_args!(
-                "munmap of a {}-byte host buffer: {e}",
-                self.len
-            ));
-        }
     }
 }
 

@@ -38,6 +38,8 @@
 #![doc = include_str!("../examples/rdma_dmabuf_quickstart.rs")]
 // `eprintln!` panics on a closed stderr, and notices come from drops and drains: see `diag`.
 #![deny(clippy::print_stderr, clippy::print_stdout)]
+// Unsafe code lives in `sys`, the raw layer, and in the few places docs/safety.md lists.
+#![deny(unsafe_code)]
 //! ```
 //!
 //! The compiler enforces the ownership rules: a posted region cannot be touched by the CPU
@@ -84,7 +86,6 @@ mod host;
 mod mr;
 mod multi;
 mod part;
-mod pd;
 mod qp;
 pub mod reactor;
 mod remote;
@@ -94,6 +95,7 @@ mod shared_dmabuf;
 mod shared_host;
 mod slots;
 mod spin;
+mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio_rt;
 mod unwind;
@@ -118,7 +120,6 @@ pub use host::HostBuffer;
 pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, Backing, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
 pub use part::{Local, OwnedPart, Part, PartMut};
-pub use pd::ProtectionDomain;
 pub use qp::{
     BatchError, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
     Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending,
@@ -132,6 +133,7 @@ pub use shard::{JoinError, Shard, SplitError};
 pub use shared_dmabuf::SharedDmaBuf;
 pub use shared_host::SharedHostBuffer;
 pub use spin::SpinPolicy;
+pub use sys::pd::ProtectionDomain;
 pub use wr::{AtomicOp, WorkCompletion, WorkKind};
 
 // The README's examples are compiled as doc tests, so they cannot drift from the API.

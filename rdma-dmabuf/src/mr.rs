@@ -4,14 +4,12 @@
 
 use crate::error::{Error, Op, Result, DMABUF_HINT};
 use crate::host::{page_size, HostBuffer};
-use crate::pd::ProtectionDomain;
 use crate::remote::RemoteRegion;
+use crate::sys::mr::{KernelReferenced, Registration};
+use crate::sys::pd::ProtectionDomain;
 use drm_export::DmaBuf;
-use rdma_sys as ffi;
 use std::fmt;
-use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd};
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 bitflags::bitflags! {
@@ -91,33 +89,14 @@ pub struct MemoryRegion<B: Backing> {
     reg: Box<Registration<B>>,
 }
 
-/// What a [`MemoryRegion`] is: the MR, what keeps it valid, and its keys as registered.
-struct Registration<B: Backing> {
-    mr: NonNull<ffi::ibv_mr>,
-    pd: Arc<ProtectionDomain>,
-    backing: ManuallyDrop<B>,
-    addr: u64,
-    len: u64,
-    access: Access,
-    /// The MR's keys, read once at registration (they never change while it is registered).
-    lkey: u32,
-    rkey: u32,
-}
-
-// SAFETY: the MR handle is used only through thread-safe verbs (dereg) and plain reads of its
-// keys; the backing is Send.
-unsafe impl<B: Backing> Send for MemoryRegion<B> {}
-// SAFETY: `&MemoryRegion` exposes only the keys, and shared access to the backing where safe.
-unsafe impl<B: Backing> Sync for MemoryRegion<B> {}
-
 impl<B: Backing> fmt::Debug for MemoryRegion<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryRegion")
-            .field("addr", &format_args!("{:#x}", self.reg.addr))
-            .field("len", &self.reg.len)
+            .field("addr", &format_args!("{:#x}", self.reg.addr()))
+            .field("len", &self.reg.len())
             .field("lkey", &self.lkey())
             .field("rkey", &self.rkey())
-            .field("access", &self.reg.access)
+            .field("access", &self.access())
             .finish()
     }
 }
@@ -133,11 +112,11 @@ impl MemoryRegion<HostBuffer> {
         buffer: HostBuffer,
         access: Access,
     ) -> Result<Self> {
-        let mr = reg_host_mr(pd, &buffer, access)?;
-        let (addr, len) = (buffer.addr() as u64, buffer.len() as u64);
-        // SAFETY: `mr` was just registered in `pd` over `buffer`'s mapping, which the region
-        // keeps; nothing else has the MR.
-        Ok(unsafe { MemoryRegion::from_parts(mr, pd, buffer, addr, len, access) })
+        access.check(Op::RegMr)?;
+        let target = host_target(pd, &buffer);
+        let reg = Registration::host(pd, buffer, access.bits())
+            .map_err(|e| Error::from_errno(Op::RegMr, target, errno_of(&e)))?;
+        Ok(MemoryRegion::from_registration(reg))
     }
 
     /// The bytes, for the CPU.
@@ -148,7 +127,7 @@ impl MemoryRegion<HostBuffer> {
     /// [`MemoryRegion::bytes_unchecked`].
     pub fn bytes(&self) -> Result<&[u8]> {
         self.cpu_access()?;
-        Ok(self.reg.backing.as_slice())
+        Ok(self.reg.backing().as_slice())
     }
 
     /// The bytes, writable by the CPU.
@@ -157,7 +136,7 @@ impl MemoryRegion<HostBuffer> {
     /// As [`MemoryRegion::bytes`].
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         self.cpu_access()?;
-        Ok(self.reg.backing.as_mut_slice())
+        Ok(self.reg.bytes_mut())
     }
 
     /// The bytes of a remotely writable region.
@@ -166,13 +145,9 @@ impl MemoryRegion<HostBuffer> {
     /// No peer may write the region (RDMA write or atomic with its rkey) while the returned
     /// slice lives: the caller knows so from its protocol (e.g. the peer signalled completion
     /// and writes nothing more).
+    #[allow(unsafe_code)] // a promise the caller makes; no unsafe operation inside
     pub unsafe fn bytes_unchecked(&self) -> &[u8] {
-        self.reg.backing.as_slice()
-    }
-
-    /// The buffer's first byte, for volatile reads (`watch`).
-    pub(crate) fn host_ptr(&self) -> *const u8 {
-        self.reg.backing.addr()
+        self.reg.backing().as_slice()
     }
 }
 
@@ -197,9 +172,8 @@ impl MemoryRegion<DmaBuf> {
         iova: Option<u64>,
         access: Access,
     ) -> Result<Self> {
-        let (mr, iova) = reg_dmabuf_mr(pd, &dmabuf, offset, len, iova, access)?;
-        // SAFETY: `reg_dmabuf_mr` just registered `mr` in `pd` over `dmabuf`; nothing else has it.
-        Ok(unsafe { MemoryRegion::from_parts(mr, pd, dmabuf, iova, len, access) })
+        let reg = reg_dmabuf(pd, dmabuf, |d| d, offset, len, iova, access)?;
+        Ok(MemoryRegion::from_registration(reg))
     }
 
     /// Maps the dma-buf for the CPU ([`DmaBuf::map`]: sync guards, volatile copies in and out,
@@ -215,47 +189,63 @@ impl MemoryRegion<DmaBuf> {
     /// [`Error::Map`] if the exporter refuses the mapping.
     pub fn map(&mut self) -> Result<drm_export::Mapping<'_>> {
         self.cpu_access()?;
-        self.reg.backing.map().map_err(|e| Error::Map(Box::new(e)))
+        self.reg
+            .backing_mut()
+            .map()
+            .map_err(|e| Error::Map(Box::new(e)))
     }
 }
 
-/// `ibv_reg_dmabuf_mr` with [`MemoryRegion::register_dmabuf`]'s checks; the new MR and its
-/// iova. The kernel holds its own reference to the buffer; the caller keeps the dma-buf with
-/// the region all the same, to give it back after deregistration.
-/// `ibv_reg_mr` over the whole of `buffer`. The caller keeps `buffer` (its mapping) alive
-/// until the MR is deregistered: the region it builds owns it, or a handle of it.
-pub(crate) fn reg_host_mr(
-    pd: &ProtectionDomain,
-    buffer: &HostBuffer,
-    access: Access,
-) -> Result<NonNull<ffi::ibv_mr>> {
-    access.check(Op::RegMr)?;
-    let addr = buffer.addr();
-    // SAFETY: `addr..addr+len` is the anonymous mapping owned by `buffer` (moving a
-    // HostBuffer moves only its pointer, never the mapping); the caller keeps it until
-    // ibv_dereg_mr.
-    let mr =
-        unsafe { ffi::ibv_reg_mr(pd.as_ptr(), addr.cast(), buffer.len(), access.bits() as i32) };
-    NonNull::new(mr).ok_or_else(|| {
-        Error::last_os(
-            Op::RegMr,
-            format!(
-                "{} ({} bytes at {addr:p})",
-                pd.context().name(),
-                buffer.len()
-            ),
-        )
-    })
+/// Where a host registration was made, for its errors.
+fn host_target(pd: &ProtectionDomain, buffer: &HostBuffer) -> String {
+    format!(
+        "{} ({} bytes at {:p})",
+        pd.context().name(),
+        buffer.len(),
+        buffer.addr()
+    )
 }
 
-pub(crate) fn reg_dmabuf_mr(
+/// The errno of an OS error (`EIO` if it has none).
+fn errno_of(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// `ibv_reg_dmabuf_mr` with [`MemoryRegion::register_dmabuf`]'s checks, of the dma-buf `view`
+/// finds in `backing`. The kernel holds its own reference to the buffer; the registration
+/// keeps the backing all the same, to give it back after deregistration.
+pub(crate) fn reg_dmabuf<B>(
+    pd: &Arc<ProtectionDomain>,
+    backing: B,
+    view: impl for<'a> Fn(&'a B) -> &'a DmaBuf,
+    offset: u64,
+    len: u64,
+    iova: Option<u64>,
+    access: Access,
+) -> Result<Registration<B>> {
+    let target = check_dmabuf(pd, view(&backing), offset, len, iova, access)?;
+    let iova = iova.unwrap_or(offset);
+    Registration::dmabuf(
+        pd,
+        backing,
+        |b| view(b).as_fd(),
+        offset,
+        len,
+        iova,
+        access.bits(),
+    )
+    .map_err(|e| dmabuf_error(pd, e, target))
+}
+
+/// [`reg_dmabuf`]'s checks; the target its errors name.
+fn check_dmabuf(
     pd: &Arc<ProtectionDomain>,
     dmabuf: &DmaBuf,
     offset: u64,
     len: u64,
     iova: Option<u64>,
     access: Access,
-) -> Result<(NonNull<ffi::ibv_mr>, u64)> {
+) -> Result<String> {
     access.check(Op::RegDmabufMr)?;
     let iova = iova.unwrap_or(offset);
     let page = page_size() as u64;
@@ -291,21 +281,7 @@ pub(crate) fn reg_dmabuf_mr(
             dmabuf.exporter()
         )
     };
-    // SAFETY: `fd` is a live dma-buf (`dmabuf` is borrowed for the call); the kernel
-    // pins and maps the buffer's pages itself, so no user memory is referenced.
-    let mr = unsafe {
-        ffi::ibv_reg_dmabuf_mr(
-            pd.as_ptr(),
-            offset,
-            len as usize,
-            iova,
-            fd,
-            access.bits() as i32,
-        )
-    };
-    let mr = NonNull::new(mr)
-        .ok_or_else(|| dmabuf_error(pd, std::io::Error::last_os_error(), target()))?;
-    Ok((mr, iova))
+    Ok(target())
 }
 
 /// Why a dma-buf registration failed with `errno`, if that errno means "not supported here".
@@ -388,63 +364,53 @@ pub fn supports_dmabuf(pd: &ProtectionDomain) -> Result<bool> {
 /// the provider or kernel driver has no dma-buf MRs; `EPROTONOSUPPORT`: the kernel predates
 /// 5.12).
 pub fn dmabuf_probe_errno(pd: &ProtectionDomain) -> i32 {
-    // SAFETY: fd -1 and length 0 reference no memory; a (never expected) MR is deregistered.
-    let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd.as_ptr(), 0, 0, 0, -1, 0) };
-    if !mr.is_null() {
-        // SAFETY: `mr` was just returned and is deregistered once.
-        unsafe { ffi::ibv_dereg_mr(mr) };
-        return 0;
-    }
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+    crate::sys::mr::dmabuf_probe_errno(pd)
 }
 
 impl<B: Backing> MemoryRegion<B> {
     /// The address of the region's first byte in work requests (host address or iova).
     pub fn addr(&self) -> u64 {
-        self.reg.addr
+        self.reg.addr()
     }
 
     /// The length in bytes.
     pub fn len(&self) -> u64 {
-        self.reg.len
+        self.reg.len()
     }
 
     /// Never empty (length 0 is refused at registration).
     pub fn is_empty(&self) -> bool {
-        self.reg.len == 0
+        self.reg.len() == 0
     }
 
     /// The local key, for SGEs.
     pub fn lkey(&self) -> u32 {
-        self.reg.lkey
+        self.reg.lkey()
     }
 
     /// The remote key, for peers.
     pub fn rkey(&self) -> u32 {
-        self.reg.rkey
+        self.reg.rkey()
     }
 
     /// The access granted.
     pub fn access(&self) -> Access {
-        self.reg.access
+        Access::from_bits_retain(self.reg.access())
     }
 
     /// The protection domain.
     pub fn pd(&self) -> &Arc<ProtectionDomain> {
-        &self.reg.pd
+        self.reg.pd()
     }
 
     /// What a peer needs to RDMA-read or -write this region: its address (the iova for a
     /// dma-buf), length and rkey. `None` if no remote access was granted.
     pub fn remote(&self) -> Option<RemoteRegion> {
-        self.reg
-            .access
+        self.access()
             .intersects(Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
             .then(|| RemoteRegion {
-                addr: self.reg.addr,
-                len: self.reg.len,
+                addr: self.addr(),
+                len: self.len(),
                 rkey: self.rkey(),
             })
     }
@@ -455,81 +421,29 @@ impl<B: Backing> MemoryRegion<B> {
     /// [`Error::Verbs`] if deregistration fails; the backing is then leaked on purpose, since
     /// the NIC may still reach it.
     pub fn into_inner(self) -> Result<B> {
-        let mut this = ManuallyDrop::new(self);
-        let rc = this.dereg();
-        // SAFETY: `this` is never used or dropped again, so reading the field out moves it.
-        let reg = unsafe { std::ptr::read(&this.reg) };
-        let Registration { pd, backing, .. } = *reg;
-        drop(pd);
-        match rc {
-            Ok(()) => Ok(ManuallyDrop::into_inner(backing)),
-            Err(e) => Err(e),
-        }
+        (*self.reg).deregister()
     }
 
-    fn dereg(&mut self) -> Result<()> {
-        // SAFETY: `mr` is registered and deregistered exactly once (Drop or into_inner).
-        let rc = unsafe { ffi::ibv_dereg_mr(self.reg.mr.as_ptr()) };
-        if rc != 0 {
-            return Err(Error::from_errno(
-                Op::DeregMr,
-                format!(
-                    "{} region at {:#x}",
-                    self.reg.pd.context().name(),
-                    self.reg.addr
-                ),
-                rc,
-            ));
-        }
-        Ok(())
-    }
-
-    /// The region of a registration just made: `mr` over `len` bytes of `backing` at `addr`
-    /// (in work requests), in `pd`, with `access`.
-    ///
-    /// # Safety
-    /// `mr` is a live MR of `pd`, registered over `backing`'s memory (which the region then
-    /// keeps until after `ibv_dereg_mr`), and nothing else deregisters it: the region owns it.
-    pub(crate) unsafe fn from_parts(
-        mr: NonNull<ffi::ibv_mr>,
-        pd: &Arc<ProtectionDomain>,
-        backing: B,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Self {
-        // SAFETY: `mr` is live (this function's contract) until `dereg`; its keys are plain
-        // fields.
-        let (lkey, rkey) = unsafe {
-            let m = mr.as_ref();
-            (m.lkey, m.rkey)
-        };
-        MemoryRegion {
-            reg: Box::new(Registration {
-                mr,
-                pd: pd.clone(),
-                backing: ManuallyDrop::new(backing),
-                addr,
-                len,
-                access,
-                lkey,
-                rkey,
-            }),
-        }
+    /// The region of a registration just made.
+    pub(crate) fn from_registration(reg: Registration<B>) -> Self {
+        MemoryRegion { reg: Box::new(reg) }
     }
 
     /// The backing, for operations that do not touch its bytes (exporting its fences).
     pub(crate) fn backing_unchecked(&self) -> &B {
-        &self.reg.backing
+        self.reg.backing()
     }
 
-    pub(crate) fn backing_mut(&mut self) -> Result<&mut B> {
+    pub(crate) fn backing_mut(&mut self) -> Result<&mut B>
+    where
+        B: KernelReferenced,
+    {
         self.cpu_access()?;
-        Ok(&mut self.reg.backing)
+        Ok(self.reg.backing_mut())
     }
 
     fn cpu_access(&self) -> Result<()> {
-        if self.reg.access.remotely_writable() {
+        if self.access().remotely_writable() {
             return Err(Error::invalid(
                 Op::CpuAccess,
                 "the region is remotely writable: a peer may change it at any time; take it \
@@ -537,17 +451,6 @@ impl<B: Backing> MemoryRegion<B> {
             ));
         }
         Ok(())
-    }
-}
-
-impl<B: Backing> Drop for MemoryRegion<B> {
-    fn drop(&mut self) {
-        match self.dereg() {
-            // SAFETY: deregistered: the NIC can no longer reach the backing; dropped once.
-            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.reg.backing) },
-            // The NIC may still reach the memory: leak it rather than free it.
-            Err(e) => crate::diag::warn(format_args!("{e}; leaking the region's memory")),
-        }
     }
 }
 

@@ -35,12 +35,10 @@
 
 use crate::device::Context;
 use crate::error::{Error, Op, Result};
-use rdma_sys as ffi;
+use crate::sys::event::{flush_live, DeviceEvents, RawElement};
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use crate::cm_id::ConnectionEnd;
 
@@ -195,13 +193,13 @@ impl fmt::Display for AsyncEvent {
 /// The events of a context go to whoever reads them first: read them in one place per
 /// context. The fd is set non-blocking for the whole context.
 pub struct AsyncEvents {
-    ctx: Arc<Context>,
+    raw: DeviceEvents,
 }
 
 impl fmt::Debug for AsyncEvents {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AsyncEvents")
-            .field("device", &self.ctx.name())
+            .field("device", &self.context().name())
             .finish()
     }
 }
@@ -212,7 +210,9 @@ impl AsyncEvents {
     /// # Errors
     /// [`Error::Verbs`] if the fd's flags cannot be changed.
     pub fn new(ctx: &Arc<Context>) -> Result<AsyncEvents> {
-        let events = AsyncEvents { ctx: ctx.clone() };
+        let events = AsyncEvents {
+            raw: DeviceEvents::new(ctx),
+        };
         crate::deadline::set_nonblocking(events.as_fd()).map_err(|e| {
             Error::from_errno(
                 Op::QueryDevice,
@@ -225,7 +225,13 @@ impl AsyncEvents {
 
     /// The device.
     pub fn context(&self) -> &Arc<Context> {
-        &self.ctx
+        self.raw.context()
+    }
+
+    /// The raw events, for a reactor registration that holds them (and so the fd) open.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn raw(&self) -> &DeviceEvents {
+        &self.raw
     }
 
     /// The next event, if one is queued (never blocks). A fatal one has flushed the queue
@@ -234,174 +240,47 @@ impl AsyncEvents {
     /// # Errors
     /// [`Error::Verbs`] if reading the fd fails otherwise than with `EAGAIN`.
     pub fn try_next(&self) -> Result<Option<AsyncEvent>> {
-        let mut ev = MaybeUninit::<ffi::ibv_async_event>::uninit();
-        // SAFETY: open context; `ev` is valid for writes of the struct. The fd is
-        // non-blocking, so this fails with EAGAIN when nothing is queued.
-        if unsafe { ffi::ibv_get_async_event(self.ctx.as_ptr(), ev.as_mut_ptr()) } != 0 {
-            let err = std::io::Error::last_os_error();
-            return match err.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
-                e => Err(Error::from_errno(
-                    Op::QueryDevice,
-                    format!("{} ibv_get_async_event", self.ctx.name()),
-                    e.unwrap_or(libc::EIO),
-                )),
+        let ctx = self.context().id();
+        // Read before the event is acknowledged: a fatal one flushes the queue pairs it
+        // concerns first.
+        let next = self.raw.try_next(|raw| {
+            let kind = AsyncEventKind::from_raw(raw.code);
+            let element = match raw.element {
+                RawElement::Qp(qpn) => EventElement::Qp(qpn),
+                RawElement::Cq(_) => EventElement::Cq,
+                RawElement::Srq => EventElement::Srq,
+                RawElement::Wq => EventElement::Wq,
+                RawElement::Port(port) => EventElement::Port(u8::try_from(port).unwrap_or(u8::MAX)),
+                RawElement::Device => EventElement::Device,
             };
-        }
-        let p = ev.as_mut_ptr();
-        let code_ptr = p
-            .wrapping_byte_add(std::mem::offset_of!(ffi::ibv_async_event, event_type))
-            .cast::<u32>();
-        // SAFETY: filled by ibv_get_async_event. The type is read as a plain integer (a
-        // newer kernel may send a value the Rust enum lacks, which must not be read as it).
-        let code = unsafe { code_ptr.read() };
-        let kind = AsyncEventKind::from_raw(code);
-        // The element union is 8 bytes, filled by ibv_get_async_event; which member is meant
-        // follows from the type, and each is read below as the plain value it is.
-        let element_ptr = p
-            .wrapping_byte_add(std::mem::offset_of!(ffi::ibv_async_event, element))
-            .cast::<usize>();
-        let element = match code {
-            1..=7 | 16 => {
-                // SAFETY: for QP events the union holds the `ibv_qp *`, which stays valid
-                // until the event is acknowledged (ibv_destroy_qp waits for that).
-                let qp = unsafe { element_ptr.cast::<*mut ffi::ibv_qp>().read() };
-                // SAFETY: as above; `qp_num` is a plain field.
-                EventElement::Qp(unsafe { (*qp).qp_num })
+            let flushed = match (kind, raw.element) {
+                (k, RawElement::Qp(qpn)) if k.is_fatal() => {
+                    flush_live(|q| q.ctx == ctx && q.qpn == qpn)
+                }
+                // A CQ event's element is the CQ (its address, only compared).
+                (AsyncEventKind::CqError, RawElement::Cq(cq)) => flush_live(|q| q.cq == cq),
+                (AsyncEventKind::DeviceFatal, _) => flush_live(|q| q.ctx == ctx),
+                _ => 0,
+            };
+            AsyncEvent {
+                kind,
+                element,
+                flushed,
             }
-            0 => EventElement::Cq,
-            14 | 15 => EventElement::Srq,
-            19 => EventElement::Wq,
-            9..=13 | 17 | 18 => {
-                // SAFETY: for port events the union holds the port number (an int).
-                let port = unsafe { element_ptr.cast::<libc::c_int>().read() };
-                EventElement::Port(u8::try_from(port).unwrap_or(u8::MAX))
-            }
-            _ => EventElement::Device,
-        };
-        let ctx = self.ctx.as_ptr() as usize;
-        let flushed = match (kind, element) {
-            (k, EventElement::Qp(qpn)) if k.is_fatal() => {
-                flush_live(|q| q.ctx == ctx && q.qpn == qpn)
-            }
-            (AsyncEventKind::CqError, _) => {
-                // SAFETY: for CQ events the union holds the `ibv_cq *`, valid until the
-                // ack (ibv_destroy_cq waits for it); only its address is compared.
-                let cq = unsafe { element_ptr.cast::<*mut ffi::ibv_cq>().read() } as usize;
-                flush_live(|q| q.cq == cq)
-            }
-            (AsyncEventKind::DeviceFatal, _) => flush_live(|q| q.ctx == ctx),
-            _ => 0,
-        };
-        // SAFETY: the event was returned by ibv_get_async_event and is acknowledged once,
-        // after everything read from it.
-        unsafe { ffi::ibv_ack_async_event(p) };
-        Ok(Some(AsyncEvent {
-            kind,
-            element,
-            flushed,
-        }))
+        });
+        next.map_err(|e| {
+            Error::from_errno(
+                Op::QueryDevice,
+                format!("{} ibv_get_async_event", self.context().name()),
+                e,
+            )
+        })
     }
 }
 
 impl AsFd for AsyncEvents {
     /// The context's `async_fd`, borrowed from the context (which this value holds open).
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the context is open; `async_fd` is a plain field.
-        let raw = unsafe { (*self.ctx.as_ptr()).async_fd };
-        // SAFETY: libibverbs opened the fd with the context and closes it only when the
-        // context is closed, which `self.ctx` prevents for as long as `self` lives.
-        unsafe { BorrowedFd::borrow_raw(raw) }
-    }
-}
-
-/// A queue pair that a fatal event may flush: what identifies it, and its raw handle.
-struct LiveQp {
-    id: u64,
-    ctx: usize,
-    qpn: u32,
-    cq: usize,
-    qp: usize,
-    /// Set when a fatal event moved it to the error state (read by its queue pair, which
-    /// then refuses posts: rxe never flushes a receive posted in the error state).
-    flushed: Arc<AtomicBool>,
-}
-
-/// The queue pairs of this process that asynchronous events may concern. Touched when a
-/// queue pair is connected or destroyed and on fatal events, never on the hot path.
-static LIVE: Mutex<Vec<LiveQp>> = Mutex::new(Vec::new());
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-fn live() -> std::sync::MutexGuard<'static, Vec<LiveQp>> {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Moves every live queue pair that `which` picks to the error state; returns how many.
-fn flush_live(which: impl Fn(&LiveQp) -> bool) -> usize {
-    let list = live();
-    let mut n = 0;
-    for q in list.iter().filter(|q| which(q)) {
-        q.flushed.store(true, Ordering::Release);
-        // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
-        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
-        // SAFETY: the QP is live: entries are removed (under this lock, which is held) before
-        // their QP is destroyed; libibverbs lets a QP be modified from any thread.
-        let rc = unsafe {
-            ffi::ibv_modify_qp(
-                q.qp as *mut ffi::ibv_qp,
-                &mut attr,
-                ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-            )
-        };
-        if rc == 0 {
-            n += 1;
-        }
-    }
-    n
-}
-
-/// A queue pair's entry among those fatal events may flush; removed on drop, which must
-/// come before the queue pair is destroyed.
-pub(crate) struct Registered {
-    id: u64,
-    flushed: Arc<AtomicBool>,
-}
-
-impl Registered {
-    /// Enters a queue pair.
-    ///
-    /// # Safety
-    /// `qp` is a live QP of context `ctx` using CQ `cq`, and the returned value is dropped
-    /// before the QP is destroyed.
-    pub(crate) unsafe fn new(
-        ctx: *mut ffi::ibv_context,
-        qp: *mut ffi::ibv_qp,
-        cq: *mut ffi::ibv_cq,
-        qpn: u32,
-    ) -> Registered {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let flushed = Arc::new(AtomicBool::new(false));
-        live().push(LiveQp {
-            id,
-            ctx: ctx as usize,
-            qpn,
-            cq: cq as usize,
-            qp: qp as usize,
-            flushed: flushed.clone(),
-        });
-        Registered { id, flushed }
-    }
-
-    /// Whether a fatal event moved the queue pair to the error state (one atomic load).
-    #[inline]
-    pub(crate) fn flushed(&self) -> bool {
-        self.flushed.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        live().retain(|q| q.id != self.id);
+        self.raw.as_fd()
     }
 }

@@ -16,8 +16,8 @@ use crate::error::{Error, Op, Result};
 use crate::host::HostBuffer;
 use crate::mr::{Access, Backing, MemoryRegion};
 use crate::part::{sealed, OwnedPart};
-use crate::pd::ProtectionDomain;
 use crate::remote::RemoteRegion;
+use crate::sys::pd::ProtectionDomain;
 use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, Weak};
@@ -322,6 +322,7 @@ impl Shard<HostBuffer> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if peers may write the region.
+    #[allow(unsafe_code)] // the range is this shard's own: see the SAFETY comment
     pub fn bytes(&self) -> Result<&[u8]> {
         self.cpu_access()?;
         // SAFETY: `start..end` lies inside the host buffer the region owns (checked by the
@@ -329,27 +330,28 @@ impl Shard<HostBuffer> {
         // region is reachable only through its shards, and this shard is borrowed shared,
         // so nothing writes them meanwhile (peers cannot: checked just above; the NIC
         // cannot: a posted shard is moved into its request).
-        Ok(unsafe { std::slice::from_raw_parts(self.host_ptr(), self.len() as usize) })
+        Ok(unsafe { self.host().range(self.start as usize, self.len() as usize) })
     }
 
     /// The shard's bytes, writable by the CPU.
     ///
     /// # Errors
     /// As [`Shard::bytes`].
+    #[allow(unsafe_code)] // as `bytes`
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         self.cpu_access()?;
         // SAFETY: as in `bytes`, and the shard is borrowed exclusively, so nothing else reads
         // or writes these bytes meanwhile.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.host_ptr(), self.len() as usize) })
+        Ok(unsafe {
+            self.host()
+                .range_mut(self.start as usize, self.len() as usize)
+        })
     }
 
-    fn host_ptr(&self) -> *mut u8 {
-        // In bounds: the split checked `end <= len`.
-        self.region
-            .0
-            .backing_unchecked()
-            .addr()
-            .wrapping_add(self.start as usize)
+    /// The host buffer the shard's bytes are in: `start..start + len` of it, in bounds (the
+    /// split checked `end <= len`).
+    fn host(&self) -> &HostBuffer {
+        self.region.0.backing_unchecked()
     }
 
     fn cpu_access(&self) -> Result<()> {

@@ -2,8 +2,8 @@
 //! regions of one buffer, or one buffer registered on several devices).
 
 use crate::error::Result;
-use crate::mr::{reg_dmabuf_mr, sealed, Access, Backing, MemoryRegion};
-use crate::pd::ProtectionDomain;
+use crate::mr::{reg_dmabuf, sealed, Access, Backing, MemoryRegion};
+use crate::sys::pd::ProtectionDomain;
 use drm_export::DmaBuf;
 use std::sync::Arc;
 
@@ -26,6 +26,11 @@ impl SharedDmaBuf {
 
     pub(crate) fn from_arc(dmabuf: Arc<DmaBuf>) -> SharedDmaBuf {
         SharedDmaBuf(dmabuf)
+    }
+
+    /// The buffer, for registering it (no CPU access: a `DmaBuf` maps only through `&mut`).
+    pub(crate) fn dmabuf(&self) -> &DmaBuf {
+        &self.0
     }
 
     /// The buffer's size in bytes.
@@ -73,9 +78,15 @@ impl MemoryRegion<SharedDmaBuf> {
         iova: Option<u64>,
         access: Access,
     ) -> Result<Self> {
-        let (mr, iova) = reg_dmabuf_mr(pd, &shared.0, offset, len, iova, access)?;
-        // SAFETY: `reg_dmabuf_mr` just registered `mr` in `pd` over `shared`'s buffer,
-        // which the region keeps alive through its own handle; nothing else has the MR.
-        Ok(unsafe { MemoryRegion::from_parts(mr, pd, shared.clone(), iova, len, access) })
+        let reg = reg_dmabuf(
+            pd,
+            shared.clone(),
+            SharedDmaBuf::dmabuf,
+            offset,
+            len,
+            iova,
+            access,
+        )?;
+        Ok(MemoryRegion::from_registration(reg))
     }
 }

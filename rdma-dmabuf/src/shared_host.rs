@@ -1,22 +1,14 @@
 //! [`SharedHostBuffer`]: one page-aligned host buffer behind several regions at once (one
 //! buffer registered on several devices).
 
-use crate::error::Result;
+use crate::error::{Error, Op, Result};
 use crate::host::HostBuffer;
-use crate::mr::{reg_host_mr, sealed, Access, Backing, MemoryRegion};
-use crate::pd::ProtectionDomain;
+use crate::mr::{sealed, Access, Backing, MemoryRegion};
+use crate::sys::mr::Registration;
+use crate::sys::pd::ProtectionDomain;
 use std::sync::Arc;
 
-/// A [`HostBuffer`] that several regions hold at once: one per protection domain when one
-/// buffer is registered on several devices ([`MemoryRegion::register_shared_host`]).
-///
-/// It gives the CPU no access at all (no bytes, neither shared nor mutable): the regions
-/// over it lend it to NICs independently, so any of them may be in use at any time, and a
-/// peer may write it through any of them. The [`HostBuffer`] comes back from
-/// [`SharedHostBuffer::try_into_inner`] only once nothing else holds it, that is, after
-/// every region over it has been deregistered.
-#[derive(Debug, Clone)]
-pub struct SharedHostBuffer(Arc<HostBuffer>);
+pub use crate::sys::host::SharedHostBuffer;
 
 impl SharedHostBuffer {
     /// Shares `buffer`, for registering it in several protection domains.
@@ -66,10 +58,16 @@ impl MemoryRegion<SharedHostBuffer> {
         shared: &SharedHostBuffer,
         access: Access,
     ) -> Result<Self> {
-        let mr = reg_host_mr(pd, &shared.0, access)?;
-        let (addr, len) = (shared.0.addr() as u64, shared.0.len() as u64);
-        // SAFETY: `reg_host_mr` just registered `mr` in `pd` over `shared`'s mapping, which
-        // the region keeps alive through its own handle; nothing else has the MR.
-        Ok(unsafe { MemoryRegion::from_parts(mr, pd, shared.clone(), addr, len, access) })
+        access.check(Op::RegMr)?;
+        let target = format!(
+            "{} (shared host buffer, {} bytes at {:p})",
+            pd.context().name(),
+            shared.len(),
+            shared.0.addr()
+        );
+        let reg = Registration::host(pd, shared.clone(), access.bits()).map_err(|e| {
+            Error::from_errno(Op::RegMr, target, e.raw_os_error().unwrap_or(libc::EIO))
+        })?;
+        Ok(MemoryRegion::from_registration(reg))
     }
 }

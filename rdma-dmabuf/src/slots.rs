@@ -4,16 +4,7 @@
 use crate::error::{Error, Op, Result};
 use crate::wr::WorkKind;
 
-/// A completion as the poller recorded it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RawCompletion {
-    pub status: u32,
-    pub byte_len: u32,
-    pub imm: Option<u32>,
-    pub vendor_err: u32,
-    /// The local queue pair the request ran on.
-    pub qp_num: u32,
-}
+pub(crate) use crate::sys::cq::RawCompletion;
 
 /// Where a slot's request is. `Copy`, so that moving a slot from one state to the next runs
 /// no drop glue on the hot path; what an abandoned or stranded request lent is in
@@ -133,6 +124,7 @@ impl Slots {
     /// The provider refused the request of slot `index` (its post returned an error), so the
     /// NIC has nothing of it: on a request it accepted, this would free the slot while the
     /// NIC may still use what the request lent.
+    #[allow(unsafe_code)] // a promise the caller makes: the provider refused the request
     pub unsafe fn cancel(&mut self, index: u32) {
         let kind = self.slots[index as usize].kind;
         self.retire(index, kind);

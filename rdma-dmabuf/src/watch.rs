@@ -26,10 +26,9 @@ impl MemoryRegion<HostBuffer> {
     /// # Errors
     /// [`Error::InvalidArgument`] if `offset..offset + out.len()` is outside the region.
     pub fn read_volatile(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let in_range = offset
-            .checked_add(out.len() as u64)
-            .is_some_and(|end| end <= self.len());
-        if !in_range {
+        let copied = usize::try_from(offset)
+            .is_ok_and(|offset| self.backing_unchecked().read_volatile_at(offset, out));
+        if !copied {
             return Err(Error::invalid(
                 Op::CpuAccess,
                 format!(
@@ -38,15 +37,6 @@ impl MemoryRegion<HostBuffer> {
                     self.len()
                 ),
             ));
-        }
-        // Pointer arithmetic without `unsafe`: every address is checked above to be in the
-        // buffer.
-        let base = self.host_ptr().wrapping_add(offset as usize);
-        for (i, byte) in out.iter_mut().enumerate() {
-            // SAFETY: `offset + i` is inside the buffer (checked above), which stays mapped
-            // while `self` lives; a volatile read of a `u8` is never torn and makes no
-            // reference, so a concurrent write by a device or peer changes only the value.
-            *byte = unsafe { std::ptr::read_volatile(base.wrapping_add(i)) };
         }
         fence(Ordering::Acquire);
         Ok(())

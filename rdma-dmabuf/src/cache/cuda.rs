@@ -44,6 +44,7 @@ impl RegistrationCache {
     /// device's (unknown, freed, host, managed, another GPU's), pages shared with other
     /// allocations, or memory freed or replaced meanwhile
     /// ([`CudaRefusal::ChangedMeanwhile`]); the export's and the registration's errors.
+    #[allow(unsafe_code)] // keeps checkout_with_unchecked's promise: see the SAFETY comment
     pub fn checkout_cuda(
         &self,
         cuda: &CudaDevice,

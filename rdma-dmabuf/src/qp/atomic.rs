@@ -23,6 +23,7 @@ impl QueuePair {
     /// ([`Error::Unsupported`]), a local part that is not 8 bytes, a misaligned or short
     /// remote, and the checks of every post; a remote region without `REMOTE_ATOMIC` fails
     /// at completion (a remote access error).
+    #[allow(unsafe_code)] // posts through `post_raw`, whose contract the owned part keeps
     pub fn post_atomic<B: Backing>(
         &self,
         local: impl Into<Local<B>>,
@@ -37,10 +38,10 @@ impl QueuePair {
                 region: local.into_region(),
             })
         };
-        if self.raw.caps.atomics == AtomicCap::None {
+        if self.raw.caps().atomics == AtomicCap::None {
             let error = Error::Unsupported {
                 op: Op::PostSend,
-                device: self.raw.pd.context().name().to_string(),
+                device: self.raw.pd().context().name().to_string(),
                 errno: libc::EOPNOTSUPP,
                 why: "the device does no remote atomics (atomic_cap is IBV_ATOMIC_NONE)",
             };

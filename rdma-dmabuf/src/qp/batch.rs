@@ -77,6 +77,7 @@ impl QueuePair {
     /// A [`BatchError`] with every part back: `K` of 0, a part that fails the checks of
     /// [`QueuePair::post_write`], fewer than `K` free send-queue entries, or the provider's
     /// refusal of the first write.
+    #[allow(unsafe_code)] // posts a chain whose parts move into the handle; see the SAFETY comments
     pub fn post_write_batch<P: OwnedPart, const K: usize>(
         &self,
         parts: [P; K],
@@ -137,18 +138,22 @@ impl QueuePair {
             // The array stays where it is until the call below returns.
             wrs[j - 1].next = first.wrapping_add(j);
         }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: live QP; the chain of `K` work requests and their SGE lists (`sges`) are
+        // SAFETY: the chain of `K` work requests and their SGE lists (`sges`) are
         // valid for the call (the provider copies them); every SGE was checked by
         // `checked_sge` to lie in a region of this QP's PD; the parts move into the returned
         // handle (or, if that is dropped early, its slot, which lives until the QP is
         // destroyed), so their memory stays registered and out of the CPU's reach until the
         // last write's completion, which the send queue delivers after every other's.
-        let rc = unsafe { ffi::ibv_post_send(self.raw.as_ptr(), first, &mut bad) };
-        if rc != 0 {
+        // SAFETY: `first` heads the chain in `wrs`, which stays where it is for the call.
+        let posted = unsafe { self.raw.post_send(first) };
+        if let Err((rc, bad)) = posted {
             let error = Error::from_errno(
                 Op::PostSend,
-                format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn),
+                format!(
+                    "{} qp {:#x}",
+                    self.raw.pd().context().name(),
+                    self.local.qpn
+                ),
                 rc,
             );
             if bad == first {

@@ -1,7 +1,7 @@
 //! Settings of a new queue pair, checked before anything is created, and its creation.
 
 use super::connect::PreparedQp;
-use super::raw::{Origin, QpCaps, RawQp};
+use super::raw::{QpRequest, RawQp};
 use super::srq::{SharedReceiveQueue, SrqCore};
 use crate::cm_id::CmId;
 use crate::cq::CompletionQueue;
@@ -9,9 +9,8 @@ use crate::device::{Context, DeviceAttr, Gid};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::mr::Access;
-use crate::pd::ProtectionDomain;
+use crate::sys::pd::ProtectionDomain;
 use rdma_sys as ffi;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -233,8 +232,7 @@ impl QueuePairBuilder {
         };
         let gid = self.usable_gid(&ctx, port_attr.gid_table_len, gid_index)?;
         let raw = self.create(None)?;
-        // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
-        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        let mut attr: ffi::ibv_qp_attr = crate::sys::zeroed();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
         attr.pkey_index = 0;
         attr.port_num = self.port;
@@ -277,10 +275,6 @@ impl QueuePairBuilder {
         self.check_settings()?;
         let dev = ctx.query_device()?;
         let cq = CompletionQueue::new(&ctx, self.cq_entries(&dev)?, self.channel)?;
-        // SAFETY: ibv_qp_init_attr is a plain C struct; all-zero is valid.
-        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.as_ptr();
-        init.recv_cq = cq.as_ptr();
         if let Some(srq) = &self.srq {
             if !Arc::ptr_eq(srq.pd(), &self.pd) {
                 return Err(Error::invalid(
@@ -288,36 +282,29 @@ impl QueuePairBuilder {
                     "the shared receive queue belongs to another protection domain",
                 ));
             }
-            (init.srq, init.recv_cq) = srq.raw();
         }
-        init.cap.max_send_wr = self.send_depth;
-        init.cap.max_recv_wr = self.recv_depth;
-        let sge = self.checked_sge(&dev)?;
-        init.cap.max_send_sge = sge;
-        init.cap.max_recv_sge = if self.srq.is_some() { 0 } else { sge };
-        if self.srq.is_some() {
-            init.cap.max_recv_wr = 0;
-        }
-        init.cap.max_inline_data = self.max_inline;
-        init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
-        let qp = match &cm {
-            // SAFETY: live PD; `init` is valid for the call and names a live CQ.
-            None => unsafe { ffi::ibv_create_qp(self.pd.as_ptr(), &mut init) },
-            Some(id) => {
-                // SAFETY: live cm id, live PD (librdmacm checks that they share a device),
-                // `init` valid for the call.
-                let rc = unsafe { ffi::rdma_create_qp(id.id(), self.pd.as_ptr(), &mut init) };
-                if rc == 0 {
-                    // SAFETY: on success librdmacm stored the new QP in the live id.
-                    unsafe { (*id.id()).qp }
-                } else {
-                    std::ptr::null_mut()
-                }
-            }
+        let req = QpRequest {
+            send_depth: self.send_depth,
+            recv_depth: if self.srq.is_some() {
+                0
+            } else {
+                self.recv_depth
+            },
+            sge: self.checked_sge(&dev)?,
+            max_inline: self.max_inline,
         };
-        let Some(qp) = NonNull::new(qp) else {
-            // `cq` (no QP attached) and `cm` are destroyed as they drop.
-            return Err(Error::last_os(
+        RawQp::create(
+            &self.pd,
+            cq,
+            self.srq.clone(),
+            cm,
+            req,
+            dev.atomics,
+            dev.max_sge_rd,
+        )
+        .map_err(|e| {
+            // `cq` (no QP attached) and `cm` were destroyed as they dropped.
+            Error::from_errno(
                 Op::CreateQp,
                 format!(
                     "{} (send {} / recv {}, {} bytes inline: a provider refuses more inline \
@@ -327,23 +314,9 @@ impl QueuePairBuilder {
                     self.recv_depth,
                     self.max_inline
                 ),
-            ));
-        };
-        // The provider wrote back what it granted (at least what was asked).
-        let caps = QpCaps {
-            max_inline: init.cap.max_inline_data,
-            atomics: dev.atomics,
-            send_sge: init.cap.max_send_sge,
-            recv_sge: init.cap.max_recv_sge,
-            read_sge: init.cap.max_send_sge.min(dev.max_sge_rd.max(1)),
-        };
-        let origin = match cm {
-            Some(id) => Origin::Cm(id),
-            None => Origin::Verbs,
-        };
-        // SAFETY: `qp` was just created in `self.pd` on `cq`, by ibv_create_qp for
-        // `Origin::Verbs` and by rdma_create_qp on the id of `Origin::Cm`; nothing else owns it.
-        Ok(unsafe { RawQp::from_parts(qp, cq, origin, self.pd.clone(), caps, self.srq.clone()) })
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
+        })
     }
 
     /// GID `index` of the port, if a queue pair can send from it: inside the port's table of

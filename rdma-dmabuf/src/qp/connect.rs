@@ -41,8 +41,7 @@ impl PreparedQp {
     /// [`Error::Verbs`](crate::Error::Verbs) from `ibv_modify_qp` (e.g. a GID index without a RoCEv2 GID).
     pub fn connect(self, remote: &Endpoint) -> Result<QueuePair> {
         use ffi::ibv_qp_attr_mask as M;
-        // SAFETY: ibv_qp_attr is plain; zero is valid.
-        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        let mut attr: ffi::ibv_qp_attr = crate::sys::zeroed();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
         attr.path_mtu = self.local.mtu.min(remote.mtu) as u32;
         attr.dest_qp_num = remote.qpn;

@@ -37,6 +37,7 @@ impl QueuePair {
         self.post_inline(WorkKind::Write, data, Some(remote), imm)
     }
 
+    #[allow(unsafe_code)] // posts through `post_raw`: inline data is copied during the call
     fn post_inline(
         &self,
         kind: WorkKind,
@@ -52,7 +53,7 @@ impl QueuePair {
         if len == 0 {
             return refuse(format!("inline {kind} of 0 bytes"));
         }
-        let max = self.raw.caps.max_inline as usize;
+        let max = self.raw.caps().max_inline as usize;
         if len > max {
             return refuse(format!(
                 "inline {kind} of {len} bytes: this queue pair takes at most {max} inline \

@@ -60,8 +60,6 @@ use std::time::{Duration, Instant};
 pub struct QueuePair {
     /// Dropped first (field order): reactor registrations of the fds `raw` owns.
     wait: wake::WaitState,
-    /// Dropped before `raw`: the entry by which fatal device events flush this queue pair.
-    registered: crate::reactor::Registered,
     /// Dropped before `slots` (field order): the QP is destroyed first, after which the NIC
     /// can reach no buffer, and only then are the buffers of abandoned requests freed.
     raw: RawQp,
@@ -94,20 +92,9 @@ impl QueuePair {
         local: Endpoint,
         remote: Endpoint,
     ) -> QueuePair {
-        // SAFETY: `raw` is a live QP of its PD's context using `raw.cq`; the entry is a field
-        // declared before `raw`, so it is removed before the QP is destroyed.
-        let registered = unsafe {
-            crate::reactor::Registered::new(
-                raw.pd.context().as_ptr(),
-                raw.as_ptr(),
-                raw.cq.as_ptr(),
-                raw.qpn(),
-            )
-        };
         let slots = Slots::new(send_depth, recv_depth);
         QueuePair {
             wait: wake::WaitState::new(slots.len()),
-            registered,
             raw,
             slots: RefCell::new(slots),
             local,
@@ -123,7 +110,7 @@ impl QueuePair {
         use ffi::ibv_qp_attr_mask as M;
         let mask = M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN | M::IBV_QP_RQ_PSN;
         let a = raw.query((mask | M::IBV_QP_SQ_PSN).0)?;
-        let ctx = raw.pd.context().clone();
+        let ctx = raw.pd().context().clone();
         let mtu = Mtu::from_raw(a.path_mtu).ok_or_else(|| {
             Error::invalid(
                 Op::Cm,
@@ -142,8 +129,7 @@ impl QueuePair {
             qpn: a.dest_qp_num,
             psn: a.rq_psn,
             lid: a.ah_attr.dlid,
-            // SAFETY: `ibv_gid` is a union of byte arrays and integers; any bits are valid.
-            gid: Gid(unsafe { a.ah_attr.grh.dgid.raw }),
+            gid: Gid(crate::sys::gid_bytes(&a.ah_attr.grh.dgid)),
             mtu,
         };
         Ok(QueuePair::new(raw, send_depth, recv_depth, local, remote))
@@ -163,25 +149,25 @@ impl QueuePair {
     /// The most bytes one inline send or write may carry (what the provider granted; see
     /// [`QueuePairBuilder::max_inline_data`]).
     pub fn max_inline_data(&self) -> u32 {
-        self.raw.caps.max_inline
+        self.raw.caps().max_inline
     }
 
     /// The most parts one send, write or atomic may gather from (what the provider granted;
     /// see [`QueuePairBuilder::max_sge`]).
     pub fn max_send_sge(&self) -> u32 {
-        self.raw.caps.send_sge
+        self.raw.caps().send_sge
     }
 
     /// The most parts one receive may scatter into (what the provider granted; see
     /// [`QueuePairBuilder::max_sge`]).
     pub fn max_recv_sge(&self) -> u32 {
-        self.raw.caps.recv_sge
+        self.raw.caps().recv_sge
     }
 
     /// The most parts one RDMA read may scatter into: the send queue's parts, held to the
     /// device's `max_sge_rd`.
     pub fn max_read_sge(&self) -> u32 {
-        self.raw.caps.read_sge
+        self.raw.caps().read_sge
     }
 
     /// Requests posted and not yet completed, including those whose [`Pending`] was dropped.
@@ -217,7 +203,7 @@ impl QueuePair {
         let mut panics = crate::unwind::Deferred::default();
         let mut seen = None;
         let mut first_error = false;
-        let n = self.raw.cq.poll(|wr_id, c| {
+        let n = self.raw.cq().poll(|wr_id, c| {
             if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS && !self.in_error.replace(true) {
                 first_error = true;
             }
@@ -264,7 +250,7 @@ impl QueuePair {
     /// Sleeps until the completion queue has something, or `timeout` passes (see
     /// [`CompletionQueue::sleep`](crate::cq::CompletionQueue::sleep)).
     pub(crate) fn sleep_for_completion(&self, timeout: Duration) -> Result<()> {
-        self.raw.cq.sleep(timeout, || self.poll())
+        self.raw.cq().sleep(timeout, || self.poll())
     }
 
     /// Moves the queue pair to the error state: everything in flight completes, flushed
@@ -287,7 +273,7 @@ impl QueuePair {
     /// with [`AsyncEvents`](crate::reactor::AsyncEvents)): it then takes no more requests.
     #[inline]
     pub fn is_in_error(&self) -> bool {
-        self.in_error.get() || self.registered.flushed()
+        self.in_error.get() || self.raw.flushed_by_event()
     }
 
     /// The completion of slot `index` (generation `gen`): taken if it has arrived, else

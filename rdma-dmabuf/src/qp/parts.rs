@@ -179,6 +179,7 @@ impl QueuePair {
         self.post_parts(WorkKind::Read, parts, Some(remote), None)
     }
 
+    #[allow(unsafe_code)] // posts through `post_raw`, whose contract the owned parts keep
     fn post_parts<P: OwnedPart, const N: usize>(
         &self,
         kind: WorkKind,
@@ -215,6 +216,7 @@ impl QueuePair {
     ///
     /// # Safety
     /// As [`QueuePair::post_borrowed`], for every part's region.
+    #[allow(unsafe_code)] // posts through `post_raw`, whose contract the owned parts keep
     pub(crate) unsafe fn post_borrowed_parts<B: Backing, const N: usize>(
         &self,
         kind: WorkKind,
@@ -240,7 +242,7 @@ impl QueuePair {
         remote: Option<RemoteRegion>,
     ) -> Result<[Sge; N]> {
         let op = post_op(kind);
-        let caps = &self.raw.caps;
+        let caps = &self.raw.caps();
         let (max, which) = match kind {
             WorkKind::Recv => (caps.recv_sge, "receive"),
             WorkKind::Read => (caps.read_sge, "RDMA read (also held to max_sge_rd)"),

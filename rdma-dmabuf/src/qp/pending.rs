@@ -8,7 +8,6 @@ use crate::mr::{Backing, MemoryRegion};
 use crate::part::Local;
 use crate::slots::{wr_id, RawCompletion};
 use crate::wr::{WorkCompletion, WorkKind};
-use rdma_sys as ffi;
 use std::fmt;
 use std::time::Duration;
 
@@ -148,12 +147,7 @@ impl<'q, B: Backing> Handle<'q> for Pending<'q, B> {
 /// A completion with an error status as a typed error naming the request.
 #[cold]
 pub(super) fn completion_error(index: u32, gen: u32, kind: WorkKind, c: RawCompletion) -> Error {
-    // SAFETY: ibv_wc_status_str takes any value.
-    let text = unsafe { ffi::ibv_wc_status_str(c.status) };
-    // SAFETY: it returns a static NUL-terminated string.
-    let text = unsafe { std::ffi::CStr::from_ptr(text) }
-        .to_string_lossy()
-        .into_owned();
+    let text = crate::sys::cq::status_text(c.status);
     Error::Completion {
         wr_id: wr_id(index, gen),
         kind,

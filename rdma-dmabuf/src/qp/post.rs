@@ -68,6 +68,7 @@ impl QueuePair {
     }
 
     #[inline(always)]
+    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
     fn post<B: Backing>(
         &self,
         kind: WorkKind,
@@ -131,14 +132,14 @@ impl QueuePair {
     ) -> Result<(u64, u32)> {
         let Range { start, end } = range;
         let len = end.wrapping_sub(start);
-        let through_srq = kind == WorkKind::Recv && self.raw.srq.is_some();
+        let through_srq = kind == WorkKind::Recv && self.raw.srq().is_some();
         let accepted = !self.is_in_error()
             && !through_srq
             && end > start
             && end <= region.len()
             && len <= u64::from(u32::MAX)
             && (!kind.writes_local() || region.access().contains(Access::LOCAL_WRITE))
-            && Arc::ptr_eq(region.pd(), &self.raw.pd)
+            && Arc::ptr_eq(region.pd(), self.raw.pd())
             && remote.is_none_or(|r| r.holds(len));
         if accepted {
             // At most u32::MAX (checked above).
@@ -149,7 +150,7 @@ impl QueuePair {
             Facts {
                 region_len: region.len(),
                 writable: region.access().contains(Access::LOCAL_WRITE),
-                same_pd: Arc::ptr_eq(region.pd(), &self.raw.pd),
+                same_pd: Arc::ptr_eq(region.pd(), self.raw.pd()),
             },
             range,
             remote,
@@ -176,7 +177,7 @@ impl QueuePair {
                 self.local.qpn
             ));
         }
-        if kind == WorkKind::Recv && self.raw.srq.is_some() {
+        if kind == WorkKind::Recv && self.raw.srq().is_some() {
             return refuse(format!(
                 "receive on qp {:#x}, which receives through a shared receive queue: post it \
                  there (SharedReceiveQueue::post_recv)",
@@ -226,13 +227,14 @@ impl QueuePair {
     /// (the provider refuses more, and the request then fails cleanly; the checks of the
     /// `*_parts` posts keep that from happening).
     #[inline(always)]
+    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
     pub(super) unsafe fn post_raw(&self, req: Request<'_>) -> Result<(u32, u32)> {
         let kind = req.kind;
         let (index, gen) = self.slots.borrow_mut().acquire(kind)?;
         let id = wr_id(index, gen);
         // At most the granted max_sge (a u32 from the provider), so it fits an i32.
         let num_sge = req.sges.len() as i32;
-        let rc = if kind == WorkKind::Recv {
+        let posted = if kind == WorkKind::Recv {
             let mut wr = ffi::ibv_recv_wr {
                 wr_id: id,
                 next: std::ptr::null_mut(),
@@ -240,26 +242,29 @@ impl QueuePair {
                 sg_list: req.sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut(),
                 num_sge,
             };
-            let mut bad = std::ptr::null_mut();
-            // SAFETY: live QP; `wr` and the SGE list are valid for the call (the provider
-            // copies them, and never writes the list); the SGEs' memory outlives the request
-            // (this function's contract).
-            unsafe { ffi::ibv_post_recv(self.raw.as_ptr(), &mut wr, &mut bad) }
+            // SAFETY: `wr` and the SGE list are valid for the call (the provider copies
+            // them, and never writes the list); the SGEs' memory outlives the request (this
+            // function's contract).
+            unsafe { self.raw.post_recv(&mut wr) }
         } else {
             let mut wr = req.send_wr(id, num_sge);
-            let mut bad = std::ptr::null_mut();
-            // SAFETY: live QP; `wr` and the SGE list are valid for the call (the provider
-            // copies them, and inline data too, and never writes the list); the SGEs' memory
-            // outlives the request (this function's contract). The remote address and rkey need no trust: the peer's NIC
-            // checks them against its registrations and fails the request otherwise.
-            unsafe { ffi::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) }
+            // SAFETY: `wr` and the SGE list are valid for the call (the provider copies
+            // them, and inline data too, and never writes the list); the SGEs' memory
+            // outlives the request (this function's contract). The remote address and rkey
+            // need no trust: the peer's NIC checks them against its registrations and fails
+            // the request otherwise.
+            unsafe { self.raw.post_send(&mut wr) }.map_err(|(rc, _)| rc)
         };
-        if rc != 0 {
+        if let Err(rc) = posted {
             // SAFETY: the provider refused this request (`rc != 0`): the NIC has nothing of it.
             unsafe { self.slots.borrow_mut().cancel(index) };
             return Err(Error::from_errno(
                 post_op(kind),
-                format!("{} qp {:#x}", self.raw.pd.context().name(), self.local.qpn),
+                format!(
+                    "{} qp {:#x}",
+                    self.raw.pd().context().name(),
+                    self.local.qpn
+                ),
                 rc,
             ));
         }
@@ -272,6 +277,7 @@ impl QueuePair {
     /// `region` stays alive (registered) and, for what the NIC writes, unread and unwritten
     /// by the CPU until the request's completion has been polled from this queue pair (the
     /// scoped layer: the borrow lasts for the scope, whose end drains every request).
+    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
     pub(crate) unsafe fn post_borrowed<B: Backing>(
         &self,
         kind: WorkKind,
@@ -403,7 +409,7 @@ impl<'s> Request<'s> {
     pub(super) fn send_wr(&self, id: u64, num_sge: i32) -> ffi::ibv_send_wr {
         // SAFETY: ibv_send_wr is a plain C struct (unions of integers and pointers); zero is
         // valid.
-        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        let mut wr: ffi::ibv_send_wr = crate::sys::zeroed();
         wr.wr_id = id;
         // The provider only reads the list (ibv_post_send copies what it needs); `Sge` is
         // laid out as `ibv_sge` (repr(transparent)).

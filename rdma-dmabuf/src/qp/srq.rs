@@ -26,15 +26,14 @@ use crate::deadline::{deadline_after, time_left};
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing};
 use crate::part::Local;
-use crate::pd::ProtectionDomain;
 use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
 use crate::spin::Spinner;
+use crate::sys::pd::ProtectionDomain;
 use crate::wr::{WorkCompletion, WorkKind};
 use rdma_sys as ffi;
 use std::cell::RefCell;
 use std::fmt;
-use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A shared receive queue and the table of its posted receives.
@@ -51,72 +50,14 @@ pub struct SharedReceiveQueue {
     pub(super) slots: RefCell<Slots>,
 }
 
-/// The verbs objects, shared with the queue pairs that receive through them.
-pub(crate) struct SrqCore {
-    srq: NonNull<ffi::ibv_srq>,
-    /// Every joined queue pair's receive completions, with a completion channel (for
-    /// awaited receives). Dropped after the SRQ (Drop below), which is destroyed after every
-    /// queue pair using it (they hold this core).
-    pub(super) cq: CompletionQueue,
-    /// The slot table of a dropped handle that still had receives posted: their buffers,
-    /// freed after the SRQ is destroyed (field order), when the NIC can no longer fill them.
-    orphans: Mutex<Option<Slots>>,
-    /// Dropped last: the SRQ lives in this PD.
-    pd: Arc<ProtectionDomain>,
-    depth: u32,
-    max_sge: u32,
-}
-
-// SAFETY: libibverbs lets an SRQ be posted to and destroyed from any thread. The CQ is polled
-// only through the one `SharedReceiveQueue` handle, which is `!Sync`; queue pairs use only its
-// pointer, at creation. `orphans` is behind a mutex.
-unsafe impl Send for SrqCore {}
-// SAFETY: as above: shared references to the core are used only for the raw pointers (at QP
-// creation) and the mutex.
-unsafe impl Sync for SrqCore {}
-
-impl SrqCore {
-    /// The raw SRQ and its CQ, for `ibv_create_qp`.
-    pub(crate) fn raw(&self) -> (*mut ffi::ibv_srq, *mut ffi::ibv_cq) {
-        (self.srq.as_ptr(), self.cq.as_ptr())
-    }
-
-    /// The protection domain it was created in.
-    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
-        &self.pd
-    }
-}
-
-impl fmt::Debug for SrqCore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SrqCore")
-            .field("device", &self.pd.context().name())
-            .field("depth", &self.depth)
-            .finish()
-    }
-}
-
-impl Drop for SrqCore {
-    fn drop(&mut self) {
-        // SAFETY: every queue pair that joined holds this core and destroyed its QP before
-        // releasing it, so none is attached; destroyed once. Its CQ and the orphaned buffers
-        // drop after this (fields).
-        let rc = unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
-        if rc != 0 {
-            crate::diag::warn(format_args!(
-                "ibv_destroy_srq on {} failed: {rc}",
-                self.pd.context().name()
-            ));
-        }
-    }
-}
+pub(crate) use crate::sys::srq::SrqCore;
 
 impl fmt::Debug for SharedReceiveQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedReceiveQueue")
-            .field("device", &self.core.pd.context().name())
-            .field("depth", &self.core.depth)
-            .field("max_sge", &self.core.max_sge)
+            .field("device", &self.core.pd().context().name())
+            .field("depth", &self.core.depth())
+            .field("max_sge", &self.core.max_sge())
             .finish()
     }
 }
@@ -158,25 +99,16 @@ impl SharedReceiveQueue {
             Error::invalid(Op::CreateSrq, format!("depth {depth} past a CQ's i32 size"))
         })?;
         let cq = CompletionQueue::new(ctx, entries, true)?;
-        // SAFETY: ibv_srq_init_attr is a plain C struct; all-zero is valid.
-        let mut init: ffi::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
-        init.attr.max_wr = depth;
-        init.attr.max_sge = 1;
-        // SAFETY: live PD; `init` is valid for the call.
-        let srq = unsafe { ffi::ibv_create_srq(pd.as_ptr(), &mut init) };
-        let srq = NonNull::new(srq).ok_or_else(|| {
-            Error::last_os(Op::CreateSrq, format!("{} (depth {depth})", ctx.name()))
+        let core = SrqCore::create(pd, cq, depth).map_err(|e| {
+            Error::from_errno(
+                Op::CreateSrq,
+                format!("{} (depth {depth})", ctx.name()),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
         })?;
         Ok(SharedReceiveQueue {
             wait: super::wake::WaitState::new(depth as usize),
-            core: Arc::new(SrqCore {
-                srq,
-                cq,
-                orphans: Mutex::new(None),
-                pd: pd.clone(),
-                depth,
-                max_sge: init.attr.max_sge,
-            }),
+            core: Arc::new(core),
             slots: RefCell::new(Slots::new(0, depth)),
         })
     }
@@ -188,7 +120,7 @@ impl SharedReceiveQueue {
 
     /// The most receives it holds.
     pub fn depth(&self) -> u32 {
-        self.core.depth
+        self.core.depth()
     }
 
     /// Receives posted and not yet completed (including those whose handle was dropped):
@@ -223,6 +155,7 @@ impl SharedReceiveQueue {
         }
     }
 
+    #[allow(unsafe_code)] // posts a receive whose region moves into the handle or slot; see the SAFETY comments
     fn post<B: Backing>(&self, local: &Local<B>) -> Result<(u32, u32)> {
         let region = local.region();
         let range = local.range();
@@ -241,7 +174,7 @@ impl SharedReceiveQueue {
         if !region.access().contains(Access::LOCAL_WRITE) {
             return refuse("receive into a region without LOCAL_WRITE access".into());
         }
-        if !Arc::ptr_eq(region.pd(), &self.core.pd) {
+        if !Arc::ptr_eq(region.pd(), self.core.pd()) {
             return refuse("the region belongs to another protection domain".into());
         }
         let (index, gen) =
@@ -266,17 +199,14 @@ impl SharedReceiveQueue {
             sg_list: &mut sge,
             num_sge: 1,
         };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: live SRQ; `wr` and `sge` are valid for the call (the provider copies them).
-        // The SGE lies inside `region` (checked above), of this SRQ's PD, with its lkey; the
-        // caller moves the region into the returned handle (or, dropped early, into the slot,
-        // which lives until the SRQ is destroyed: `Drop` below), so it stays registered and
-        // out of the CPU's reach until the completion is polled.
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.core.srq.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
+        // SAFETY: the SGE lies inside `region` (checked above), of this SRQ's PD, with its
+        // lkey; the caller moves the region into the returned handle (or, dropped early, into
+        // the slot, which lives until the SRQ is destroyed: `Drop` below), so it stays
+        // registered and out of the CPU's reach until the completion is polled.
+        if let Err(rc) = unsafe { self.core.post_recv(&mut wr) } {
             // SAFETY: the provider refused this receive (`rc != 0`): the NIC has nothing of it.
             unsafe { self.slots.borrow_mut().cancel(index) };
-            let target = format!("{} shared receive queue", self.core.pd.context().name());
+            let target = format!("{} shared receive queue", self.core.pd().context().name());
             return Err(Error::from_errno(Op::PostSrqRecv, target, rc));
         }
         Ok((index, gen))
@@ -293,7 +223,7 @@ impl SharedReceiveQueue {
     /// is recorded and every other task woken (docs/safety.md, "Unwinding").
     pub fn poll(&self) -> Result<usize> {
         let mut panics = crate::unwind::Deferred::default();
-        let n = self.core.cq.poll(|id, c| {
+        let n = self.core.cq().poll(|id, c| {
             let released = self.slots.borrow_mut().complete(id, c);
             // An abandoned buffer whose receive just completed: free it outside the borrow;
             // a task awaiting the receive is woken.
@@ -311,26 +241,19 @@ impl SharedReceiveQueue {
     /// # Errors
     /// [`Error::InvalidArgument`] for a limit past the depth; [`Error::Verbs`].
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
-        if limit > self.core.depth {
+        if limit > self.core.depth() {
             return Err(Error::invalid(
                 Op::ModifySrq,
-                format!("limit {limit} past the depth {}", self.core.depth),
+                format!("limit {limit} past the depth {}", self.core.depth()),
             ));
         }
-        // SAFETY: ibv_srq_attr is a plain C struct; all-zero is valid.
-        let mut attr: ffi::ibv_srq_attr = unsafe { std::mem::zeroed() };
-        attr.srq_limit = limit;
-        let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32;
-        // SAFETY: live SRQ; `attr` valid for the call; the mask names the one field set.
-        let rc = unsafe { ffi::ibv_modify_srq(self.core.srq.as_ptr(), &mut attr, mask) };
-        if rc != 0 {
+        self.core.set_limit(limit).map_err(|rc| {
             let target = format!(
                 "{} shared receive queue limit",
-                self.core.pd.context().name()
+                self.core.pd().context().name()
             );
-            return Err(Error::from_errno(Op::ModifySrq, target, rc));
-        }
-        Ok(())
+            Error::from_errno(Op::ModifySrq, target, rc)
+        })
     }
 
     /// The current limit (`ibv_query_srq`): 0 once the limit event has fired.
@@ -338,15 +261,10 @@ impl SharedReceiveQueue {
     /// # Errors
     /// [`Error::Verbs`].
     pub fn limit(&self) -> Result<u32> {
-        // SAFETY: as in `arm_limit`.
-        let mut attr: ffi::ibv_srq_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: live SRQ; valid out-pointer.
-        let rc = unsafe { ffi::ibv_query_srq(self.core.srq.as_ptr(), &mut attr) };
-        if rc != 0 {
-            let target = format!("{} ibv_query_srq", self.core.pd.context().name());
-            return Err(Error::from_errno(Op::ModifySrq, target, rc));
-        }
-        Ok(attr.srq_limit)
+        self.core.query_limit().map_err(|rc| {
+            let target = format!("{} ibv_query_srq", self.core.pd().context().name());
+            Error::from_errno(Op::ModifySrq, target, rc)
+        })
     }
 
     fn poll_for(&self, index: u32, gen: u32) -> Option<RawCompletion> {
@@ -364,12 +282,7 @@ impl Drop for SharedReceiveQueue {
         // handle: their buffers go to the core, freed after the SRQ is destroyed.
         let slots = std::mem::replace(self.slots.get_mut(), Slots::new(0, 0));
         if slots.outstanding() > 0 {
-            let mut orphans = self
-                .core
-                .orphans
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            *orphans = Some(slots);
+            self.core.keep_until_destroyed(Box::new(slots));
         }
     }
 }

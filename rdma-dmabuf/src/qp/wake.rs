@@ -37,7 +37,7 @@ pub(crate) trait Waitable {
 
 impl Waitable for QueuePair {
     fn cq(&self) -> &CompletionQueue {
-        &self.raw.cq
+        self.raw.cq()
     }
     fn wait_state(&self) -> &WaitState {
         &self.wait
@@ -149,7 +149,7 @@ impl QueuePair {
     /// completion. Borrowed from the queue pair, which closes it when destroyed: a reactor
     /// registration of it must end first.
     pub fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.raw.cq.channel_fd()
+        self.raw.cq().channel_fd()
     }
 
     /// How long an awaited request of this queue pair busy-polls the completion queue before
@@ -208,7 +208,7 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verbs`](crate::Error::Verbs) for a read error other than `EAGAIN`.
     pub fn take_completion_events(&self) -> Result<u32> {
-        self.raw.cq.take_events()
+        self.raw.cq().take_events()
     }
 
     /// For an rdma_cm connection, its event channel's fd: non-blocking, readable when an
@@ -306,7 +306,7 @@ pub(crate) fn poll_request<'q, Q: Waitable, R>(
 #[cfg(feature = "tokio")]
 pub(crate) mod with_tokio {
     use super::{Step, Waitable};
-    use crate::deadline::{register, Borrowed};
+    use crate::sys::fd::{register_unbound, Unbound};
     use std::cell::{Ref, RefCell};
     use std::os::fd::BorrowedFd;
     use std::task::{Context, Poll};
@@ -314,7 +314,7 @@ pub(crate) mod with_tokio {
     use tokio::runtime::{Handle, Id};
 
     /// One fd's registration with a runtime's reactor, and which runtime.
-    type OnRuntime = RefCell<Option<(Id, AsyncFd<Borrowed>)>>;
+    type OnRuntime = RefCell<Option<(Id, AsyncFd<Unbound>)>>;
 
     /// A queue's fds as registered with the reactor of the runtime that awaits it: made at
     /// the first await, made again when an await runs on another runtime (the queue is
@@ -331,17 +331,18 @@ pub(crate) mod with_tokio {
     /// old one is dropped first; epoll reports an fd that is readable when it is added, so
     /// no readiness is lost in the move). None outside a runtime or if the reactor refuses
     /// the fd.
+    #[allow(unsafe_code)] // a reactor registration kept valid by field order; see the SAFETY comment
     fn registered<'a>(
         cell: &'a OnRuntime,
         fd: BorrowedFd<'_>,
-    ) -> Option<Ref<'a, AsyncFd<Borrowed>>> {
+    ) -> Option<Ref<'a, AsyncFd<Unbound>>> {
         let id = Handle::try_current().ok()?.id();
         let current = matches!(&*cell.borrow(), Some((on, _)) if *on == id);
         if !current {
             drop(cell.borrow_mut().take());
             // SAFETY: `fd` belongs to the queue pair (or shared receive queue) that holds this
             // registration in its first field, dropped before the fields that close its fds.
-            let fresh = unsafe { register(fd) }.ok()?;
+            let fresh = unsafe { register_unbound(fd) }.ok()?;
             *cell.borrow_mut() = Some((id, fresh));
         }
         Ref::filter_map(cell.borrow(), |r| r.as_ref().map(|(_, fd)| fd)).ok()

@@ -260,6 +260,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.post(qp, WorkKind::Read, part, Some(remote), None)
     }
 
+    #[allow(unsafe_code)] // borrowed posts, drained before the scope returns; see the SAFETY comments
     fn post<B: Backing>(
         &'scope self,
         qp: &'scope QueuePair,
@@ -346,6 +347,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 
     /// Posts a request of several borrowed parts; for what the NIC writes, the callers
     /// passed exclusive borrows (made shared only for the checks and the SGEs).
+    #[allow(unsafe_code)] // borrowed posts, drained before the scope returns; see the SAFETY comments
     fn post_parts<B: Backing, const N: usize>(
         &'scope self,
         qp: &'scope QueuePair,

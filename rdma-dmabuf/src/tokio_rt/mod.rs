@@ -61,13 +61,14 @@
 //! while the NIC may still touch it. What a dropped `post_fenced_async` had not posted yet
 //! is dropped with it (the NIC never had it).
 
-use crate::deadline::{reactor_error, register, Borrowed};
+use crate::deadline::reactor_error;
 use crate::error::{Error, Op, Result};
 use crate::fence::FencedOp;
 use crate::mr::MemoryRegion;
 use crate::part::Local;
 use crate::qp::{Pending, QueuePair, WorkError};
 use crate::reactor::{AsyncEvent, AsyncEvents};
+use crate::sys::event::DeviceEvents;
 use drm_export::DmaBuf;
 use std::os::fd::AsFd;
 use std::pin::Pin;
@@ -117,9 +118,9 @@ async fn fences_signalled(
     let sync = crate::fence::export_fences(region, op)?;
     let fence_err =
         |e: std::io::Error| reactor_error(Op::PostSend, "wait for the dma-buf's fences", &e);
-    // SAFETY: `fd` is dropped (explicitly, below, and on every early return before `sync`,
-    // declared first) before `sync` closes the fd.
-    let fd = unsafe { register(sync.as_fd()) }.map_err(fence_err)?;
+    // The registration borrows `sync`'s fd: it is dropped (explicitly, below, and on every
+    // early return) before `sync` closes the fd.
+    let fd = crate::sys::fd::register(sync.as_fd()).map_err(fence_err)?;
     let wait = async {
         loop {
             let mut ready = fd.readable().await.map_err(fence_err)?;
@@ -147,8 +148,9 @@ async fn fences_signalled(
 /// before they are yielded. `Send`: it may run in any task.
 #[derive(Debug)]
 pub struct AsyncEventStream {
-    /// Dropped before `events` (field order): the registration of its fd.
-    fd: AsyncFd<Borrowed>,
+    /// The registration of the events' fd, holding its own reference to the context (and so
+    /// the fd) open.
+    fd: AsyncFd<DeviceEvents>,
     events: AsyncEvents,
 }
 
@@ -161,9 +163,7 @@ impl AsyncEvents {
         let what = format!("{} async events", self.context().name());
         tokio::runtime::Handle::try_current()
             .map_err(|_| Error::invalid(Op::QueryDevice, format!("{what}: no tokio runtime")))?;
-        // SAFETY: the registration is the stream's first field, dropped before `events`,
-        // which holds the context (and so its async fd) open.
-        let fd = unsafe { register(self.as_fd()) }
+        let fd = crate::sys::fd::register_owned(self.raw().clone())
             .map_err(|e| reactor_error(Op::QueryDevice, &what, &e))?;
         Ok(AsyncEventStream { fd, events: self })
     }

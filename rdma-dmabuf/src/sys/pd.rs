@@ -1,6 +1,6 @@
 //! Protection domains (`ibv_alloc_pd`).
 
-use crate::device::Context;
+use super::device::Context;
 use crate::error::{Error, Op, Result};
 use rdma_sys as ffi;
 use std::fmt;
@@ -46,7 +46,8 @@ impl ProtectionDomain {
         &self.ctx
     }
 
-    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_pd {
+    /// The `ibv_pd`, for the calls of this layer that take it.
+    pub(in crate::sys) fn as_ptr(&self) -> *mut ffi::ibv_pd {
         self.pd.as_ptr()
     }
 }

@@ -1,0 +1,162 @@
+//! Host memory: the anonymous mappings behind [`HostBuffer`] (`mmap`, `munmap`), the only
+//! host memory this crate registers by address, its slices, and volatile reads of memory a
+//! peer may be writing.
+
+use crate::error::{Error, Op, Result};
+use nix::sys::mman;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Page-aligned host memory from an anonymous mapping, zero-filled; unmapped on drop.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain owned memory, like a `Box<[u8]>`.
+unsafe impl Send for HostBuffer {}
+// SAFETY: `&HostBuffer` gives only shared `&[u8]` access.
+unsafe impl Sync for HostBuffer {}
+
+impl fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl HostBuffer {
+    /// Maps `len` bytes (rounded up to the page size) of zeroed memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for length 0; [`Error::Verbs`] if `mmap` fails.
+    pub fn new(len: usize) -> Result<HostBuffer> {
+        if len == 0 {
+            return Err(Error::invalid(Op::AllocHost, "length 0"));
+        }
+        let page = drm_export::page_size() as usize;
+        let Some(len) = len.checked_next_multiple_of(page) else {
+            return Err(Error::invalid(
+                Op::AllocHost,
+                format!("{len} bytes: rounded up to the {page}-byte page size, past usize::MAX"),
+            ));
+        };
+        if isize::try_from(len).is_err() {
+            return Err(Error::invalid(
+                Op::AllocHost,
+                format!("{len} bytes: more than isize::MAX, the largest Rust slice"),
+            ));
+        }
+        let size = std::num::NonZeroUsize::new(len).expect("checked above: at least a page");
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
+        // nothing of this process; it is unmapped exactly once, in Drop.
+        let p = unsafe {
+            mman::mmap_anonymous(
+                None,
+                size,
+                mman::ProtFlags::PROT_READ | mman::ProtFlags::PROT_WRITE,
+                mman::MapFlags::MAP_PRIVATE,
+            )
+        }
+        .map_err(|e| Error::from_errno(Op::AllocHost, format!("mmap of {len} bytes"), e as i32))?;
+        let ptr = p.cast::<u8>();
+        Ok(HostBuffer { ptr, len })
+    }
+
+    /// The length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes until drop; `&self` excludes `&mut` views.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_slice`, and `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The first byte's address: for registration, and as a value (logs, checks).
+    pub(crate) fn addr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Copies `out.len()` bytes at `offset` with volatile reads, making no reference to
+    /// them; `false` (nothing copied) if the range is not inside the buffer.
+    pub(crate) fn read_volatile_at(&self, offset: usize, out: &mut [u8]) -> bool {
+        if offset
+            .checked_add(out.len())
+            .is_none_or(|end| end > self.len)
+        {
+            return false;
+        }
+        // Pointer arithmetic without `unsafe`: every address is checked above to be in the
+        // buffer.
+        let base = self.ptr.as_ptr().wrapping_add(offset);
+        for (i, byte) in out.iter_mut().enumerate() {
+            // SAFETY: `offset + i` is inside the mapping (checked above), which stays mapped
+            // while `self` lives; a volatile read of a `u8` is never torn and makes no
+            // reference, so a concurrent write by a device or peer changes only the value.
+            *byte = unsafe { std::ptr::read_volatile(base.wrapping_add(i)) };
+        }
+        true
+    }
+
+    /// `len` bytes at `start`, for a holder of that range of the buffer that nothing writes
+    /// meanwhile.
+    ///
+    /// # Safety
+    /// `start..start + len` is inside the buffer, and nothing writes those bytes while the
+    /// returned slice lives, neither the CPU (no `&mut` to them) nor a device.
+    pub(crate) unsafe fn range(&self, start: usize, len: usize) -> &[u8] {
+        debug_assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        let first = self.ptr.as_ptr().wrapping_add(start);
+        // SAFETY: in bounds and not written meanwhile (this function's contract).
+        unsafe { std::slice::from_raw_parts(first, len) }
+    }
+
+    /// `len` bytes at `start`, for the one holder of that range of the buffer.
+    ///
+    /// # Safety
+    /// `start..start + len` is inside the buffer, and no other reference to those bytes is
+    /// used while the returned slice lives, by the CPU or by a device (the caller owns that
+    /// range exclusively: a [`Shard`](crate::Shard) borrowed exclusively).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn range_mut(&self, start: usize, len: usize) -> &mut [u8] {
+        debug_assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        let first = self.ptr.as_ptr().wrapping_add(start);
+        // SAFETY: in bounds and exclusive (this function's contract).
+        unsafe { std::slice::from_raw_parts_mut(first, len) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in `new`, unmapped once; no slice outlives `self`,
+        // and a region over it deregisters before dropping it (a registration owns it).
+        if let Err(e) = unsafe { mman::munmap(self.ptr.cast(), self.len) } {
+            crate::diag::warn(format_args!(
+                "munmap of a {}-byte host buffer: {e}",
+                self.len
+            ));
+        }
+    }
+}
+
+/// A [`HostBuffer`] that several regions hold at once: one per protection domain when one
+/// buffer is registered on several devices
+/// ([`MemoryRegion::register_shared_host`](crate::MemoryRegion::register_shared_host)).
+///
+/// It gives the CPU no access at all (no bytes, neither shared nor mutable): the regions
+/// over it lend it to NICs independently, so any of them may be in use at any time, and a
+/// peer may write it through any of them. The [`HostBuffer`] comes back from
+/// [`SharedHostBuffer::try_into_inner`] only once nothing else holds it, that is, after
+/// every region over it has been deregistered.
+#[derive(Debug, Clone)]
+pub struct SharedHostBuffer(pub(crate) Arc<HostBuffer>);

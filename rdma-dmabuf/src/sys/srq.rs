@@ -1,0 +1,174 @@
+//! Shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_modify_srq`,
+//! `ibv_query_srq`, `ibv_destroy_srq`).
+
+use super::cq::CompletionQueue;
+use super::pd::ProtectionDomain;
+use rdma_sys as ffi;
+use std::any::Any;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+/// The verbs objects of a shared receive queue, shared with the queue pairs that receive
+/// through them (each holds an `Arc`, so the SRQ is destroyed after its last queue pair).
+pub(crate) struct SrqCore {
+    srq: NonNull<ffi::ibv_srq>,
+    /// Every joined queue pair's receive completions, with a completion channel (for
+    /// awaited receives). Dropped after the SRQ (Drop below).
+    cq: CompletionQueue,
+    /// What must outlive the SRQ (a dropped handle's receives still posted: their buffers),
+    /// dropped after it is destroyed (field order), when the NIC can no longer fill them.
+    orphans: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Dropped last: the SRQ lives in this PD.
+    pd: Arc<ProtectionDomain>,
+    depth: u32,
+    max_sge: u32,
+}
+
+// SAFETY: libibverbs lets an SRQ be posted to and destroyed from any thread. The CQ is polled
+// only through the one `SharedReceiveQueue` handle, which is `!Sync`; queue pairs use only its
+// pointer, at creation. `orphans` is behind a mutex.
+unsafe impl Send for SrqCore {}
+// SAFETY: as above: shared references to the core are used only for the raw pointers (at QP
+// creation), posts (thread-safe in libibverbs), the CQ through the `!Sync` handle, and the
+// mutex.
+unsafe impl Sync for SrqCore {}
+
+impl fmt::Debug for SrqCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SrqCore")
+            .field("device", &self.pd.context().name())
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+impl SrqCore {
+    /// `ibv_create_srq` of `depth` receives of one SGE each in `pd`, completing on `cq`'s
+    /// queue pairs' behalf (the CQ is kept until after the SRQ is destroyed).
+    ///
+    /// # Errors
+    /// The OS error of the call.
+    pub(crate) fn create(
+        pd: &Arc<ProtectionDomain>,
+        cq: CompletionQueue,
+        depth: u32,
+    ) -> std::io::Result<SrqCore> {
+        let mut init: ffi::ibv_srq_init_attr = super::zeroed();
+        init.attr.max_wr = depth;
+        init.attr.max_sge = 1;
+        // SAFETY: live PD; `init` is valid for the call.
+        let srq = unsafe { ffi::ibv_create_srq(pd.as_ptr(), &mut init) };
+        let srq = NonNull::new(srq).ok_or_else(std::io::Error::last_os_error)?;
+        Ok(SrqCore {
+            srq,
+            cq,
+            orphans: Mutex::new(None),
+            pd: pd.clone(),
+            depth,
+            max_sge: init.attr.max_sge,
+        })
+    }
+
+    /// The raw SRQ and its CQ, for creating a queue pair on them.
+    pub(in crate::sys) fn raw(&self) -> (*mut ffi::ibv_srq, *mut ffi::ibv_cq) {
+        (self.srq.as_ptr(), self.cq.as_ptr())
+    }
+
+    /// The completion queue of every joined queue pair's receives.
+    pub(crate) fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// The protection domain it was created in.
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// The most receives it holds.
+    pub(crate) fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The SGEs per receive granted.
+    pub(crate) fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
+    /// Keeps `held` until after the SRQ is destroyed.
+    pub(crate) fn keep_until_destroyed(&self, held: Box<dyn Any + Send>) {
+        let mut orphans = self
+            .orphans
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *orphans = Some(held);
+    }
+
+    /// `ibv_post_srq_recv` of one receive.
+    ///
+    /// # Errors
+    /// The errno the provider returned; the receive was then not posted.
+    ///
+    /// # Safety
+    /// Each SGE of `wr` lies inside a region registered in this SRQ's PD, with its lkey, and
+    /// that memory stays registered and out of the CPU's reach until the receive's
+    /// completion is polled or the SRQ is destroyed.
+    pub(crate) unsafe fn post_recv(
+        &self,
+        wr: &mut ffi::ibv_recv_wr,
+    ) -> std::result::Result<(), i32> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live SRQ; `wr` and its SGEs are valid for the call (the provider copies
+        // them); the memory they name is the caller's to keep (this function's contract).
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.srq.as_ptr(), wr, &mut bad) };
+        if rc != 0 {
+            return Err(rc);
+        }
+        Ok(())
+    }
+
+    /// `ibv_modify_srq` of the limit.
+    ///
+    /// # Errors
+    /// The errno the provider returned.
+    pub(crate) fn set_limit(&self, limit: u32) -> std::result::Result<(), i32> {
+        let mut attr: ffi::ibv_srq_attr = super::zeroed();
+        attr.srq_limit = limit;
+        let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32;
+        // SAFETY: live SRQ; `attr` valid for the call; the mask names the one field set.
+        let rc = unsafe { ffi::ibv_modify_srq(self.srq.as_ptr(), &mut attr, mask) };
+        if rc != 0 {
+            return Err(rc);
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_srq`: the current limit.
+    ///
+    /// # Errors
+    /// The errno the provider returned.
+    pub(crate) fn query_limit(&self) -> std::result::Result<u32, i32> {
+        let mut attr: ffi::ibv_srq_attr = super::zeroed();
+        // SAFETY: live SRQ; valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_srq(self.srq.as_ptr(), &mut attr) };
+        if rc != 0 {
+            return Err(rc);
+        }
+        Ok(attr.srq_limit)
+    }
+}
+
+impl Drop for SrqCore {
+    fn drop(&mut self) {
+        // SAFETY: every queue pair that joined holds this core and destroyed its QP before
+        // releasing it, so none is attached; destroyed once. Its CQ and the orphaned buffers
+        // drop after this (fields).
+        let rc = unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
+        if rc != 0 {
+            crate::diag::warn(format_args!(
+                "ibv_destroy_srq on {} failed: {rc}",
+                self.pd.context().name()
+            ));
+        }
+    }
+}
