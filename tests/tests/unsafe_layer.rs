@@ -31,7 +31,11 @@ fn allows_outside_sys(src: &Path) -> BTreeMap<String, usize> {
     rust_files(src, &mut files);
     let mut found = BTreeMap::new();
     for file in files {
-        let rel = file.strip_prefix(src).unwrap().to_string_lossy().into_owned();
+        let rel = file
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         if rel.starts_with("sys/") {
             continue;
         }
