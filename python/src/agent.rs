@@ -2,7 +2,7 @@
 //! alive while registered.
 
 use crate::errors::{Class, Failure, Result};
-use crate::host::{export_pinned, pin, HostMemory, Pin};
+use crate::host::{foreign_buffer, pin, HostMemory};
 use crate::memory::{from_fd, PyDmaBuf};
 use crate::transfer::{bound, Batch, Notification, Transfer};
 use gpu_rdma_engine::{Agent as EngineAgent, Memory, Settings};
@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 enum Held {
     /// A `DmaBuf` object, given its dma-buf back when unregistered.
     DmaBuf(Py<PyDmaBuf>),
-    /// The object registered (a `HostMemory`, a buffer over one, a CUDA tensor's owner),
-    /// and the pinned export of a buffer's bytes.
-    Object(PyObject, Option<Pin>),
+    /// The object registered (a `HostMemory`, a buffer object, a CUDA tensor's owner); a
+    /// buffer's pinned export is held by the segment's `HostBuffer` itself.
+    Object(PyObject),
     /// A dma-buf from an `int` fd (a duplicate of it): handed back as a new `DmaBuf`.
     Fd,
 }
@@ -116,10 +116,7 @@ impl Agent {
         }
         if let Ok(h) = obj.downcast::<HostMemory>() {
             let dmabuf = h.borrow().export()?;
-            return Ok((
-                Memory::DmaBuf(dmabuf),
-                Held::Object(obj.clone().unbind(), None),
-            ));
+            return Ok((Memory::DmaBuf(dmabuf), Held::Object(obj.clone().unbind())));
         }
         if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
             let fd: i32 = obj.extract().map_err(|e| {
@@ -134,14 +131,12 @@ impl Agent {
         if let Some((ptr, len)) = cuda_array(obj)? {
             let device = cuda_device(obj.py(), 0)?;
             let memory = Memory::Cuda { device, ptr, len };
-            return Ok((memory, Held::Object(obj.clone().unbind(), None)));
+            return Ok((memory, Held::Object(obj.clone().unbind())));
         }
-        let pinned = pin(obj)?;
-        let dmabuf = export_pinned(&pinned)?;
-        Ok((
-            Memory::DmaBuf(dmabuf),
-            Held::Object(obj.clone().unbind(), Some(pinned)),
-        ))
+        // Any other writable buffer: registered in place (no copy), its export held by the
+        // segment's buffer until it is unregistered.
+        let buffer = foreign_buffer(pin(obj)?)?;
+        Ok((Memory::Host(buffer), Held::Object(obj.clone().unbind())))
     }
 
     fn insert(&self, py: Python<'_>, name: &str, memory: Memory, held: Held) -> PyResult<u64> {
@@ -290,7 +285,7 @@ impl Agent {
             len: size,
         };
         let owner = owner.unwrap_or_else(|| py.None());
-        self.insert(py, name, memory, Held::Object(owner, None))
+        self.insert(py, name, memory, Held::Object(owner))
     }
 
     /// Unregisters segment `name` (refused with `Busy` while a transfer uses it) and returns
@@ -316,10 +311,10 @@ impl Agent {
                 d.into_any()
             }
             (Some(Held::Fd), Memory::DmaBuf(m)) => Py::new(py, PyDmaBuf::wrap(m))?.into_any(),
-            (Some(Held::Object(o, pinned)), m) => {
-                // Deregistered: the udmabuf goes, then the buffer's export.
+            (Some(Held::Object(o)), m) => {
+                // Deregistered: the memory goes (a udmabuf, or the buffer holding the
+                // object's export), and the object is handed back.
                 drop(m);
-                drop(pinned);
                 o
             }
             (_, m) => {

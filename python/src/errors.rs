@@ -169,6 +169,20 @@ impl Failure {
         }
     }
 
+    /// rdma-dmabuf's error `e`, during `operation`.
+    pub fn rdma(operation: &str, e: &rdma_dmabuf::Error) -> Failure {
+        let kind = e.kind();
+        let message = e.to_string();
+        Failure {
+            class: rdma_class(kind),
+            kind: format!("{kind:?}"),
+            operation: operation.into(),
+            hint: hint_of(&message),
+            message,
+            errno: e.errno(),
+        }
+    }
+
     /// drm-export's error `e`, during `operation`.
     pub fn export(operation: &str, e: &drm_export::Error) -> Failure {
         use drm_export::Error as E;

@@ -1,37 +1,16 @@
-//! Host memory from Python: `HostMemory`, page-aligned memory a udmabuf can export (a sealed
-//! memfd mapped into the process), and the pinning of buffer-protocol objects.
-//!
-//! rdma-dmabuf registers host memory only as its own `HostBuffer` (an anonymous mapping it
-//! makes, with a sealed `Backing` trait): it has no constructor over memory another owner
-//! holds. So memory a Python object owns (a `bytearray`, a numpy array allocated by numpy)
-//! cannot be registered without a copy, and this module refuses it (`Unsupported`, with the
-//! way round it as the hint). Memory of a `HostMemory` can: a buffer object over it (a
-//! numpy array from `numpy.frombuffer(mem.buffer)`, a `memoryview` slice) is exported as a
-//! new udmabuf of the same memfd pages, so the NIC and the array share the memory.
+//! Host memory from Python: the pinning of buffer-protocol objects (a `bytearray`, a numpy
+//! array, a `memoryview`, an `mmap`) registered in place, without a copy, as
+//! `HostBuffer::from_foreign` over the pinned bytes; and `HostMemory`, page-aligned memory
+//! a udmabuf can export (a sealed memfd mapped into the process), for segments that are
+//! dma-bufs.
 
 use crate::errors::{Class, Failure, Result};
 use drm_export::{DmaBuf, MemfdPages, Udmabuf};
 use pyo3::prelude::*;
+use rdma_dmabuf::HostBuffer;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex};
-
-/// A live `HostMemory`'s mapping: its first byte's address, length and memfd.
-struct Mapped {
-    base: usize,
-    len: usize,
-    memfd: Arc<OwnedFd>,
-}
-
-/// Every live `HostMemory`'s mapping. An entry exists only while its `HostMemory` is alive,
-/// and a `HostMemory` holds its mapping (the `mmap` object), so an address found here is
-/// mapped to that memfd.
-static MAPPED: Mutex<Vec<Mapped>> = Mutex::new(Vec::new());
-
-fn mapped() -> std::sync::MutexGuard<'static, Vec<Mapped>> {
-    MAPPED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Page-aligned host memory that segments can be made of without a copy: a sealed memfd,
 /// mapped shared (`buffer`, an `mmap.mmap`), exported as a udmabuf when registered.
@@ -95,41 +74,28 @@ pub(crate) fn pin(obj: &Bound<'_, PyAny>) -> Result<Pin> {
     })
 }
 
-/// The dma-buf of `pin`'s pages when they are a `HostMemory`'s (a udmabuf of the same
-/// memfd pages); `Unsupported` for memory another owner allocated.
-pub(crate) fn export_pinned(pin: &Pin) -> Result<DmaBuf> {
-    let page = drm_export::page_size() as usize;
-    let found = mapped()
-        .iter()
-        .find(|m| pin.addr >= m.base && pin.addr + pin.len <= m.base + m.len)
-        .map(|m| (pin.addr - m.base, m.memfd.clone()));
-    let Some((offset, memfd)) = found else {
-        return Err(Failure::new(
-            Class::Unsupported,
-            "register",
-            format!(
-                "register: {} bytes of host memory at {:#x} that gpu_rdma did not allocate",
-                pin.len, pin.addr
-            ),
-        )
-        .hinted(
-            "rdma-dmabuf registers only host memory it allocates (no copy is made): allocate \
-             with gpu_rdma.HostMemory(size) and view it with numpy.frombuffer(mem.buffer)",
-        ));
-    };
-    if !offset.is_multiple_of(page) || !pin.len.is_multiple_of(page) {
-        return Err(Failure::new(
+/// The pinned bytes as a `HostBuffer` to register in place: the buffer holds the pin (and
+/// with it the object's buffer export) until it drops, after every region over it is
+/// deregistered.
+#[allow(unsafe_code)] // HostBuffer::from_foreign: see the SAFETY comment
+pub(crate) fn foreign_buffer(pin: Pin) -> Result<HostBuffer> {
+    let (addr, len) = (pin.addr, pin.len);
+    let ptr = NonNull::new(addr as *mut u8).ok_or_else(|| {
+        Failure::new(
             Class::InvalidInput,
             "register",
-            format!(
-                "register: {} bytes at offset {offset} of a HostMemory: a segment is whole \
-                 {page}-byte pages",
-                pin.len
-            ),
-        ));
-    }
-    Udmabuf::export(&*memfd, offset as u64, pin.len as u64)
-        .map_err(|e| Failure::export("register", &e))
+            "register: a buffer at address 0".to_string(),
+        )
+    })?;
+    // SAFETY: `addr..addr + len` are the bytes of a writable, C-contiguous buffer export
+    // (ctypes' `from_buffer`, held by `pin._holder`): while the export is held the object
+    // cannot resize or free them (a `bytearray` refuses to resize, an `mmap` to close, numpy
+    // keeps its data), and `pin` is the buffer's owner, dropped with it. No slice of them is
+    // ever made on this side: the buffer goes straight to the engine as a segment, which
+    // gives the CPU no access, and comes back from `unregister` only to be dropped. What
+    // Python code does with the bytes meanwhile races only with the NIC, as in C.
+    unsafe { HostBuffer::from_foreign(ptr, len, Box::new(pin)) }
+        .map_err(|e| Failure::rdma("register", &e))
 }
 
 #[pymethods]
@@ -143,14 +109,8 @@ impl HostMemory {
         // Python's mmap duplicates the fd: the mapping lives as long as the mmap object.
         let mapping = py.import("mmap")?.getattr("mmap")?.call1((fd, size))?;
         let base = pin(&mapping)?.addr;
-        mapped().push(Mapped {
-            base,
-            len: size as usize,
-            memfd: Arc::new(memfd),
-        });
-        let memfd = mapped().last().map(|m| m.memfd.clone()).expect("pushed");
         Ok(HostMemory {
-            memfd,
+            memfd: Arc::new(memfd),
             size,
             base,
             mapping: mapping.unbind(),
@@ -189,11 +149,5 @@ impl HostMemory {
     /// A udmabuf of all of it.
     pub(crate) fn export(&self) -> Result<DmaBuf> {
         Udmabuf::export(&*self.memfd, 0, self.size).map_err(|e| Failure::export("register", &e))
-    }
-}
-
-impl Drop for HostMemory {
-    fn drop(&mut self) {
-        mapped().retain(|m| !Arc::ptr_eq(&m.memfd, &self.memfd));
     }
 }

@@ -12,6 +12,10 @@
 //! * `etcd`: the metadata service an agent starts with (embedded, or etcd).
 //! * `errors`: the exception hierarchy.
 
+// Unsafe code: only the registration of a pinned buffer in place (`host::foreign_buffer`) and
+// the duplicate of an fd number (`memory::from_fd`).
+#![deny(unsafe_code)]
+
 mod agent;
 mod errors;
 mod etcd;

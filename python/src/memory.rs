@@ -216,6 +216,7 @@ pub(crate) fn dmabuf_from_fd(fd: i32) -> PyResult<PyDmaBuf> {
 }
 
 /// The dma-buf behind a duplicate of `fd`.
+#[allow(unsafe_code)] // dup of an fd number Python gave: see the SAFETY comments
 pub(crate) fn from_fd(fd: i32) -> Result<DmaBuf> {
     if fd < 0 {
         return Err(Failure::new(

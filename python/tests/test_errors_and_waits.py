@@ -29,16 +29,11 @@ def test_bad_memory_is_refused_typed(pair: Pair) -> None:
     for bad in ("text", 3.5, None, b"read-only bytes", bytearray()):
         with pytest.raises(gpu_rdma.InvalidInput):
             a.register("x", bad)
-    # Memory another owner allocated: no copy is made, so it cannot be a segment yet.
-    ba = bytearray(8192)
-    with pytest.raises(gpu_rdma.Unsupported) as e:
-        a.register("x", ba)
-    assert e.value.hint and "HostMemory" in e.value.hint
-    ba.extend(b"still resizable: nothing holds it")
-    # Part of a page of a HostMemory.
-    mem = gpu_rdma.HostMemory(8192)
+    # A non-contiguous view.
+    import numpy as np
+
     with pytest.raises(gpu_rdma.InvalidInput):
-        a.register("x", memoryview(mem.buffer)[100:4196])
+        a.register("x", np.zeros((64, 64), dtype=np.uint8)[:, ::2])
     assert a.segments() == []
 
 

@@ -69,6 +69,33 @@ def test_numpy_arrays_over_host_memory(pair: Pair) -> None:
     assert a.unregister("src") is src
 
 
+def test_memory_python_allocated_registers_in_place(pair: Pair) -> None:
+    """A bytearray and a numpy array numpy allocated (neither page-aligned nor whole pages)
+    are segments without a copy: the NIC writes into the objects' own bytes, and they cannot
+    be resized while registered."""
+    a, b = pair
+    size = 3 * 4096 + 123
+    src = np.random.default_rng(11).integers(0, 256, size=size, dtype=np.uint8)
+    dst = bytearray(size + 77)
+    a.register("src", src)
+    b.register("dst", memoryview(dst)[77:])
+    with pytest.raises(BufferError):
+        dst.extend(b"no: a registration holds the buffer")
+    t = a.transfer(gpu_rdma.Batch().write("src", 0, "b", "dst", 0, size))
+    t.wait(WAIT)
+    assert t.done
+    assert bytes(dst[77:]) == src.tobytes()
+    assert dst[:77] == bytes(77), "bytes before the segment were written"
+    back = np.zeros(size, dtype=np.uint8)
+    a.register("back", back)
+    a.transfer(gpu_rdma.Batch().read("back", 0, "b", "dst", 0, size)).wait(WAIT)
+    assert np.array_equal(back, src)
+    b.unregister("dst")
+    a.unregister("src")
+    a.unregister("back")
+    dst.extend(b"resizable again once unregistered")
+
+
 def test_a_registration_outlives_its_objects_other_references(pair: Pair) -> None:
     a, b = pair
     size = 64 << 10

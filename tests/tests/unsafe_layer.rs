@@ -140,11 +140,26 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
     ),
 ];
 
+/// The Python package: a pinned buffer registered in place, and an fd number duplicated.
+const PYTHON: &[(&str, usize, &str)] = &[
+    (
+        "host.rs",
+        1,
+        "HostBuffer::from_foreign over a buffer export the HostBuffer itself holds",
+    ),
+    (
+        "memory.rs",
+        1,
+        "a duplicate of an fd number from Python (fcntl), owned at once",
+    ),
+];
+
 #[test]
 fn the_libraries_deny_unsafe_code_outside_their_raw_layer() {
     for (krate, lint) in [
         ("drm-export", "#![deny(unsafe_code)]"),
         ("rdma-dmabuf", "#![deny(unsafe_code)]"),
+        ("python", "#![deny(unsafe_code)]"),
         ("engine", "#![forbid(unsafe_code)]"),
     ] {
         let lib = std::fs::read_to_string(root().join(krate).join("src/lib.rs")).unwrap();
@@ -161,7 +176,11 @@ fn the_libraries_deny_unsafe_code_outside_their_raw_layer() {
 
 #[test]
 fn unsafe_outside_the_raw_layers_is_only_where_the_table_says() {
-    for (krate, rows) in [("drm-export", DRM_EXPORT), ("rdma-dmabuf", RDMA_DMABUF)] {
+    for (krate, rows) in [
+        ("drm-export", DRM_EXPORT),
+        ("rdma-dmabuf", RDMA_DMABUF),
+        ("python", PYTHON),
+    ] {
         assert_eq!(
             allows_outside_sys(&root().join(krate).join("src")),
             table(rows),

@@ -1,20 +1,26 @@
-//! Host memory: the anonymous mappings behind [`HostBuffer`] (`mmap`, `munmap`), the only
-//! host memory this crate registers by address, its slices, and volatile reads of memory a
-//! peer may be writing.
+//! Host memory: the anonymous mappings behind [`HostBuffer`] (`mmap`, `munmap`) and the
+//! memory of other owners it may hold instead, the only host memory this crate registers by
+//! address; its slices, and volatile reads of memory a peer may be writing.
 
 use crate::error::{Error, Op, Result};
 use nix::sys::mman;
+use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// Page-aligned host memory from an anonymous mapping, zero-filled; unmapped on drop.
+/// Host memory to register as a region: page-aligned memory from an anonymous mapping,
+/// zero-filled, unmapped on drop ([`HostBuffer::new`]); or memory another owner holds, kept
+/// by that owner until this value drops ([`HostBuffer::from_foreign`]).
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// `None`: the mapping is this value's own (unmapped on drop). `Some`: what keeps
+    /// another owner's memory allocated, dropped with this value.
+    owner: Option<Box<dyn Any + Send + Sync>>,
 }
 
-// SAFETY: plain owned memory, like a `Box<[u8]>`.
+// SAFETY: plain owned memory, like a `Box<[u8]>` (a foreign buffer's owner is `Send + Sync`).
 unsafe impl Send for HostBuffer {}
 // SAFETY: `&HostBuffer` gives only shared `&[u8]` access.
 unsafe impl Sync for HostBuffer {}
@@ -23,6 +29,7 @@ impl fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostBuffer")
             .field("len", &self.len)
+            .field("foreign", &self.owner.is_some())
             .finish()
     }
 }
@@ -62,10 +69,68 @@ impl HostBuffer {
         }
         .map_err(|e| Error::from_errno(Op::AllocHost, format!("mmap of {len} bytes"), e as i32))?;
         let ptr = p.cast::<u8>();
-        Ok(HostBuffer { ptr, len })
+        Ok(HostBuffer {
+            ptr,
+            len,
+            owner: None,
+        })
     }
 
-    /// The length in bytes (a multiple of the page size).
+    /// `len` bytes at `ptr` that another owner holds (a Python object's buffer, a C
+    /// allocation), as a buffer to register without a copy; `owner` keeps them allocated and
+    /// is dropped with this value (after every region over it has been deregistered, since
+    /// a region owns its buffer). The memory has the owner's alignment (a region does not
+    /// need pages).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for length 0, more than `isize::MAX` bytes, or a range
+    /// that wraps around the address space.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` is memory of this process, readable and writable, that stays
+    /// allocated at that address (not freed, unmapped, moved or resized) until `owner` is
+    /// dropped. While a slice of it made through this buffer is alive ([`as_slice`],
+    /// [`as_mut_slice`], a region's `bytes`/`bytes_mut`, a shard's), nothing else reads or
+    /// writes those bytes (no other code of this process, no device): the compiler's rules
+    /// for a `&[u8]` / `&mut [u8]`. Memory the owner may change at any time is fine as long
+    /// as no such slice is made (a region shared on several devices, a segment of the
+    /// engine: neither gives the CPU a slice).
+    ///
+    /// [`as_slice`]: HostBuffer::as_slice
+    /// [`as_mut_slice`]: HostBuffer::as_mut_slice
+    pub unsafe fn from_foreign(
+        ptr: NonNull<u8>,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<HostBuffer> {
+        let bad = |what: String| Err(Error::invalid(Op::AllocHost, what));
+        if len == 0 {
+            return bad("foreign memory of length 0".into());
+        }
+        if isize::try_from(len).is_err() {
+            return bad(format!(
+                "{len} bytes of foreign memory: more than isize::MAX, the largest Rust slice"
+            ));
+        }
+        if (ptr.as_ptr() as usize).checked_add(len).is_none() {
+            return bad(format!(
+                "{len} bytes of foreign memory at {ptr:p} wrap around the address space"
+            ));
+        }
+        Ok(HostBuffer {
+            ptr,
+            len,
+            owner: Some(owner),
+        })
+    }
+
+    /// Whether the memory is another owner's ([`HostBuffer::from_foreign`]).
+    pub fn is_foreign(&self) -> bool {
+        self.owner.is_some()
+    }
+
+    /// The length in bytes (a multiple of the page size for a buffer of
+    /// [`HostBuffer::new`]).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -138,6 +203,10 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // Another owner's memory: released when `owner` drops, after this.
+            return;
+        }
         // SAFETY: exactly the mapping made in `new`, unmapped once; no slice outlives `self`,
         // and a region over it deregisters before dropping it (a registration owns it).
         if let Err(e) = unsafe { mman::munmap(self.ptr.cast(), self.len) } {

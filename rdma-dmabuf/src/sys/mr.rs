@@ -29,7 +29,9 @@ pub(crate) unsafe trait HostMemory {
     fn mapping(&self) -> &HostBuffer;
 }
 
-// SAFETY: a buffer is its own mapping, unmapped only by its drop.
+// SAFETY: a buffer's memory is its own mapping, unmapped only by its drop, or another owner's,
+// kept allocated at its address until the buffer drops (`HostBuffer::from_foreign`'s
+// contract).
 unsafe impl HostMemory for HostBuffer {
     fn mapping(&self) -> &HostBuffer {
         self
