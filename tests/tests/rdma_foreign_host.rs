@@ -5,7 +5,7 @@
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pattern, pd};
-use rdma_dmabuf::{Access, ErrorKind, HostBuffer, MemoryRegion};
+use rdma_dmabuf::{Access, ErrorKind, HostBuffer, Local, MemoryRegion};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -83,7 +83,7 @@ fn the_nic_writes_foreign_memory_in_place() {
     assert_eq!(dst.len(), len as u64);
     let remote = dst.remote().unwrap();
     let done = a
-        .post_write(src, remote, None)
+        .post_write(Local::new(src, 0..len as u64), remote, None)
         .expect("post the write")
         .spin()
         .expect("the write completes");
