@@ -1,5 +1,6 @@
 """Type stubs of the extension module gpu_rdma._native (checked by mypy in the test run)."""
 
+import asyncio
 import mmap
 from typing import Any, Awaitable, List, Optional, Sequence, Union
 
@@ -82,7 +83,9 @@ class Transfer:
     """A submitted batch."""
 
     def wait(self, timeout: float) -> None: ...
-    def finished(self, timeout: float) -> Awaitable[None]: ...
+    def finished(self, timeout: float) -> "asyncio.Future[None]":
+        """An asyncio future of `wait(timeout)`, settled from the engine (no executor
+        thread waits); call it from a coroutine."""
     @property
     def done(self) -> bool: ...
     def status(self) -> List[str]: ...

@@ -1,8 +1,9 @@
 //! `Agent`: the engine's agent, its segments and what keeps each segment's Python memory
 //! alive while registered.
 
+use crate::dlpack;
 use crate::errors::{Class, Failure, Result};
-use crate::host::{foreign_buffer, pin, HostMemory};
+use crate::host::{foreign_buffer, is_buffer, pin, HostMemory, Pin};
 use crate::memory::{from_fd, PyDmaBuf};
 use crate::transfer::{bound, Batch, Notification, Transfer};
 use gpu_rdma_engine::{Agent as EngineAgent, Memory, Settings};
@@ -19,6 +20,9 @@ enum Held {
     /// The object registered (a `HostMemory`, a buffer object, a CUDA tensor's owner); a
     /// buffer's pinned export is held by the segment's `HostBuffer` itself.
     Object(PyObject),
+    /// A DLPack tensor's object (handed back when unregistered) and its unconsumed capsule
+    /// (which keeps the tensor allocated; let go after the memory is deregistered).
+    Tensor(PyObject, PyObject),
     /// A dma-buf from an `int` fd (a duplicate of it): handed back as a new `DmaBuf`.
     Fd,
 }
@@ -101,6 +105,37 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> Result<Option<(u64, u64)>> {
     Ok(Some((ptr, len)))
 }
 
+/// A DLPack tensor (one that is not a buffer: a torch tensor, a JAX array) registered in
+/// place: host memory through `HostBuffer::from_foreign` holding the capsule and the
+/// object, CUDA memory as a CUDA range; the segment holds both as well.
+fn dlpack_memory(obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
+    let py = obj.py();
+    let t = dlpack::tensor(obj)?;
+    let memory = match t.place {
+        dlpack::Place::Cuda(ordinal) => Memory::Cuda {
+            device: cuda_device(py, ordinal)?,
+            ptr: t.addr,
+            len: t.len,
+        },
+        dlpack::Place::Host => {
+            let addr = usize::try_from(t.addr).map_err(|_| {
+                Failure::new(
+                    Class::InvalidInput,
+                    "register",
+                    "register: __dlpack__: an address past usize".to_string(),
+                )
+            })?;
+            let pin = Pin {
+                _holder: t.capsule.clone_ref(py),
+                addr,
+                len: t.len as usize,
+            };
+            Memory::Host(foreign_buffer(pin)?)
+        }
+    };
+    Ok((memory, Held::Tensor(obj.clone().unbind(), t.capsule)))
+}
+
 impl Agent {
     fn engine(&self, op: &str) -> Result<Arc<EngineAgent>> {
         lock(&self.agent)
@@ -132,6 +167,9 @@ impl Agent {
             let device = cuda_device(obj.py(), 0)?;
             let memory = Memory::Cuda { device, ptr, len };
             return Ok((memory, Held::Object(obj.clone().unbind())));
+        }
+        if obj.hasattr("__dlpack__").unwrap_or(false) && !is_buffer(obj) {
+            return dlpack_memory(obj);
         }
         // Any other writable buffer: registered in place (no copy), its export held by the
         // segment's buffer until it is unregistered.
@@ -317,6 +355,11 @@ impl Agent {
                 drop(m);
                 o
             }
+            (Some(Held::Tensor(o, capsule)), m) => {
+                drop(m);
+                drop(capsule);
+                o
+            }
             (_, m) => {
                 drop(m);
                 py.None()
@@ -328,9 +371,9 @@ impl Agent {
     /// `NotFound`), then posted. Returns at once; wait on the `Transfer`.
     fn transfer(&self, py: Python<'_>, batch: &Batch) -> PyResult<Transfer> {
         let agent = self.engine("transfer")?;
-        let b = batch.inner.clone();
+        let b = &batch.inner;
         let t = py
-            .allow_threads(move || agent.transfer(&b))
+            .allow_threads(move || agent.transfer(b))
             .map_err(|e| Failure::engine("transfer", &e))?;
         Ok(Transfer { inner: Arc::new(t) })
     }

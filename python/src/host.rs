@@ -24,14 +24,32 @@ pub(crate) struct HostMemory {
     mapping: PyObject,
 }
 
-/// A writable buffer-protocol object's bytes, held: a ctypes array made with
-/// `from_buffer` holds the object's buffer export (a `Py_buffer`) for as long as it lives,
-/// so a `bytearray` cannot be resized nor its memory freed while the pin is held.
+/// Writable bytes of a Python object, held: for a buffer-protocol object, a ctypes array
+/// made with `from_buffer` holds the object's buffer export (a `Py_buffer`) for as long as
+/// it lives, so a `bytearray` cannot be resized nor its memory freed while the pin is held;
+/// for a DLPack tensor, its unconsumed capsule (the producer frees the tensor only when the
+/// capsule is destroyed).
 pub(crate) struct Pin {
-    /// The ctypes array holding the export (released when the pin drops).
+    /// What keeps the bytes allocated (released when the pin drops).
     pub _holder: PyObject,
     pub addr: usize,
     pub len: usize,
+}
+
+/// Whether `obj` has the buffer protocol (a `memoryview` of it can be made).
+pub(crate) fn is_buffer(obj: &Bound<'_, PyAny>) -> bool {
+    let view = obj
+        .py()
+        .import("builtins")
+        .and_then(|b| b.getattr("memoryview"))
+        .and_then(|m| m.call1((obj,)));
+    match view {
+        Ok(v) => {
+            let _ = v.call_method0("release");
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 /// Pins `obj`'s bytes (a writable, C-contiguous buffer).
@@ -87,10 +105,12 @@ pub(crate) fn foreign_buffer(pin: Pin) -> Result<HostBuffer> {
             "register: a buffer at address 0".to_string(),
         )
     })?;
-    // SAFETY: `addr..addr + len` are the bytes of a writable, C-contiguous buffer export
-    // (ctypes' `from_buffer`, held by `pin._holder`): while the export is held the object
-    // cannot resize or free them (a `bytearray` refuses to resize, an `mmap` to close, numpy
-    // keeps its data), and `pin` is the buffer's owner, dropped with it. No slice of them is
+    // SAFETY: `addr..addr + len` are either the bytes of a writable, C-contiguous buffer
+    // export (ctypes' `from_buffer`, held by `pin._holder`): while the export is held the
+    // object cannot resize or free them (a `bytearray` refuses to resize, an `mmap` to close,
+    // numpy keeps its data); or a contiguous host DLPack tensor whose unconsumed capsule
+    // `pin._holder` holds (its producer frees the tensor only when the capsule is destroyed).
+    // `pin` is the buffer's owner, dropped with it. No slice of them is
     // ever made on this side: the buffer goes straight to the engine as a segment, which
     // gives the CPU no access, and comes back from `unregister` only to be dropped. What
     // Python code does with the bytes meanwhile races only with the NIC, as in C.

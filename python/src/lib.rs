@@ -6,17 +6,22 @@
 //! * `agent`: `Agent` (register, unregister, transfer, notifications) and what each segment
 //!   holds of its Python object while registered.
 //! * `memory`: `DmaBuf`, the exporters (`udmabuf`, `dma_heap`, `vgem`) and `dmabuf_from_fd`.
+//! * `dlpack`: tensors exported with DLPack (`__dlpack__`), read as one range.
 //! * `host`: `HostMemory` and the pinning of buffer-protocol objects.
 //! * `transfer`: `Batch`, `Transfer` (bounded waits with the GIL released, asyncio
 //!   awaitables), `Notification`.
+//! * `awaiting`: asyncio futures of transfers, settled from the engine on one waiting thread.
 //! * `etcd`: the metadata service an agent starts with (embedded, or etcd).
 //! * `errors`: the exception hierarchy.
 
-// Unsafe code: only the registration of a pinned buffer in place (`host::foreign_buffer`) and
-// the duplicate of an fd number (`memory::from_fd`).
+// Unsafe code: only the registration of a pinned buffer in place (`host::foreign_buffer`), the
+// duplicate of an fd number (`memory::from_fd`) and the reading of a DLPack capsule's tensor
+// (`dlpack::read`).
 #![deny(unsafe_code)]
 
 mod agent;
+mod awaiting;
+mod dlpack;
 mod errors;
 mod etcd;
 mod host;

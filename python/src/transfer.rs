@@ -1,5 +1,5 @@
 //! Batches, transfers and their waits: bounded, with the GIL released, and awaitable from
-//! asyncio (the bounded wait run in the event loop's executor).
+//! asyncio (`crate::awaiting`).
 
 use crate::errors::{Class, Failure, Result};
 use gpu_rdma_engine::{Batch as EngineBatch, EntryStatus, Transfer as EngineTransfer};
@@ -105,13 +105,12 @@ impl Transfer {
             .map_err(|e| Failure::engine("wait", &e).into())
     }
 
-    /// An awaitable of `wait(timeout)`, run in the running event loop's default executor.
-    fn finished<'py>(slf: Bound<'py, Self>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
-        bound("finished", timeout)?;
-        let py = slf.py();
-        let looped = py.import("asyncio")?.call_method0("get_running_loop")?;
-        let wait = slf.getattr("wait")?;
-        looped.call_method1("run_in_executor", (py.None(), wait, timeout))
+    /// An asyncio future of `wait(timeout)`: settled from the engine when the batch
+    /// finishes (no executor thread is held while it waits), with `Timeout` after `timeout`
+    /// seconds. Call it from a coroutine (it needs the running loop).
+    fn finished<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+        let t = bound("finished", timeout)?;
+        crate::awaiting::finished(py, self.inner.clone(), t)
     }
 
     /// Whether the engine is done with the batch (every entry done or failed).

@@ -2,6 +2,7 @@
 GIL, and asyncio awaits transfers and notifications."""
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 import time
@@ -164,15 +165,13 @@ def test_asyncio_awaits_a_transfer_and_its_notification(pair: Pair) -> None:
     async def main() -> None:
         note = asyncio.ensure_future(b.notification(60.0))
         t = a.transfer(gpu_rdma.Batch().write("s", 0, "b", "d", 0, size).notify(b"async"))
+        landed = t.finished(60.0)
         ticker = 0
-
-        async def tick() -> None:
-            nonlocal ticker
-            while not note.done():
-                ticker += 1
-                await asyncio.sleep(0.001)
-
-        await asyncio.gather(t.finished(60.0), tick())
+        # The loop keeps running while the transfer is awaited.
+        while not landed.done():
+            ticker += 1
+            await asyncio.sleep(0.001)
+        await landed
         got = await note
         assert got is not None and got.message == b"async"
         assert ticker > 0
@@ -181,6 +180,53 @@ def test_asyncio_awaits_a_transfer_and_its_notification(pair: Pair) -> None:
     asyncio.run(main())
     b.unregister("d")
     assert dst.read() == pattern(size, 11)
+
+
+def test_awaited_transfers_hold_no_executor_thread(pair: Pair) -> None:
+    """Many batches awaited at once while the loop's only executor thread is busy with a
+    notification wait: each `finished` is settled from the engine, not from an executor
+    thread (with the executor form they would queue behind the notification wait)."""
+    a, b = pair
+    size, n = 64 << 10, 24
+    src = bytearray(pattern(size * n, 5))
+    a.register("s", src)
+    dst = bytearray(size * n)
+    b.register("d", dst)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        note = asyncio.ensure_future(b.notification(60.0))
+        await asyncio.sleep(0.05)  # the notification wait holds the executor's thread
+        started = time.monotonic()
+        ts = [a.transfer(gpu_rdma.Batch().write("s", k * size, "b", "d", k * size, size)) for k in range(n)]
+        await asyncio.wait_for(asyncio.gather(*(t.finished(60.0) for t in ts)), 30.0)
+        assert time.monotonic() - started < 30.0
+        assert not note.done()
+        a.transfer(gpu_rdma.Batch().write("s", 0, "b", "d", 0, 1).notify(b"last")).wait(120.0)
+        got = await note
+        assert got is not None and got.message == b"last"
+
+    asyncio.run(main())
+    b.unregister("d")
+    assert dst == src
+
+
+def test_an_awaited_transfer_past_its_bound_raises_timeout(pair: Pair) -> None:
+    a, b = pair
+    size = 32 << 20  # far longer than a zero bound under the emulator
+    a.register("s", bytearray(size))
+    b.register("d", bytearray(size))
+    t = a.transfer(gpu_rdma.Batch().write("s", 0, "b", "d", 0, size))
+
+    async def main() -> None:
+        with pytest.raises(gpu_rdma.Timeout) as e:
+            await t.finished(0.0)
+        assert e.value.operation == "finished"
+
+    asyncio.run(main())
+    t.wait(120.0)
+    assert t.done
 
 
 def test_a_closed_agent_refuses(pair: Pair) -> None:

@@ -174,7 +174,7 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "/usr/bin/python3",
         "python3-minimal",
-        "rdma-core's test suite, pyverbs' build, the dmabuf-alloc Python example (host and VM); the gpu_rdma package's tests (`-m pytest`, VM) and type check (`-m mypy`, host)",
+        "rdma-core's test suite, pyverbs' build, the dmabuf-alloc Python example (host and VM); the gpu_rdma package's tests (`-m pytest`, VM), type check (`-m mypy`, host) and bench step (`cargo xtask bench`'s `python/1peer`, VM)",
     ),
     deb(
         "/usr/bin/pytest-3",

@@ -23,6 +23,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "dpkg-query and dpkg-deb: what is installed; unpacks debs",
     ),
     ("dash", "sh, for the project's scripts"),
+    (
+        "python3-venv",
+        "python3 -m venv with its own pip (ensurepip): the venv cargo xtask test installs the \
+         gpu_rdma wheel into, offline",
+    ),
     ("coreutils", "cp, chmod, cat, sleep, uname, timeout"),
     ("sed", "reads the loader's log in the VM"),
     ("grep", "checks port state and loaded libraries in the VM"),

@@ -143,6 +143,11 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
 /// The Python package: a pinned buffer registered in place, and an fd number duplicated.
 const PYTHON: &[(&str, usize, &str)] = &[
     (
+        "dlpack.rs",
+        1,
+        "reads the DLManagedTensor of a \"dltensor\" capsule held for the read",
+    ),
+    (
         "host.rs",
         1,
         "HostBuffer::from_foreign over a buffer export the HostBuffer itself holds",

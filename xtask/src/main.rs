@@ -9,6 +9,7 @@ mod rdmacore;
 mod script;
 mod soak;
 mod testrun;
+mod wheel;
 
 // The testbed itself (VM, kernel, initramfs, patched stack, the programs table) is the
 // `dmabuf-testbed` library, named by its own paths.
@@ -46,6 +47,8 @@ cargo xtask <command>
       --test              then cargo xtask test, under the same hog
   python                build the Python package gpu_rdma's module and stage the package in
                         target/debug/python (cargo xtask test does it before the VM tests)
+  wheel [--debug]       the Python package as a wheel (cp39-abi3) in target/release/wheels
+                        (no maturin needed; `pip install ./python` builds one with maturin)
   rdma-core-tests       rdma-core's own test suite on the patched and the stock rxe, compared
 ";
 
@@ -187,6 +190,7 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
             dmabuf_testbed::ui::info(format!("PYTHONPATH={}", dir.display()));
             Ok(ExitCode::SUCCESS)
         }
+        "wheel" => wheel::main(&paths, rest),
         "demo" => demo::main(&paths),
         "soak" => soak::main(&paths, rest),
         "rdma-core-tests" => rdmacore::main(&paths),

@@ -9,19 +9,34 @@ use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::Step;
 use std::path::PathBuf;
 
-/// Builds the extension module and stages the package; returns the folder to put on
+/// Builds the extension module (debug) and stages the package; returns the folder to put on
 /// `PYTHONPATH`.
 pub fn stage(paths: &Paths) -> Result<PathBuf> {
-    let step = Step::start("building the Python module (gpu_rdma)");
-    sh::run(paths.cargo().args([
+    stage_profile(paths, false)
+}
+
+/// The same in release (`target/release/python`), for the bench.
+pub fn stage_release(paths: &Paths) -> Result<PathBuf> {
+    stage_profile(paths, true)
+}
+
+fn stage_profile(paths: &Paths, release: bool) -> Result<PathBuf> {
+    let profile = if release { "release" } else { "debug" };
+    let step = Step::start(format!("building the Python module (gpu_rdma, {profile})"));
+    let mut cargo = paths.cargo();
+    cargo.args([
         "build",
         "--quiet",
         "-p",
         "gpu-rdma-python",
         "--features",
         "etcd",
-    ]))?;
-    let out = paths.target.join("debug/python");
+    ]);
+    if release {
+        cargo.arg("--release");
+    }
+    sh::run(&mut cargo)?;
+    let out = paths.target.join(profile).join("python");
     let pkg = out.join("gpu_rdma");
     std::fs::create_dir_all(&pkg).map_err(|e| format!("create {}: {e}", pkg.display()))?;
     let src = paths.root.join("python/gpu_rdma");
@@ -33,7 +48,7 @@ pub fn stage(paths: &Paths) -> Result<PathBuf> {
             std::fs::copy(&path, &to).map_err(|e| format!("copy {}: {e}", path.display()))?;
         }
     }
-    let lib = paths.target.join("debug/libgpu_rdma_native.so");
+    let lib = paths.target.join(profile).join("libgpu_rdma_native.so");
     let to = pkg.join("_native.abi3.so");
     // Replaced, not overwritten: a Python process may have the old file mapped.
     let _ = std::fs::remove_file(&to);

@@ -104,11 +104,14 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     if !host_out.success && host_tally.failed == 0 {
         info("host: cargo test failed without a failing test (a build error?)");
     }
-    // The crates as a user depends on them: counted as one test.
-    if crate::packaging::check(paths)? {
-        passed += 1;
-    } else {
-        failed += 1;
+    // The crates as a user depends on them, and the Python wheel as a user installs it:
+    // counted as one test each.
+    for ok in [crate::packaging::check(paths)?, crate::wheel::check(paths)?] {
+        if ok {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
     }
 
     let mut ran_in_vm = 0;

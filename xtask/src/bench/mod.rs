@@ -153,6 +153,16 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let profiles = req.profiles();
     let bench = paths.release_example("rdma_bench")?;
     let engine = paths.release_example(series::ENGINE)?;
+    // The Python package in release, when a profile's plan has the Python series.
+    let python = profiles
+        .iter()
+        .flat_map(plan::steps)
+        .any(|s| SERIES[s.series].program == series::PYTHON_ENGINE);
+    let python = if python {
+        crate::python::stage_release(paths)?
+    } else {
+        paths.target.join("release/python")
+    };
     let script_file = paths.testbed.join("bench.sh");
     programs::write_script(&script_file, script::BENCH)?;
     let out = paths.target.join("bench");
@@ -196,6 +206,12 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
                 .display()
                 .to_string(),
             engine.display().to_string(),
+            paths
+                .root
+                .join("python/examples/engine_bench.py")
+                .display()
+                .to_string(),
+            python.display().to_string(),
         ];
         let opts = vm::Opts {
             nodes: p.nodes,

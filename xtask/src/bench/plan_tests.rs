@@ -35,9 +35,10 @@ fn plans_interleave_and_have_unique_ids() {
         .iter()
         .filter(|s| s.quick && !s.metric.counted() && !s.engine())
         .count();
-    // Counts in the first round only, at both sizes (8 B and 64 KiB); the engine's two
-    // series at 64 KiB only, and its two counts once.
-    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6 + 3 * 2 + 2);
+    // Counts in the first round only, at both sizes (8 B and 64 KiB); the engine's three
+    // bandwidth series (two from Rust, one from Python) at 64 KiB only, and its two counts
+    // once.
+    assert_eq!(st.len(), 3 * 2 * timed + 2 * 6 + 3 * 3 + 2);
     let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
     assert_eq!(ids.len(), st.len());
     // perftest then ours, at the same size, in the same round.

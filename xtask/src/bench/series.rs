@@ -86,7 +86,8 @@ pub struct Series {
     pub name: &'static str,
     /// What it measures.
     pub metric: Metric,
-    /// `ib_write_bw`, `ib_write_lat`, `rdma_bench`, [`ENGINE`] or `cost_floor`
+    /// `ib_write_bw`, `ib_write_lat`, `rdma_bench`, [`ENGINE`], [`PYTHON_ENGINE`] or
+    /// `cost_floor`
     /// (`cost_floor.c`, which `bench.sh` compiles in the VM).
     pub program: &'static str,
     /// Arguments for both sides (for a local step: all of its arguments).
@@ -103,6 +104,10 @@ pub struct Series {
 /// one process.
 pub const ENGINE: &str = "engine_bench";
 
+/// The engine's bandwidth step from Python (`python/examples/engine_bench.py`, the package
+/// `gpu_rdma` built in release): the same step as [`ENGINE`]'s `bw`, for issue 40's cost goal.
+pub const PYTHON_ENGINE: &str = "engine_bench.py";
+
 /// The block sizes the engine's series run at (issue 38: 4 KiB to 4 MiB).
 pub const ENGINE_SIZES: std::ops::RangeInclusive<u64> = 4 << 10..=4 << 20;
 
@@ -117,9 +122,10 @@ impl Series {
         self.metric == Metric::Registration || self.engine()
     }
 
-    /// Whether it is one of the transfer engine's series (run at [`ENGINE_SIZES`] only).
+    /// Whether it is one of the transfer engine's series, from Rust or Python (run at
+    /// [`ENGINE_SIZES`] only).
     pub fn engine(&self) -> bool {
-        self.program == ENGINE
+        self.program == ENGINE || self.program == PYTHON_ENGINE
     }
 
     /// The step kind `bench.sh` runs it as: `pair` (a server and a client), `local` (one
@@ -180,6 +186,14 @@ pub const SERIES: &[Series] = &[
     // each sample also holds the batch latency of one block per peer (`batch_lat_usec`).
     series("engine/1peer", Bandwidth, ENGINE, "bw --peers 1", Quick),
     series("engine/3peers", Bandwidth, ENGINE, "bw --peers 3", Quick),
+    // The same batch as `engine/1peer`, submitted and waited for from Python (issue 40).
+    series(
+        "python/1peer",
+        Bandwidth,
+        PYTHON_ENGINE,
+        "bw --peers 1",
+        Quick,
+    ),
     series(
         "ours/udmabuf",
         Bandwidth,
@@ -458,8 +472,9 @@ const fn goal_from(
 }
 
 /// The goals of issues 17, 16 (async), 28 (batched completions, latency without a receive
-/// completion, our owned write's instructions against the C loop's) and 38 (the engine's
-/// bandwidth against perftest's from 64 KiB), as ratios of medians taken in the same boot.
+/// completion, our owned write's instructions against the C loop's), 38 (the engine's
+/// bandwidth against perftest's from 64 KiB) and 40 (the engine from Python against the
+/// engine from Rust from 64 KiB), as ratios of medians taken in the same boot.
 /// A goal is reported, never failed on: under TCG its ratio moves by more than its margin
 /// from run to run; a deterministic count is gated instead ([`GATES`]).
 pub const GOALS: &[Goal] = &[
@@ -478,6 +493,7 @@ pub const GOALS: &[Goal] = &[
     goal(Instructions, "ours/owned", "c", 1.10),
     goal_from(Bandwidth, "engine/1peer", "perftest", 0.95, 64 << 10),
     goal_from(Bandwidth, "engine/3peers", "perftest", 0.95, 64 << 10),
+    goal_from(Bandwidth, "python/1peer", "engine/1peer", 0.95, 64 << 10),
 ];
 
 /// A gate: a bound on a deterministic count, which the run fails on when missed (a count

@@ -1,7 +1,8 @@
 # cargo xtask bench, inside the VM: runs a plan of steps in order, each under `timeout`. A
 # failed step is reported and the plan goes on. $1: the plan; $2: rdma_bench; $3: cost_floor.c
 # (compiled here when the plan counts instructions); $4: engine_bench (the transfer engine's
-# steps, one process each).
+# steps, one process each); $5: engine_bench.py (the engine's bandwidth step from Python), run
+# with the package folder $6 (the release build of gpu_rdma) on PYTHONPATH.
 #
 # Plan lines (words; `#` starts a comment line):
 #   pair  ID LIMIT PROGRAM SIZE ITERS [ARGS...]   a server, then its client once it listens
@@ -10,7 +11,8 @@
 #   cost  ID LIMIT PROGRAM SIZE SHORT,LONG [ARGS...]   one process under callgrind, run with
 #         SHORT then LONG iterations; prints `RESULT ins_short=N ins_long=N iters_short=SHORT
 #         iters_long=LONG writes_per_iter=W` (the instructions counted in `*measured_*`)
-# PROGRAM is ib_write_bw, ib_write_lat, rdma_bench, engine_bench or cost_floor (its ARGS:
+# PROGRAM is ib_write_bw, ib_write_lat, rdma_bench, engine_bench, engine_bench.py or
+# cost_floor (its ARGS:
 # writes a chain);
 # ARGS go to both sides; LIMIT (seconds) bounds the wait for the server and each process.
 # Each step prints `### step ID begin`, its client's output, then
@@ -31,6 +33,7 @@ E=/tmp/engine_bench
 if grep -q ' engine_bench ' "$PLAN" && ! cp "$4" "$E"; then
     echo "bench.sh: no $4: every engine_bench step will fail"
 fi
+PY_BENCH=${5-} PY_PATH=${6-}
 # The C loop of the instruction counts, built here with the guest's libibverbs.
 F=/tmp/cost_floor
 if grep -q '^cost ' "$PLAN" && ! cc -O2 -o "$F" "$3" -libverbs; then
@@ -81,6 +84,8 @@ side() {
     rdma_bench:client) timeout "$LIMIT" "$B" client "$SERVER" --port "$port" --size "$size" --iters "$iters" "$@" ;;
     rdma_bench:local) timeout "$LIMIT" "$B" "$@" --size "$size" --iters "$iters" ;;
     engine_bench:local) timeout "$LIMIT" "$E" "$@" --size "$size" --iters "$iters" ;;
+    engine_bench.py:local) PYTHONPATH=$PY_PATH PYTHONDONTWRITEBYTECODE=1 timeout "$LIMIT" \
+        /usr/bin/python3 "$PY_BENCH" "$@" --size "$size" --iters "$iters" ;;
     *) echo "bench.sh: no $role side for $prog"; return 2 ;;
     esac
 }

@@ -1,0 +1,80 @@
+//! asyncio awaitables of transfers, without a thread per wait: `Transfer.finished` returns
+//! an asyncio future that a task on one shared waiting thread (a tokio runtime with one
+//! worker, started on first use) settles through `loop.call_soon_threadsafe` when the engine
+//! finishes the batch (`gpu_rdma_engine::Transfer::finished`, woken by the engine's worker,
+//! bounded by tokio's timer). Before, each awaited transfer held a thread of the event
+//! loop's default executor for its whole wait, and that executor has a handful of threads
+//! (`min(32, cpus + 4)`): with more batches awaited at once, the rest queued behind them.
+
+use crate::errors::{Class, Failure, Result};
+use gpu_rdma_engine::Transfer as EngineTransfer;
+use pyo3::prelude::*;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::runtime::{Builder, Runtime};
+
+/// The waiting thread's runtime, or why it could not start.
+static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
+
+fn runtime() -> Result<&'static Runtime> {
+    RUNTIME
+        .get_or_init(|| {
+            Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("gpu_rdma-await")
+                .enable_time()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| {
+            Failure::new(
+                Class::Base,
+                "finished",
+                format!("finished: the waiting thread did not start: {e}"),
+            )
+        })
+}
+
+/// Settles `fut` (on the event loop's thread): with `error` raised, or with None; nothing
+/// when it is already done (cancelled by its awaiter, say).
+#[pyfunction]
+#[pyo3(signature = (fut, error = None))]
+fn settle(fut: &Bound<'_, PyAny>, error: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+    if fut.call_method0("done")?.is_truthy()? {
+        return Ok(());
+    }
+    match error {
+        Some(e) => fut.call_method1("set_exception", (e,))?,
+        None => fut.call_method1("set_result", (fut.py().None(),))?,
+    };
+    Ok(())
+}
+
+/// An asyncio future of the running loop, settled when `transfer` finishes or `timeout`
+/// passes (then with `Timeout`), as `Transfer.wait(timeout)` would return or raise.
+pub(crate) fn finished<'py>(
+    py: Python<'py>,
+    transfer: Arc<EngineTransfer>,
+    timeout: Duration,
+) -> PyResult<Bound<'py, PyAny>> {
+    let looped = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let fut = looped.call_method0("create_future")?;
+    let (on, to) = (looped.unbind(), fut.clone().unbind());
+    runtime()?.spawn(async move {
+        let r = transfer.finished(timeout).await;
+        Python::with_gil(|py| {
+            let error = r
+                .err()
+                .map(|e| PyErr::from(Failure::engine("finished", &e)).into_value(py));
+            let callback = wrap_pyfunction!(settle, py);
+            // A closed loop refuses the call: its coroutine is gone, nothing awaits this.
+            if let Ok(callback) = callback {
+                let _ = on
+                    .bind(py)
+                    .call_method1("call_soon_threadsafe", (callback, to, error));
+            }
+        });
+    });
+    Ok(fut)
+}
