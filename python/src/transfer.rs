@@ -28,6 +28,16 @@ pub(crate) struct Batch {
     pub(crate) inner: EngineBatch,
 }
 
+/// The batch with `add` applied to it (the engine's builder takes the batch by value).
+fn push<'py>(
+    mut slf: PyRefMut<'py, Batch>,
+    add: impl FnOnce(EngineBatch) -> EngineBatch,
+) -> PyRefMut<'py, Batch> {
+    let b = std::mem::take(&mut slf.inner);
+    slf.inner = add(b);
+    slf
+}
+
 #[pymethods]
 impl Batch {
     #[new]
@@ -40,7 +50,7 @@ impl Batch {
     /// Adds an RDMA write of `length` bytes from `local`'s `local_offset` to `remote`'s
     /// `remote_offset` on agent `peer`.
     fn write<'py>(
-        mut slf: PyRefMut<'py, Self>,
+        slf: PyRefMut<'py, Self>,
         local: &str,
         local_offset: u64,
         peer: &str,
@@ -48,15 +58,13 @@ impl Batch {
         remote_offset: u64,
         length: u64,
     ) -> PyRefMut<'py, Self> {
-        let b = std::mem::replace(&mut slf.inner, EngineBatch::new());
-        slf.inner = b.write(local, local_offset, peer, remote, remote_offset, length);
-        slf
+        push(slf, |b| b.write(local, local_offset, peer, remote, remote_offset, length))
     }
 
     /// Adds an RDMA read of `length` bytes from `remote`'s `remote_offset` on agent `peer`
     /// into `local`'s `local_offset`.
     fn read<'py>(
-        mut slf: PyRefMut<'py, Self>,
+        slf: PyRefMut<'py, Self>,
         local: &str,
         local_offset: u64,
         peer: &str,
@@ -64,17 +72,13 @@ impl Batch {
         remote_offset: u64,
         length: u64,
     ) -> PyRefMut<'py, Self> {
-        let b = std::mem::replace(&mut slf.inner, EngineBatch::new());
-        slf.inner = b.read(local, local_offset, peer, remote, remote_offset, length);
-        slf
+        push(slf, |b| b.read(local, local_offset, peer, remote, remote_offset, length))
     }
 
     /// Sends `message` (at most 4096 bytes) to every peer of the batch once all its
     /// entries have landed.
-    fn notify<'py>(mut slf: PyRefMut<'py, Self>, message: &[u8]) -> PyRefMut<'py, Self> {
-        let b = std::mem::replace(&mut slf.inner, EngineBatch::new());
-        slf.inner = b.notify(message.to_vec());
-        slf
+    fn notify<'py>(slf: PyRefMut<'py, Self>, message: &[u8]) -> PyRefMut<'py, Self> {
+        push(slf, |b| b.notify(message.to_vec()))
     }
 
     fn __len__(&self) -> usize {
