@@ -58,7 +58,9 @@ impl Batch {
         remote_offset: u64,
         length: u64,
     ) -> PyRefMut<'py, Self> {
-        push(slf, |b| b.write(local, local_offset, peer, remote, remote_offset, length))
+        push(slf, |b| {
+            b.write(local, local_offset, peer, remote, remote_offset, length)
+        })
     }
 
     /// Adds an RDMA read of `length` bytes from `remote`'s `remote_offset` on agent `peer`
@@ -72,7 +74,9 @@ impl Batch {
         remote_offset: u64,
         length: u64,
     ) -> PyRefMut<'py, Self> {
-        push(slf, |b| b.read(local, local_offset, peer, remote, remote_offset, length))
+        push(slf, |b| {
+            b.read(local, local_offset, peer, remote, remote_offset, length)
+        })
     }
 
     /// Sends `message` (at most 4096 bytes) to every peer of the batch once all its

@@ -222,7 +222,7 @@ impl CmConnector {
             &format!("connect to {peer}"),
             timeout,
         )?;
-        Ok((qp, unframe(ev.private)))
+        Ok((qp, unframe(ev.into_private())))
     }
 }
 
@@ -294,7 +294,7 @@ impl CmListener {
         let parts = CmId::adopt_request(&mut req)?;
         let what = format!("accept on {}", self.addr);
         let (qp, _) = establish(qp, parts, &framed, Start::Accept, &what, timeout)?;
-        Ok((qp, unframe(req.private)))
+        Ok((qp, unframe(req.into_private())))
     }
 }
 
@@ -357,7 +357,10 @@ mod with_tokio {
                     &what,
                 )
                 .await?;
-            Ok((QueuePair::from_cm(raw, send, recv)?, unframe(ev.private)))
+            Ok((
+                QueuePair::from_cm(raw, send, recv)?,
+                unframe(ev.into_private()),
+            ))
         }
     }
 
@@ -397,7 +400,10 @@ mod with_tokio {
                     &what,
                 )
                 .await?;
-            Ok((QueuePair::from_cm(raw, send, recv)?, unframe(req.private)))
+            Ok((
+                QueuePair::from_cm(raw, send, recv)?,
+                unframe(req.into_private()),
+            ))
         }
     }
 }

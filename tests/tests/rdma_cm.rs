@@ -154,6 +154,36 @@ fn rdma_cm_refusals_are_typed() {
     assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
 }
 
+/// A request the listener adopts but cannot take (its queue pair cannot be made: a send
+/// queue far past the device's) is rejected: the client hears `Refused` at once instead of
+/// waiting out its timeout, and the listener's refusal is typed.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_request_the_listener_cannot_take_is_rejected_at_once() {
+    let tb = Testbed::get();
+    let addr: SocketAddr = format!("{}:20096", tb.local_addr).parse().unwrap();
+    let listener = CmListener::bind(addr).expect("bind and listen");
+    let pd = ProtectionDomain::new(&listener.context().unwrap()).unwrap();
+    let server = std::thread::spawn(move || {
+        let huge = QueuePairBuilder::new(&pd).send_depth(1 << 30);
+        listener.accept(huge, &[], T).map(drop)
+    });
+    let c = CmConnector::resolve(addr, T).expect("resolve");
+    let cpd = ProtectionDomain::new(&c.context().unwrap()).unwrap();
+    let started = std::time::Instant::now();
+    let err = c
+        .connect(QueuePairBuilder::new(&cpd), &[], Duration::from_secs(60))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused only after {:?}: {err}",
+        started.elapsed()
+    );
+    let refused = server.join().unwrap().unwrap_err();
+    assert!(!refused.to_string().is_empty());
+}
+
 /// A client started before its server connects once the server listens (one protection
 /// domain for every try), and the server learns that the client is done by
 /// awaiting the disconnect on tokio.

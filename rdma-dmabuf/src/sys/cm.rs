@@ -58,6 +58,31 @@ pub(crate) struct Event {
     pub private: Vec<u8>,
 }
 
+impl Event {
+    /// The private data, taken out (the event is consumed; a connect request's id not
+    /// adopted is still rejected and destroyed by its drop).
+    pub(crate) fn into_private(mut self) -> Vec<u8> {
+        std::mem::take(&mut self.private)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // A connect request whose id was not adopted (refused by its status, or not the
+        // event expected): the new id is ours; rejected, so that the peer hears at once, and
+        // destroyed, so that it does not leak. Other events' ids belong to their connection.
+        if self.kind == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+            if let Some(child) = NonNull::new(self.id) {
+                // SAFETY: the request's new id, never adopted (adopt_request nulls `id`):
+                // ours alone, with no QP; rejected and destroyed once.
+                unsafe { ffi::rdma_reject(child.as_ptr(), std::ptr::null(), 0) };
+                // SAFETY: as above.
+                unsafe { ffi::rdma_destroy_id(child.as_ptr()) };
+            }
+        }
+    }
+}
+
 impl Channel {
     /// `rdma_create_event_channel`, its fd set non-blocking.
     pub(crate) fn new() -> Result<Channel> {
@@ -197,6 +222,9 @@ pub(crate) struct CmId {
     /// What an event drained by `CmId::take_events` said about the connection, so that
     /// a later `CmId::wait_disconnected` does not wait for an event already taken.
     ended: Cell<Option<ConnectionEnd>>,
+    /// Whether it is a connect request's id not accepted yet: dropped so, it is rejected
+    /// first, so that the peer hears at once instead of waiting out its timeout.
+    unanswered: Cell<bool>,
 }
 
 // SAFETY: cm ids may be used from any thread; the owner serialises use.
@@ -236,6 +264,7 @@ impl CmId {
             id,
             channel,
             ended: Cell::new(None),
+            unanswered: Cell::new(false),
         }
     }
 
@@ -273,7 +302,9 @@ impl CmId {
         }
         // SAFETY: `child` is the request's new id, ours alone (nothing else destroys it, and
         // it was taken out of `req`), and now reports to `channel` (migrated just above).
-        Ok(unsafe { CmId::from_raw(child, channel) })
+        let id = unsafe { CmId::from_raw(child, channel) };
+        id.unanswered.set(true);
+        Ok(id)
     }
 
     /// The id's event channel.
@@ -387,6 +418,7 @@ impl CmId {
         if unsafe { ffi::rdma_accept(self.id(), &mut raw) } != 0 {
             return Err(Error::last_os(Op::Cm, what));
         }
+        self.unanswered.set(false);
         Ok(())
     }
 
@@ -411,6 +443,11 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
+        if self.unanswered.get() {
+            // SAFETY: live id of a connect request never accepted: rejected once, with no
+            // private data.
+            unsafe { ffi::rdma_reject(self.id(), std::ptr::null(), 0) };
+        }
         // SAFETY: the QP on it was destroyed first (RawQp drops the QP, then this); all its
         // events were acknowledged; destroyed once, before its channel (field order).
         unsafe { ffi::rdma_destroy_id(self.id()) };

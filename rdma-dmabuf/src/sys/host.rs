@@ -89,12 +89,16 @@ impl HostBuffer {
     /// # Safety
     /// `ptr..ptr + len` is memory of this process, readable and writable, that stays
     /// allocated at that address (not freed, unmapped, moved or resized) until `owner` is
-    /// dropped. While a slice of it made through this buffer is alive ([`as_slice`],
-    /// [`as_mut_slice`], a region's `bytes`/`bytes_mut`, a shard's), nothing else reads or
-    /// writes those bytes (no other code of this process, no device): the compiler's rules
-    /// for a `&[u8]` / `&mut [u8]`. Memory the owner may change at any time is fine as long
-    /// as no such slice is made (a region shared on several devices, a segment of the
-    /// engine: neither gives the CPU a slice).
+    /// dropped. For as long as this buffer lives, no Rust reference (`&`/`&mut`, a slice, a
+    /// `&T` of any type) to any of those bytes exists outside this buffer: a region over it
+    /// lets a NIC, or a peer, write them at any time, which no reference held elsewhere may
+    /// see. Code outside this buffer reaches them only through raw pointers and volatile or
+    /// atomic access, or from outside Rust (C, Python's own objects). And while a slice made
+    /// through this buffer is alive ([`as_slice`], [`as_mut_slice`], a region's
+    /// `bytes`/`bytes_mut`, a shard's), nothing else writes those bytes (nor reads them,
+    /// for a `&mut [u8]`): no other code of this process, no device. (An owner like
+    /// `Arc<Mutex<Box<[u8]>>>` whose other clones lock it and slice the box breaks the
+    /// first rule: the bytes would change under that safe `&mut [u8]`.)
     ///
     /// [`as_slice`]: HostBuffer::as_slice
     /// [`as_mut_slice`]: HostBuffer::as_mut_slice

@@ -199,8 +199,17 @@ impl<B> Registration<B> {
         let pd = unsafe { std::ptr::read(&this.pd) };
         // SAFETY: as above, for the backing.
         let backing = unsafe { std::ptr::read(&this.backing) };
-        drop(pd);
-        rc.map(|()| ManuallyDrop::into_inner(backing))
+        match rc {
+            Ok(()) => {
+                drop(pd);
+                Ok(ManuallyDrop::into_inner(backing))
+            }
+            Err(e) => {
+                // The MR is still live: its PD must not be deallocated under it either.
+                std::mem::forget(pd);
+                Err(e)
+            }
+        }
     }
 
     fn dereg(&mut self) -> Result<()> {
@@ -287,8 +296,14 @@ impl<B> Drop for Registration<B> {
         match self.dereg() {
             // SAFETY: deregistered: the NIC can no longer reach the backing; dropped once.
             Ok(()) => unsafe { ManuallyDrop::drop(&mut self.backing) },
-            // The NIC may still reach the memory: leak it rather than free it.
-            Err(e) => crate::diag::warn(format_args!("{e}; leaking the region's memory")),
+            // The NIC may still reach the memory: leak it rather than free it, and keep the
+            // PD the live MR belongs to (one more reference, never dropped).
+            Err(e) => {
+                std::mem::forget(Arc::clone(&self.pd));
+                crate::diag::warn(format_args!(
+                    "{e}; leaking the region's memory and its protection domain"
+                ))
+            }
         }
     }
 }
