@@ -9,6 +9,8 @@ use std::time::Duration;
 pub const RUN_OPTIONS: &str =
     "      --nodes 1|2           two VMs joined by a virtual wire (CMD runs on both, NODE=a|b;
                             node b finds node a at $NODE_A_ADDR, also its $PEER_ADDR)
+      --nics N              N NICs per node (1 to 4): rxe0..rxe<N-1>, each on its own link
+                            and subnet ($RDMA_DEVICES, $LOCAL_ADDRS, $PEER_ADDRS list them)
       --mode patched|stock  rxe and rdma-core with kernel-patches/ (default: dma-buf regions
                             work) or Debian's own
       --timeout SECS        stop and fail after SECS (default 1800)
@@ -40,6 +42,13 @@ pub fn parse_run_args(args: &[String]) -> Result<(Opts, Vec<String>)> {
                     .and_then(|n| n.parse().ok())
                     .filter(|n| (1..=2).contains(n))
                     .ok_or("--nodes takes 1 or 2")?
+            }
+            "--nics" => {
+                opts.nics = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| (1..=crate::vm::MAX_NICS).contains(n))
+                    .ok_or("--nics takes 1 to 4")?
             }
             "--mode" => {
                 opts.mode = match it.next().map(String::as_str) {

@@ -15,6 +15,14 @@ pub struct Testbed {
     pub node: char,
     /// 1 or 2.
     pub nodes: u8,
+    /// Every rxe device of this node, rail by rail (`rxe0` first; several with `--nics`).
+    pub devices: Vec<String>,
+    /// The netdev each rail's device runs on, in the same order.
+    pub netdevs: Vec<String>,
+    /// This node's address on each rail.
+    pub local_addrs: Vec<String>,
+    /// The peer's address on each rail (this node's own in one-node mode).
+    pub peer_addrs: Vec<String>,
 }
 
 impl Testbed {
@@ -42,6 +50,10 @@ impl Testbed {
             peer_addr: var("PEER_ADDR"),
             node: var("NODE").chars().next().expect("NODE"),
             nodes: var("TESTBED_NODES").parse().expect("TESTBED_NODES"),
+            devices: words(&var("RDMA_DEVICES")),
+            netdevs: words(&var("NETDEVS")),
+            local_addrs: words(&var("LOCAL_ADDRS")),
+            peer_addrs: words(&var("PEER_ADDRS")),
         }
     }
 
@@ -49,4 +61,8 @@ impl Testbed {
     pub fn is_server(&self) -> bool {
         self.node == 'a'
     }
+}
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(str::to_string).collect()
 }

@@ -20,13 +20,18 @@ pub(crate) enum Phase {
     Stock,
     /// Two VMs, patched stack.
     Two,
+    /// Two VMs, patched stack, four NICs (rails) each.
+    Rails,
 }
 
 impl Phase {
     /// The phases a test enters by its module: the first segment of its libtest path. A test
     /// in none of these modules runs in [`Phase::One`].
-    pub(crate) const MODULES: [(&'static str, Phase); 2] =
-        [("two_node", Phase::Two), ("stock_only", Phase::Stock)];
+    pub(crate) const MODULES: [(&'static str, Phase); 3] = [
+        ("two_node", Phase::Two),
+        ("stock_only", Phase::Stock),
+        ("two_node_rails", Phase::Rails),
+    ];
 
     /// The phase of the test at `path` (`two_node::x`, `x`), by its first module; an error
     /// for a phase's module anywhere else in the path (`a::two_node::x`), which would leave
@@ -55,8 +60,22 @@ impl Phase {
     }
 
     pub(crate) fn nodes(self) -> u8 {
-        if self == Phase::Two {
+        if self.two_node() {
             2
+        } else {
+            1
+        }
+    }
+
+    /// Whether it runs on two nodes (each test on both, in the same order).
+    pub(crate) fn two_node(self) -> bool {
+        matches!(self, Phase::Two | Phase::Rails)
+    }
+
+    /// NICs (rails) per node.
+    pub(crate) fn nics(self) -> u8 {
+        if self == Phase::Rails {
+            4
         } else {
             1
         }
@@ -75,13 +94,14 @@ impl Phase {
             Phase::One => "1-node testbed, patched rxe",
             Phase::Stock => "1-node testbed, stock rxe",
             Phase::Two => "2-node testbed, patched rxe",
+            Phase::Rails => "2-node testbed, patched rxe, 4 NICs per node",
         }
     }
 
     /// libtest arguments for this phase's `tests` of one binary: each named exactly.
     pub(crate) fn args(self, tests: &[String]) -> String {
         let mut args = String::from("--exact");
-        if self == Phase::Two {
+        if self.two_node() {
             // Both nodes must step through the same tests in the same order.
             args.push_str(" --test-threads=1");
         }
@@ -102,6 +122,7 @@ mod tests {
     fn a_test_enters_a_phase_by_its_first_module_only() {
         assert_eq!(Phase::of("two_node::x"), Ok(Phase::Two));
         assert_eq!(Phase::of("stock_only::x"), Ok(Phase::Stock));
+        assert_eq!(Phase::of("two_node_rails::x"), Ok(Phase::Rails));
         assert_eq!(Phase::of("two_node_x"), Ok(Phase::One));
         assert_eq!(Phase::of("stock_only_x"), Ok(Phase::One));
         assert_eq!(Phase::of("x::y_two_node"), Ok(Phase::One));

@@ -321,6 +321,7 @@ fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool,
     let nodes = phase.nodes();
     let opts = vm::Opts {
         nodes,
+        nics: phase.nics(),
         mode: phase.mode(),
         timeout: Duration::from_secs(3600),
         expose: paths.vm_expose(),

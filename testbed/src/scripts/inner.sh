@@ -64,6 +64,43 @@ until grep -q ACTIVE "$P/state" 2>/dev/null && RDMA_GID_INDEX=$(gid_index); do
     sleep 0.05
 done
 export RDMA_GID_INDEX NETDEV
+# More rails (--nics N): rxe<i> on its own link and subnet (between two nodes the NIC whose
+# MAC names rail i, 52:54:00:00:<i>:0<1|2>; on one node a veth pair of its own).
+export TESTBED_NICS=@NICS@ LOCAL_ADDRS=@LOCAL_ADDRS@ PEER_ADDRS=@PEER_ADDRS@
+RDMA_DEVICES=rxe0 NETDEVS=$NETDEV
+# The word after the first $1 words of the rest.
+nth() { n=$1; shift; shift "$n"; echo "$1"; }
+# The netdev with MAC $1.
+mac_dev() {
+    for d in /sys/class/net/*; do
+        [ "$(cat "$d/address")" = "$1" ] && { echo "${d##*/}"; return 0; }
+    done
+    return 1
+}
+i=1
+while [ "$i" -lt "$TESTBED_NICS" ]; do
+    if [ "$TESTBED_NODES" -gt 1 ]; then
+        mac=52:54:00:00:$(printf %02x "$i"):0$([ "$NODE" = a ] && echo 1 || echo 2)
+        dev=$(mac_dev "$mac") || fatal "no NIC with MAC $mac (rail $i)"
+    else
+        dev=veth$((2 * i))
+        ip link add "$dev" type veth peer name "veth$((2 * i + 1))" &&
+            ip link set "veth$((2 * i + 1))" up || fatal "no veth pair for rail $i"
+    fi
+    ip addr add "$(nth "$i" $LOCAL_ADDRS)/24" dev "$dev" || fatal "no address on $dev"
+    ip link set "$dev" up
+    rdma link add "rxe$i" type rxe netdev "$dev" || fatal "rdma link add rxe$i failed"
+    RDMA_DEVICES="$RDMA_DEVICES rxe$i" NETDEVS="$NETDEVS $dev"
+    i=$((i + 1))
+done
+for d in $RDMA_DEVICES; do
+    n=0
+    until grep -q ACTIVE "/sys/class/infiniband/$d/ports/1/state" 2>/dev/null; do
+        n=$((n+1)); [ $n -gt 200 ] && fatal "$d did not become ACTIVE"
+        sleep 0.05
+    done
+done
+export RDMA_DEVICES NETDEVS
 if [ "$TESTBED_MODE" = patched ]; then
     # Verbs programs must really load the patched libibverbs and provider, even with the
     # system's library folder first on their own LD_LIBRARY_PATH: a silent fallback to the
@@ -78,8 +115,10 @@ if [ "$TESTBED_MODE" = patched ]; then
 fi
 if [ "$TESTBED_NODES" -gt 1 ]; then
     n=0
-    until ping -c1 -W1 "$PEER_ADDR" >/dev/null 2>&1; do
-        n=$((n+1)); [ $n -gt 120 ] && fatal "peer $PEER_ADDR unreachable"
+    for addr in $PEER_ADDRS; do
+        until ping -c1 -W1 "$addr" >/dev/null 2>&1; do
+            n=$((n+1)); [ $n -gt 120 ] && fatal "peer $addr unreachable"
+        done
     done
     : > "$RUN/met"
 fi

@@ -31,6 +31,10 @@ pub struct Opts {
     pub mode: Mode,
     /// 1: one VM, an rxe device on a veth pair (loopback); 2: two VMs joined by a wire.
     pub nodes: u8,
+    /// NICs (rails) per node, 1 to [`MAX_NICS`]: rail i is `rxe<i>` on its own link (its own
+    /// wire between two nodes, its own veth pair on one) in its own subnet
+    /// ([`rail_addr`]).
+    pub nics: u8,
     /// The whole run is stopped (and fails) after this long.
     pub timeout: Duration,
     /// Extra environment for the command.
@@ -55,6 +59,7 @@ impl Default for Opts {
         Opts {
             mode: Mode::Patched,
             nodes: 1,
+            nics: 1,
             timeout: Duration::from_secs(1800),
             env: Vec::new(),
             mem_mib: 2048,
@@ -132,6 +137,18 @@ impl NodeResult {
     pub fn ok(&self) -> bool {
         self.status == Some(0) && self.problems.is_empty()
     }
+}
+
+/// The most NICs (rails) a node can have (`--nics`).
+pub const MAX_NICS: u8 = 4;
+
+/// `node`'s address on rail `rail`: rail 0 is [`node_addr`]; rail i the same host number
+/// in the next subnets (`169.254.10+i.x` between two nodes, `169.254.20+i.1` on one).
+pub fn rail_addr(node: char, nodes: u8, rail: u8) -> String {
+    let base = node_addr(node, nodes);
+    let mut octets: Vec<u16> = base.split('.').map(|o| o.parse().unwrap_or(0)).collect();
+    octets[2] += u16::from(rail);
+    format!("{}.{}.{}.{}", octets[0], octets[1], octets[2], octets[3])
 }
 
 /// Addresses on the testbed's wire (link-local: they never leave the VMs).
@@ -439,6 +456,13 @@ pub fn inner_script(
         ),
         None => ("stock", sh::quote(""), sh::quote(""), sh::quote("")),
     };
+    let other_or_self = if opts.nodes > 1 { other } else { node };
+    let rails = |n: char| {
+        (0..opts.nics)
+            .map(|r| rail_addr(n, opts.nodes, r))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let mut env = Vec::new();
     for (k, v) in &opts.env {
         let shell_name = k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
@@ -454,6 +478,9 @@ pub fn inner_script(
             ("RUN", &quote(dir)?),
             ("PEER_RUN", &peer_run),
             ("NODES", &opts.nodes.to_string()),
+            ("NICS", &opts.nics.to_string()),
+            ("LOCAL_ADDRS", &sh::quote(&rails(node))),
+            ("PEER_ADDRS", &sh::quote(&rails(other_or_self))),
             ("NODE", &node.to_string()),
             ("LOCAL_ADDR", local),
             ("PEER_ADDR", peer),

@@ -228,15 +228,25 @@ pub(super) fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Comm
     }
     if opts.nodes > 1 {
         let (me, peer) = if node == 'a' { ("a", "b") } else { ("b", "a") };
-        let sock = |n: &str| share::qemu_value(sock_dir.join(format!("{n}.sock")).as_os_str());
-        let mut wire = OsString::from("dgram,id=wire,local.type=unix,local.path=");
-        wire.push(sock(me));
-        wire.push(",remote.type=unix,remote.path=");
-        wire.push(sock(peer));
-        c.arg("-netdev").arg(wire).arg("-device").arg(format!(
-            "virtio-net-pci,netdev=wire,mac=52:54:00:00:00:0{}",
-            if node == 'a' { 1 } else { 2 }
-        ));
+        // Rail 0's wire keeps its names (`wire`, `a.sock`); rail i's are `wire<i>`, `a<i>.sock`.
+        for rail in 0..opts.nics.max(1) {
+            let tag = if rail == 0 {
+                String::new()
+            } else {
+                rail.to_string()
+            };
+            let sock =
+                |n: &str| share::qemu_value(sock_dir.join(format!("{n}{tag}.sock")).as_os_str());
+            let mut wire =
+                OsString::from(format!("dgram,id=wire{tag},local.type=unix,local.path="));
+            wire.push(sock(me));
+            wire.push(",remote.type=unix,remote.path=");
+            wire.push(sock(peer));
+            c.arg("-netdev").arg(wire).arg("-device").arg(format!(
+                "virtio-net-pci,netdev=wire{tag},mac=52:54:00:00:{rail:02x}:0{}",
+                if node == 'a' { 1 } else { 2 }
+            ));
+        }
     } else {
         c.args(["-nic", "none"]);
     }
