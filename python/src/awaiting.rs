@@ -9,6 +9,7 @@
 use crate::errors::{Class, Failure, Result};
 use gpu_rdma_engine::Transfer as EngineTransfer;
 use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::runtime::{Builder, Runtime};
@@ -35,6 +36,9 @@ fn runtime() -> Result<&'static Runtime> {
             )
         })
 }
+
+/// [`settle`] as a Python callable.
+static SETTLE: GILOnceCell<PyObject> = GILOnceCell::new();
 
 /// Settles `fut` (on the event loop's thread): with `error` raised, or with None; nothing
 /// when it is already done (cancelled by its awaiter, say).
@@ -67,7 +71,10 @@ pub(crate) fn finished<'py>(
             let error = r
                 .err()
                 .map(|e| PyErr::from(Failure::engine("finished", &e)).into_value(py));
-            let callback = wrap_pyfunction!(settle, py);
+            // Made once per process, not per settled future.
+            let callback = SETTLE.get_or_try_init(py, || {
+                wrap_pyfunction!(settle, py).map(|f| f.into_any().unbind())
+            });
             // A closed loop refuses the call: its coroutine is gone, nothing awaits this.
             if let Ok(callback) = callback {
                 let _ = on

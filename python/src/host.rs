@@ -111,11 +111,10 @@ pub(crate) fn foreign_buffer(pin: Pin) -> Result<HostBuffer> {
     // numpy keeps its data); or a contiguous host DLPack tensor whose unconsumed capsule
     // `pin._holder` holds (its producer frees the tensor only when the capsule is destroyed).
     // `pin` is the buffer's owner, dropped with it. No Rust reference to the bytes exists
-    // outside the buffer: Python code reaches them through its own objects, never through a
-    // Rust slice. No slice of them is
-    // ever made on this side: the buffer goes straight to the engine as a segment, which
-    // gives the CPU no access, and comes back from `unregister` only to be dropped. What
-    // Python code does with the bytes meanwhile races only with the NIC, as in C.
+    // outside the buffer (Python code reaches them through its own objects), and no slice of
+    // them is ever made through it: the buffer goes straight to the engine as a segment,
+    // which gives the CPU no access, and comes back from `unregister` only to be dropped.
+    // What Python code does with the bytes meanwhile races only with the NIC, as in C.
     unsafe { HostBuffer::from_foreign(ptr, len, Box::new(pin)) }
         .map_err(|e| Failure::rdma("register", &e))
 }

@@ -44,6 +44,11 @@ fn sent(tb: &Testbed) -> Vec<u64> {
         .collect()
 }
 
+/// Bytes each netdev of this node has sent since `before` (a [`sent`] reading).
+fn sent_since(tb: &Testbed, before: &[u64]) -> Vec<u64> {
+    sent(tb).iter().zip(before).map(|(a, b)| a - b).collect()
+}
+
 /// Takes `netdev` down or up (`ip link set`), as a cut cable or a dead switch port would.
 fn link(netdev: &str, up: bool) {
     let state = if up { "up" } else { "down" };
@@ -144,8 +149,7 @@ mod two_node_rails {
                 let t = submit(&b, &batch);
                 t.wait(WAIT).expect("every block written");
                 let took = start.elapsed();
-                let after = sent(&tb);
-                let moved: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+                let moved = sent_since(&tb, &before);
                 let total: u64 = moved.iter().sum();
                 eprintln!(
                     "RESULT rails={rails} bytes_per_rail={moved:?} secs={:.2} MiBps={:.1}",
@@ -253,25 +257,18 @@ mod two_node_rails {
         // The rail is taken back: the next batch uses all four again.
         let before = sent(&tb);
         let start = Instant::now();
-        let again = loop {
-            match b.transfer(&batch.clone().notify(b"back".to_vec())) {
-                Ok(t) => match t.wait(WAIT) {
-                    Ok(()) => break t,
-                    Err(e) if start.elapsed() < Duration::from_secs(60) => {
-                        eprintln!("again: {e}");
-                        std::thread::sleep(Duration::from_secs(1));
-                    }
-                    Err(e) => panic!("the batch after the rail came back: {e}"),
-                },
+        let back = batch.notify(b"back".to_vec());
+        loop {
+            match b.transfer(&back).and_then(|t| t.wait(WAIT)) {
+                Ok(()) => break,
                 Err(e) if start.elapsed() < Duration::from_secs(60) => {
                     eprintln!("again: {e}");
                     std::thread::sleep(Duration::from_secs(1));
                 }
                 Err(e) => panic!("the batch after the rail came back: {e}"),
             }
-        };
-        drop(again);
-        let moved: Vec<u64> = sent(&tb).iter().zip(&before).map(|(a, b)| a - b).collect();
+        }
+        let moved = sent_since(&tb, &before);
         eprintln!("RESULT back: bytes_per_rail={moved:?}");
         assert!(
             moved[1] >= CUT_BYTES / 8,

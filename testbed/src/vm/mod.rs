@@ -145,10 +145,12 @@ pub const MAX_NICS: u8 = 4;
 /// `node`'s address on rail `rail`: rail 0 is [`node_addr`]; rail i the same host number
 /// in the next subnets (`169.254.10+i.x` between two nodes, `169.254.20+i.1` on one).
 pub fn rail_addr(node: char, nodes: u8, rail: u8) -> String {
-    let base = node_addr(node, nodes);
-    let mut octets: Vec<u16> = base.split('.').map(|o| o.parse().unwrap_or(0)).collect();
-    octets[2] += u16::from(rail);
-    format!("{}.{}.{}.{}", octets[0], octets[1], octets[2], octets[3])
+    let (subnet, host) = match (nodes, node) {
+        (1, _) => (20, 1),
+        (_, 'a') => (10, 1),
+        _ => (10, 2),
+    };
+    format!("169.254.{}.{host}", subnet + u16::from(rail))
 }
 
 /// Addresses on the testbed's wire (link-local: they never leave the VMs).
@@ -510,6 +512,16 @@ fn hidden_paths(paths: &[&Path]) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rail 0 is the node's address; rail i is the same host in the i-th next subnet.
+    #[test]
+    fn rail_addresses_extend_the_node_addresses() {
+        for (node, nodes) in [('a', 1), ('a', 2), ('b', 2)] {
+            assert_eq!(rail_addr(node, nodes, 0), node_addr(node, nodes));
+        }
+        assert_eq!(rail_addr('b', 2, 3), "169.254.13.2");
+        assert_eq!(rail_addr('a', 1, 2), "169.254.22.1");
+    }
 
     #[test]
     fn the_retry_bound_is_stated_and_accepted_by_the_library() {
