@@ -5,7 +5,7 @@ use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 
 /// The descriptor format this engine writes and the only one it reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// The first bytes of an encoded [`AgentDescriptor`]; the format version follows.
 const MAGIC: &[u8; 4] = b"GRE\0";
@@ -23,6 +23,11 @@ pub struct DeviceRegion {
     pub addr: u64,
     /// The remote key.
     pub rkey: u32,
+    /// How near the device is to the segment's memory, 0 the nearest (its agent's ranking:
+    /// same PCIe switch, then root complex, then NUMA node, then the rest; or its
+    /// override). Transfers stripe over a segment's nearest tier and fall back to the
+    /// others only when a rail of it fails.
+    pub tier: u8,
 }
 
 /// A registered segment as peers see it.
@@ -71,7 +76,7 @@ impl AgentDescriptor {
             w.u32(s.regions.len() as u32);
             for r in &s.regions {
                 w.u16(r.device).str(&r.device_name).raw(&r.gid);
-                w.u64(r.addr).u32(r.rkey);
+                w.u64(r.addr).u32(r.rkey).u8(r.tier);
             }
         }
         w.0
@@ -106,6 +111,7 @@ impl AgentDescriptor {
                     gid: r.raw(16)?.try_into().expect("16 bytes"),
                     addr: r.u64()?,
                     rkey: r.u32()?,
+                    tier: r.u8()?,
                 });
             }
             segments.push(SegmentDescriptor {
@@ -144,6 +150,7 @@ mod tests {
                     gid: [7; 16],
                     addr: 0x1000,
                     rkey: 42,
+                    tier: 1,
                 }],
             }],
         }
@@ -158,11 +165,11 @@ mod tests {
     #[test]
     fn another_version_is_refused_typed() {
         let mut b = sample().to_bytes();
-        b[4] = 2;
+        b[4] = 1;
         assert_eq!(
             AgentDescriptor::from_bytes(&b),
             Err(Error::IncompatibleVersion {
-                found: 2,
+                found: 1,
                 supported: FORMAT_VERSION
             })
         );

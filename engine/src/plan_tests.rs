@@ -16,6 +16,7 @@ fn seg(name: &str, len: u64, read: bool, write: bool) -> SegmentDescriptor {
             gid: [0; 16],
             addr: 0x10_0000,
             rkey: 9,
+            tier: 0,
         }],
     }
 }

@@ -273,6 +273,7 @@ pub(crate) fn describe(name: &str, devices: &[Device], region: &Region) -> Segme
                     gid: device.gid,
                     addr,
                     rkey,
+                    tier: 0,
                 }
             })
             .collect(),

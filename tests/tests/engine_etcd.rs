@@ -70,6 +70,7 @@ fn made_up(agent: &str, incarnation: u64) -> AgentDescriptor {
                 gid: [0; 16],
                 addr: 0x1000,
                 rkey: 1,
+                tier: 0,
             }],
         }],
     }
