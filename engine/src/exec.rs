@@ -1,11 +1,14 @@
-//! Posting one round of one segment's chunks: the region is split into one owned shard per
-//! chunk (the round's ranges are disjoint), each shard moves into its request and comes back
-//! with its completion, and the shards are joined into the region again. A peer's chunks go
-//! round-robin over its queue pairs, each with its own window.
+//! Posting one round of one segment's chunks over all its rails at once: each local
+//! device's region (its own registration of the same memory) is split into one owned shard
+//! per chunk planned on that device (the round's ranges are disjoint), each shard moves into
+//! its request and comes back with its completion, and the shards are joined into their
+//! regions again. A peer's chunks go round-robin over each rail's queue pairs, each with its
+//! own window. A chunk whose rail fails is handed back for another rail.
 //!
 //! Nothing here allocates per chunk: the shard list, the in-flight queue and the window
-//! counters are allocated once per (round, segment), and a post or a completion allocates
-//! nothing (rdma-dmabuf's owned layer uses the queue pair's preallocated slots).
+//! counters are allocated once per pass over a (round, segment), and a post or a completion
+//! allocates nothing (rdma-dmabuf's owned layer uses the queue pair's preallocated slots);
+//! only a failure does (its cause's text).
 
 use crate::batch::Op;
 use crate::error::Error;
@@ -62,11 +65,17 @@ impl Lendable for Checkout {
 }
 
 /// The worker's view of one peer of the batch.
-pub(crate) struct Lane<'c> {
-    /// `None` when it could not be reached.
-    pub conn: Option<&'c PeerConn>,
-    /// Why it is down, once it is: later chunks to it are not posted.
+pub(crate) struct Lane {
+    /// The peer's name, for errors.
+    pub agent: String,
+    /// Why the peer is down, once it is: its chunks are not posted (it could not be
+    /// reached, refused a key, or every rail to it failed).
     pub down: Option<Error>,
+    /// The rails (local device, remote device) to it that failed during the batch (or
+    /// recently, in an earlier one): chunks planned on them go to the retry list.
+    pub rails_down: Vec<(u16, u16)>,
+    /// The last rail failure's cause.
+    pub rail_error: Option<String>,
     /// The queue pair the next chunk to it goes to (round-robin).
     pub next_qp: usize,
 }
@@ -74,104 +83,183 @@ pub(crate) struct Lane<'c> {
 /// `IBV_WC_REM_ACCESS_ERR`: the responder refused the request's rkey or range.
 const REMOTE_ACCESS_ERROR: u32 = 10;
 
-impl Lane<'_> {
-    /// Marks the peer down with its first failure (later ones are the flush of the same):
-    /// [`Error::RemoteAccess`] when its NIC refused the key or range, [`Error::PeerDown`]
-    /// otherwise.
-    fn mark_down(&mut self, cause: &rdma_dmabuf::Error) -> Error {
-        let agent = self.conn.map_or("?", |p| p.agent.as_str());
+impl Lane {
+    /// A lane to `agent`, up, with no rail down.
+    pub fn new(agent: &str) -> Lane {
+        Lane {
+            agent: agent.into(),
+            down: None,
+            rails_down: Vec::new(),
+            rail_error: None,
+            next_qp: 0,
+        }
+    }
+
+    /// Whether rail `(local, remote)` is down.
+    pub fn rail_is_down(&self, local: u16, remote: u16) -> bool {
+        self.rails_down.contains(&(local, remote))
+    }
+
+    /// Marks rail `(local, remote)` down (its chunks are retried on the others).
+    pub fn rail_failed(&mut self, local: u16, remote: u16, cause: String) {
+        if !self.rail_is_down(local, remote) {
+            self.rails_down.push((local, remote));
+        }
+        self.rail_error = Some(cause);
+    }
+
+    /// Records that rail `(local, remote)`'s queue pairs could not be made: the rail is
+    /// down, or the peer is when its control channel failed (every other rail would wait
+    /// for the same channel).
+    pub fn connect_failed(&mut self, local: u16, remote: u16, e: Error) {
+        match e {
+            Error::Io { .. } => {
+                self.down.get_or_insert_with(|| Error::PeerDown {
+                    agent: self.agent.clone(),
+                    cause: e.to_string(),
+                });
+            }
+            e => self.rail_failed(local, remote, e.to_string()),
+        }
+    }
+
+    /// Marks the peer down: every rail to it failed.
+    pub fn every_rail_failed(&mut self) -> Error {
+        let last = self.rail_error.as_deref().unwrap_or("no rail to it");
         self.down
-            .get_or_insert_with(|| match cause {
-                rdma_dmabuf::Error::Completion { status, .. } if *status == REMOTE_ACCESS_ERROR => {
-                    Error::RemoteAccess {
-                        agent: agent.into(),
-                        cause: cause.to_string(),
-                    }
-                }
-                _ => Error::PeerDown {
-                    agent: agent.into(),
-                    cause: cause.to_string(),
-                },
+            .get_or_insert_with(|| Error::PeerDown {
+                agent: self.agent.clone(),
+                cause: format!("every rail to it failed; the last: {last}"),
             })
             .clone()
     }
+
+    /// Records a failed request on rail `(local, remote)`: the peer refusing its key or
+    /// range ([`Error::RemoteAccess`], the peer down: it was restarted, or the batch is
+    /// wrong) fails the chunk, `Some` with the error; anything else marks the rail down,
+    /// `None`: the chunk is retried on another rail.
+    fn failed(&mut self, local: u16, remote: u16, cause: &rdma_dmabuf::Error) -> Option<Error> {
+        if let rdma_dmabuf::Error::Completion { status, .. } = cause {
+            if *status == REMOTE_ACCESS_ERROR {
+                let e = self.down.get_or_insert_with(|| Error::RemoteAccess {
+                    agent: self.agent.clone(),
+                    cause: cause.to_string(),
+                });
+                return Some(e.clone());
+            }
+        }
+        self.rail_failed(local, remote, cause.to_string());
+        None
+    }
 }
 
-/// Requests in flight: (pick, window index = peer × queue pairs + queue pair, request).
+/// What one pass over a group of chunks works from.
+pub(crate) struct Pass<'a, 'c> {
+    pub chunks: &'a [Chunk],
+    /// The chunks to run, by index into `chunks`, in posting order.
+    pub picks: &'a [usize],
+    /// Each peer's connection (by [`Chunk::peer`]); `None` for a peer down.
+    pub conns: &'a [Option<&'c PeerConn>],
+    pub progress: &'a Progress,
+    /// Chunks in flight per queue pair at most.
+    pub window: usize,
+}
+
+/// Requests in flight: (pick, window index, request).
 type InFlight<'c, B> = VecDeque<(usize, usize, PartsPending<'c, Shard<B>, 1>)>;
 
-/// Runs chunks `picks` (of `chunks`) from `region`; the region back, or `None` if a shard
-/// could not be joined (never expected: every shard is kept until its completion).
+/// Runs the pass's chunks from the regions in `slots` (by local device) on every device at
+/// once: each device's region is split into one shard per chunk planned on it, the chunks
+/// are posted in order (the rails interleaved), and each region is joined again into its
+/// slot (left `None` if it could not be: never expected, as every shard is kept until its
+/// completion). A chunk whose rail fails is not failed: its index goes to `retry`, for the
+/// worker to reroute onto another rail.
 pub(crate) fn run<'c, L: Lendable>(
-    region: L,
-    chunks: &[Chunk],
-    picks: &[usize],
-    lanes: &mut [Lane<'c>],
-    progress: &Progress,
-    window: usize,
-) -> Option<L> {
-    let ranges = picks
+    slots: &mut [Option<L>],
+    pass: &Pass<'_, 'c>,
+    lanes: &mut [Lane],
+    retry: &mut Vec<usize>,
+) {
+    let (chunks, picks, progress) = (pass.chunks, pass.picks, pass.progress);
+    let mut shards: Vec<Option<Shard<L::B>>> =
+        std::iter::repeat_with(|| None).take(picks.len()).collect();
+    let homes = lend(slots, pass, &mut shards);
+    let per_peer = pass
+        .conns
         .iter()
-        .map(|&c| chunks[c].offset..chunks[c].offset + chunks[c].len);
-    let (shards, home) = match region.lend(ranges.collect::<Vec<_>>()) {
-        Ok(s) => s,
-        Err((error, region)) => {
-            let err = Error::rdma("split a segment into chunks", &error);
-            for &c in picks {
-                progress.fail(chunks[c].entry, &err);
-            }
-            return Some(region);
-        }
-    };
-    let mut shards: Vec<Option<Shard<L::B>>> = shards.into_iter().map(Some).collect();
-    let mut in_flight: InFlight<'c, L::B> = VecDeque::with_capacity(picks.len().min(4096));
-    let per_peer = lanes
-        .iter()
-        .filter_map(|l| l.conn)
-        .map(PeerConn::qps_per_pair)
+        .flatten()
+        .map(|p| p.qps_per_pair())
         .max()
         .unwrap_or(1);
-    let mut outstanding = vec![0usize; lanes.len() * per_peer];
-    let step = |q: &mut InFlight<'c, L::B>,
-                out: &mut [usize],
-                sh: &mut [Option<Shard<L::B>>],
-                lanes: &mut [Lane<'c>]| {
-        complete_front(q, out, sh, lanes, chunks, picks, progress)
+    let (nl, nr) = (
+        slots.len(),
+        picks
+            .iter()
+            .map(|&c| usize::from(chunks[c].remote_device) + 1)
+            .max()
+            .unwrap_or(1),
+    );
+    let window_of = |ch: &Chunk, q: usize| {
+        ((usize::from(ch.peer) * nl + usize::from(ch.local_device)) * nr
+            + usize::from(ch.remote_device))
+            * per_peer
+            + q
     };
+    let mut outstanding = vec![0usize; lanes.len() * nl * nr * per_peer];
+    let mut in_flight: InFlight<'c, L::B> = VecDeque::with_capacity(picks.len().min(4096));
     for (k, &c) in picks.iter().enumerate() {
         let ch = chunks[c];
+        let Some(shard) = shards[k].take() else {
+            continue; // its region could not be lent: failed already
+        };
         let lane = &mut lanes[usize::from(ch.peer)];
         if let Some(e) = &lane.down {
+            shards[k] = Some(shard);
             progress.fail(ch.entry, e);
             continue;
         }
-        let qps = lane
-            .conn
+        let qps = pass.conns[usize::from(ch.peer)]
             .map_or(&[][..], |p| p.qps(ch.local_device, ch.remote_device));
-        if qps.is_empty() {
-            let e = lane.down.get_or_insert_with(|| Error::PeerDown {
-                agent: lane.conn.map_or("?", |p| p.agent.as_str()).into(),
-                cause: "no queue pair to the peer".into(),
-            });
-            progress.fail(ch.entry, e);
+        if qps.is_empty() && !lane.rail_is_down(ch.local_device, ch.remote_device) {
+            let cause = "no queue pair on this rail".to_string();
+            lane.rail_failed(ch.local_device, ch.remote_device, cause);
+        }
+        if lane.rail_is_down(ch.local_device, ch.remote_device) {
+            shards[k] = Some(shard);
+            retry.push(c);
             continue;
         }
         let q = lane.next_qp % qps.len();
         lane.next_qp = lane.next_qp.wrapping_add(1);
-        let qp = &qps[q];
-        let slot = usize::from(ch.peer) * per_peer + q;
-        while outstanding[slot] >= window {
-            step(&mut in_flight, &mut outstanding, &mut shards, lanes);
+        let slot = window_of(&ch, q);
+        while outstanding[slot] >= pass.window {
+            complete_front(
+                &mut in_flight,
+                &mut outstanding,
+                &mut shards,
+                lanes,
+                pass,
+                retry,
+            );
         }
-        let shard = shards[k].take().expect("each shard is posted once");
+        // Waiting may have seen the rail (or the peer) fail.
+        let lane = &mut lanes[usize::from(ch.peer)];
+        if lane.down.is_some() || lane.rail_is_down(ch.local_device, ch.remote_device) {
+            shards[k] = Some(shard);
+            match &lane.down {
+                Some(e) => progress.fail(ch.entry, e),
+                None => retry.push(c),
+            }
+            continue;
+        }
         let remote = RemoteRegion {
             addr: ch.remote_addr,
             len: ch.len,
             rkey: ch.rkey,
         };
         let posted = match ch.op {
-            Op::Write => qp.post_write_parts([shard], remote, None),
-            Op::Read => qp.post_read_parts([shard], remote),
+            Op::Write => qps[q].post_write_parts([shard], remote, None),
+            Op::Read => qps[q].post_read_parts([shard], remote),
         };
         match posted {
             Ok(p) => {
@@ -180,46 +268,128 @@ pub(crate) fn run<'c, L: Lendable>(
             }
             Err(PartsError { error, parts: [s] }) => {
                 shards[k] = Some(s);
-                let e = lanes[usize::from(ch.peer)].mark_down(&error);
-                progress.fail(ch.entry, &e);
+                lane.rail_failed(ch.local_device, ch.remote_device, error.to_string());
+                retry.push(c);
             }
         }
     }
     while !in_flight.is_empty() {
-        step(&mut in_flight, &mut outstanding, &mut shards, lanes);
+        complete_front(
+            &mut in_flight,
+            &mut outstanding,
+            &mut shards,
+            lanes,
+            pass,
+            retry,
+        );
     }
-    // Sized up front: collecting from `flatten` would grow the vector once per doubling.
-    let mut back = Vec::with_capacity(shards.len());
-    back.extend(shards.into_iter().flatten());
-    L::join(home, back)
+    join(slots, pass, shards, homes);
+}
+
+/// Lends each device's region in `slots` (taking it out) as one shard per pick planned on
+/// it, into `shards` (by pick); the homes to join them with. A pick whose device has no
+/// region (never expected: the plan picks devices the segment is registered on) or whose
+/// region cannot be split fails.
+fn lend<L: Lendable>(
+    slots: &mut [Option<L>],
+    pass: &Pass<'_, '_>,
+    shards: &mut [Option<Shard<L::B>>],
+) -> Vec<(u16, L::Home)> {
+    let (chunks, picks) = (pass.chunks, pass.picks);
+    let mut devices: Vec<u16> = picks.iter().map(|&c| chunks[c].local_device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    let mut homes = Vec::with_capacity(devices.len());
+    for d in devices {
+        let on = || {
+            picks
+                .iter()
+                .enumerate()
+                .filter(move |(_, &c)| chunks[c].local_device == d)
+        };
+        let fail = |e: &Error| {
+            for (_, &c) in on() {
+                pass.progress.fail(chunks[c].entry, e);
+            }
+        };
+        let Some(region) = slots.get_mut(usize::from(d)).and_then(Option::take) else {
+            fail(&Error::Protocol(format!(
+                "no region of the segment on local device {d}"
+            )));
+            continue;
+        };
+        let ranges = on().map(|(_, &c)| chunks[c].offset..chunks[c].offset + chunks[c].len);
+        match region.lend(ranges.collect()) {
+            Ok((lent, home)) => {
+                for ((k, _), s) in on().zip(lent) {
+                    shards[k] = Some(s);
+                }
+                homes.push((d, home));
+            }
+            Err((error, region)) => {
+                slots[usize::from(d)] = Some(region);
+                fail(&Error::rdma("split a segment into chunks", &error));
+            }
+        }
+    }
+    homes
+}
+
+/// Joins each lent region's shards (all back: every shard is kept until its completion)
+/// into its slot again.
+fn join<L: Lendable>(
+    slots: &mut [Option<L>],
+    pass: &Pass<'_, '_>,
+    mut shards: Vec<Option<Shard<L::B>>>,
+    homes: Vec<(u16, L::Home)>,
+) {
+    let (chunks, picks) = (pass.chunks, pass.picks);
+    for (d, home) in homes {
+        let n = picks
+            .iter()
+            .filter(|&&c| chunks[c].local_device == d)
+            .count();
+        // Sized up front: collecting from `flatten` would grow the vector once per doubling.
+        let mut back = Vec::with_capacity(n);
+        for (k, &c) in picks.iter().enumerate() {
+            if chunks[c].local_device == d {
+                back.extend(shards[k].take());
+            }
+        }
+        slots[usize::from(d)] = L::join(home, back);
+    }
 }
 
 /// Waits for the oldest request in flight (a queue pair completes in order, so it is the
-/// first to end on its queue pair) and records its outcome.
+/// first to end on its queue pair) and records its outcome: done, failed (the peer refused
+/// it), or to retry on another rail.
 fn complete_front<'c, B: Backing>(
     in_flight: &mut InFlight<'c, B>,
     outstanding: &mut [usize],
     shards: &mut [Option<Shard<B>>],
-    lanes: &mut [Lane<'c>],
-    chunks: &[Chunk],
-    picks: &[usize],
-    progress: &Progress,
+    lanes: &mut [Lane],
+    pass: &Pass<'_, 'c>,
+    retry: &mut Vec<usize>,
 ) {
     let Some((k, slot, pending)) = in_flight.pop_front() else {
         return;
     };
     outstanding[slot] -= 1;
-    let entry = chunks[picks[k]].entry;
+    let c = pass.picks[k];
+    let ch = &pass.chunks[c];
     // Bounded: the queue pair's retry budget ends every request (Settings::peer_failure_bound).
     match pending.spin() {
         Ok(PartsDone { parts: [s], .. }) => {
             shards[k] = Some(s);
-            progress.chunk_done(entry);
+            pass.progress.chunk_done(ch.entry);
         }
         Err(PartsError { error, parts: [s] }) => {
             shards[k] = Some(s);
-            let e = lanes[usize::from(chunks[picks[k]].peer)].mark_down(&error);
-            progress.fail(entry, &e);
+            let lane = &mut lanes[usize::from(ch.peer)];
+            match lane.failed(ch.local_device, ch.remote_device, &error) {
+                Some(e) => pass.progress.fail(ch.entry, &e),
+                None => retry.push(c),
+            }
         }
     }
 }

@@ -10,7 +10,6 @@ use rdma_dmabuf::QueuePair;
 use std::net::{SocketAddr, TcpStream};
 
 pub(crate) struct PeerConn {
-    pub agent: String,
     pub incarnation: u64,
     control: SocketAddr,
     stream: TcpStream,
@@ -19,10 +18,9 @@ pub(crate) struct PeerConn {
 
 impl PeerConn {
     /// Connects the control channel and learns the peer's incarnation.
-    pub fn open(shared: &Shared, agent: &str, control: SocketAddr) -> Result<PeerConn> {
+    pub fn open(shared: &Shared, control: SocketAddr) -> Result<PeerConn> {
         let stream = dial(control, shared.settings.io_timeout)?;
         let mut c = PeerConn {
-            agent: agent.into(),
             incarnation: 0,
             control,
             stream,
@@ -84,6 +82,12 @@ impl PeerConn {
             other => return Err(Error::Protocol(format!("{other:?} to Connect"))),
         };
         prepared.connect(&theirs).map_err(fail)
+    }
+
+    /// Drops the queue pairs from `local` to `remote` (a rail that failed: they are in
+    /// the error state), so that the next [`PeerConn::ensure_qps`] makes new ones.
+    pub fn drop_rail(&mut self, local: u16, remote: u16) {
+        self.qps.retain(|(k, _)| *k != (local, remote));
     }
 
     /// Delivers a notification (returns once the peer has queued it).

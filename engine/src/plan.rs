@@ -26,6 +26,8 @@ pub(crate) struct Chunk {
     pub peer: u16,
     /// The remote device the remote segment is registered on.
     pub remote_device: u16,
+    /// Index into [`Plan::remote_places`]: the remote segment, for rerouting.
+    pub remote_segment: u16,
     pub remote_addr: u64,
     pub rkey: u32,
     /// Chunks of one round have disjoint local ranges in each segment (the region is split
@@ -40,11 +42,36 @@ pub(crate) struct PeerTarget {
     pub incarnation: u64,
 }
 
+/// A segment's registration on one device, as the plan needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub device: u16,
+    /// 0 the nearest to the memory (see [`DeviceRegion::tier`]).
+    pub tier: u8,
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+impl From<&DeviceRegion> for Place {
+    fn from(r: &DeviceRegion) -> Place {
+        Place {
+            device: r.device,
+            tier: r.tier,
+            addr: r.addr,
+            rkey: r.rkey,
+        }
+    }
+}
+
 /// A checked batch.
 #[derive(Debug)]
 pub(crate) struct Plan {
     /// The local segments used, by name.
     pub segments: Vec<String>,
+    /// Each local segment's registrations (by the index of [`Plan::segments`]).
+    pub local_places: Vec<Vec<Place>>,
+    /// Each (peer, remote segment)'s registrations (by [`Chunk::remote_segment`]).
+    pub remote_places: Vec<Vec<Place>>,
     pub peers: Vec<PeerTarget>,
     pub chunks: Vec<Chunk>,
     /// How many rounds the chunks need (1 unless writes overlap locally).
@@ -95,6 +122,9 @@ pub(crate) fn plan<'l, 'r>(
         return Err(Error::BatchTooLarge(format!("{} entries", entries.len())));
     }
     let mut segments = HashMap::new();
+    let mut local_places: Vec<Vec<Place>> = Vec::new();
+    let mut remotes: HashMap<(&str, &str), u16> = HashMap::new();
+    let mut remote_places: Vec<Vec<Place>> = Vec::new();
     let mut peers: HashMap<&str, u16> = HashMap::new();
     let mut peer_list = Vec::new();
     // Sized up front, so that the plan costs the same few allocations for any chunk count.
@@ -138,6 +168,19 @@ pub(crate) fn plan<'l, 'r>(
             )));
         };
         let segment = index_of(&mut segments, &e.local, "local segments")?;
+        if usize::from(segment) == local_places.len() {
+            local_places.push(l.regions.iter().map(Place::from).collect());
+        }
+        let remote_segment = match remotes.get(&(e.remote_agent.as_str(), &e.remote_segment)) {
+            Some(&i) => i,
+            None => {
+                let i = u16::try_from(remote_places.len())
+                    .map_err(|_| Error::BatchTooLarge("more than 65536 remote segments".into()))?;
+                remotes.insert((&e.remote_agent, &e.remote_segment), i);
+                remote_places.push(r.regions.iter().map(Place::from).collect());
+                i
+            }
+        };
         let peer = index_of(&mut peers, &e.remote_agent, "remote agents")?;
         if usize::from(peer) == peer_list.len() {
             peer_list.push(PeerTarget {
@@ -151,9 +194,13 @@ pub(crate) fn plan<'l, 'r>(
                 "more than {MAX_CHUNKS} chunks"
             )));
         }
+        let (lp, rp) = (
+            &local_places[usize::from(segment)],
+            &remote_places[usize::from(remote_segment)],
+        );
         for k in 0..n {
             let at = k * chunk_size;
-            let (lr, rr) = devices(l, r, chunks.len());
+            let (lr, rr) = pick_rail(lp, rp, |_, _| true, chunks.len()).expect("both registered");
             chunks.push(Chunk {
                 entry: i as u32,
                 op: e.op,
@@ -163,6 +210,7 @@ pub(crate) fn plan<'l, 'r>(
                 len: chunk_size.min(e.len - at),
                 peer,
                 remote_device: rr.device,
+                remote_segment,
                 remote_addr: rr.addr + e.remote_offset + at,
                 rkey: rr.rkey,
                 round: 0,
@@ -178,6 +226,8 @@ pub(crate) fn plan<'l, 'r>(
     }
     Ok(Plan {
         segments: names,
+        local_places,
+        remote_places,
         peers: peer_list,
         chunks,
         rounds,
@@ -185,26 +235,57 @@ pub(crate) fn plan<'l, 'r>(
     })
 }
 
-/// The (local, remote) regions chunk number `k` of the batch goes through, both segments
-/// having at least one: spread over the devices of the same index that both are registered
-/// on, or, with none in common, over each side's own (any local device reaches any remote
-/// one: the queue pairs are per device pair).
-fn devices<'a>(
-    l: &'a SegmentDescriptor,
-    r: &'a SegmentDescriptor,
+/// The rails between a local segment and a remote one: the pairs of devices of the same
+/// index both are registered on (rail i to the peer's rail i), or, with none in common,
+/// every pair (any local device reaches any remote one: the queue pairs are per device
+/// pair).
+fn rails<'a>(
+    l: &'a [Place],
+    r: &'a [Place],
+) -> impl Iterator<Item = (&'a Place, &'a Place)> + Clone {
+    let common = l.iter().any(|a| r.iter().any(|b| b.device == a.device));
+    l.iter().flat_map(move |a| {
+        r.iter()
+            .filter(move |b| !common || b.device == a.device)
+            .map(move |b| (a, b))
+    })
+}
+
+/// The rail chunk number `k` goes through among the rails that `usable` keeps: striped
+/// round-robin over the nearest of them, those of the least tier sum (local + remote: the
+/// NIC nearest each side's memory); `None` if none is usable. Allocates nothing.
+pub(crate) fn pick_rail<'a>(
+    l: &'a [Place],
+    r: &'a [Place],
+    usable: impl Fn(u16, u16) -> bool,
     k: usize,
-) -> (&'a DeviceRegion, &'a DeviceRegion) {
-    let both = |lr: &&DeviceRegion| r.regions.iter().any(|rr| rr.device == lr.device);
-    let n = l.regions.iter().filter(both).count();
-    if n > 0 {
-        let lr = l.regions.iter().filter(both).nth(k % n).expect("n of them");
-        let rr = r.regions.iter().find(|rr| rr.device == lr.device);
-        return (lr, rr.expect("filtered on it"));
-    }
-    (
-        &l.regions[k % l.regions.len()],
-        &r.regions[k % r.regions.len()],
-    )
+) -> Option<(&'a Place, &'a Place)> {
+    let tier = |(a, b): &(&Place, &Place)| u16::from(a.tier) + u16::from(b.tier);
+    let ok = rails(l, r).filter(|(a, b)| usable(a.device, b.device));
+    let best = ok.clone().map(|p| tier(&p)).min()?;
+    let n = ok.clone().filter(|p| tier(p) == best).count();
+    ok.filter(|p| tier(p) == best).nth(k % n)
+}
+
+/// `ch` moved onto another rail that `usable` keeps (its remote address rebased onto that
+/// device's region), striped as [`pick_rail`] does; `None` if no rail is left.
+pub(crate) fn reroute(
+    plan: &Plan,
+    ch: &Chunk,
+    usable: impl Fn(u16, u16) -> bool,
+    k: usize,
+) -> Option<Chunk> {
+    let lp = &plan.local_places[usize::from(ch.segment)];
+    let rp = &plan.remote_places[usize::from(ch.remote_segment)];
+    let old = rp.iter().find(|p| p.device == ch.remote_device)?;
+    let (a, b) = pick_rail(lp, rp, usable, k)?;
+    Some(Chunk {
+        local_device: a.device,
+        remote_device: b.device,
+        remote_addr: b.addr + (ch.remote_addr - old.addr),
+        rkey: b.rkey,
+        ..*ch
+    })
 }
 
 /// Refuses a read whose local range overlaps any other entry's in the same segment.

@@ -180,3 +180,81 @@ fn overlapping_writes_go_to_later_rounds() {
         assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "{rounds:?}");
     }
 }
+
+fn place(device: u16, tier: u8) -> Place {
+    Place {
+        device,
+        tier,
+        addr: 0x1000 * (u64::from(device) + 1),
+        rkey: u32::from(device) + 10,
+    }
+}
+
+#[test]
+fn chunks_stripe_over_the_nearest_rails_of_the_same_index() {
+    let l = [place(0, 0), place(1, 0), place(2, 1), place(3, 2)];
+    let r = [place(0, 0), place(1, 0), place(2, 0), place(3, 0)];
+    let rails: Vec<(u16, u16)> = (0..6)
+        .map(|k| pick_rail(&l, &r, |_, _| true, k).unwrap())
+        .map(|(a, b)| (a.device, b.device))
+        .collect();
+    assert_eq!(rails, [(0, 0), (1, 1), (0, 0), (1, 1), (0, 0), (1, 1)]);
+    // The remote side's tiers count too: its memory is nearest device 1.
+    let r = [place(0, 1), place(1, 0), place(2, 1), place(3, 1)];
+    assert!((0..4).all(|k| pick_rail(&l, &r, |_, _| true, k).unwrap().0.device == 1));
+    // With the nearest rails down, the next tier; with none left, none.
+    let up = |l: u16, _: u16| l >= 2;
+    assert_eq!(pick_rail(&l, &r, up, 0).unwrap().0.device, 2);
+    assert!(pick_rail(&l, &r, |_, _| false, 0).is_none());
+    // No device index in common: every pair is a rail.
+    let r = [place(7, 0)];
+    let pairs: Vec<(u16, u16)> = (0..2)
+        .map(|k| pick_rail(&l[..2], &r, |_, _| true, k).unwrap())
+        .map(|(a, b)| (a.device, b.device))
+        .collect();
+    assert_eq!(pairs, [(0, 7), (1, 7)]);
+}
+
+#[test]
+fn a_rerouted_chunk_keeps_its_offsets_on_the_other_device() {
+    let four = |name: &str| SegmentDescriptor {
+        regions: (0..4)
+            .map(|d| DeviceRegion {
+                device: d,
+                device_name: format!("rxe{d}"),
+                gid: [0; 16],
+                addr: 0x100_0000 * (u64::from(d) + 1),
+                rkey: u32::from(d) + 1,
+                tier: 0,
+            })
+            .collect(),
+        ..seg(name, 1 << 20, true, true)
+    };
+    let local = [four("src")];
+    let peer = AgentDescriptor {
+        agent: "b".into(),
+        incarnation: 5,
+        segments: vec![four("dst")],
+    };
+    let p = plan(
+        &Batch::new().write("src", 0, "b", "dst", 4096, 8192).entries,
+        "a",
+        |n| local.iter().find(|s| s.name == n),
+        |a| (a == "b").then_some(&peer),
+        4096,
+    )
+    .unwrap();
+    let devices: Vec<u16> = p.chunks.iter().map(|c| c.local_device).collect();
+    assert_eq!(devices, [0, 1], "striped");
+    let ch = p.chunks[1];
+    assert_eq!(ch.remote_addr, 0x200_0000 + 4096 + 4096);
+    let moved = reroute(&p, &ch, |l, _| l == 3, 0).unwrap();
+    assert_eq!((moved.local_device, moved.remote_device), (3, 3));
+    assert_eq!(moved.remote_addr, 0x400_0000 + 4096 + 4096);
+    assert_eq!(moved.rkey, 4);
+    assert_eq!(
+        (moved.offset, moved.len, moved.entry),
+        (ch.offset, ch.len, ch.entry)
+    );
+    assert!(reroute(&p, &ch, |_, _| false, 0).is_none());
+}

@@ -153,6 +153,15 @@ impl Region {
         }
     }
 
+    /// Whether it has a region on device `device` (at home, not lent).
+    pub fn has_device(&self, device: usize) -> bool {
+        match self {
+            Region::DmaBuf(rs) => rs.get(device).is_some_and(Option::is_some),
+            Region::Host(rs) => rs.get(device).is_some_and(Option::is_some),
+            Region::Cuda { regions, .. } => regions.get(device).is_some_and(Option::is_some),
+        }
+    }
+
     /// Marks a CUDA segment's registrations to be deregistered as they go back to the
     /// caches (every cached registration of the same allocations with them), so that no
     /// peer reaches the memory after `unregister`; nothing for other segments.

@@ -63,6 +63,12 @@ pub struct Settings {
     /// runs. Turn it on only for memory that serves the agent alone for its life (a KV-cache
     /// pool registered again and again), never for memory the program hands to other uses.
     pub keep_cuda_registrations: bool,
+    /// How long a rail (a pair of local and remote devices) that failed is left out of
+    /// later batches to the same peer before one tries it again (default 2 s). Within a
+    /// batch a failed rail's chunks move to the peer's other rails at once; a rail whose
+    /// link is still down would otherwise cost every batch the time to find out again (up
+    /// to [`Settings::peer_failure_bound`] when the far end is gone).
+    pub rail_probe_after: Duration,
 }
 
 impl Default for Settings {
@@ -78,6 +84,7 @@ impl Default for Settings {
             workers: 2,
             cache_limits: CacheLimits::default(),
             keep_cuda_registrations: false,
+            rail_probe_after: Duration::from_secs(2),
         }
     }
 }

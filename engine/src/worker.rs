@@ -3,10 +3,10 @@
 //! chunks in flight. They take batches from one queue, so batches run concurrently up to
 //! the number of workers (a batch stuck on a dead peer holds one worker).
 
-use crate::error::{Error, Result};
-use crate::exec::{self, Lane};
+use crate::error::Error;
+use crate::exec::{self, Lane, Pass};
 use crate::peer::PeerConn;
-use crate::plan::{PeerTarget, Plan};
+use crate::plan::{reroute, Chunk, PeerTarget, Plan};
 use crate::progress::Progress;
 use crate::segment::Region;
 use crate::shared::Shared;
@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// An accepted batch: checked, its local segments counted as used.
 pub(crate) struct Job {
@@ -24,46 +25,50 @@ pub(crate) struct Job {
     pub notification: Option<Vec<u8>>,
 }
 
+/// Rails (peer, local device, remote device) that failed, and when: a later batch leaves
+/// them out until [`Settings::rail_probe_after`](crate::Settings::rail_probe_after) has
+/// passed, then tries them again.
+type RailsDown = HashMap<(String, u16, u16), Instant>;
+
 /// Runs jobs until the agent drops the sender (the queued ones first).
 pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
     let mut conns: HashMap<String, PeerConn> = HashMap::new();
+    let mut rails_down = RailsDown::new();
     loop {
         // The lock is held only while waiting for the next job, never while running one
         // (a guard in a `while let` condition would live through the loop's body).
         let next = crate::metadata::lock(jobs).recv();
         let Ok(job) = next else { return };
-        execute(shared, &mut conns, &job);
+        execute(shared, &mut conns, &mut rails_down, &job);
     }
 }
 
-fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
+fn execute(
+    shared: &Shared,
+    conns: &mut HashMap<String, PeerConn>,
+    rails_down: &mut RailsDown,
+    job: &Job,
+) {
     let plan = &job.plan;
-    let failed: Vec<Option<Error>> = (0..plan.peers.len())
-        .map(|p| prepare(shared, conns, plan, p, job.controls[p]).err())
-        .collect();
-    let mut lanes: Vec<Lane<'_>> = plan
-        .peers
-        .iter()
-        .zip(&failed)
-        .map(|(t, f)| Lane {
-            conn: if f.is_none() {
-                conns.get(&t.agent)
-            } else {
-                None
-            },
-            down: f.clone(),
-            next_qp: 0,
-        })
-        .collect();
+    let probe_after = shared.settings.rail_probe_after;
+    rails_down.retain(|_, at| at.elapsed() < probe_after);
+    let mut lanes: Vec<Lane> = plan.peers.iter().map(|t| Lane::new(&t.agent)).collect();
+    for (p, lane) in lanes.iter_mut().enumerate() {
+        for ((agent, l, r), _) in rails_down.iter() {
+            if *agent == lane.agent {
+                lane.rail_failed(*l, *r, "failed in an earlier batch".into());
+            }
+        }
+        prepare(shared, conns, plan, p, job.controls[p], lane);
+    }
     debug_assert!(plan.chunks.iter().all(|c| c.round < plan.rounds));
     let mut order: Vec<usize> = (0..plan.chunks.len()).collect();
     // In place (a stable sort's scratch would be allocated past a size), in batch order
-    // within each group.
+    // within each group: the plan stripes consecutive chunks over the rails.
     order.sort_unstable_by_key(|&c| {
         let ch = &plan.chunks[c];
-        (ch.round, ch.segment, ch.local_device, c)
+        (ch.round, ch.segment, c)
     });
-    let window = shared.settings.in_flight as usize;
     for picks in order.chunk_by(|&a, &b| {
         let (a, b) = (&plan.chunks[a], &plan.chunks[b]);
         (a.round, a.segment) == (b.round, b.segment)
@@ -81,21 +86,7 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
             }
             continue;
         };
-        // Each local device's chunks from that device's region.
-        for picks in
-            picks.chunk_by(|&a, &b| plan.chunks[a].local_device == plan.chunks[b].local_device)
-        {
-            let device = usize::from(plan.chunks[picks[0]].local_device);
-            run_on(
-                &mut region,
-                device,
-                plan,
-                picks,
-                &mut lanes,
-                &job.progress,
-                window,
-            );
-        }
+        run_group(shared, conns, job, &mut region, picks, &mut lanes);
         // A region lost (never expected) loses the segment: the others are dropped,
         // deregistered (a CUDA segment's evicted from the caches, kept or not).
         let whole = region.whole();
@@ -106,14 +97,22 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
             .segments
             .put_back(name, Some(region).filter(|_| whole));
     }
-    let down: Vec<bool> = lanes.iter().map(|l| l.down.is_some()).collect();
-    drop(lanes);
-    for (t, down) in plan.peers.iter().zip(down) {
-        if down {
+    for lane in &lanes {
+        if lane.down.is_some() {
             // The queue pairs are in the error state (or were never made): a later batch
             // fetches the descriptor again and reconnects.
-            conns.remove(&t.agent);
-            shared.forget_peer(&t.agent);
+            conns.remove(&lane.agent);
+            shared.forget_peer(&lane.agent);
+            continue;
+        }
+        for &(l, r) in &lane.rails_down {
+            // In error (or never made): a batch after `rail_probe_after` makes them again.
+            if let Some(c) = conns.get_mut(&lane.agent) {
+                c.drop_rail(l, r);
+            }
+            rails_down
+                .entry((lane.agent.clone(), l, r))
+                .or_insert_with(Instant::now);
         }
     }
     for name in &plan.segments {
@@ -138,64 +137,91 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, job: &Job) {
     job.progress.finish(note_error);
 }
 
-/// Runs `picks` (all planned on local device `device`) from `region`'s region on that
-/// device; a chunk whose device has no region (never expected: the plan picks devices the
-/// segment is registered on) fails.
-fn run_on<'c>(
+/// Runs one (round, segment) group's chunks `picks` from `region`: a pass over all of them,
+/// then, while some failed on a rail, a pass of those rerouted onto the rails still up
+/// (each pass leaves at least one more rail down, so they end); a chunk with no rail left
+/// fails with its peer down.
+fn run_group(
+    shared: &Shared,
+    conns: &mut HashMap<String, PeerConn>,
+    job: &Job,
     region: &mut Region,
-    device: usize,
-    plan: &Plan,
     picks: &[usize],
-    lanes: &mut [Lane<'c>],
-    progress: &Progress,
-    window: usize,
+    lanes: &mut [Lane],
 ) {
-    let chunks = &plan.chunks[..];
-    let found = match region {
-        Region::DmaBuf(rs) => run_slot(rs, device, chunks, picks, lanes, progress, window),
-        Region::Host(rs) => run_slot(rs, device, chunks, picks, lanes, progress, window),
-        Region::Cuda { regions, .. } => {
-            run_slot(regions, device, chunks, picks, lanes, progress, window)
+    let plan = &job.plan;
+    let mut retry = Vec::new();
+    let mut rerouted: Vec<Chunk>;
+    let mut again: Vec<usize> = Vec::new();
+    let (mut chunks, mut picks) = (&plan.chunks[..], picks);
+    loop {
+        let refs: Vec<Option<&PeerConn>> = lanes
+            .iter()
+            .map(|l| l.down.is_none().then(|| conns.get(&l.agent)).flatten())
+            .collect();
+        let pass = Pass {
+            chunks,
+            picks,
+            conns: &refs,
+            progress: &job.progress,
+            window: shared.settings.in_flight as usize,
+        };
+        run_pass(region, &pass, lanes, &mut retry);
+        if retry.is_empty() {
+            return;
         }
-    };
-    if !found {
-        let e = Error::Protocol(format!("no region of the segment on local device {device}"));
-        for &c in picks {
-            progress.fail(chunks[c].entry, &e);
+        let has_region = |d: u16| region.has_device(usize::from(d));
+        let mut next = Vec::with_capacity(retry.len());
+        for (k, &c) in retry.iter().enumerate() {
+            let ch = &chunks[c];
+            let lane = &mut lanes[usize::from(ch.peer)];
+            let usable = |l, r| !lane.rail_is_down(l, r) && has_region(l);
+            match lane.down.is_none().then(|| reroute(plan, ch, usable, k)) {
+                Some(Some(moved)) => next.push(moved),
+                Some(None) => job.progress.fail(ch.entry, &lane.every_rail_failed()),
+                None => job
+                    .progress
+                    .fail(ch.entry, lane.down.as_ref().expect("down")),
+            }
         }
+        retry.clear();
+        // The rails taken now may have no queue pairs yet.
+        for ch in &next {
+            let lane = &mut lanes[usize::from(ch.peer)];
+            if let Some(conn) = conns.get_mut(&lane.agent) {
+                if let Err(e) = conn.ensure_qps(shared, ch.local_device, ch.remote_device) {
+                    lane.connect_failed(ch.local_device, ch.remote_device, e);
+                }
+            }
+        }
+        rerouted = next;
+        again.clear();
+        again.extend(0..rerouted.len());
+        (chunks, picks) = (&rerouted, &again);
     }
 }
 
-/// Lends the region of `device` in `slots` to `exec::run` if it is home, and puts back what
-/// returns; `false` if there is none.
-fn run_slot<'c, L: exec::Lendable>(
-    slots: &mut [Option<L>],
-    device: usize,
-    chunks: &[crate::plan::Chunk],
-    picks: &[usize],
-    lanes: &mut [Lane<'c>],
-    progress: &Progress,
-    window: usize,
-) -> bool {
-    match slots.get_mut(device) {
-        Some(slot @ Some(_)) => {
-            let r = slot.take().expect("matched Some");
-            *slot = exec::run(r, chunks, picks, lanes, progress, window);
-            true
-        }
-        _ => false,
+/// One pass of `pass`'s chunks from `region`'s regions on every device at once.
+fn run_pass(region: &mut Region, pass: &Pass<'_, '_>, lanes: &mut [Lane], retry: &mut Vec<usize>) {
+    match region {
+        Region::DmaBuf(rs) => exec::run(rs, pass, lanes, retry),
+        Region::Host(rs) => exec::run(rs, pass, lanes, retry),
+        Region::Cuda { regions, .. } => exec::run(regions, pass, lanes, retry),
     }
 }
 
 /// Makes sure the worker is connected to peer `p`, which still is the incarnation the
-/// batch was checked against, with every queue pair its chunks need.
+/// batch was checked against, with every queue pair its chunks need: the peer is marked
+/// down in `lane` if it cannot be reached, a rail whose queue pairs cannot be made is
+/// marked down (its chunks go to the others).
 fn prepare(
     shared: &Shared,
     conns: &mut HashMap<String, PeerConn>,
     plan: &Plan,
     p: usize,
     control: SocketAddr,
-) -> Result<()> {
+    lane: &mut Lane,
+) {
     let PeerTarget { agent, incarnation } = &plan.peers[p];
     let down = |e: Error| match e {
         e @ Error::IncarnationChanged { .. } => e,
@@ -207,20 +233,30 @@ fn prepare(
     let alive = |mut c: PeerConn| c.check().is_ok_and(|i| i == c.incarnation).then_some(c);
     let mut conn = match conns.remove(agent).and_then(alive) {
         Some(c) => c,
-        None => PeerConn::open(shared, agent, control).map_err(down)?,
+        None => match PeerConn::open(shared, control) {
+            Ok(c) => c,
+            Err(e) => {
+                lane.down = Some(down(e));
+                return;
+            }
+        },
     };
     if conn.incarnation != *incarnation {
         shared.forget_peer(agent);
-        return Err(Error::IncarnationChanged {
+        lane.down = Some(Error::IncarnationChanged {
             agent: agent.clone(),
             expected: *incarnation,
             found: conn.incarnation,
         });
+        return;
     }
     for c in plan.chunks.iter().filter(|c| usize::from(c.peer) == p) {
-        conn.ensure_qps(shared, c.local_device, c.remote_device)
-            .map_err(down)?;
+        let (l, r) = (c.local_device, c.remote_device);
+        if !lane.rail_is_down(l, r) && lane.down.is_none() {
+            if let Err(e) = conn.ensure_qps(shared, l, r) {
+                lane.connect_failed(l, r, e);
+            }
+        }
     }
     conns.insert(agent.clone(), conn);
-    Ok(())
 }
