@@ -20,7 +20,8 @@
 //! and exits 0 only when a dma-buf registration worked.
 
 pub mod drm;
-pub mod pci;
+/// PCI details read from sysfs (BARs, ACS): [`gpu_rdma_topology::pci`].
+pub use gpu_rdma_topology::pci;
 pub mod probe;
 pub mod problems;
 pub mod rdma;
