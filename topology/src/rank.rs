@@ -260,9 +260,10 @@ fn apply(ranked: Vec<Ranked>, key: &str, listed: &[String]) -> Vec<Ranked> {
         .into_iter()
         .filter(|r| !listed.contains(&r.nic))
         .collect();
-    let base = rest.first().map_or(0, |r| r.tier);
+    let mut left: Vec<u8> = rest.iter().map(|r| r.tier).collect();
+    left.dedup();
     first.extend(rest.into_iter().map(|r| Ranked {
-        tier: r.tier - base + 1,
+        tier: left.iter().position(|&t| t == r.tier).unwrap_or(0) as u8 + 1,
         ..r
     }));
     first
