@@ -30,6 +30,7 @@
 //! ```
 #![deny(unsafe_code)]
 
+mod near;
 mod nic_override;
 mod path;
 pub mod pci;
@@ -37,10 +38,11 @@ mod place;
 mod rank;
 mod sys;
 
+pub use near::Near;
 pub use nic_override::{NicOverride, OverrideError, NICS_ENV};
 pub use path::{pair, Meeting};
 pub use place::{class_entries, endpoint, gpus, memory_numa_node, nics, pci_device, Endpoint};
-pub use rank::{rank, Near, Proximity, Ranked};
+pub use rank::{rank, Proximity, Ranked};
 
 // The README's example is compiled as a doc test, so it cannot drift from the API.
 #[cfg(doctest)]

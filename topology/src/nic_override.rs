@@ -11,8 +11,8 @@
 //! GPU_RDMA_NICS="0000:22:00.0=rxe1,rxe3; numa0=rxe0; *=rxe2"
 //! ```
 
+use crate::near::Near;
 use crate::pci;
-use crate::rank::Near;
 use std::fmt;
 use std::str::FromStr;
 
