@@ -188,9 +188,9 @@ impl DrmDevice {
             .join("device");
         let real = link.canonicalize().ok()?;
         real.iter()
+            .rev()
             .filter_map(|c| c.to_str())
-            .filter(|c| is_pci_address(c))
-            .last()
+            .find(|c| is_pci_address(c))
             .map(str::to_string)
     }
 

@@ -122,7 +122,8 @@ fn to_device(
 fn numa_text(nic: Option<u32>, mem: Option<u32>) -> String {
     match (nic, mem) {
         (Some(x), Some(y)) => format!("on NUMA node {x}, the memory on {y}"),
-        (None, _) => "its NUMA node unknown".into(),
+        (None, Some(y)) => format!("its NUMA node unknown, the memory on {y}"),
+        (None, None) => "its NUMA node unknown".into(),
         (_, None) => "the memory's NUMA node unknown".into(),
     }
 }
@@ -169,6 +170,13 @@ pub fn rank(
             numa = Some(*node);
             nics.iter()
                 .map(|n| match n.numa_node(sysfs) {
+                    _ if n.address().is_none() => (
+                        Proximity::Other,
+                        format!(
+                            "{}: not on PCI, so not known to be on NUMA node {node}",
+                            n.name
+                        ),
+                    ),
                     Some(x) if x == *node => (
                         Proximity::Numa,
                         format!("{}: on NUMA node {x}, as the memory", n.name),
