@@ -14,6 +14,7 @@ use integration_tests::exporters::Exporter;
 use integration_tests::testbed::Testbed;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 /// The words of the testbed's variable `name` (space- or comma-separated).
 fn words(name: &str) -> Vec<String> {
@@ -102,15 +103,20 @@ mod two_node_rails {
             assert_eq!(e.address(), Some(pci.as_str()), "{d}: {e:?}");
         }
         // The GPU's buffers can be placed: its DRM node names its PCI function.
-        let node = drm_export::DrmDevice::open(Path::new("/dev/dri").join(&card)).expect("the GPU");
-        assert_eq!(node.pci_address().as_deref(), Some(gpu_pci.as_str()));
+        let node = Arc::new(
+            drm_export::DrmDevice::open(Path::new("/dev/dri").join(&card)).expect("the GPU"),
+        );
+        let gpu_place = node.pci_address().expect("the GPU's PCI address");
+        assert_eq!(gpu_place, gpu_pci);
 
-        // Memory near the GPU: the NIC behind its switch is tier 0, and every NIC is at the
-        // tier the testbed placed it at.
+        // A buffer of the GPU, registered where its DRM device says it is: the NIC behind the
+        // GPU's switch is tier 0, and every NIC is at the tier the testbed placed it at.
         let a = agent("topo", &devices, None);
-        let near = Near::Pci(gpu_pci.clone());
+        let near = Near::Pci(gpu_place);
+        let buffer = drm_export::DumbBuffer::new(&node, 64 << 10).expect("a virtio-gpu buffer");
+        let dmabuf = buffer.export().expect("PRIME export");
         let d = a
-            .register_near("gpu", Exporter::Udmabuf.allocate(64 << 10), near.clone())
+            .register_near("gpu", dmabuf, near.clone())
             .expect("registered near the GPU");
         let want = dense(&placed);
         assert_eq!(tiers(&d), want, "published tiers vs {placed:?}");
