@@ -1,6 +1,7 @@
 //! A doctor for GPU-memory RDMA: checks, one by one, what `ibv_reg_dmabuf_mr` of a GPU buffer
 //! needs on this machine (kernel, modules, rdma-core, each RDMA device and its provider, each
-//! DRM device and its permissions, NVIDIA's modules, the PCIe path between each GPU and NIC,
+//! DRM device and its permissions, NVIDIA's modules, the PCIe path between each GPU and NIC
+//! and the NIC the transfer engine would choose for each GPU ([`topology::nic_choices`]),
 //! IOMMU, BARs, limits), then proves it end to end: it allocates a small buffer from each
 //! source and placement, exports it as a dma-buf and registers it on each RDMA device.
 //!
@@ -20,7 +21,8 @@
 //! and exits 0 only when a dma-buf registration worked.
 
 pub mod drm;
-pub mod pci;
+/// PCI details read from sysfs (BARs, ACS): [`gpu_rdma_topology::pci`].
+pub use gpu_rdma_topology::pci;
 pub mod probe;
 pub mod problems;
 pub mod rdma;

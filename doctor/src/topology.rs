@@ -1,110 +1,21 @@
 //! The PCIe path between each GPU and each RDMA NIC, read from sysfs: where the two meet (a
 //! common upstream bridge, i.e. one PCIe switch, or only the root complex), ACS on the
-//! bridges in between, the IOMMU mode, and the GPU's BAR sizes.
+//! bridges in between, the NIC the transfer engine would choose for each GPU and why, the
+//! IOMMU mode, and the GPU's BAR sizes.
 //!
-//! Everything is read below a sysfs root (`/sys`, or a recorded tree in the tests): the
-//! `device` links of `class/drm/card*` and `class/infiniband/*` resolve to
-//! `devices/pci<domain>:<bus>/<root port>/.../<device>`, whose path is the chain of bridges.
+//! The places themselves come from [`gpu_rdma_topology`], which the engine ranks its NICs
+//! with (one copy): everything is read below a sysfs root (`/sys`, or a recorded tree in the
+//! tests), where the `device` links of `class/drm/card*` and `class/infiniband/*` resolve to
+//! `devices/pci<domain>:<bus>/<root port>/.../<device>`, whose path is the chain of bridges
+//! (an `rxe` through its `parent` netdev).
 
 use crate::pci::{self, Acs};
 use crate::{problems, Check, Status};
-use std::path::{Path, PathBuf};
+use gpu_rdma_topology::{class_entries, rank, Near, NicOverride, Proximity, NICS_ENV};
+pub use gpu_rdma_topology::{endpoint, gpus, nics, Endpoint};
+use std::path::Path;
 
 const SECTION: &str = "topology";
-
-/// A GPU or NIC and its place on the PCI bus.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `card0`, `mlx5_0`.
-    pub name: String,
-    /// The kernel driver bound to its PCI function (`amdgpu`, `mlx5_core`), if any.
-    pub driver: Option<String>,
-    /// The device folder under the sysfs root (`devices/pci0000:00/0000:00:01.0/...`).
-    pub dir: PathBuf,
-    /// The path from the host bridge down: `pci0000:00`, then each bridge's and finally the
-    /// device's own PCI address. Empty for a device that is not on PCI (vgem, rxe).
-    pub chain: Vec<String>,
-}
-
-impl Endpoint {
-    /// The device's PCI address, if on PCI.
-    pub fn address(&self) -> Option<&str> {
-        self.chain
-            .last()
-            .map(String::as_str)
-            .filter(|a| pci::is_address(a))
-    }
-
-    fn label(&self) -> String {
-        match (&self.driver, self.address()) {
-            (Some(d), Some(a)) => format!("{} ({d}, {a})", self.name),
-            (None, Some(a)) => format!("{} ({a})", self.name),
-            (Some(d), None) => format!("{} ({d})", self.name),
-            (None, None) => self.name.clone(),
-        }
-    }
-}
-
-/// The endpoint behind `class/<class>/<name>` under `sysfs`.
-pub fn endpoint(sysfs: &Path, class: &str, name: &str) -> Endpoint {
-    let link = sysfs.join("class").join(class).join(name).join("device");
-    let root = sysfs.canonicalize().unwrap_or_else(|_| sysfs.to_path_buf());
-    let (dir, chain) = match link.canonicalize() {
-        Ok(real) => {
-            let rel = real.strip_prefix(&root).unwrap_or(&real).to_path_buf();
-            let chain = rel
-                .components()
-                .filter_map(|c| c.as_os_str().to_str())
-                .skip_while(|c| !c.starts_with("pci"))
-                .map(str::to_string)
-                .collect::<Vec<_>>();
-            let on_pci = chain.len() > 1 && chain[1..].iter().all(|c| pci::is_address(c));
-            (rel, if on_pci { chain } else { Vec::new() })
-        }
-        Err(_) => (PathBuf::new(), Vec::new()),
-    };
-    let driver = std::fs::read_link(link.join("driver"))
-        .ok()
-        .and_then(|d| Some(d.file_name()?.to_str()?.to_string()));
-    Endpoint {
-        name: name.to_string(),
-        driver,
-        dir,
-        chain,
-    }
-}
-
-/// The entries of `class/<class>` whose names `keep` accepts, sorted.
-fn class_entries(sysfs: &Path, class: &str, keep: impl Fn(&str) -> bool) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(sysfs.join("class").join(class))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| keep(n))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-/// The GPUs: `class/drm/cardN` (connectors such as `card0-DP-1` left out).
-pub fn gpus(sysfs: &Path) -> Vec<Endpoint> {
-    class_entries(sysfs, "drm", |n| {
-        n.strip_prefix("card")
-            .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
-    })
-    .iter()
-    .map(|n| endpoint(sysfs, "drm", n))
-    .collect()
-}
-
-/// The RDMA devices: `class/infiniband/*`.
-pub fn nics(sysfs: &Path) -> Vec<Endpoint> {
-    class_entries(sysfs, "infiniband", |_| true)
-        .iter()
-        .map(|n| endpoint(sysfs, "infiniband", n))
-        .collect()
-}
 
 /// How one GPU and one NIC are connected.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,33 +34,9 @@ pub struct PairVerdict {
 
 /// The verdict for one pair (both on PCI).
 pub fn pair(sysfs: &Path, gpu: &Endpoint, nic: &Endpoint) -> PairVerdict {
-    let common = gpu
-        .chain
-        .iter()
-        .zip(&nic.chain)
-        .take_while(|(a, b)| a == b)
-        .count();
+    let m = gpu_rdma_topology::pair(sysfs, gpu, nic);
+    let (common, bridges) = (m.shared, m.bridges);
     let name = format!("{} <-> {}", gpu.name, nic.name);
-    // The bridges below the meeting point on each side (the devices themselves left out).
-    let mut bridges = Vec::new();
-    for e in [gpu, nic] {
-        let below = common.max(1);
-        for (i, b) in e
-            .chain
-            .iter()
-            .enumerate()
-            .take(e.chain.len() - 1)
-            .skip(below)
-        {
-            let dir = sysfs.join(e.dir.iter().take(dir_depth(e, i)).collect::<PathBuf>());
-            let acs = std::fs::read(dir.join("config"))
-                .map(|c| pci::acs(&c))
-                .unwrap_or(Acs::Unknown);
-            if !bridges.iter().any(|(n, _)| n == b) {
-                bridges.push((b.clone(), acs));
-            }
-        }
-    }
     let acs_text = if bridges.is_empty() {
         "no bridge in between".to_string()
     } else {
@@ -159,7 +46,7 @@ pub fn pair(sysfs: &Path, gpu: &Endpoint, nic: &Endpoint) -> PairVerdict {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let common_bridge = (common >= 2).then(|| gpu.chain[common - 1].clone());
+    let common_bridge = m.common_bridge;
     let check = match (common, &common_bridge) {
         (0, _) => Check::problem(
             SECTION,
@@ -212,12 +99,6 @@ pub fn pair(sysfs: &Path, gpu: &Endpoint, nic: &Endpoint) -> PairVerdict {
     }
 }
 
-/// How many components of `e.dir` lead to its chain's element `i`.
-fn dir_depth(e: &Endpoint, i: usize) -> usize {
-    let total = e.dir.iter().count();
-    total - (e.chain.len() - 1 - i)
-}
-
 /// The GPU's BARs: a largest memory BAR of 256 MiB or less limits peer-to-peer.
 pub fn bar_check(sysfs: &Path, gpu: &Endpoint) -> Option<Check> {
     let text = std::fs::read_to_string(sysfs.join(&gpu.dir).join("resource")).ok()?;
@@ -249,7 +130,7 @@ pub fn bar_check(sysfs: &Path, gpu: &Endpoint) -> Option<Check> {
 /// The IOMMU: units in `class/iommu`, the kernel command line's `iommu` options, and the
 /// domain type of each device's group (`identity` is passthrough; `DMA`, `DMA-FQ` translate).
 pub fn iommu_check(sysfs: &Path, cmdline: &str, devices: &[&Endpoint]) -> Check {
-    let units = class_entries(sysfs, "iommu", |_| true);
+    let units = class_entries(sysfs, "iommu");
     let options: Vec<&str> = cmdline
         .split_whitespace()
         .filter(|w| w.starts_with("iommu") || w.contains("_iommu"))
@@ -298,8 +179,79 @@ pub fn iommu_check(sysfs: &Path, cmdline: &str, devices: &[&Endpoint]) -> Check 
     }
 }
 
+/// The NIC the transfer engine would choose for each GPU on PCI, and why: its ranking of
+/// `nics` for memory of that GPU ([`gpu_rdma_topology::rank`]), after the override in the
+/// environment variable `GPU_RDMA_NICS`, as the engine applies it when its settings carry
+/// none. Tier 0 is what the engine stripes a GPU segment's transfers over. An override that
+/// does not parse is a warning (the engine refuses to start with it).
+pub fn nic_choices(sysfs: &Path, gpus: &[Endpoint], nics: &[Endpoint]) -> Vec<Check> {
+    let mut out = Vec::new();
+    let over = match NicOverride::from_environment() {
+        Ok(o) => o,
+        Err(e) => {
+            out.push(Check {
+                section: SECTION,
+                name: "NIC override".into(),
+                status: Status::Warn,
+                found: format!("{NICS_ENV} is not a NIC override: {e}"),
+                fix: Some(format!(
+                    "fix or unset {NICS_ENV} (the transfer engine refuses to start with it;                      syntax in docs/engine.md, \"Topology\")"
+                )),
+                problem: None,
+            });
+            None
+        }
+    };
+    if nics.is_empty() {
+        return out;
+    }
+    for g in gpus {
+        let Some(address) = g.address() else {
+            continue;
+        };
+        let ranking = rank(sysfs, &Near::Pci(address.into()), nics, over.as_ref());
+        let chosen: Vec<String> = ranking
+            .iter()
+            .filter(|r| r.tier == 0)
+            .map(|r| r.reason.clone())
+            .collect();
+        let names: Vec<&str> = ranking
+            .iter()
+            .filter(|r| r.tier == 0)
+            .map(|r| r.nic.as_str())
+            .collect();
+        let rest: Vec<String> = ranking
+            .iter()
+            .filter(|r| r.tier > 0)
+            .map(|r| format!("{} tier {} ({})", r.nic, r.tier, r.proximity))
+            .collect();
+        let overridden = ranking.iter().any(|r| r.proximity == Proximity::Listed);
+        out.push(Check::ok(
+            SECTION,
+            format!("{} NIC", g.name),
+            format!(
+                "the transfer engine would use {} for {} memory{}: {}{}",
+                names.join(" and "),
+                g.label(),
+                if overridden {
+                    format!(" (set by {NICS_ENV})")
+                } else {
+                    String::new()
+                },
+                chosen.join("; "),
+                if rest.is_empty() {
+                    String::new()
+                } else {
+                    format!("; then {}", rest.join(", "))
+                }
+            ),
+        ));
+    }
+    out
+}
+
 /// Every topology check: per PCI GPU its BARs, per GPU x NIC pair on PCI the path verdict,
-/// and the IOMMU.
+/// the NIC the engine would choose for each GPU, and the IOMMU.
 pub fn checks(sysfs: &Path, cmdline: &str) -> Vec<Check> {
     let gpus = gpus(sysfs);
     let nics = nics(sysfs);
@@ -330,6 +282,7 @@ pub fn checks(sysfs: &Path, cmdline: &str) -> Vec<Check> {
             out.push(pair(sysfs, g, n).check);
         }
     }
+    out.extend(nic_choices(sysfs, &gpus, &nics));
     let all: Vec<&Endpoint> = pci_gpus.iter().chain(&pci_nics).copied().collect();
     out.push(iommu_check(sysfs, cmdline, &all));
     out

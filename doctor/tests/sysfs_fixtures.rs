@@ -55,6 +55,16 @@ fn a_gpu_and_a_nic_under_one_switch_are_peer_to_peer_capable() {
     assert_eq!(iommu.status, Status::Ok, "{iommu:?}");
     assert!(iommu.found.contains("dmar0") && iommu.found.contains("iommu=pt"));
     assert!(find(&all, "devices off PCI").found.contains("card0"));
+    let choice = find(&all, "card1 NIC");
+    assert!(
+        choice
+            .found
+            .starts_with("the transfer engine would use mlx5_0 for card1")
+            && choice.found.contains(
+                "mlx5_0: behind the same PCIe switch as 0000:03:00.0 (bridge 0000:01:00.0)"
+            ),
+        "{choice:?}"
+    );
     assert!(all.iter().all(|c| c.status == Status::Ok), "{all:#?}");
 }
 
@@ -97,6 +107,18 @@ fn different_root_ports_and_host_bridges_meet_only_at_the_cpu() {
     assert!(
         other.found.contains("different PCI host bridges"),
         "{other:?}"
+    );
+    // mlx5_0 shares the GPU's root complex, mlx5_1 is under another host bridge.
+    let choice = find(&all, "card0 NIC");
+    assert!(
+        choice
+            .found
+            .starts_with("the transfer engine would use mlx5_0 for card0")
+            && choice
+                .found
+                .contains("under the same host bridge as 0000:01:00.0")
+            && choice.found.contains("then mlx5_1 tier 1 (other)"),
+        "{choice:?}"
     );
     let bars = find(&all, "card0 BARs");
     assert_eq!(bars.problem, Some(problems::SMALL_BAR.id));

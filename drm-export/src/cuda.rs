@@ -117,6 +117,36 @@ impl CudaDevice {
         self.udmabuf_small_pages.store(true, Ordering::Relaxed);
     }
 
+    /// The GPU's PCI address, `dddd:bb:dd.0` in lower-case hex as sysfs names it
+    /// (`cuDeviceGetAttribute` of `CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID`, `_PCI_BUS_ID` and
+    /// `_PCI_DEVICE_ID`; a CUDA device is function 0): where a topology library finds it
+    /// under `/sys/bus/pci/devices`.
+    ///
+    /// # Errors
+    /// [`Error::Os`] with [`Op::Cuda`] when the driver refuses an attribute.
+    pub fn pci_address(&self) -> Result<String> {
+        let d = driver()?;
+        let mut parts = [0; 3];
+        for (part, attr) in parts.iter_mut().zip([
+            cuda::ATTR_PCI_DOMAIN_ID,
+            cuda::ATTR_PCI_BUS_ID,
+            cuda::ATTR_PCI_DEVICE_ID,
+        ]) {
+            *part = d.attribute(attr, self.dev).map_err(|r| {
+                cu_err(
+                    d,
+                    &format!(
+                        "cuDeviceGetAttribute({attr}) for the PCI address of CUDA device {}",
+                        self.ordinal
+                    ),
+                    r,
+                )
+            })?;
+        }
+        let [domain, bus, device] = parts;
+        Ok(format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
+    }
+
     fn bind(&self) -> Result<&'static Driver> {
         let d = driver()?;
         d.bind(&self.ctx)

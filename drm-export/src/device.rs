@@ -176,6 +176,24 @@ impl DrmDevice {
         &self.path
     }
 
+    /// The PCI address of the device behind this node (`0000:00:02.0`), for placing its
+    /// buffers near a NIC: the last PCI function on the path that
+    /// `/sys/class/drm/<node>/device` leads to (a virtio-gpu's link leads to a `virtioN`
+    /// device below its PCI function). `None` for a device that is not on PCI (vgem) or
+    /// when sysfs does not say.
+    pub fn pci_address(&self) -> Option<String> {
+        let node = self.path.canonicalize().ok()?;
+        let link = Path::new("/sys/class/drm")
+            .join(node.file_name()?)
+            .join("device");
+        let real = link.canonicalize().ok()?;
+        real.iter()
+            .rev()
+            .filter_map(|c| c.to_str())
+            .find(|c| is_pci_address(c))
+            .map(str::to_string)
+    }
+
     /// Card or render node.
     pub fn kind(&self) -> NodeKind {
         self.kind
@@ -256,6 +274,17 @@ pub fn drm_nodes(kind: NodeKind) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Whether `name` is a PCI address (`dddd:bb:dd.f`, hex).
+fn is_pci_address(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() == 12
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b':',
+            10 => *c == b'.',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
 fn node_kind(path: &Path) -> Option<NodeKind> {
     let name = path.file_name()?.to_str()?;
     if name.strip_prefix("card").is_some_and(is_number) {
@@ -296,6 +325,20 @@ mod tests {
         );
         assert_eq!(node_kind(Path::new("/dev/dri/by-path")), None);
         assert_eq!(node_kind(Path::new("/dev/dri/card")), None);
+    }
+
+    #[test]
+    fn pci_addresses_are_told_from_other_sysfs_names() {
+        assert!(is_pci_address("0000:00:02.0") && is_pci_address("0000:af:1f.7"));
+        for other in [
+            "pci0000:00",
+            "virtio3",
+            "0000:00:02",
+            "0000-00:02.0",
+            "card0",
+        ] {
+            assert!(!is_pci_address(other), "{other}");
+        }
     }
 
     #[test]

@@ -3,15 +3,17 @@
 
 use crate::batch::{Batch, Notification};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
+use crate::devices;
 use crate::error::{Error, Result, Side};
 use crate::metadata::{lock, EmbeddedMetadata, MetadataService, PeerRecord};
 use crate::plan::plan;
 use crate::progress::{Progress, Transfer};
-use crate::segment::{describe, Memory, Region, Segments};
+use crate::segment::{self, describe, Memory, Region, Segments};
 use crate::server::Server;
 use crate::settings::Settings;
 use crate::shared::Shared;
 use crate::worker::{self, Job};
+use gpu_rdma_topology::{Near, Ranked};
 use rdma_dmabuf::CacheStats;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -59,8 +61,12 @@ impl Agent {
     /// Opens the devices of `settings` (default: every device with an active port), one
     /// protection domain each, binds the control listener and starts the worker.
     ///
+    /// The NIC override is [`Settings::nics`] or, when that is `None`, the environment
+    /// variable `GPU_RDMA_NICS`, read here once.
+    ///
     /// # Errors
-    /// [`Error::Settings`], [`Error::NoDevice`], [`Error::Io`] when the listener cannot bind.
+    /// [`Error::Settings`] (a `GPU_RDMA_NICS` that does not parse among them),
+    /// [`Error::NoDevice`], [`Error::Io`] when the listener cannot bind.
     pub fn new(name: &str, settings: Settings) -> Result<Agent> {
         Agent::start(name, settings, None)
     }
@@ -81,7 +87,7 @@ impl Agent {
 
     fn start(
         name: &str,
-        settings: Settings,
+        mut settings: Settings,
         metadata: Option<Arc<dyn MetadataService>>,
     ) -> Result<Agent> {
         if settings.chunk_size == 0 || settings.in_flight == 0 {
@@ -99,7 +105,9 @@ impl Agent {
                 "queue_pairs and workers must be above 0".into(),
             ));
         }
-        let devices = crate::devices::open(settings.devices.as_deref(), settings.cache_limits)?;
+        // The NIC override is read once: a bad GPU_RDMA_NICS fails here, typed.
+        settings.nics = settings.resolved_nics()?;
+        let devices = devices::open(settings.devices.as_deref(), settings.cache_limits)?;
         let listener =
             TcpListener::bind(settings.bind).map_err(|e| Error::io("bind", settings.bind, e))?;
         let embedded = Arc::new(EmbeddedMetadata::new(settings.io_timeout));
@@ -174,7 +182,10 @@ impl Agent {
     /// every device of the agent (one region each, all in the descriptor; a CUDA range
     /// through the devices' registration caches, see [`Agent::register_cuda`]); a dma-buf
     /// or host buffer is shared between its regions with no CPU access until
-    /// [`Agent::unregister`] hands it back.
+    /// [`Agent::unregister`] hands it back. Each region carries its device's tier for where
+    /// the memory is (a CUDA range: its GPU's PCI address; host memory: the NUMA node of its
+    /// first page; a dma-buf: unknown, so tier 0 on every device unless the NIC override has
+    /// a `*` rule: [`Agent::register_near`] names its place).
     ///
     /// # Errors
     /// [`Error::Settings`] for an empty name or one with control characters (it becomes a
@@ -185,13 +196,55 @@ impl Agent {
     /// registrations evicted), so no peer can reach it (unless a transfer of this agent
     /// already uses it, when it stays registered: unregister it).
     pub fn register(&self, name: &str, memory: impl Into<Memory>) -> Result<SegmentDescriptor> {
+        self.register_at(name, memory.into(), None)
+    }
+
+    /// As [`Agent::register`], with the memory's place given: each device's region gets its
+    /// tier for memory at `near` ([`Agent::nic_ranking`]) instead of for the place
+    /// `register` finds (a CUDA range: its GPU's PCI address; host memory: the NUMA node of
+    /// its first page; a dma-buf: unknown, every device tier 0). Pass a dma-buf's exporting
+    /// device, e.g. `Near::Pci(drm_device.pci_address()?)`
+    /// ([`DrmDevice::pci_address`](drm_export::DrmDevice::pci_address)).
+    ///
+    /// # Errors
+    /// As [`Agent::register`].
+    pub fn register_near(
+        &self,
+        name: &str,
+        memory: impl Into<Memory>,
+        near: Near,
+    ) -> Result<SegmentDescriptor> {
+        self.register_at(name, memory.into(), Some(near))
+    }
+
+    /// The devices in use ranked for memory at `near`, nearest first, after the NIC
+    /// override ([`Settings::nics`] or `GPU_RDMA_NICS`): each with its index in
+    /// [`Agent::devices`], its tier (0 the nearest: the devices a segment there stripes its
+    /// transfers over) and the reason. The tiers [`Agent::register_near`] gives a segment's
+    /// regions.
+    pub fn nic_ranking(&self, near: &Near) -> Vec<Ranked> {
+        devices::rank(
+            &self.shared.devices,
+            near,
+            self.shared.settings.nics.as_ref(),
+        )
+    }
+
+    fn register_at(
+        &self,
+        name: &str,
+        memory: Memory,
+        near: Option<Near>,
+    ) -> Result<SegmentDescriptor> {
         crate::segment::check_name(name)?;
         if self.shared.segments.lock().contains_key(name) {
             return Err(Error::SegmentExists(name.into()));
         }
         let devices = &self.shared.devices;
-        let region = Region::register(devices, memory.into())?;
-        let desc = describe(name, devices, &region);
+        let region = Region::register(devices, memory)?;
+        let near = near.unwrap_or_else(|| segment::near(&region));
+        let tiers = devices::tiers(devices, &near, self.shared.settings.nics.as_ref());
+        let desc = describe(name, devices, &region, &tiers);
         if let Err((e, region)) = self.shared.segments.insert(desc.clone(), region) {
             let _ = self.release(region);
             return Err(e);

@@ -2,8 +2,13 @@
 //! registration cache.
 
 use crate::error::{Error, Result};
+use gpu_rdma_topology::{Endpoint, Near, NicOverride, Ranked};
 use rdma_dmabuf::{CacheLimits, Context, PortState, ProtectionDomain, RegistrationCache};
+use std::path::Path;
 use std::sync::Arc;
+
+/// Where devices and memory are read from.
+const SYSFS: &str = "/sys";
 
 /// One opened device.
 pub(crate) struct Device {
@@ -13,6 +18,33 @@ pub(crate) struct Device {
     pub cache: RegistrationCache,
     /// The GID its queue pairs send from (the RoCEv2 IPv4 one where there is one).
     pub gid: [u8; 16],
+    /// Its place: its PCI function and the bridges above it, read from sysfs once, at open
+    /// (an `rxe` through its netdev); an empty chain off PCI.
+    pub place: Endpoint,
+}
+
+/// `devices` ranked for memory at `near` (after `nic_override`), nearest first; each
+/// entry's `index` is the device's.
+pub(crate) fn rank(
+    devices: &[Device],
+    near: &Near,
+    nic_override: Option<&NicOverride>,
+) -> Vec<Ranked> {
+    let places: Vec<Endpoint> = devices.iter().map(|d| d.place.clone()).collect();
+    gpu_rdma_topology::rank(Path::new(SYSFS), near, &places, nic_override)
+}
+
+/// Each device's tier for memory at `near`, by device index.
+pub(crate) fn tiers(
+    devices: &[Device],
+    near: &Near,
+    nic_override: Option<&NicOverride>,
+) -> Vec<u8> {
+    let mut tiers = vec![0; devices.len()];
+    for r in rank(devices, near, nic_override) {
+        tiers[r.index] = r.tier;
+    }
+    tiers
 }
 
 /// Opens `names`, or every device whose port 1 is active, each with a registration cache
@@ -45,6 +77,7 @@ pub(crate) fn open(names: Option<&[String]>, limits: CacheLimits) -> Result<Vec<
             };
             let pd = ProtectionDomain::new(&ctx).map_err(fail)?;
             Ok(Device {
+                place: gpu_rdma_topology::endpoint(Path::new(SYSFS), "infiniband", name),
                 name: name.clone(),
                 cache: RegistrationCache::new(&pd, limits),
                 pd,

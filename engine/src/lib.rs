@@ -14,6 +14,11 @@
 //!   ([`Settings::cache_limits`]). [`Agent::unregister`] deregisters it, unless
 //!   [`Settings::keep_cuda_registrations`] keeps the registrations (still open to peers) so
 //!   that registering it again reuses them ([`Agent::cache_stats`] counts the hits).
+//! * Topology: each region of a segment carries a tier ([`DeviceRegion::tier`], 0 the
+//!   devices nearest to the memory: behind its PCIe switch, then its host bridge, then its
+//!   NUMA node), from where the memory is ([`Near`]: found for CUDA and host memory, given
+//!   with [`Agent::register_near`] for a dma-buf) and the NIC override ([`Settings::nics`],
+//!   `GPU_RDMA_NICS`); [`Agent::nic_ranking`] says why.
 //! * [`MetadataService`]: where descriptors are published and found; [`EmbeddedMetadata`]
 //!   asks peers named with [`Agent::add_peer`] directly.
 //!   With the cargo feature `etcd`, `EtcdMetadata` keeps them in etcd (keys under a lease,
@@ -86,6 +91,7 @@ pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VE
 pub use error::{Error, ErrorKind, Result, Side};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdMetadata, EtcdSettings};
+pub use gpu_rdma_topology::{Near, NicOverride, OverrideError, Proximity, Ranked};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};
 pub use progress::{EntryStatus, Transfer};
 pub use segment::Memory;

@@ -10,6 +10,7 @@ use crate::devices::Device;
 use crate::error::{Error, Result};
 use crate::metadata::lock;
 use drm_export::cuda::CudaDevice;
+use gpu_rdma_topology::Near;
 use rdma_dmabuf::{
     Access, Backing, Checkout, DmaBuf, HostBuffer, MemoryRegion, SharedDmaBuf, SharedHostBuffer,
 };
@@ -264,8 +265,32 @@ fn cuda_error(ptr: u64, len: u64, e: rdma_dmabuf::Error) -> Error {
     }
 }
 
-/// The descriptor of `region`, registered as `name` on `devices` (by index).
-pub(crate) fn describe(name: &str, devices: &[Device], region: &Region) -> SegmentDescriptor {
+/// Where a registered segment's memory is, as far as it tells: a CUDA range at its GPU's PCI
+/// address, host memory on the NUMA node of its first page, a dma-buf unknown (its exporter
+/// is not named: [`Agent::register_near`](crate::Agent::register_near)). A query that fails
+/// leaves the place unknown.
+pub(crate) fn near(region: &Region) -> Near {
+    match region {
+        Region::Cuda { device, .. } => device.pci_address().map_or(Near::Unknown, Near::Pci),
+        Region::Host(rs) => rs
+            .iter()
+            .flatten()
+            .next()
+            .and_then(|r| gpu_rdma_topology::memory_numa_node(r.addr() as usize).ok())
+            .flatten()
+            .map_or(Near::Unknown, Near::Numa),
+        Region::DmaBuf(_) => Near::Unknown,
+    }
+}
+
+/// The descriptor of `region`, registered as `name` on `devices` (by index), each device's
+/// region with its tier (`tiers`, by device index).
+pub(crate) fn describe(
+    name: &str,
+    devices: &[Device],
+    region: &Region,
+    tiers: &[u8],
+) -> SegmentDescriptor {
     let remotes = region.remotes();
     SegmentDescriptor {
         name: name.into(),
@@ -282,7 +307,7 @@ pub(crate) fn describe(name: &str, devices: &[Device], region: &Region) -> Segme
                     gid: device.gid,
                     addr,
                     rkey,
-                    tier: 0,
+                    tier: tiers.get(usize::from(index)).copied().unwrap_or(0),
                 }
             })
             .collect(),

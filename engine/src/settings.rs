@@ -1,5 +1,7 @@
 //! [`Settings`]: what an agent is given, every field with a finite default.
 
+use crate::error::{Error, Result};
+use gpu_rdma_topology::{NicOverride, NICS_ENV};
 use rdma_dmabuf::{CacheLimits, TransportRetry};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -69,6 +71,14 @@ pub struct Settings {
     /// link is still down would otherwise cost every batch the time to find out again (up
     /// to [`Settings::peer_failure_bound`] when the far end is gone).
     pub rail_probe_after: Duration,
+    /// Which devices to rank first for memory at a given place, overriding the topology
+    /// (clusters whose firmware misreports it, or operators who pin each GPU's NIC): per PCI
+    /// address, NUMA node or `*`, a list of device names, e.g.
+    /// `"0000:22:00.0=rxe1,rxe3;numa0=rxe0;*=rxe2".parse()`. The devices listed for a
+    /// segment's place are its tier 0, in that order; the others follow, one tier further
+    /// (docs/engine.md, "Topology"). `None` (the default): the environment variable
+    /// `GPU_RDMA_NICS` in the same syntax, read when the agent starts, or no override.
+    pub nics: Option<NicOverride>,
 }
 
 impl Default for Settings {
@@ -85,6 +95,7 @@ impl Default for Settings {
             cache_limits: CacheLimits::default(),
             keep_cuda_registrations: false,
             rail_probe_after: Duration::from_secs(2),
+            nics: None,
         }
     }
 }
@@ -98,6 +109,19 @@ impl Settings {
     pub fn resolved_retry(&self) -> rdma_dmabuf::Result<TransportRetry> {
         self.transport_retry
             .map_or_else(TransportRetry::from_environment, Ok)
+    }
+
+    /// The NIC override the agent ranks its devices with: [`Settings::nics`], or the one in
+    /// the environment variable `GPU_RDMA_NICS` when that is `None` (unset or blank: none).
+    ///
+    /// # Errors
+    /// [`Error::Settings`] naming the variable and the offending part of its text.
+    pub fn resolved_nics(&self) -> Result<Option<NicOverride>> {
+        match &self.nics {
+            Some(o) => Ok(Some(o.clone())),
+            None => NicOverride::from_environment()
+                .map_err(|e| Error::Settings(format!("{NICS_ENV}: {e}"))),
+        }
     }
 
     /// How long after a peer dies its pending entries fail at most: every retry of one

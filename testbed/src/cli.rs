@@ -11,6 +11,10 @@ pub const RUN_OPTIONS: &str =
                             node b finds node a at $NODE_A_ADDR, also its $PEER_ADDR)
       --nics N              N NICs per node (1 to 4): rxe0..rxe<N-1>, each on its own link
                             and subnet ($RDMA_DEVICES, $LOCAL_ADDRS, $PEER_ADDRS list them)
+      --topology            (with --nodes 2) a PCIe tree on two NUMA nodes: a GPU
+                            (virtio-gpu-pci) behind a PCIe switch, NIC i at tier i from it
+                            (same switch, same host bridge, same NUMA node, other node);
+                            $TESTBED_GPU_CARD, $TESTBED_NIC_PCI, $TESTBED_NIC_TIERS, ...
       --mode patched|stock  rxe and rdma-core with kernel-patches/ (default: dma-buf regions
                             work) or Debian's own
       --timeout SECS        stop and fail after SECS (default 1800)
@@ -50,6 +54,7 @@ pub fn parse_run_args(args: &[String]) -> Result<(Opts, Vec<String>)> {
                     .filter(|n| (1..=crate::vm::MAX_NICS).contains(n))
                     .ok_or("--nics takes 1 to 4")?
             }
+            "--topology" => opts.topology = true,
             "--mode" => {
                 opts.mode = match it.next().map(String::as_str) {
                     Some("patched") => Mode::Patched,
@@ -113,10 +118,13 @@ mod tests {
             "--nodes 2 --mode stock --timeout 60 --package gcc --verbose -- ls -l",
         ))
         .unwrap();
+        assert!(!o.topology, "no PCIe topology unless asked for");
         assert_eq!((o.nodes, o.mode, o.timeout.as_secs()), (2, Mode::Stock, 60));
         assert!(o.verbose);
         assert_eq!(o.packages, ["gcc"]);
         assert_eq!(argv, ["ls", "-l"]);
+        let (o, _) = parse_run_args(&args("--nodes 2 --nics 4 --topology -- true")).unwrap();
+        assert!(o.topology && o.nics == 4);
         let (o, _) = parse_run_args(&args("-- true")).unwrap();
         assert!(
             !o.verbose,

@@ -101,14 +101,17 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
         ),
         ("info.sh", script::INFO.to_string()),
     ];
-    for nodes in [1, 2] {
+    let kernel_root = std::path::Path::new("/cache/kernel/6.12");
+    for (nodes, topology) in [(1, false), (2, false), (2, true)] {
         for p in [None, Some(&patched)] {
             let opts = vm::Opts {
                 nodes,
+                nics: if topology { vm::MAX_NICS } else { 1 },
+                topology,
                 env: vec![("K".into(), "v".into())],
                 ..vm::Opts::default()
             };
-            let inner = vm::inner_script(dir, 'a', &opts, p).unwrap();
+            let inner = vm::inner_script(dir, 'a', &opts, p, kernel_root).unwrap();
             out.push(("inner.sh", inner));
         }
     }

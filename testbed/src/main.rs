@@ -16,9 +16,10 @@ dmabuf-testbed <command>
                         guest sees writable; the host's other files are seen read-only. Exits
                         with CMD's status; 1 when the guest kernel warned, oopsed or was
                         tainted; 125 when the testbed could not run CMD.
-@OPTIONS@  info [--mode M] [--package PKG]...
+@OPTIONS@  info [run options]
                         boot once and print what the guest has (kernel, rdma-core, which
-                        libibverbs a command loads, devices, dma-buf exporters, limits) and
+                        libibverbs a command loads, devices, dma-buf exporters, limits; with
+                        --nodes 2 --nics 4 --topology, where the GPU and each NIC sit) and
                         why the VMs run under KVM or TCG
   setup                 install the host packages (as root; else prints the sudo line), fetch
                         the guest kernel, build the initramfs, the patched rxe module, the test

@@ -108,6 +108,16 @@ pub const PROGRAMS: &[Program] = &[
         "loads the patched rdma_rxe.ko and the test exporter (VM)",
     ),
     deb("rmmod", "kmod", "unloads Debian's rdma_rxe (VM)"),
+    deb(
+        "modprobe",
+        "kmod",
+        "loads virtio_gpu from the guest kernel's tree under --topology (VM)",
+    ),
+    deb(
+        "readlink",
+        "coreutils",
+        "follows sysfs links to PCI functions under --topology (VM)",
+    ),
     deb("sh", "dash", "runs the project's scripts (host and VM)"),
     deb("cp", "coreutils", "copies source trees (host)"),
     deb("chmod", "coreutils", "makes /init executable (host)"),

@@ -28,7 +28,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "python3 -m venv with its own pip (ensurepip): the venv cargo xtask test installs the \
          gpu_rdma wheel into, offline",
     ),
-    ("coreutils", "cp, chmod, cat, sleep, uname, timeout"),
+    (
+        "coreutils",
+        "cp, chmod, cat, sleep, uname, timeout, readlink",
+    ),
     ("sed", "reads the loader's log in the VM"),
     ("grep", "checks port state and loaded libraries in the VM"),
     ("tar", "extracts the rxe sources from linux-source"),
@@ -78,7 +81,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "the CPU hog of cargo xtask soak --hog (a busy host, as CI runners are)",
     ),
     ("busybox-static", "the testbed's initramfs userland"),
-    ("kmod", "depmod for the unpacked guest kernel"),
+    (
+        "kmod",
+        "depmod for the unpacked guest kernel; insmod, rmmod and modprobe in the VM",
+    ),
     ("cpio", "packs the initramfs"),
     ("xz-utils", "decompresses the guest kernel's modules"),
     ("rdma-core", "the rdma tool's companions and udev rules"),

@@ -30,6 +30,7 @@ fn no_source_file_is_over_600_lines() {
         "rdma-dmabuf",
         "engine",
         "doctor",
+        "topology",
         "tests",
         "examples",
         "xtask",

@@ -12,7 +12,13 @@ use std::path::{Path, PathBuf};
 use syn::visit::Visit;
 
 /// The library crates, whose public API the rule covers.
-const LIBRARIES: &[&str] = &["drm-export", "rdma-dmabuf", "engine", "dmabuf-alloc"];
+const LIBRARIES: &[&str] = &[
+    "drm-export",
+    "rdma-dmabuf",
+    "engine",
+    "dmabuf-alloc",
+    "topology",
+];
 
 const INTEGERS: &[&str] = &[
     "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",

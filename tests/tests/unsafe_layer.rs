@@ -165,12 +165,13 @@ fn the_libraries_deny_unsafe_code_outside_their_raw_layer() {
         ("drm-export", "#![deny(unsafe_code)]"),
         ("rdma-dmabuf", "#![deny(unsafe_code)]"),
         ("python", "#![deny(unsafe_code)]"),
+        ("topology", "#![deny(unsafe_code)]"),
         ("engine", "#![forbid(unsafe_code)]"),
     ] {
         let lib = std::fs::read_to_string(root().join(krate).join("src/lib.rs")).unwrap();
         assert!(lib.contains(lint), "{krate}/src/lib.rs lacks {lint}");
     }
-    for krate in ["drm-export", "rdma-dmabuf"] {
+    for krate in ["drm-export", "rdma-dmabuf", "topology"] {
         let sys = std::fs::read_to_string(root().join(krate).join("src/sys/mod.rs")).unwrap();
         assert!(
             sys.contains("#![allow(unsafe_code)]"),
@@ -185,6 +186,7 @@ fn unsafe_outside_the_raw_layers_is_only_where_the_table_says() {
         ("drm-export", DRM_EXPORT),
         ("rdma-dmabuf", RDMA_DMABUF),
         ("python", PYTHON),
+        ("topology", &[]),
     ] {
         assert_eq!(
             allows_outside_sys(&root().join(krate).join("src")),

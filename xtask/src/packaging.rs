@@ -1,5 +1,5 @@
 //! The published crates as a user gets them: `cargo publish --dry-run` packages
-//! `drm-export`, `rdma-dmabuf` and `gpu-rdma-doctor` and builds each from its package (the
+//! `drm-export`, `rdma-dmabuf`, `gpu-rdma-topology` and `gpu-rdma-doctor` and builds each from its package (the
 //! unpublished ones resolved from the packages just made), then `cargo doc` runs on them the
 //! way docs.rs does (`DOCS_RS=1`, every feature, warnings denied). Both use their own target
 //! folder, `target/packaging`, so the package builds never disturb the workspace's.
@@ -9,7 +9,12 @@ use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::{info, Step};
 
 /// The crates a user can depend on, by package name.
-pub const PUBLISHED: [&str; 3] = ["drm-export", "rdma-dmabuf", "gpu-rdma-doctor"];
+pub const PUBLISHED: [&str; 4] = [
+    "drm-export",
+    "rdma-dmabuf",
+    "gpu-rdma-topology",
+    "gpu-rdma-doctor",
+];
 
 /// Runs both checks; `Ok(false)` (reported) when one fails.
 pub fn check(paths: &Paths) -> Result<bool> {

@@ -20,7 +20,8 @@ pub(crate) enum Phase {
     Stock,
     /// Two VMs, patched stack.
     Two,
-    /// Two VMs, patched stack, four NICs (rails) each.
+    /// Two VMs, patched stack, four NICs (rails) each, placed in a PCIe tree on two NUMA
+    /// nodes around a GPU (the testbed's `--topology`).
     Rails,
 }
 
@@ -81,6 +82,11 @@ impl Phase {
         }
     }
 
+    /// Whether its VMs boot with the PCIe topology (`vm::Opts::topology`).
+    pub(crate) fn topology(self) -> bool {
+        self == Phase::Rails
+    }
+
     pub(crate) fn mode(self) -> vm::Mode {
         if self == Phase::Stock {
             vm::Mode::Stock
@@ -94,7 +100,7 @@ impl Phase {
             Phase::One => "1-node testbed, patched rxe",
             Phase::Stock => "1-node testbed, stock rxe",
             Phase::Two => "2-node testbed, patched rxe",
-            Phase::Rails => "2-node testbed, patched rxe, 4 NICs per node",
+            Phase::Rails => "2-node testbed, patched rxe, 4 NICs per node in a PCIe topology",
         }
     }
 

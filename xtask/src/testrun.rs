@@ -322,6 +322,7 @@ fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool,
     let opts = vm::Opts {
         nodes,
         nics: phase.nics(),
+        topology: phase.topology(),
         mode: phase.mode(),
         timeout: Duration::from_secs(3600),
         expose: paths.vm_expose(),

@@ -34,6 +34,12 @@ unsafe impl Sync for Ctx {}
 
 /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`.
 pub const ATTR_DMA_BUF_SUPPORTED: c_int = 124;
+/// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID`.
+pub const ATTR_PCI_BUS_ID: c_int = 33;
+/// `CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID` (the device number on its bus).
+pub const ATTR_PCI_DEVICE_ID: c_int = 34;
+/// `CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID`.
+pub const ATTR_PCI_DOMAIN_ID: c_int = 50;
 /// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
 pub const HANDLE_TYPE_DMA_BUF_FD: c_int = 1;
 

@@ -26,6 +26,10 @@ for c in /sys/class/drm/card*; do
     [ -e "$c/dev" ] || continue
     # vgem is a platform device with no driver bound: its MODALIAS names it.
     drv=$(sed -n 's/^DRIVER=//p; s/^MODALIAS=platform://p' "$c/device/uevent" 2>/dev/null)
+    # A virtio GPU's card hangs off the PCI function; its driver is the virtio device's.
+    if [ "$drv" = virtio-pci ]; then
+        for v in "$c"/device/virtio*/driver; do drv=$(readlink -f "$v"); drv=${drv##*/}; done
+    fi
     echo "dma-buf exporter: /dev/dri/${c##*/} ($drv, GEM buffers exported with PRIME)"
 done
 [ -e /dev/udmabuf ] && echo "dma-buf exporter: /dev/udmabuf (size_limit_mb $(cat /sys/module/udmabuf/parameters/size_limit_mb))"
@@ -33,6 +37,22 @@ for h in /dev/dma_heap/*; do
     [ -e "$h" ] && echo "dma-buf exporter: $h (dma-heap)"
 done
 [ -e /dev/dmabuf_test_exporter ] && echo "dma-buf exporter: /dev/dmabuf_test_exporter (test exporter, poisoned page pointers)"
+if [ "${TESTBED_TOPOLOGY:-0}" = 1 ]; then
+    # --topology: each device's sysfs path (host bridge, ports, the function) and NUMA node.
+    where() {
+        p=$(readlink -f "/sys/bus/pci/devices/$1")
+        echo "${p#/sys/devices/} (NUMA node $(cat "/sys/bus/pci/devices/$1/numa_node"))"
+    }
+    echo "numa nodes: $(cat /sys/devices/system/node/online)"
+    echo "topology: GPU $TESTBED_GPU_CARD (virtio-gpu) at $(where "$TESTBED_GPU_PCI")"
+    set -- $TESTBED_NIC_TIERS
+    for pci in $TESTBED_NIC_PCI; do
+        d=${RDMA_DEVICES%% *} RDMA_DEVICES=${RDMA_DEVICES#* }
+        net=$(cat "/sys/class/infiniband/$d/parent")
+        echo "topology: NIC $d ($net, $(cat "/sys/class/net/$net/speed") Mb/s), tier $1 from the GPU, at $(where "$pci")"
+        shift
+    done
+fi
 echo "huge pages: $(cat /proc/sys/vm/nr_hugepages) x 2 MiB reserved"
 echo "memory: $(grep MemTotal /proc/meminfo | sed 's/MemTotal: *//')"
 echo "cpus: $(grep -c ^processor /proc/cpuinfo)"

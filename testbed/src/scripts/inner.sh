@@ -16,6 +16,8 @@ export NODE_A_ADDR
 export TESTBED_RUN="$RUN" TESTBED_PEER_RUN="$PEER_RUN"
 # The patched stack and the test exporter module (unused with TESTBED_MODE=stock).
 RXE_MODULE=@RXE_MODULE@ EXPORTER_MODULE=@EXPORTER_MODULE@ RDMA_LIB=@RDMA_LIB@
+# The guest kernel's unpacked package, whose modules --topology loads (modprobe -d).
+KERNEL_ROOT=@KERNEL_ROOT@
 if [ "$TESTBED_NODES" -gt 1 ]; then
     # The peer is an emulated machine that a busy host can starve for seconds at a time:
     # reliable-connection requests of rdma-dmabuf's queue pairs wait longer for its ACKs
@@ -26,9 +28,18 @@ fi
 @ENV@
 say() { echo "testbed[$NODE]: $*"; }
 fatal() { say "$*"; echo 125 > "$RUN/status"; exit 125; }
+# The netdev with MAC $1.
+mac_dev() {
+    for d in /sys/class/net/*; do
+        [ "$(cat "$d/address")" = "$1" ] && { echo "${d##*/}"; return 0; }
+    done
+    return 1
+}
 ip link set lo up
 if [ "$TESTBED_NODES" -gt 1 ]; then
-    NETDEV=eth0
+    # Rail 0's NIC, by its MAC (52:54:00:00:00:0<1|2>): eth0 unless --topology put another
+    # NIC on a bus the kernel enumerates first.
+    NETDEV=$(mac_dev "52:54:00:00:00:0$([ "$NODE" = a ] && echo 1 || echo 2)") || fatal "no NIC for rail 0"
 else
     NETDEV=veth0
     ip link add veth0 type veth peer name veth1 && ip link set veth1 up
@@ -70,13 +81,6 @@ export TESTBED_NICS=@NICS@ LOCAL_ADDRS=@LOCAL_ADDRS@ PEER_ADDRS=@PEER_ADDRS@
 RDMA_DEVICES=rxe0 NETDEVS=$NETDEV
 # The word after the first $1 words of the rest.
 nth() { n=$1; shift; shift "$n"; echo "$1"; }
-# The netdev with MAC $1.
-mac_dev() {
-    for d in /sys/class/net/*; do
-        [ "$(cat "$d/address")" = "$1" ] && { echo "${d##*/}"; return 0; }
-    done
-    return 1
-}
 i=1
 while [ "$i" -lt "$TESTBED_NICS" ]; do
     if [ "$TESTBED_NODES" -gt 1 ]; then
@@ -101,6 +105,50 @@ for d in $RDMA_DEVICES; do
     done
 done
 export RDMA_DEVICES NETDEVS
+# --topology (testbed/src/vm/topology.rs): a GPU behind a PCIe switch and the NICs at every
+# distance from it, on two NUMA nodes. The placement comes from the host; the PCI addresses
+# are read here, from sysfs, as the guest's kernel numbered the buses.
+export TESTBED_TOPOLOGY=@TOPOLOGY@
+if [ "$TESTBED_TOPOLOGY" = 1 ]; then
+@LAYOUT@
+    # virtio-gpu's DRM driver, loaded here only: every other boot keeps vgem as its only card.
+    modprobe -d "$KERNEL_ROOT" virtio_gpu || fatal "cannot load virtio_gpu"
+    # The PCI function of a sysfs device: virtio drivers bind to a virtioN below it.
+    pci_of() {
+        p=$(readlink -f "$1") || return 1
+        case "${p##*/}" in virtio*) p=${p%/*} ;; esac
+        echo "${p##*/}"
+    }
+    # The card whose PCI function's virtio device virtio_gpu drives (the card's own device
+    # is the PCI function).
+    gpu_card() {
+        for c in /sys/class/drm/card*; do
+            [ -e "$c/dev" ] || continue
+            pci=$(pci_of "$c/device") || continue
+            for v in "/sys/bus/pci/devices/$pci"/virtio*/driver; do
+                drv=$(readlink -f "$v")
+                [ "${drv##*/}" = virtio_gpu ] && { echo "${c##*/} $pci"; return 0; }
+            done
+        done
+        return 1
+    }
+    n=0
+    until gpu=$(gpu_card); do
+        n=$((n+1)); [ $n -gt 20 ] && fatal "virtio-gpu has no DRM card"
+        sleep 0.2
+    done
+    TESTBED_GPU_CARD=${gpu% *} TESTBED_GPU_PCI=${gpu#* }
+    # rxe's parent is its netdev (a name in a file); the netdev's device is virtioN.
+    TESTBED_NIC_PCI=
+    for d in $RDMA_DEVICES; do
+        net=$(cat "/sys/class/infiniband/$d/parent")
+        pci=$(pci_of "/sys/class/net/$net/device") || fatal "no PCI function for $d ($net)"
+        TESTBED_NIC_PCI="${TESTBED_NIC_PCI:+$TESTBED_NIC_PCI }$pci"
+    done
+    export TESTBED_GPU_CARD TESTBED_GPU_PCI TESTBED_NIC_PCI TESTBED_GPU_NUMA=@GPU_NUMA@
+    export TESTBED_NIC_TIERS=@NIC_TIERS@ TESTBED_NIC_NUMA=@NIC_NUMA@ TESTBED_NIC_SPEEDS=@NIC_SPEEDS@
+    say "topology: GPU $TESTBED_GPU_CARD at $TESTBED_GPU_PCI; NICs $RDMA_DEVICES at $TESTBED_NIC_PCI"
+fi
 if [ "$TESTBED_MODE" = patched ]; then
     # Verbs programs must really load the patched libibverbs and provider, even with the
     # system's library folder first on their own LD_LIBRARY_PATH: a silent fallback to the

@@ -5,6 +5,7 @@
 
 mod node;
 pub mod share;
+pub mod topology;
 
 use crate::accel::{self, Accel};
 use crate::patched::Patched;
@@ -35,6 +36,9 @@ pub struct Opts {
     /// wire between two nodes, its own veth pair on one) in its own subnet
     /// ([`rail_addr`]).
     pub nics: u8,
+    /// A PCIe tree with two NUMA nodes, a GPU (`virtio-gpu-pci`) behind a PCIe switch and the
+    /// NICs placed at every distance from it ([`topology`]); two nodes only.
+    pub topology: bool,
     /// The whole run is stopped (and fails) after this long.
     pub timeout: Duration,
     /// Extra environment for the command.
@@ -60,6 +64,7 @@ impl Default for Opts {
             mode: Mode::Patched,
             nodes: 1,
             nics: 1,
+            topology: false,
             timeout: Duration::from_secs(1800),
             env: Vec::new(),
             mem_mib: 2048,
@@ -258,7 +263,7 @@ fn boot(cache: &Cache, argv: &[String], opts: &Opts, loud: bool) -> Result<Vec<N
     let mut nodes = Vec::new();
     for name in ['a', 'b'].into_iter().take(opts.nodes.into()) {
         let dir = run_root.join(name.to_string());
-        let started = write_node_files(&dir, argv, &boot, &cwd, name, opts, stack.patched.as_ref())
+        let started = write_node_files(&dir, argv, &boot, &cwd, name, opts, &stack)
             .and_then(|()| start(&boot, dir, name, opts, loud));
         match started {
             Ok(node) => nodes.push(node),
@@ -322,6 +327,9 @@ fn check_request(argv: &[String], opts: &Opts) -> Result {
     if !(1..=2).contains(&opts.nodes) {
         fail!("--nodes must be 1 or 2");
     }
+    if opts.topology && opts.nodes != 2 {
+        fail!("--topology needs --nodes 2 (one node's NICs are veth pairs, on no PCIe bus)");
+    }
     Ok(())
 }
 
@@ -369,13 +377,14 @@ fn write_node_files(
     cwd: &Path,
     node: char,
     opts: &Opts,
-    patched: Option<&Patched>,
+    stack: &Stack,
 ) -> Result {
+    let patched = stack.patched.as_ref();
     std::fs::create_dir_all(dir)?;
     // The caller's own command: whatever it runs is the caller's choice, not xtask's, so it is
     // not held to the programs table.
     sh::write(&dir.join("cmd.sh"), &cmd_script(argv))?;
-    let inner = inner_script(dir, node, opts, patched)?;
+    let inner = inner_script(dir, node, opts, patched, &stack.kernel.root)?;
     programs::write_script(&dir.join("inner.sh"), &inner)?;
     let preload = patched.map(Patched::libibverbs);
     let paths = guest_paths(boot, dir, cwd, preload.as_deref())?;
@@ -426,7 +435,8 @@ fn cmd_script(argv: &[String]) -> String {
 }
 
 /// The node's `inner.sh`: `scripts/inner.sh` filled in for the run folder `dir` (the node's)
-/// and the stack (`None`: stock). `/init` passes it the command's working folder, its first
+/// and the stack (`None`: stock); `kernel_root`: the guest kernel's unpacked package, whose
+/// modules `--topology` loads from (`modprobe -d`). `/init` passes it the command's working folder, its first
 /// argument, which may hold any byte but a newline.
 ///
 /// # Errors
@@ -437,6 +447,7 @@ pub fn inner_script(
     node: char,
     opts: &Opts,
     patched: Option<&Patched>,
+    kernel_root: &Path,
 ) -> Result<String> {
     let quote = |p: &Path| share::utf8(p).map(sh::quote);
     let local = node_addr(node, opts.nodes);
@@ -474,6 +485,21 @@ pub fn inner_script(
         }
         env.push(format!("export {k}={}", sh::quote(v)));
     }
+    let topo = |f: fn(&topology::Slot) -> String| {
+        if opts.topology {
+            sh::quote(&topology::per_nic(opts.nics, f))
+        } else {
+            sh::quote("")
+        }
+    };
+    let layout: Vec<String> = if opts.topology {
+        topology::describe(opts.nics)
+            .iter()
+            .map(|l| format!("say {}", sh::quote(&format!("topology: {l}"))))
+            .collect()
+    } else {
+        Vec::new()
+    };
     script::fill(
         script::INNER,
         &[
@@ -493,6 +519,19 @@ pub fn inner_script(
             ("ACK_TIMEOUT", &RC_ACK_TIMEOUT.to_string()),
             ("RETRY_COUNT", &RC_RETRY_COUNT.to_string()),
             ("ENV", &env.join("\n")),
+            ("TOPOLOGY", if opts.topology { "1" } else { "0" }),
+            ("KERNEL_ROOT", &quote(kernel_root)?),
+            ("NIC_TIERS", &topo(|s| s.tier.name().to_string())),
+            (
+                "NIC_NUMA",
+                &topo(|s| topology::BRIDGES[s.bridge].numa.to_string()),
+            ),
+            ("NIC_SPEEDS", &topo(|s| s.speed_mbps.to_string())),
+            (
+                "GPU_NUMA",
+                &topology::BRIDGES[topology::GPU_BRIDGE].numa.to_string(),
+            ),
+            ("LAYOUT", &layout.join("\n")),
         ],
     )
 }
@@ -542,14 +581,14 @@ mod tests {
                 env: vec![(bad.into(), "v".into())],
                 ..Opts::default()
             };
-            let e = inner_script(Path::new("/r"), 'a', &opts, None);
+            let e = inner_script(Path::new("/r"), 'a', &opts, None, Path::new("/k"));
             assert!(e.is_err(), "{bad:?} accepted");
         }
         let opts = Opts {
             env: vec![("_OK_1".into(), "a b".into())],
             ..Opts::default()
         };
-        let s = inner_script(Path::new("/r"), 'a', &opts, None).unwrap();
+        let s = inner_script(Path::new("/r"), 'a', &opts, None, Path::new("/k")).unwrap();
         assert!(s.contains("export _OK_1='a b'"), "{s}");
     }
 
@@ -557,10 +596,10 @@ mod tests {
     fn run_folders_are_quoted_or_refused_by_name() {
         use std::os::unix::ffi::OsStrExt;
         let odd = Path::new("/c a,b=c'd\"$e\\*/runs/1/a");
-        let s = inner_script(odd, 'a', &Opts::default(), None).unwrap();
+        let s = inner_script(odd, 'a', &Opts::default(), None, Path::new("/k")).unwrap();
         assert!(s.contains(r#"RUN='/c a,b=c'\''d"$e\*/runs/1/a'"#), "{s}");
         let latin1 = Path::new(std::ffi::OsStr::from_bytes(b"/caf\xe9/runs/1/a"));
-        let e = inner_script(latin1, 'a', &Opts::default(), None).unwrap_err();
+        let e = inner_script(latin1, 'a', &Opts::default(), None, Path::new("/k")).unwrap_err();
         let e = e.downcast::<share::Unsharable>().expect("an Unsharable");
         assert_eq!(e.reason, share::Reason::NotUtf8(0xe9));
     }

@@ -1,7 +1,9 @@
 //! The testbed's VMs while they run: QEMU's command line, the consoles, the deadline, and what
 //! each VM left in its run folder.
 
-use super::{share, NodeResult, Opts, EXTRA_CMDLINE, HUGE_PAGES, PEER_GRACE, UDMABUF_LIMIT_MIB};
+use super::{
+    share, topology, NodeResult, Opts, EXTRA_CMDLINE, HUGE_PAGES, PEER_GRACE, UDMABUF_LIMIT_MIB,
+};
 use crate::accel::Accel;
 use crate::sh::Result;
 use crate::ui::info;
@@ -226,6 +228,9 @@ pub(super) fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Comm
     if let Some(cwd) = boot.cwd {
         c.arg("-virtfs").arg(virtfs(cwd, "cwd", false));
     }
+    if opts.topology {
+        c.args(topology::qemu_args(opts.mem_mib));
+    }
     if opts.nodes > 1 {
         let (me, peer) = if node == 'a' { ("a", "b") } else { ("b", "a") };
         // Rail 0's wire keeps its names (`wire`, `a.sock`); rail i's are `wire<i>`, `a<i>.sock`.
@@ -242,8 +247,13 @@ pub(super) fn qemu(boot: &Boot<'_>, dir: &Path, node: char, opts: &Opts) -> Comm
             wire.push(sock(me));
             wire.push(",remote.type=unix,remote.path=");
             wire.push(sock(peer));
+            let place = if opts.topology {
+                topology::nic_props(rail)
+            } else {
+                String::new()
+            };
             c.arg("-netdev").arg(wire).arg("-device").arg(format!(
-                "virtio-net-pci,netdev=wire{tag},mac=52:54:00:00:{rail:02x}:0{}",
+                "virtio-net-pci,netdev=wire{tag},mac=52:54:00:00:{rail:02x}:0{}{place}",
                 if node == 'a' { 1 } else { 2 }
             ));
         }
