@@ -574,6 +574,44 @@ mod tests {
         assert!((1..=22).contains(&RC_ACK_TIMEOUT) && RC_RETRY_COUNT <= 6);
     }
 
+    /// `--topology` needs two nodes, and gives the guest the placement of each NIC.
+    #[test]
+    fn the_topology_is_two_nodes_only_and_names_each_nic_placement() {
+        let argv = ["true".to_string()];
+        let one = Opts {
+            topology: true,
+            ..Opts::default()
+        };
+        assert!(check_request(&argv, &one).is_err());
+        let opts = Opts {
+            nodes: 2,
+            nics: MAX_NICS,
+            topology: true,
+            ..Opts::default()
+        };
+        check_request(&argv, &opts).unwrap();
+        let s = inner_script(Path::new("/r"), 'b', &opts, None, Path::new("/k")).unwrap();
+        assert!(s.contains("export TESTBED_TOPOLOGY=1"), "{s}");
+        assert!(
+            s.contains("TESTBED_NIC_TIERS='switch host-bridge numa other'"),
+            "{s}"
+        );
+        assert!(s.contains("TESTBED_NIC_NUMA='0 0 0 1'"), "{s}");
+        assert!(
+            s.contains("TESTBED_NIC_SPEEDS='25000 25000 10000 10000'"),
+            "{s}"
+        );
+        assert!(s.contains("KERNEL_ROOT='/k'"), "{s}");
+        let plain = inner_script(
+            Path::new("/r"),
+            'b',
+            &Opts::default(),
+            None,
+            Path::new("/k"),
+        );
+        assert!(plain.unwrap().contains("export TESTBED_TOPOLOGY=0"));
+    }
+
     #[test]
     fn environment_names_must_be_shell_names() {
         for bad in ["", "1A", "A B", "A;rm", "A=B"] {
