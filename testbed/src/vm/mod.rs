@@ -3,6 +3,7 @@
 //! `cargo xtask vm`). The VMs' processes and their consoles are in `vm/node.rs`; how host
 //! paths reach the guest is in [`share`].
 
+mod inner;
 mod node;
 pub mod share;
 pub mod topology;
@@ -11,7 +12,8 @@ use crate::accel::{self, Accel};
 use crate::patched::Patched;
 use crate::sh::{self, Result};
 use crate::ui::{info, Step};
-use crate::{fail, initramfs, kernel, programs, script, Cache};
+use crate::{fail, initramfs, kernel, programs, Cache};
+pub use inner::inner_script;
 use node::{report, start, stop_all, wait, Boot};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -434,108 +436,6 @@ fn cmd_script(argv: &[String]) -> String {
     format!("exec {}\n", words.join(" "))
 }
 
-/// The node's `inner.sh`: `scripts/inner.sh` filled in for the run folder `dir` (the node's)
-/// and the stack (`None`: stock); `kernel_root`: the guest kernel's unpacked package, whose
-/// modules `--topology` loads from (`modprobe -d`). `/init` passes it the command's working folder, its first
-/// argument, which may hold any byte but a newline.
-///
-/// # Errors
-/// A folder it names is not UTF-8 ([`share::utf8`]), an environment name is not a shell
-/// name, or the template and the values disagree.
-pub fn inner_script(
-    dir: &Path,
-    node: char,
-    opts: &Opts,
-    patched: Option<&Patched>,
-    kernel_root: &Path,
-) -> Result<String> {
-    let quote = |p: &Path| share::utf8(p).map(sh::quote);
-    let local = node_addr(node, opts.nodes);
-    let other = if node == 'a' { 'b' } else { 'a' };
-    let (peer, peer_run) = if opts.nodes > 1 {
-        (
-            node_addr(other, opts.nodes),
-            quote(&dir.with_file_name(other.to_string()))?,
-        )
-    } else {
-        (local, sh::quote(""))
-    };
-    let (mode, module, exporter, lib) = match patched {
-        Some(p) => (
-            "patched",
-            quote(&p.module)?,
-            quote(&p.exporter)?,
-            quote(&p.lib)?,
-        ),
-        None => ("stock", sh::quote(""), sh::quote(""), sh::quote("")),
-    };
-    let other_or_self = if opts.nodes > 1 { other } else { node };
-    let rails = |n: char| {
-        (0..opts.nics)
-            .map(|r| rail_addr(n, opts.nodes, r))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let mut env = Vec::new();
-    for (k, v) in &opts.env {
-        let shell_name = k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !shell_name {
-            fail!("environment name {k:?}: letters, digits and _ only, not starting with a digit");
-        }
-        env.push(format!("export {k}={}", sh::quote(v)));
-    }
-    let topo = |f: fn(&topology::Slot) -> String| {
-        if opts.topology {
-            sh::quote(&topology::per_nic(opts.nics, f))
-        } else {
-            sh::quote("")
-        }
-    };
-    let layout: Vec<String> = if opts.topology {
-        topology::describe(opts.nics)
-            .iter()
-            .map(|l| format!("say {}", sh::quote(&format!("topology: {l}"))))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    script::fill(
-        script::INNER,
-        &[
-            ("RUN", &quote(dir)?),
-            ("PEER_RUN", &peer_run),
-            ("NODES", &opts.nodes.to_string()),
-            ("NICS", &opts.nics.to_string()),
-            ("LOCAL_ADDRS", &sh::quote(&rails(node))),
-            ("PEER_ADDRS", &sh::quote(&rails(other_or_self))),
-            ("NODE", &node.to_string()),
-            ("LOCAL_ADDR", local),
-            ("PEER_ADDR", peer),
-            ("MODE", mode),
-            ("RXE_MODULE", &module),
-            ("EXPORTER_MODULE", &exporter),
-            ("RDMA_LIB", &lib),
-            ("ACK_TIMEOUT", &RC_ACK_TIMEOUT.to_string()),
-            ("RETRY_COUNT", &RC_RETRY_COUNT.to_string()),
-            ("ENV", &env.join("\n")),
-            ("TOPOLOGY", if opts.topology { "1" } else { "0" }),
-            ("KERNEL_ROOT", &quote(kernel_root)?),
-            ("NIC_TIERS", &topo(|s| s.tier.name().to_string())),
-            (
-                "NIC_NUMA",
-                &topo(|s| topology::BRIDGES[s.bridge].numa.to_string()),
-            ),
-            ("NIC_SPEEDS", &topo(|s| s.speed_mbps.to_string())),
-            (
-                "GPU_NUMA",
-                &topology::BRIDGES[topology::GPU_BRIDGE].numa.to_string(),
-            ),
-            ("LAYOUT", &layout.join("\n")),
-        ],
-    )
-}
-
 /// Paths the VM's tmpfs on /tmp and /run would hide; the initramfs binds them back.
 fn hidden_paths(paths: &[&Path]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = paths
@@ -572,36 +472,6 @@ mod tests {
         // rdma-dmabuf's environment accepts 1 to 22 and 0 to 6 (MAX_ENV_ACK_TIMEOUT,
         // MAX_ENV_RETRY_COUNT); a value outside would fail every queue pair's build.
         assert!((1..=22).contains(&RC_ACK_TIMEOUT) && RC_RETRY_COUNT <= 6);
-    }
-
-    #[test]
-    fn environment_names_must_be_shell_names() {
-        for bad in ["", "1A", "A B", "A;rm", "A=B"] {
-            let opts = Opts {
-                env: vec![(bad.into(), "v".into())],
-                ..Opts::default()
-            };
-            let e = inner_script(Path::new("/r"), 'a', &opts, None, Path::new("/k"));
-            assert!(e.is_err(), "{bad:?} accepted");
-        }
-        let opts = Opts {
-            env: vec![("_OK_1".into(), "a b".into())],
-            ..Opts::default()
-        };
-        let s = inner_script(Path::new("/r"), 'a', &opts, None, Path::new("/k")).unwrap();
-        assert!(s.contains("export _OK_1='a b'"), "{s}");
-    }
-
-    #[test]
-    fn run_folders_are_quoted_or_refused_by_name() {
-        use std::os::unix::ffi::OsStrExt;
-        let odd = Path::new("/c a,b=c'd\"$e\\*/runs/1/a");
-        let s = inner_script(odd, 'a', &Opts::default(), None, Path::new("/k")).unwrap();
-        assert!(s.contains(r#"RUN='/c a,b=c'\''d"$e\*/runs/1/a'"#), "{s}");
-        let latin1 = Path::new(std::ffi::OsStr::from_bytes(b"/caf\xe9/runs/1/a"));
-        let e = inner_script(latin1, 'a', &Opts::default(), None, Path::new("/k")).unwrap_err();
-        let e = e.downcast::<share::Unsharable>().expect("an Unsharable");
-        assert_eq!(e.reason, share::Reason::NotUtf8(0xe9));
     }
 
     #[test]

@@ -362,6 +362,55 @@ mod tests {
         ));
     }
 
+    /// `--topology` places each NIC on its port with its speed; without it, no placement.
+    #[test]
+    fn topology_places_the_nics_and_adds_the_tree() {
+        let accel = Accel {
+            kvm: false,
+            cpu: "max".into(),
+            why: String::new(),
+            brief: String::new(),
+        };
+        let boot = Boot {
+            accel: &accel,
+            vmlinuz: Path::new("/c/vmlinuz"),
+            initrd: Path::new("/c/initrd"),
+            sock_dir: Path::new("/tmp/s"),
+            expose: Vec::new(),
+            cwd: None,
+            packages: None,
+        };
+        let args = |topology| {
+            let opts = Opts {
+                nodes: 2,
+                nics: 4,
+                topology,
+                ..Opts::default()
+            };
+            let cmd = qemu(&boot, Path::new("/c/runs/1/a"), 'a', &opts);
+            let v: Vec<String> = cmd
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            v.join(" ")
+        };
+        let with = args(true);
+        assert!(
+            with.contains("mac=52:54:00:00:00:01,bus=swp1,speed=25000,duplex=full"),
+            "{with}"
+        );
+        assert!(
+            with.contains("mac=52:54:00:00:03:01,bus=rp3,speed=10000"),
+            "{with}"
+        );
+        assert!(with.contains("virtio-gpu-pci,bus=swp0"), "{with}");
+        let without = args(false);
+        assert!(
+            !without.contains("bus=") && !without.contains("-numa"),
+            "{without}"
+        );
+    }
+
     #[test]
     fn the_kernel_command_line_carries_no_host_path() {
         let (args, _) = odd_args();
