@@ -114,6 +114,7 @@ impl Agent {
         let shared = Arc::new(Shared {
             name: name.into(),
             incarnation: random_u64(),
+            weights: devices::weights(&devices),
             devices,
             segments: Segments::default(),
             settings,
@@ -389,6 +390,7 @@ impl Agent {
                 |n| table.get(n).map(|s| &s.desc),
                 |a| records.get(a).map(|r| &r.descriptor),
                 self.shared.settings.chunk_size,
+                &self.shared.weights,
             );
             match checked {
                 Ok(p) => {

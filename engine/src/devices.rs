@@ -21,6 +21,22 @@ pub(crate) struct Device {
     /// Its place: its PCI function and the bridges above it, read from sysfs once, at open
     /// (an `rxe` through its netdev); an empty chain off PCI.
     pub place: Endpoint,
+    /// Port 1's link rate in Mb/s, if known: a batch's chunks are spread over rails in
+    /// proportion to it.
+    pub rate_mbps: Option<u32>,
+}
+
+/// Each device's weight in striping, by device index: its link rate, or 1 for every device
+/// when any rate is unknown (the rates cannot be compared then).
+pub(crate) fn weights(devices: &[Device]) -> Vec<u32> {
+    match devices
+        .iter()
+        .map(|d| d.rate_mbps)
+        .collect::<Option<Vec<u32>>>()
+    {
+        Some(rates) if rates.iter().all(|&r| r > 0) => rates,
+        _ => vec![1; devices.len()],
+    }
 }
 
 /// `devices` ranked for memory at `near` (after `nic_override`), nearest first; each
@@ -76,7 +92,9 @@ pub(crate) fn open(names: Option<&[String]>, limits: CacheLimits) -> Result<Vec<
                 Err(_) => ctx.gid(1, 0).map_err(fail)?.0,
             };
             let pd = ProtectionDomain::new(&ctx).map_err(fail)?;
+            let rate_mbps = ctx.query_port(1).ok().and_then(|p| p.rate_mbps);
             Ok(Device {
+                rate_mbps,
                 place: gpu_rdma_topology::endpoint(Path::new(SYSFS), "infiniband", name),
                 name: name.clone(),
                 cache: RegistrationCache::new(&pd, limits),

@@ -68,6 +68,8 @@ impl From<&DeviceRegion> for Place {
 pub(crate) struct Plan {
     /// The local segments used, by name.
     pub segments: Vec<String>,
+    /// Each local device's weight in striping (its link rate), by device index.
+    pub weights: Vec<u32>,
     /// Each local segment's registrations (by the index of [`Plan::segments`]).
     pub local_places: Vec<Vec<Place>>,
     /// Each (peer, remote segment)'s registrations (by [`Chunk::remote_segment`]).
@@ -113,6 +115,7 @@ pub(crate) fn plan<'l, 'r>(
     local: impl Fn(&str) -> Option<&'l SegmentDescriptor>,
     remote: impl Fn(&str) -> Option<&'r AgentDescriptor>,
     chunk_size: u64,
+    weights: &[u32],
 ) -> Result<Plan> {
     assert!(chunk_size > 0, "the settings refuse a chunk size of 0");
     if entries.is_empty() {
@@ -127,6 +130,7 @@ pub(crate) fn plan<'l, 'r>(
     let mut remote_places: Vec<Vec<Place>> = Vec::new();
     let mut peers: HashMap<&str, u16> = HashMap::new();
     let mut peer_list = Vec::new();
+    let mut stripes: HashMap<(u16, u16), Stripe> = HashMap::new();
     // Sized up front, so that the plan costs the same few allocations for any chunk count.
     let total = entries
         .iter()
@@ -198,9 +202,12 @@ pub(crate) fn plan<'l, 'r>(
             &local_places[usize::from(segment)],
             &remote_places[usize::from(remote_segment)],
         );
+        let stripe = stripes
+            .entry((segment, remote_segment))
+            .or_insert_with(|| stripe(lp, rp, |_, _| true, weights).expect("both registered"));
         for k in 0..n {
             let at = k * chunk_size;
-            let (lr, rr) = pick_rail(lp, rp, |_, _| true, chunks.len()).expect("both registered");
+            let (lr, rr) = stripe.pick(lp, rp, chunks.len());
             chunks.push(Chunk {
                 entry: i as u32,
                 op: e.op,
@@ -226,6 +233,7 @@ pub(crate) fn plan<'l, 'r>(
     }
     Ok(Plan {
         segments: names,
+        weights: weights.to_vec(),
         local_places,
         remote_places,
         peers: peer_list,
@@ -239,36 +247,104 @@ pub(crate) fn plan<'l, 'r>(
 /// index both are registered on (rail i to the peer's rail i), or, with none in common,
 /// every pair (any local device reaches any remote one: the queue pairs are per device
 /// pair).
-fn rails<'a>(
-    l: &'a [Place],
-    r: &'a [Place],
-) -> impl Iterator<Item = (&'a Place, &'a Place)> + Clone {
+fn rails<'a>(l: &'a [Place], r: &'a [Place]) -> impl Iterator<Item = (usize, usize)> + 'a {
     let common = l.iter().any(|a| r.iter().any(|b| b.device == a.device));
-    l.iter().flat_map(move |a| {
-        r.iter()
-            .filter(move |b| !common || b.device == a.device)
+    (0..l.len()).flat_map(move |a| {
+        (0..r.len())
+            .filter(move |&b| !common || r[b].device == l[a].device)
             .map(move |b| (a, b))
     })
 }
 
-/// The rail chunk number `k` goes through among the rails that `usable` keeps: striped
-/// round-robin over the nearest of them, those of the least tier sum (local + remote: the
-/// NIC nearest each side's memory); `None` if none is usable. Allocates nothing.
-pub(crate) fn pick_rail<'a>(
-    l: &'a [Place],
-    r: &'a [Place],
+/// The rails chunks between two segments take, and in what order: the nearest of the
+/// rails that `usable` keeps (those of the least tier sum, local + remote: the NIC nearest
+/// each side's memory), each taken in proportion to its local device's weight.
+#[derive(Debug)]
+pub(crate) struct Stripe {
+    /// (index into the local places, index into the remote places).
+    rails: Vec<(usize, usize)>,
+    /// One cycle of rail indices, each rail as often as its weight, spread out.
+    cycle: Vec<u8>,
+}
+
+/// The longest cycle: weights are scaled down to fit (a rail keeps at least one turn).
+const MAX_CYCLE: u32 = 64;
+
+impl Stripe {
+    /// The rail of chunk number `k`: (local place, remote place).
+    pub fn pick<'a>(&self, l: &'a [Place], r: &'a [Place], k: usize) -> (&'a Place, &'a Place) {
+        let (a, b) = self.rails[usize::from(self.cycle[k % self.cycle.len()])];
+        (&l[a], &r[b])
+    }
+}
+
+/// The stripe between `l` and `r` over the rails `usable` keeps; `None` if none is usable.
+pub(crate) fn stripe(
+    l: &[Place],
+    r: &[Place],
     usable: impl Fn(u16, u16) -> bool,
-    k: usize,
-) -> Option<(&'a Place, &'a Place)> {
-    let tier = |(a, b): &(&Place, &Place)| u16::from(a.tier) + u16::from(b.tier);
-    let ok = rails(l, r).filter(|(a, b)| usable(a.device, b.device));
-    let best = ok.clone().map(|p| tier(&p)).min()?;
-    let n = ok.clone().filter(|p| tier(p) == best).count();
-    ok.filter(|p| tier(p) == best).nth(k % n)
+    weights: &[u32],
+) -> Option<Stripe> {
+    let tier = |(a, b): (usize, usize)| u16::from(l[a].tier) + u16::from(r[b].tier);
+    let ok: Vec<(usize, usize)> = rails(l, r)
+        .filter(|&(a, b)| usable(l[a].device, r[b].device))
+        .collect();
+    let best = ok.iter().map(|&p| tier(p)).min()?;
+    let rails: Vec<(usize, usize)> = ok.into_iter().filter(|&p| tier(p) == best).collect();
+    let w: Vec<u32> = rails
+        .iter()
+        .map(|&(a, _)| {
+            weights
+                .get(usize::from(l[a].device))
+                .copied()
+                .unwrap_or(1)
+                .max(1)
+        })
+        .collect();
+    Some(Stripe {
+        cycle: cycle(&w),
+        rails,
+    })
+}
+
+/// A smooth weighted round-robin cycle over `w` (each index as often as its weight, reduced
+/// by their common divisor and scaled to at most [`MAX_CYCLE`] turns, spread out: 5, 5, 2, 2
+/// gives 0 1 2 3 0 1 0 1 2 0 1 3 0 1).
+fn cycle(w: &[u32]) -> Vec<u8> {
+    let g = w.iter().fold(0, |g, &x| gcd(g, x)).max(1);
+    let mut w: Vec<u64> = w.iter().map(|&x| u64::from(x / g)).collect();
+    let sum: u64 = w.iter().sum();
+    if sum > u64::from(MAX_CYCLE) {
+        w = w
+            .iter()
+            .map(|&x| (x * u64::from(MAX_CYCLE) / sum).max(1))
+            .collect();
+    }
+    let total: u64 = w.iter().sum();
+    let mut current = vec![0i64; w.len()];
+    let mut out = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        for (c, &x) in current.iter_mut().zip(&w) {
+            *c += x as i64;
+        }
+        let i = (0..w.len()).max_by_key(|&i| (current[i], std::cmp::Reverse(i)));
+        let i = i.expect("at least one rail");
+        current[i] -= total as i64;
+        out.push(i as u8);
+    }
+    out
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// `ch` moved onto another rail that `usable` keeps (its remote address rebased onto that
-/// device's region), striped as [`pick_rail`] does; `None` if no rail is left.
+/// device's region), striped as the plan does; `None` if no rail is left.
 pub(crate) fn reroute(
     plan: &Plan,
     ch: &Chunk,
@@ -278,7 +354,7 @@ pub(crate) fn reroute(
     let lp = &plan.local_places[usize::from(ch.segment)];
     let rp = &plan.remote_places[usize::from(ch.remote_segment)];
     let old = rp.iter().find(|p| p.device == ch.remote_device)?;
-    let (a, b) = pick_rail(lp, rp, usable, k)?;
+    let (a, b) = stripe(lp, rp, usable, &plan.weights)?.pick(lp, rp, k);
     Some(Chunk {
         local_device: a.device,
         remote_device: b.device,

@@ -37,6 +37,7 @@ fn run(batch: Batch, chunk: u64) -> Result<Plan> {
         |n| local.iter().find(|s| s.name == n),
         |a| (a == "b").then_some(&peer),
         chunk,
+        &[1],
     )
 }
 
@@ -190,29 +191,56 @@ fn place(device: u16, tier: u8) -> Place {
     }
 }
 
+fn picks(
+    l: &[Place],
+    r: &[Place],
+    up: impl Fn(u16, u16) -> bool,
+    w: &[u32],
+    n: usize,
+) -> Vec<(u16, u16)> {
+    let s = stripe(l, r, up, w).unwrap();
+    (0..n)
+        .map(|k| s.pick(l, r, k))
+        .map(|(a, b)| (a.device, b.device))
+        .collect()
+}
+
 #[test]
 fn chunks_stripe_over_the_nearest_rails_of_the_same_index() {
     let l = [place(0, 0), place(1, 0), place(2, 1), place(3, 2)];
     let r = [place(0, 0), place(1, 0), place(2, 0), place(3, 0)];
-    let rails: Vec<(u16, u16)> = (0..6)
-        .map(|k| pick_rail(&l, &r, |_, _| true, k).unwrap())
-        .map(|(a, b)| (a.device, b.device))
-        .collect();
-    assert_eq!(rails, [(0, 0), (1, 1), (0, 0), (1, 1), (0, 0), (1, 1)]);
+    let all = |_, _| true;
+    assert_eq!(
+        picks(&l, &r, all, &[1; 4], 4),
+        [(0, 0), (1, 1), (0, 0), (1, 1)]
+    );
     // The remote side's tiers count too: its memory is nearest device 1.
     let r = [place(0, 1), place(1, 0), place(2, 1), place(3, 1)];
-    assert!((0..4).all(|k| pick_rail(&l, &r, |_, _| true, k).unwrap().0.device == 1));
+    assert!(picks(&l, &r, all, &[1; 4], 4).iter().all(|p| p.0 == 1));
     // With the nearest rails down, the next tier; with none left, none.
-    let up = |l: u16, _: u16| l >= 2;
-    assert_eq!(pick_rail(&l, &r, up, 0).unwrap().0.device, 2);
-    assert!(pick_rail(&l, &r, |_, _| false, 0).is_none());
+    assert_eq!(picks(&l, &r, |l, _| l >= 2, &[1; 4], 1), [(2, 2)]);
+    assert!(stripe(&l, &r, |_, _| false, &[1; 4]).is_none());
     // No device index in common: every pair is a rail.
     let r = [place(7, 0)];
-    let pairs: Vec<(u16, u16)> = (0..2)
-        .map(|k| pick_rail(&l[..2], &r, |_, _| true, k).unwrap())
-        .map(|(a, b)| (a.device, b.device))
-        .collect();
-    assert_eq!(pairs, [(0, 7), (1, 7)]);
+    assert_eq!(picks(&l[..2], &r, all, &[1; 4], 2), [(0, 7), (1, 7)]);
+}
+
+#[test]
+fn rails_are_taken_in_proportion_to_their_link_rates() {
+    let four: Vec<Place> = (0..4).map(|d| place(d, 0)).collect();
+    let rates = [25_000, 25_000, 10_000, 10_000];
+    let got = picks(&four, &four, |_, _| true, &rates, 14);
+    let order: Vec<u16> = got.iter().map(|p| p.0).collect();
+    assert_eq!(
+        order,
+        [0, 1, 2, 3, 0, 1, 0, 1, 2, 0, 1, 3, 0, 1],
+        "spread out"
+    );
+    let count = |d| order.iter().filter(|&&x| x == d).count();
+    assert_eq!([count(0), count(1), count(2), count(3)], [5, 5, 2, 2]);
+    // Rates far apart still give the slow rail a turn, in a bounded cycle.
+    let s = stripe(&four[..2], &four[..2], |_, _| true, &[400_000, 1_000]).unwrap();
+    assert!(s.cycle.len() <= MAX_CYCLE as usize && s.cycle.contains(&1));
 }
 
 #[test]
@@ -242,6 +270,7 @@ fn a_rerouted_chunk_keeps_its_offsets_on_the_other_device() {
         |n| local.iter().find(|s| s.name == n),
         |a| (a == "b").then_some(&peer),
         4096,
+        &[1; 4],
     )
     .unwrap();
     let devices: Vec<u16> = p.chunks.iter().map(|c| c.local_device).collect();

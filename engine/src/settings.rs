@@ -128,7 +128,9 @@ impl Settings {
     /// request (the transport's budget by the specification's bound,
     /// [`TransportRetry::budget`]; soft-RoCE takes about a quarter of it), plus a second for
     /// the flush of the rest. Each request in flight to the peer fails together, not one
-    /// after another, since the first failure moves the queue pair to the error state. With
+    /// after another, since the first failure moves the queue pair to the error state; the
+    /// rails in use fail together too, and a fallback rail of a further tier, tried only
+    /// once the nearer ones failed, may add one such bound per tier. With
     /// an unusable environment (which `Agent::new` refuses) it states the defaults' bound.
     pub fn peer_failure_bound(&self) -> Duration {
         let retry = self.resolved_retry().unwrap_or(TransportRetry {

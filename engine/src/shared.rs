@@ -15,6 +15,8 @@ pub(crate) struct Shared {
     pub name: String,
     pub incarnation: u64,
     pub devices: Vec<Device>,
+    /// Each device's weight in striping (its link rate), by device index.
+    pub weights: Vec<u32>,
     pub segments: Segments,
     pub settings: Settings,
     pub metadata: Arc<dyn MetadataService>,

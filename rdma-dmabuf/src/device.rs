@@ -93,6 +93,7 @@ impl Context {
             lid: attr.lid,
             gid_table_len: attr.gid_tbl_len as u32,
             max_msg_size: attr.max_msg_sz,
+            rate_mbps: link_rate_mbps(attr.active_speed, attr.active_width),
         })
     }
 
@@ -211,6 +212,34 @@ pub struct PortAttr {
     pub gid_table_len: u32,
     /// The largest message.
     pub max_msg_size: u32,
+    /// The link's rate in Mb/s (its active speed times its width, as the kernel's sysfs
+    /// `rate` gives it: 25,000 for a 25 Gb/s 1X link); `None` for codes this crate does not
+    /// know.
+    pub rate_mbps: Option<u32>,
+}
+
+/// A port's rate in Mb/s from its `active_speed` and `active_width` codes (the kernel's
+/// nominal lane rates: SDR 2.5 Gb/s to XDR 200 Gb/s per lane; widths 1X, 2X, 4X, 8X, 12X).
+fn link_rate_mbps(speed: u8, width: u8) -> Option<u32> {
+    let lane = match speed {
+        1 => 2_500,
+        2 => 5_000,
+        4 | 8 => 10_000,
+        16 => 14_000,
+        32 => 25_000,
+        64 => 50_000,
+        128 => 100_000,
+        _ => return None,
+    };
+    let lanes = match width {
+        1 => 1,
+        2 => 4,
+        4 => 8,
+        8 => 12,
+        16 => 2,
+        _ => return None,
+    };
+    Some(lane * lanes)
 }
 
 /// A port's logical state (`ibv_port_state`).

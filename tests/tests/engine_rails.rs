@@ -2,8 +2,9 @@
 //! links between the two nodes): one batch is striped over the rails both agents use (rail i
 //! to the peer's rail i), every byte lands, and each rail carries its share of the bytes,
 //! read from the kernel's own counters of the links (the netdevs' `tx_bytes`), not from the
-//! engine. Needs the two-node testbed with four NICs (`cargo xtask test` runs the module
-//! `two_node_rails` there).
+//! engine, in proportion to its link rate; a rail cut mid-batch fails over to the others; a
+//! GPU's segment goes over the NIC nearest the GPU. Needs the two-node testbed with four NICs
+//! and its PCIe topology (`cargo xtask test` runs the module `two_node_rails` there).
 
 use gpu_rdma_engine::{Agent, Batch, EntryStatus, Error, ErrorKind, Memory, Settings};
 use integration_tests::testbed::Testbed;
@@ -20,13 +21,30 @@ const BYTES: u64 = 32 << 20;
 const BLOCK: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(300);
 
-/// Settings on the first `rails` devices of this node, bound to `bind`.
+/// Settings on the first `rails` devices of this node, bound to `bind`, every one of them
+/// listed as nearest host memory (the testbed's topology puts rail 3 on the other NUMA node,
+/// so that the ranking alone would leave it out of host memory's stripes).
 fn settings(tb: &Testbed, rails: usize, bind: SocketAddr) -> Settings {
+    let devices = &tb.devices[..rails];
     Settings {
-        devices: Some(tb.devices[..rails].to_vec()),
+        devices: Some(devices.to_vec()),
         bind,
+        nics: Some(
+            format!("*={}", devices.join(","))
+                .parse()
+                .expect("an override"),
+        ),
         ..Settings::default()
     }
+}
+
+/// Each rail's link rate in Mb/s, as the testbed set it (`TESTBED_NIC_SPEEDS`).
+fn speeds() -> Vec<u64> {
+    std::env::var("TESTBED_NIC_SPEEDS")
+        .expect("the testbed's --topology sets TESTBED_NIC_SPEEDS")
+        .split_whitespace()
+        .map(|w| w.parse().expect("Mb/s"))
+        .collect()
 }
 
 /// An agent on the first `rails` devices of this node, bound to `bind`.
@@ -124,7 +142,7 @@ mod two_node_rails {
 
     #[test]
     #[ignore = "needs the testbed VM"]
-    fn two_node_rails_stripe_a_batch_evenly_and_every_byte_lands() {
+    fn two_node_rails_stripe_a_batch_by_link_rate_and_every_byte_lands() {
         let tb = Testbed::get();
         assert_eq!(
             tb.devices.len(),
@@ -177,13 +195,16 @@ mod two_node_rails {
                     BYTES as f64 / took.as_secs_f64() / f64::from(1 << 20)
                 );
                 assert!(total >= BYTES, "{rails} rails: only {total} bytes sent");
-                let share = total as f64 / rails as f64;
+                // Each rail's share is in proportion to its link rate.
+                let rates = &speeds()[..rails];
+                let sum: u64 = rates.iter().sum();
                 for (i, &m) in moved.iter().enumerate() {
                     if i < rails {
+                        let share = total as f64 * rates[i] as f64 / sum as f64;
                         assert!(
                             (m as f64 - share).abs() <= 0.10 * share,
-                            "{rails} rails: rail {i} sent {m} bytes, its share is {share:.0}: \
-                             {moved:?}"
+                            "{rails} rails at {rates:?} Mb/s: rail {i} sent {m} bytes, its \
+                             share is {share:.0}: {moved:?}"
                         );
                     } else {
                         // Control traffic (the TCP of the metadata channel) goes over rail 0;
@@ -387,5 +408,88 @@ mod two_node_rails {
             .write("src", 0, "a", "dst", 0, BLOCK)
             .notify(b"back".to_vec());
         retry_until_ok(|| b.transfer(&note).and_then(|t| t.wait(WAIT)));
+    }
+
+    /// A segment of the GPU (a virtio-gpu dumb buffer, registered near the GPU's PCI
+    /// function) is written to the peer over the NIC behind the GPU's own PCIe switch
+    /// (rail 0) and no other, every byte checked; with the override naming rail 2 for the
+    /// GPU, the same write goes over rail 2 alone.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_rails_a_gpu_segment_goes_over_the_nic_nearest_the_gpu() {
+        const SIZE: u64 = 16 << 20;
+        const FILL: u8 = 0x5a;
+        let tb = Testbed::get();
+        let port = PORT + 12;
+        if tb.is_server() {
+            let a = agent(
+                &tb,
+                "a",
+                4,
+                format!("{}:{port}", tb.local_addr).parse().unwrap(),
+            );
+            for name in ["dst0", "dst1"] {
+                a.register(name, HostBuffer::new(SIZE as usize).unwrap())
+                    .unwrap();
+            }
+            for name in ["dst0", "dst1"] {
+                let note = a.wait_notification(WAIT).expect("b's notification");
+                assert_eq!(&note.message[..], name.as_bytes());
+                let Memory::Host(dst) = a.unregister(name).unwrap() else {
+                    panic!("host memory back")
+                };
+                assert!(
+                    dst.as_slice().iter().all(|&b| b == FILL),
+                    "{name}: bytes differ"
+                );
+            }
+            return;
+        }
+        let card = std::env::var("TESTBED_GPU_CARD").expect("the testbed's --topology GPU");
+        let node = std::sync::Arc::new(
+            drm_export::DrmDevice::open(format!("/dev/dri/{card}")).expect("the GPU's card"),
+        );
+        let gpu = node.pci_address().expect("the GPU's PCI address");
+        let buffer = drm_export::DumbBuffer::new(&node, SIZE).expect("a virtio-gpu buffer");
+        let mut dmabuf = buffer.export().expect("PRIME export");
+        dmabuf
+            .map()
+            .expect("map the dma-buf")
+            .write()
+            .expect("begin CPU write")
+            .fill(FILL);
+        let mut memory: Memory = dmabuf.into();
+        for (dst, nics, rail) in [("dst0", None, 0), ("dst1", Some(format!("{gpu}=rxe2")), 2)] {
+            let b = Agent::new(
+                &format!("b-{dst}"),
+                Settings {
+                    devices: Some(tb.devices.clone()),
+                    bind: format!("{}:0", tb.local_addr).parse().unwrap(),
+                    nics: nics.map(|t| t.parse().expect("an override")),
+                    ..Settings::default()
+                },
+            )
+            .expect("agent");
+            b.add_peer("a", format!("{}:{port}", tb.peer_addr).parse().unwrap());
+            let d = b
+                .register_near("gpu", memory, gpu_rdma_engine::Near::Pci(gpu.clone()))
+                .expect("registered near the GPU");
+            let before = sent(&tb);
+            let batch = Batch::new()
+                .write("gpu", 0, "a", dst, 0, SIZE)
+                .notify(dst.as_bytes().to_vec());
+            submit(&b, &batch).wait(WAIT).expect("written");
+            let moved = sent_since(&tb, &before);
+            let tiers: Vec<u8> = d.regions.iter().map(|r| r.tier).collect();
+            eprintln!("RESULT gpu segment {dst}: tiers {tiers:?}, bytes_per_rail={moved:?}");
+            assert!(moved[rail] >= SIZE, "rail {rail} carried {moved:?}");
+            for (i, &m) in moved.iter().enumerate() {
+                assert!(
+                    i == rail || m < SIZE / 100,
+                    "rail {i} carried {m}: {moved:?}"
+                );
+            }
+            memory = b.unregister("gpu").expect("the buffer back");
+        }
     }
 }

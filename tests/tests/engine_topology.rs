@@ -85,10 +85,11 @@ mod two_node_rails {
     #[ignore = "needs the testbed VM"]
     fn two_node_rails_the_nic_behind_the_gpus_switch_is_tier_0_and_the_override_moves_it() {
         let tb = Testbed::get();
-        if std::env::var("TESTBED_TOPOLOGY").as_deref() != Ok("1") {
-            eprintln!("SKIPPED: this testbed has no PCIe topology (dmabuf-testbed --topology)");
-            return;
-        }
+        assert_eq!(
+            std::env::var("TESTBED_TOPOLOGY").as_deref(),
+            Ok("1"),
+            "this phase boots the testbed's PCIe topology (dmabuf-testbed --topology)"
+        );
         let gpu_pci = std::env::var("TESTBED_GPU_PCI").expect("TESTBED_GPU_PCI");
         let card = std::env::var("TESTBED_GPU_CARD").expect("TESTBED_GPU_CARD");
         let nic_pci = words("TESTBED_NIC_PCI");
