@@ -86,8 +86,8 @@ impl AgentDescriptor {
     ///
     /// # Errors
     /// [`Error::IncompatibleVersion`] for another format version (checked before anything
-    /// else is read); [`Error::Protocol`] for a wrong magic, a short or long message, or
-    /// unknown access bits.
+    /// else is read); [`Error::Protocol`] for a wrong magic, a short or long message,
+    /// unknown access bits, or a segment that lists a device twice.
     pub fn from_bytes(b: &[u8]) -> Result<AgentDescriptor> {
         let mut r = Reader::new(b);
         r.header(MAGIC, FORMAT_VERSION, "an agent descriptor")?;
@@ -113,6 +113,15 @@ impl AgentDescriptor {
                     rkey: r.u32()?,
                     tier: r.u8()?,
                 });
+            }
+            if regions
+                .iter()
+                .enumerate()
+                .any(|(i, a)| regions[..i].iter().any(|b| b.device == a.device))
+            {
+                return Err(Error::Protocol(format!(
+                    "segment {name:?}: a device listed twice"
+                )));
             }
             segments.push(SegmentDescriptor {
                 name,
@@ -193,6 +202,17 @@ mod tests {
         assert!(matches!(
             AgentDescriptor::from_bytes(b"HTTP/1.1"),
             Err(Error::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn a_segment_listing_a_device_twice_is_refused() {
+        let mut d = sample();
+        let twice = d.segments[0].regions[0].clone();
+        d.segments[0].regions.push(twice);
+        assert!(matches!(
+            AgentDescriptor::from_bytes(&d.to_bytes()),
+            Err(Error::Protocol(m)) if m.contains("twice")
         ));
     }
 }

@@ -74,14 +74,16 @@ pub(crate) struct Lane {
     /// The rails (local device, remote device) to it that failed during the batch (or
     /// recently, in an earlier one): chunks planned on them go to the retry list.
     pub rails_down: Vec<(u16, u16)>,
-    /// The last rail failure's cause.
+    /// The first rail failure's cause (later ones are mostly flushes of the same).
     pub rail_error: Option<String>,
-    /// The queue pair the next chunk to it goes to (round-robin).
-    pub next_qp: usize,
 }
 
 /// `IBV_WC_REM_ACCESS_ERR`: the responder refused the request's rkey or range.
 const REMOTE_ACCESS_ERROR: u32 = 10;
+
+/// Completion statuses that say the request was wrong, not the rail: `IBV_WC_LOC_LEN_ERR`,
+/// `LOC_PROT_ERR`, `LOC_ACCESS_ERR`, `REM_INV_REQ_ERR`, `REM_OP_ERR`.
+const NOT_THE_RAIL: [u32; 5] = [1, 4, 8, 9, 11];
 
 impl Lane {
     /// A lane to `agent`, up, with no rail down.
@@ -91,7 +93,6 @@ impl Lane {
             down: None,
             rails_down: Vec::new(),
             rail_error: None,
-            next_qp: 0,
         }
     }
 
@@ -105,7 +106,7 @@ impl Lane {
         if !self.rail_is_down(local, remote) {
             self.rails_down.push((local, remote));
         }
-        self.rail_error = Some(cause);
+        self.rail_error.get_or_insert(cause);
     }
 
     /// Records that rail `(local, remote)`'s queue pairs could not be made: the rail is
@@ -125,27 +126,38 @@ impl Lane {
 
     /// Marks the peer down: every rail to it failed.
     pub fn every_rail_failed(&mut self) -> Error {
-        let last = self.rail_error.as_deref().unwrap_or("no rail to it");
+        let first = self.rail_error.as_deref().unwrap_or("no rail to it");
         self.down
             .get_or_insert_with(|| Error::PeerDown {
                 agent: self.agent.clone(),
-                cause: format!("every rail to it failed; the last: {last}"),
+                cause: format!("every rail to it failed; the first failure: {first}"),
             })
             .clone()
     }
 
-    /// Records a failed request on rail `(local, remote)`: the peer refusing its key or
-    /// range ([`Error::RemoteAccess`], the peer down: it was restarted, or the batch is
-    /// wrong) fails the chunk, `Some` with the error; anything else marks the rail down,
-    /// `None`: the chunk is retried on another rail.
+    /// Records a failed request on rail `(local, remote)`. A request the peer refused (its
+    /// key or range: [`Error::RemoteAccess`], the peer restarted or the batch is wrong) or
+    /// that was wrong itself (a local length, protection or access error, an invalid
+    /// request) would fail on any rail: the peer is marked down and the chunk fails, `Some`
+    /// with the error. Anything else (a retry budget spent, a flush, a queue pair the link's
+    /// loss sent to the error state) marks the rail down, `None`: the chunk is retried on
+    /// another rail.
     fn failed(&mut self, local: u16, remote: u16, cause: &rdma_dmabuf::Error) -> Option<Error> {
         if let rdma_dmabuf::Error::Completion { status, .. } = cause {
-            if *status == REMOTE_ACCESS_ERROR {
-                let e = self.down.get_or_insert_with(|| Error::RemoteAccess {
-                    agent: self.agent.clone(),
+            let agent = self.agent.clone();
+            let e = match *status {
+                REMOTE_ACCESS_ERROR => Some(Error::RemoteAccess {
+                    agent,
                     cause: cause.to_string(),
-                });
-                return Some(e.clone());
+                }),
+                s if NOT_THE_RAIL.contains(&s) => Some(Error::PeerDown {
+                    agent,
+                    cause: cause.to_string(),
+                }),
+                _ => None,
+            };
+            if let Some(e) = e {
+                return Some(self.down.get_or_insert(e).clone());
             }
         }
         self.rail_failed(local, remote, cause.to_string());
@@ -163,6 +175,11 @@ pub(crate) struct Pass<'a, 'c> {
     pub progress: &'a Progress,
     /// Chunks in flight per queue pair at most.
     pub window: usize,
+}
+
+/// A chunk's rail, with its peer: (peer, local device, remote device).
+fn rail(ch: &Chunk) -> (u16, u16, u16) {
+    (ch.peer, ch.local_device, ch.remote_device)
 }
 
 /// Requests in flight: (pick, window index, request).
@@ -191,21 +208,14 @@ pub(crate) fn run<'c, L: Lendable>(
         .map(|p| p.qps_per_pair())
         .max()
         .unwrap_or(1);
-    let (nl, nr) = (
-        slots.len(),
-        picks
-            .iter()
-            .map(|&c| usize::from(chunks[c].remote_device) + 1)
-            .max()
-            .unwrap_or(1),
-    );
-    let window_of = |ch: &Chunk, q: usize| {
-        ((usize::from(ch.peer) * nl + usize::from(ch.local_device)) * nr
-            + usize::from(ch.remote_device))
-            * per_peer
-            + q
-    };
-    let mut outstanding = vec![0usize; lanes.len() * nl * nr * per_peer];
+    // The pass's rails (peer, local device, remote device), each with its windows (one per
+    // queue pair) and its own round-robin turn over its queue pairs.
+    let mut rails: Vec<(u16, u16, u16)> = picks.iter().map(|&c| rail(&chunks[c])).collect();
+    rails.sort_unstable();
+    rails.dedup();
+    let rail_of = |ch: &Chunk| rails.binary_search(&rail(ch)).expect("listed");
+    let mut turn = vec![0usize; rails.len()];
+    let mut outstanding = vec![0usize; rails.len() * per_peer];
     let mut in_flight: InFlight<'c, L::B> = VecDeque::with_capacity(picks.len().min(4096));
     for (k, &c) in picks.iter().enumerate() {
         let ch = chunks[c];
@@ -229,9 +239,10 @@ pub(crate) fn run<'c, L: Lendable>(
             retry.push(c);
             continue;
         }
-        let q = lane.next_qp % qps.len();
-        lane.next_qp = lane.next_qp.wrapping_add(1);
-        let slot = window_of(&ch, q);
+        let r = rail_of(&ch);
+        let q = turn[r] % qps.len();
+        turn[r] = turn[r].wrapping_add(1);
+        let slot = r * per_peer + q;
         while outstanding[slot] >= pass.window {
             complete_front(
                 &mut in_flight,

@@ -74,6 +74,7 @@ mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod exec;
+mod failover;
 mod metadata;
 mod peer;
 mod plan;

@@ -52,42 +52,79 @@ impl PeerConn {
             .map_or(&[], |(_, q)| q.as_slice())
     }
 
-    /// Makes the queue pairs from `local` to `remote` if there are none.
+    /// Makes the queue pairs from `local` to `remote` if there are none. On failure the
+    /// peer is asked to drop those it made for them (best effort: a control channel that
+    /// failed is dropped whole, and the peer's queue pairs with it).
     pub fn ensure_qps(&mut self, shared: &Shared, local: u16, remote: u16) -> Result<()> {
         if !self.qps(local, remote).is_empty() {
             return Ok(());
         }
         let mut made = Vec::new();
         for _ in 0..shared.settings.queue_pairs {
-            made.push(self.connect_qp(shared, local, remote)?);
+            match self.connect_qp(shared, local, remote) {
+                Ok(qp) => made.push(qp),
+                Err((e, theirs)) => {
+                    let mut qpns: Vec<u32> = made.iter().map(|q| q.remote_endpoint().qpn).collect();
+                    qpns.extend(theirs);
+                    drop(made);
+                    self.release(qpns);
+                    return Err(e);
+                }
+            }
         }
         self.qps.push(((local, remote), made));
         Ok(())
     }
 
     /// One new queue pair from `local` to `remote`: endpoints cross the control channel.
-    fn connect_qp(&mut self, shared: &Shared, local: u16, remote: u16) -> Result<QueuePair> {
+    /// On failure, the peer's queue pair number if it made one.
+    fn connect_qp(
+        &mut self,
+        shared: &Shared,
+        local: u16,
+        remote: u16,
+    ) -> std::result::Result<QueuePair, (Error, Option<u32>)> {
         let fail = |e: rdma_dmabuf::Error| Error::rdma("connect a queue pair", &e);
         let prepared = shared
             .qp_builder(usize::from(local))
             .build()
-            .map_err(fail)?;
+            .map_err(|e| (fail(e), None))?;
         let req = Request::Connect {
             device: remote,
             endpoint: prepared.endpoint(),
         };
-        let theirs = match call(&mut self.stream, self.control, &req)? {
-            Reply::Connected(e) => e,
-            Reply::Refused(why) => return Err(Error::Protocol(format!("peer refused: {why}"))),
-            other => return Err(Error::Protocol(format!("{other:?} to Connect"))),
+        let theirs = match call(&mut self.stream, self.control, &req) {
+            Ok(Reply::Connected(e)) => e,
+            Ok(Reply::Refused(why)) => {
+                return Err((Error::Protocol(format!("peer refused: {why}")), None))
+            }
+            Ok(other) => return Err((Error::Protocol(format!("{other:?} to Connect")), None)),
+            Err(e) => return Err((e, None)),
         };
-        prepared.connect(&theirs).map_err(fail)
+        prepared
+            .connect(&theirs)
+            .map_err(|e| (fail(e), Some(theirs.qpn)))
     }
 
     /// Drops the queue pairs from `local` to `remote` (a rail that failed: they are in
-    /// the error state), so that the next [`PeerConn::ensure_qps`] makes new ones.
+    /// the error state), on both sides, so that the next [`PeerConn::ensure_qps`] makes new
+    /// ones and the peer does not keep the old ones for the life of the connection.
     pub fn drop_rail(&mut self, local: u16, remote: u16) {
-        self.qps.retain(|(k, _)| *k != (local, remote));
+        let Some(i) = self.qps.iter().position(|(k, _)| *k == (local, remote)) else {
+            return;
+        };
+        let (_, qps) = self.qps.swap_remove(i);
+        let qpns = qps.iter().map(|q| q.remote_endpoint().qpn).collect();
+        drop(qps);
+        self.release(qpns);
+    }
+
+    /// Asks the peer to drop its queue pairs `qpns` (made over this connection); a failure
+    /// is left to the next call on the channel to find.
+    fn release(&mut self, qpns: Vec<u32>) {
+        if !qpns.is_empty() {
+            let _ = call(&mut self.stream, self.control, &Request::Release { qpns });
+        }
     }
 
     /// Delivers a notification (returns once the peer has queued it).

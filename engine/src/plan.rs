@@ -343,22 +343,19 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
-/// `ch` moved onto another rail that `usable` keeps (its remote address rebased onto that
-/// device's region), striped as the plan does; `None` if no rail is left.
-pub(crate) fn reroute(
-    plan: &Plan,
-    ch: &Chunk,
-    usable: impl Fn(u16, u16) -> bool,
-    k: usize,
-) -> Option<Chunk> {
+/// `ch` moved onto the rail `stripe` gives turn `k` (its remote address rebased onto that
+/// device's region of the remote segment); `None` if the addresses do not fit (never
+/// expected: a descriptor lists each device once, and its regions cover the same memory).
+pub(crate) fn reroute(plan: &Plan, ch: &Chunk, stripe: &Stripe, k: usize) -> Option<Chunk> {
     let lp = &plan.local_places[usize::from(ch.segment)];
     let rp = &plan.remote_places[usize::from(ch.remote_segment)];
     let old = rp.iter().find(|p| p.device == ch.remote_device)?;
-    let (a, b) = stripe(lp, rp, usable, &plan.weights)?.pick(lp, rp, k);
+    let (a, b) = stripe.pick(lp, rp, k);
+    let offset = ch.remote_addr.checked_sub(old.addr)?;
     Some(Chunk {
         local_device: a.device,
         remote_device: b.device,
-        remote_addr: b.addr + (ch.remote_addr - old.addr),
+        remote_addr: b.addr.checked_add(offset)?,
         rkey: b.rkey,
         ..*ch
     })

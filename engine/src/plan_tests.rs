@@ -277,7 +277,10 @@ fn a_rerouted_chunk_keeps_its_offsets_on_the_other_device() {
     assert_eq!(devices, [0, 1], "striped");
     let ch = p.chunks[1];
     assert_eq!(ch.remote_addr, 0x200_0000 + 4096 + 4096);
-    let moved = reroute(&p, &ch, |l, _| l == 3, 0).unwrap();
+    let lp = &p.local_places[0];
+    let rp = &p.remote_places[0];
+    let only3 = stripe(lp, rp, |l, _| l == 3, &p.weights).unwrap();
+    let moved = reroute(&p, &ch, &only3, 0).unwrap();
     assert_eq!((moved.local_device, moved.remote_device), (3, 3));
     assert_eq!(moved.remote_addr, 0x400_0000 + 4096 + 4096);
     assert_eq!(moved.rkey, 4);
@@ -285,5 +288,5 @@ fn a_rerouted_chunk_keeps_its_offsets_on_the_other_device() {
         (moved.offset, moved.len, moved.entry),
         (ch.offset, ch.len, ch.entry)
     );
-    assert!(reroute(&p, &ch, |_, _| false, 0).is_none());
+    assert!(stripe(lp, rp, |_, _| false, &p.weights).is_none());
 }

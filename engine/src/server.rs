@@ -128,6 +128,11 @@ fn answer(shared: &Shared, req: Request, qps: &mut Vec<QueuePair>) -> Reply {
         Request::Notify { message, .. } => {
             Reply::Refused(Error::NotificationTooLong(message.len()).to_string())
         }
+        Request::Release { qpns } => {
+            let before = qps.len();
+            qps.retain(|q| !qpns.contains(&q.endpoint().qpn));
+            Reply::Released((before - qps.len()) as u32)
+        }
     }
 }
 

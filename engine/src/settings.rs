@@ -66,10 +66,11 @@ pub struct Settings {
     /// pool registered again and again), never for memory the program hands to other uses.
     pub keep_cuda_registrations: bool,
     /// How long a rail (a pair of local and remote devices) that failed is left out of
-    /// later batches to the same peer before one tries it again (default 2 s). Within a
-    /// batch a failed rail's chunks move to the peer's other rails at once; a rail whose
-    /// link is still down would otherwise cost every batch the time to find out again (up
-    /// to [`Settings::peer_failure_bound`] when the far end is gone).
+    /// later batches to the same peer before one tries it again (default 2 s), doubled each
+    /// time it fails again, up to 32 times. Within a batch a failed rail's chunks move to
+    /// the peer's other rails at once; a rail whose link is still down would otherwise cost
+    /// every batch the time to find out again (up to [`Settings::peer_failure_bound`] when
+    /// the far end is gone).
     pub rail_probe_after: Duration,
     /// Which devices to rank first for memory at a given place, overriding the topology
     /// (clusters whose firmware misreports it, or operators who pin each GPU's NIC): per PCI

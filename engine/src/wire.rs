@@ -22,6 +22,9 @@ pub(crate) enum Request {
     Connect { device: u16, endpoint: Endpoint },
     /// A notification for the agent's queue.
     Notify { from: String, message: Vec<u8> },
+    /// Drop the agent's queue pairs of these numbers that were made over this connection
+    /// (a rail that failed: its queue pairs are in the error state on both sides).
+    Release { qpns: Vec<u32> },
 }
 
 /// The agent's answers.
@@ -31,6 +34,8 @@ pub(crate) enum Reply {
     Incarnation(u64),
     Connected(Endpoint),
     Noted,
+    /// How many queue pairs a [`Request::Release`] dropped.
+    Released(u32),
     Refused(String),
 }
 
@@ -42,6 +47,13 @@ impl Request {
             Request::Check => w.u8(2),
             Request::Connect { device, endpoint } => w.u8(3).u16(*device).raw(&endpoint.to_bytes()),
             Request::Notify { from, message } => w.u8(4).str(from).bytes(message),
+            Request::Release { qpns } => {
+                w.u8(5).u32(qpns.len() as u32);
+                for &q in qpns {
+                    w.u32(q);
+                }
+                &mut w
+            }
         };
         w.0
     }
@@ -59,6 +71,15 @@ impl Request {
                 from: r.str()?,
                 message: r.bytes()?.to_vec(),
             },
+            5 => {
+                let n = r.u32()?;
+                // Bounded by the frame (4 bytes each), so a forged count allocates nothing.
+                let mut qpns = Vec::new();
+                for _ in 0..n {
+                    qpns.push(r.u32()?);
+                }
+                Request::Release { qpns }
+            }
             t => return Err(Error::Protocol(format!("unknown request tag {t}"))),
         };
         r.end()?;
@@ -75,6 +96,7 @@ impl Reply {
             Reply::Connected(e) => w.u8(3).raw(&e.to_bytes()),
             Reply::Noted => w.u8(4),
             Reply::Refused(why) => w.u8(5).str(why),
+            Reply::Released(n) => w.u8(6).u32(*n),
         };
         w.0
     }
@@ -87,6 +109,7 @@ impl Reply {
             3 => Reply::Connected(endpoint(r.raw(Endpoint::WIRE_LEN)?)?),
             4 => Reply::Noted,
             5 => Reply::Refused(r.str()?),
+            6 => Reply::Released(r.u32()?),
             t => return Err(Error::Protocol(format!("unknown reply tag {t}"))),
         };
         r.end()?;
@@ -147,6 +170,9 @@ mod tests {
                 from: "a".into(),
                 message: b"landed".to_vec(),
             },
+            Request::Release {
+                qpns: vec![0x11, 0xff_ffff],
+            },
         ];
         for req in reqs {
             let mut buf = Vec::new();
@@ -157,6 +183,7 @@ mod tests {
         for rep in [
             Reply::Incarnation(7),
             Reply::Noted,
+            Reply::Released(2),
             Reply::Refused("no".into()),
         ] {
             assert_eq!(Reply::decode(&rep.encode()).unwrap(), rep);

@@ -5,8 +5,9 @@
 
 use crate::error::Error;
 use crate::exec::{self, Lane, Pass};
+use crate::failover;
 use crate::peer::PeerConn;
-use crate::plan::{reroute, Chunk, PeerTarget, Plan};
+use crate::plan::{Chunk, PeerTarget, Plan};
 use crate::progress::Progress;
 use crate::segment::Region;
 use crate::shared::Shared;
@@ -14,7 +15,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// An accepted batch: checked, its local segments counted as used.
 pub(crate) struct Job {
@@ -25,10 +26,14 @@ pub(crate) struct Job {
     pub notification: Option<Vec<u8>>,
 }
 
-/// Rails (peer, local device, remote device) that failed, and when: a later batch leaves
-/// them out until [`Settings::rail_probe_after`](crate::Settings::rail_probe_after) has
-/// passed, then tries them again.
-type RailsDown = HashMap<(String, u16, u16), Instant>;
+/// Rails (peer, local device, remote device) that failed: when, and how long later batches
+/// leave them out ([`Settings::rail_probe_after`](crate::Settings::rail_probe_after), doubled
+/// each time a probe fails again, up to [`MAX_BACKOFF`] times); then a batch tries the rail
+/// again, and a batch that does not see it fail forgets it.
+type RailsDown = HashMap<(String, u16, u16), (Instant, Duration)>;
+
+/// The longest a failed rail is left out, in [`Settings::rail_probe_after`](crate::Settings::rail_probe_after)s.
+const MAX_BACKOFF: u32 = 32;
 
 /// Runs jobs until the agent drops the sender (the queued ones first).
 pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
@@ -51,11 +56,10 @@ fn execute(
 ) {
     let plan = &job.plan;
     let probe_after = shared.settings.rail_probe_after;
-    rails_down.retain(|_, at| at.elapsed() < probe_after);
     let mut lanes: Vec<Lane> = plan.peers.iter().map(|t| Lane::new(&t.agent)).collect();
     for (p, lane) in lanes.iter_mut().enumerate() {
-        for ((agent, l, r), _) in rails_down.iter() {
-            if *agent == lane.agent {
+        for ((agent, l, r), (at, wait)) in rails_down.iter() {
+            if *agent == lane.agent && at.elapsed() < *wait {
                 lane.rail_failed(*l, *r, "failed in an earlier batch".into());
             }
         }
@@ -106,15 +110,26 @@ fn execute(
             continue;
         }
         for &(l, r) in &lane.rails_down {
-            // In error (or never made): a batch after `rail_probe_after` makes them again.
+            // In error (or never made): a batch after the wait makes them again.
             if let Some(c) = conns.get_mut(&lane.agent) {
                 c.drop_rail(l, r);
             }
-            rails_down
+            let (at, wait) = rails_down
                 .entry((lane.agent.clone(), l, r))
-                .or_insert_with(Instant::now);
+                .or_insert((Instant::now(), Duration::ZERO));
+            if at.elapsed() >= *wait {
+                // Failed anew (or on its probe): left out again, for twice as long.
+                *wait = (*wait * 2).clamp(probe_after, probe_after * MAX_BACKOFF);
+                *at = Instant::now();
+            }
         }
     }
+    // A rail whose wait is over and that did not fail in this batch to its peer is up again
+    // (or unused: the next batch that uses it probes it).
+    rails_down.retain(|(agent, l, r), (at, wait)| {
+        let lane = lanes.iter().find(|lane| lane.agent == *agent);
+        at.elapsed() < *wait || lane.is_none_or(|lane| lane.rail_is_down(*l, *r))
+    });
     for name in &plan.segments {
         shared.segments.release(name);
     }
@@ -137,10 +152,10 @@ fn execute(
     job.progress.finish(note_error);
 }
 
-/// Runs one (round, segment) group's chunks `picks` from `region`: a pass over all of them,
-/// then, while some failed on a rail, a pass of those rerouted onto the rails still up
-/// (each pass leaves at least one more rail down, so they end); a chunk with no rail left
-/// fails with its peer down.
+/// Runs one (round, segment) group's chunks `picks` from `region`: a pass over all of them
+/// (those planned on a rail already known down moved first), then, while some failed on a
+/// rail, a pass of those rerouted onto the rails still up (each pass leaves at least one
+/// more rail down, so they end); a chunk with no rail left fails with its peer down.
 fn run_group(
     shared: &Shared,
     conns: &mut HashMap<String, PeerConn>,
@@ -151,9 +166,16 @@ fn run_group(
 ) {
     let plan = &job.plan;
     let mut retry = Vec::new();
-    let mut rerouted: Vec<Chunk>;
-    let mut again: Vec<usize> = Vec::new();
+    let mut moved: Vec<Chunk>;
+    let mut seq: Vec<usize> = Vec::new();
     let (mut chunks, mut picks) = (&plan.chunks[..], picks);
+    if lanes.iter().any(|l| !l.rails_down.is_empty()) {
+        let has = |d: u16| region.has_device(usize::from(d));
+        moved = failover::reroute(plan, chunks, picks, lanes, has, &job.progress);
+        failover::connect(shared, conns, &moved, lanes);
+        seq.extend(0..moved.len());
+        (chunks, picks) = (&moved, &seq);
+    }
     loop {
         let refs: Vec<Option<&PeerConn>> = lanes
             .iter()
@@ -170,34 +192,13 @@ fn run_group(
         if retry.is_empty() {
             return;
         }
-        let has_region = |d: u16| region.has_device(usize::from(d));
-        let mut next = Vec::with_capacity(retry.len());
-        for (k, &c) in retry.iter().enumerate() {
-            let ch = &chunks[c];
-            let lane = &mut lanes[usize::from(ch.peer)];
-            let usable = |l, r| !lane.rail_is_down(l, r) && has_region(l);
-            match lane.down.is_none().then(|| reroute(plan, ch, usable, k)) {
-                Some(Some(moved)) => next.push(moved),
-                Some(None) => job.progress.fail(ch.entry, &lane.every_rail_failed()),
-                None => job
-                    .progress
-                    .fail(ch.entry, lane.down.as_ref().expect("down")),
-            }
-        }
+        let has = |d: u16| region.has_device(usize::from(d));
+        moved = failover::reroute(plan, chunks, &retry, lanes, has, &job.progress);
         retry.clear();
-        // The rails taken now may have no queue pairs yet.
-        for ch in &next {
-            let lane = &mut lanes[usize::from(ch.peer)];
-            if let Some(conn) = conns.get_mut(&lane.agent) {
-                if let Err(e) = conn.ensure_qps(shared, ch.local_device, ch.remote_device) {
-                    lane.connect_failed(ch.local_device, ch.remote_device, e);
-                }
-            }
-        }
-        rerouted = next;
-        again.clear();
-        again.extend(0..rerouted.len());
-        (chunks, picks) = (&rerouted, &again);
+        failover::connect(shared, conns, &moved, lanes);
+        seq.clear();
+        seq.extend(0..moved.len());
+        (chunks, picks) = (&moved, &seq);
     }
 }
 

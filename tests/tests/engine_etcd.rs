@@ -225,6 +225,7 @@ fn etcd_lost_resolved_peers_keep_working_lookups_fail_typed_and_segments_come_ba
 #[test]
 #[ignore = "needs the testbed VM"]
 fn etcd_descriptor_of_another_version_is_refused_typed() {
+    const NEXT: u16 = gpu_rdma_engine::FORMAT_VERSION + 1;
     let etcd = Etcd::start("version");
     let (m1, m2, peer) = (backend(&etcd), backend(&etcd), backend(&etcd));
     m1.publish(&made_up("rec", 1), CONTROL.parse().unwrap())
@@ -239,23 +240,20 @@ fn etcd_descriptor_of_another_version_is_refused_typed() {
         let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
             .await
             .unwrap();
-        // The agent record of "rec", as a version-2 writer would put it.
+        // The agent record of "rec", as a writer of the next version would put it.
         let key = m1.record_key("rec");
         let got = c.get(key.clone(), None).await.unwrap();
         let mut v = got.kvs()[0].value().to_vec();
-        v[4..6].copy_from_slice(&2u16.to_le_bytes());
+        v[4..6].copy_from_slice(&NEXT.to_le_bytes());
         c.put(key, v, None).await.unwrap();
-        // A segment of "seg" in version 2.
+        // A segment of "seg" in the next version.
         let mut v = made_up("seg", 2).to_bytes();
-        v[4..6].copy_from_slice(&2u16.to_le_bytes());
+        v[4..6].copy_from_slice(&NEXT.to_le_bytes());
         c.put(m2.segment_key("seg", "kv"), v, None).await.unwrap();
     });
     for agent in ["rec", "seg"] {
         match peer.lookup(agent) {
-            Err(Error::IncompatibleVersion {
-                found: 2,
-                supported,
-            }) => {
+            Err(Error::IncompatibleVersion { found, supported }) if found == NEXT => {
                 assert_eq!(supported, gpu_rdma_engine::FORMAT_VERSION)
             }
             r => panic!("{agent}: {r:?}"),

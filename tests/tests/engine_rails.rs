@@ -87,6 +87,20 @@ fn sent_since(tb: &Testbed, before: &[u64]) -> Vec<u64> {
     sent(tb).iter().zip(before).map(|(a, b)| a - b).collect()
 }
 
+/// The RC queue pairs on `device` (`rdma resource show qp`: the kernel's list).
+fn rc_queue_pairs(device: &str) -> usize {
+    let out = Command::new("rdma")
+        .args(["resource", "show", "qp"])
+        .output()
+        .expect("rdma tool");
+    assert!(out.status.success(), "rdma resource show qp");
+    let link = format!("link {device}/");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&link) && l.contains(" type RC "))
+        .count()
+}
+
 /// Takes `netdev` down or up (`ip link set`), as a cut cable or a dead switch port would.
 fn link(netdev: &str, up: bool) {
     let state = if up { "up" } else { "down" };
@@ -243,6 +257,12 @@ mod two_node_rails {
             for expected in [&b"failed over"[..], b"back"] {
                 let note = a.wait_notification(WAIT).expect("b's notification");
                 assert_eq!(&note.message[..], expected);
+                if expected == b"failed over" {
+                    // b dropped the cut rail's queue pairs before it notified, and asked this
+                    // side to drop its own: none is left on rail 1 (b runs one worker).
+                    let left = rc_queue_pairs(&tb.devices[1]);
+                    assert_eq!(left, 0, "queue pairs left on the failed rail: {left}");
+                }
                 // Checked in place by reading it back would need CPU access to a
                 // registered segment: the engine gives none, so each check unregisters.
                 let Memory::Host(dst) = a.unregister("dst").unwrap() else {
@@ -261,6 +281,7 @@ mod two_node_rails {
             "b",
             Settings {
                 rail_probe_after: Duration::from_secs(1),
+                workers: 1,
                 ..settings(&tb, 4, format!("{}:0", tb.local_addr).parse().unwrap())
             },
         )

@@ -39,6 +39,10 @@ cargo xtask <command>
       --sizes 8,64K,1M    message sizes (default: 2 B to 8 MiB, powers of two)
       --only perftest,engine  only the series whose names start so
       --replot FILE       draw the plots of a run's bench.json again, into target/bench/
+      --rails [opts]      instead: the engine over 1, 2 and 4 rails between two nodes
+                          (four NICs, the PCIe topology), each rail's share, vCPU use and a
+                          rail cut mid-batch; a table and target/bench/rails.json; opts:
+                          --bytes 64M --rounds 3 --rails 1,2,4
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
   soak [opts]           the demo many times in a row, counting failures, emulator faults
                         and second boots

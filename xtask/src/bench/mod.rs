@@ -11,7 +11,8 @@
 //! * [`gates`]: the bounds on deterministic counts that fail a run (the engine's allocations
 //!   per chunk);
 //! * [`json`]: the JSON file with every sample;
-//! * [`plot`]: PNG and SVG plots.
+//! * [`plot`]: PNG and SVG plots;
+//! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes.
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
@@ -21,6 +22,7 @@ mod ins;
 mod json;
 mod plan;
 mod plot;
+mod rails;
 mod results;
 mod series;
 mod table;
@@ -104,7 +106,8 @@ fn parse_args(args: &[String]) -> Result<Request> {
             }
             other => fail!(
                 "unknown bench option {other:?} (--quick, --nodes 1|2|both, --rounds N, \
-                 --sizes 8,64K,1M, --only perftest,engine, --replot FILE)"
+                 --sizes 8,64K,1M, --only perftest,engine, --replot FILE; or --rails first, \
+                 then the step's --bytes N --rounds N --rails 1,2,4)"
             ),
         }
     }
@@ -146,6 +149,9 @@ impl Request {
 /// Builds the bench (release), runs the plan in the testbed (one boot per node count),
 /// prints the tables and goals, writes the JSON file and the plots under `target/bench/`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    if let Some(rest) = args.strip_prefix(&["--rails".to_string()]) {
+        return rails::main(paths, rest);
+    }
     let req = parse_args(args)?;
     if let Some(file) = &req.replot {
         return replot(file, &paths.target.join("bench"));
