@@ -10,7 +10,8 @@
 //! (the kernel's `tx_bytes` of each netdev, not the engine's counts), each link's rate in
 //! Mb/s and the sending node's vCPU busy fraction over the batch (`/proc/stat`), so that a
 //! reader sees whether the links or the CPU bound it. Then, over every rail, one batch with
-//! rail 1's link taken down when half its blocks have landed:
+//! rail 1's link taken down when half its blocks have landed (by an agent with a window of
+//! 8 chunks per queue pair, so that most of the batch is not yet posted at the cut):
 //! `RESULT failover rails=N half_s=H rest_s=S uncut_MiBps=U cut_bytes=c0,...`: the time to
 //! the half, the time from the cut to the batch's end, and the bytes each link sent after the
 //! cut. Every rail is listed nearest host memory (`Settings::nics`), so that the topology's
@@ -176,7 +177,22 @@ fn send(devices: &[String], rails: &[usize], bytes: u64, rounds: u32) -> Res<()>
             }
         }
         if n == *rails.last().expect("a rail count") && n > 1 {
-            failover(&b, &blocks, &netdevs, uncut)?;
+            // A window of 8 chunks per queue pair (16 MiB in flight over four rails), so
+            // that most of the batch is still to be posted when the rail is cut.
+            let f = Agent::new(
+                "b-failover",
+                Settings {
+                    in_flight: 8,
+                    devices: Some(devices[..n].to_vec()),
+                    bind: format!("{local}:0").parse()?,
+                    nics: Some(format!("*={}", devices[..n].join(",")).parse()?),
+                    ..Settings::default()
+                },
+            )?;
+            f.add_peer("a", format!("{peer}:{}", PORT + n as u16).parse()?);
+            f.register("src", HostBuffer::new(bytes as usize)?)?;
+            submit(&f, &batch(4 * BLOCK))?.wait(WAIT)?;
+            failover(&f, &blocks, &netdevs, uncut)?;
         }
         b.transfer(
             &Batch::new()

@@ -4,6 +4,27 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The doctor binary (`gpu-rdma-doctor`), which `cargo test` builds beside the test binary
+/// (its package has tests).
+///
+/// # Panics
+/// If it is not there.
+pub fn doctor() -> Command {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let path = dir.join("gpu-rdma-doctor");
+    assert!(
+        path.exists(),
+        "{} is missing: cargo test builds it",
+        path.display()
+    );
+    // The doctor binary, built by this workspace.
+    Command::new(path)
+}
+
 /// Runs `cmd` to completion, killing it after `limit`.
 ///
 /// # Panics

@@ -4,7 +4,7 @@
 //! `/dev/dri` it names the group; with no RDMA device it says so.
 
 use integration_tests::device_admin::put_back;
-use integration_tests::process::{run, text};
+use integration_tests::process::{doctor, run, text};
 use integration_tests::testbed::Testbed;
 use serde_json::Value;
 use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
@@ -18,23 +18,6 @@ const T: Duration = Duration::from_secs(120);
 
 /// The tests that change the machine (node permissions, the rxe device) run one at a time.
 static MACHINE: Mutex<()> = Mutex::new(());
-
-/// The doctor, built by `cargo test` beside this test binary (its package has tests).
-fn doctor() -> Command {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let path: PathBuf = dir.join("gpu-rdma-doctor");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo test builds it",
-        path.display()
-    );
-    // The doctor binary, built by this workspace.
-    Command::new(path)
-}
 
 fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", text(out)))

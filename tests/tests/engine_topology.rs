@@ -11,9 +11,9 @@ use gpu_rdma_engine::{Agent, Near, NicOverride, Proximity, SegmentDescriptor, Se
 use gpu_rdma_topology::{endpoint, memory_numa_node, NICS_ENV};
 use integration_tests::engine::host;
 use integration_tests::exporters::Exporter;
+use integration_tests::process::doctor;
 use integration_tests::testbed::Testbed;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 /// The words of the testbed's variable `name` (space- or comma-separated).
@@ -60,23 +60,6 @@ fn dense(places: &[String]) -> Vec<u8> {
         .iter()
         .map(|p| present.iter().position(|&c| c == class(p)).unwrap() as u8)
         .collect()
-}
-
-/// The doctor, built by `cargo test` beside this test binary (its package has tests).
-fn doctor() -> Command {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let path: PathBuf = dir.join("gpu-rdma-doctor");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo test builds it",
-        path.display()
-    );
-    // The doctor: built by this workspace.
-    Command::new(path)
 }
 
 mod two_node_rails {

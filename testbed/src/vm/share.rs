@@ -175,7 +175,7 @@ mod tests {
             assert!(e.to_string().contains("never shared writable"), "{e}");
         }
         for p in [
-            "/work/main",
+            "/srv/project",
             "/tmp/x",
             "/root/project",
             "/home/u/src",
