@@ -169,6 +169,8 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
         "setup" => {
             // The same set-up as `dmabuf-testbed setup`, into target/testbed.
             let ready = dmabuf_testbed::setup::testbed(&paths)?;
+            // The wheels of the project's own peers (Mooncake's bench: bench --peers).
+            dmabuf_testbed::wheels::fetch_all(&paths)?;
             dmabuf_testbed::ui::info(format!("accelerator: {}", ready.accel.summary()));
             dmabuf_testbed::ui::info(ready.summary());
             Ok(ExitCode::SUCCESS)
