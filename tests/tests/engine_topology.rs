@@ -75,6 +75,7 @@ fn doctor() -> Command {
         "{} is missing: cargo test builds it",
         path.display()
     );
+    // The doctor, built by this workspace.
     Command::new(path)
 }
 
