@@ -136,6 +136,11 @@ pub const PROGRAMS: &[Program] = &[
         "bounds every step of cargo xtask bench (VM)",
     ),
     deb("uname", "coreutils", "reports the guest kernel (VM)"),
+    deb(
+        "tail",
+        "coreutils",
+        "the last lines of a bench step's log (VM)",
+    ),
     deb("sed", "sed", "reads which libraries the loader loaded (VM)"),
     deb(
         "grep",

@@ -39,6 +39,12 @@ cargo xtask <command>
       --sizes 8,64K,1M    message sizes (default: 2 B to 8 MiB, powers of two)
       --only perftest,engine  only the series whose names start so
       --replot FILE       draw the plots of a run's bench.json again, into target/bench/
+  bench --peers [opts]  the transfer engine against Mooncake's transfer_engine_bench (its
+                        wheel unpacked by setup), two nodes, interleaved: write and read,
+                        batches of 1 and 128, 1 and 4 threads; target/bench/peers.json
+      --sizes 64K,1M      block sizes (default 4 KiB..4 MiB)
+      --rounds N          rounds of every cell (default 3)
+      --duration S        seconds of each run (default 5)
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
   soak [opts]           the demo many times in a row, counting failures, emulator faults
                         and second boots
@@ -134,6 +140,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
     vec![
         ("bench.sh", script::BENCH.to_string()),
         ("demo.sh", script::DEMO.to_string()),
+        ("peers.sh", script::PEERS.to_string()),
         ("self-check", testrun::SELF_CHECK.to_string()),
         ("VM tests", testrun::vm_script(&vm_tests, phase::Phase::One)),
         (

@@ -11,7 +11,8 @@
 //! * [`gates`]: the bounds on deterministic counts that fail a run (the engine's allocations
 //!   per chunk);
 //! * [`json`]: the JSON file with every sample;
-//! * [`plot`]: PNG and SVG plots.
+//! * [`plot`]: PNG and SVG plots;
+//! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own.
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
@@ -19,6 +20,7 @@
 mod gates;
 mod ins;
 mod json;
+mod peers;
 mod plan;
 mod plot;
 mod results;
@@ -146,6 +148,9 @@ impl Request {
 /// Builds the bench (release), runs the plan in the testbed (one boot per node count),
 /// prints the tables and goals, writes the JSON file and the plots under `target/bench/`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    if let Some(("--peers", rest)) = args.split_first().map(|(a, r)| (a.as_str(), r)) {
+        return peers::main(paths, rest);
+    }
     let req = parse_args(args)?;
     if let Some(file) = &req.replot {
         return replot(file, &paths.target.join("bench"));
