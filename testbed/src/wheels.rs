@@ -72,10 +72,12 @@ os.remove(part)
 impl Wheel {
     /// Where the wheel is unpacked in `cache`.
     pub fn dir(&self, cache: &Cache) -> PathBuf {
-        cache
-            .dir
-            .join("wheels")
-            .join(format!("{}-{}-{}", self.name, self.version, &self.sha256[..12]))
+        cache.dir.join("wheels").join(format!(
+            "{}-{}-{}",
+            self.name,
+            self.version,
+            &self.sha256[..12]
+        ))
     }
 
     /// Downloads, checks and unpacks the wheel into the cache once; returns its folder.

@@ -40,6 +40,7 @@ wait_file() {
 target() {
     id=$1 num=$2 engine=$3 buffer=$4 limit=$5
     log=/tmp/target-$id.log
+    : > "$log"
     case $engine in
     mooncake)
         "$MOONCAKE" --mode=target --metadata_server=P2PHANDSHAKE \
@@ -67,6 +68,9 @@ target() {
         n=$((n + 1))
         sleep 0.1
     done
+    # The same pause for both engines, untimed: Mooncake's target says where it listens
+    # before it may be ready for a handshake.
+    [ -n "$seg" ] && sleep 2
     echo "${seg:-none}" > "$TESTBED_RUN/ready-$id"
     if [ -z "$seg" ]; then
         echo "peers.sh: step $id: the target never said where it listens; its log:"
@@ -96,8 +100,13 @@ initiator() {
         ;;
     esac
     rc=$?
-    # The closing lines, and the errors of a failed run (glog's `E` and `F` lines).
+    # The closing lines, and the errors of a failed run (glog's `E` and `F` lines); the log's
+    # end when it failed.
     grep -E 'Test completed|RESULT|error|^[EF][0-9]{4} ' "$log" | tail -n 12
+    if [ $rc != 0 ]; then
+        echo "peers.sh: step $id: the initiator ended with $rc; its log ends:"
+        tail -n 15 "$log"
+    fi
     return $rc
 }
 
