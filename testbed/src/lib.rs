@@ -22,6 +22,7 @@ pub mod sh;
 pub mod shscan;
 pub mod ui;
 pub mod vm;
+pub mod wheels;
 
 use std::path::PathBuf;
 

@@ -19,6 +19,9 @@ pub enum Source {
     Busybox,
     /// The Rust toolchain the README asks for (rustup).
     Toolchain,
+    /// A file of a pinned Python wheel from [`crate::wheels::WHEELS`], unpacked into the cache
+    /// by `cargo xtask setup` (or first use): named by the wheel's distribution name.
+    Wheel(&'static str),
 }
 
 /// One program: the name scripts and code call it by (or its absolute path), where it comes
@@ -133,6 +136,11 @@ pub const PROGRAMS: &[Program] = &[
         "bounds every step of cargo xtask bench (VM)",
     ),
     deb("uname", "coreutils", "reports the guest kernel (VM)"),
+    deb(
+        "tail",
+        "coreutils",
+        "the last lines of a bench step's log (VM)",
+    ),
     deb("sed", "sed", "reads which libraries the loader loaded (VM)"),
     deb(
         "grep",
@@ -241,6 +249,13 @@ pub const PROGRAMS: &[Program] = &[
         "valgrind",
         "memcheck of drop paths; callgrind's instruction counts in the tests and cargo xtask bench (VM)",
     ),
+    Program {
+        name: "transfer_engine_bench",
+        source: Source::Wheel("mooncake-transfer-engine-non-cuda"),
+        env: None,
+        why: "Mooncake's transfer engine bench, the peer of cargo xtask bench --peers, run by \
+              its path in the unpacked wheel (VM)",
+    },
     Program {
         name: BUSYBOX,
         source: Source::Busybox,
@@ -376,6 +391,8 @@ pub fn verify() -> Result {
         let ok = match p.source {
             Source::Busybox if p.name == BUSYBOX => resolve(BUSYBOX).is_some(),
             Source::Busybox => applets.lines().any(|a| a.trim() == p.name),
+            // Unpacked into the cache, not on PATH: `Wheel::program` checks it where it runs.
+            Source::Wheel(_) => true,
             Source::Toolchain | Source::Deb(_) => match p.env.and_then(std::env::var_os) {
                 Some(other) => resolve(&other.to_string_lossy()).is_some(),
                 None => resolve(p.name).is_some(),
@@ -386,6 +403,7 @@ pub fn verify() -> Result {
                 Source::Deb(pkg) => format!("Debian package `{pkg}`"),
                 Source::Busybox => format!("an applet of {BUSYBOX} (package `busybox-static`)"),
                 Source::Toolchain => "the Rust toolchain (rustup)".into(),
+                Source::Wheel(w) => format!("the Python wheel `{w}`"),
             };
             missing.push(format!("`{}` from {from}: {}", p.name, p.why));
         }
@@ -440,6 +458,19 @@ mod tests {
                 assert!(
                     PACKAGES.iter().any(|(name, _)| *name == pkg),
                     "`{}` comes from `{pkg}`, which setup::PACKAGES does not install",
+                    p.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_wheel_of_the_table_is_unpacked_by_setup() {
+        for p in PROGRAMS {
+            if let Source::Wheel(w) = p.source {
+                assert!(
+                    crate::wheels::WHEELS.iter().any(|x| x.name == w),
+                    "`{}` comes from the wheel `{w}`, which wheels::WHEELS does not pin",
                     p.name
                 );
             }

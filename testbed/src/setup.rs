@@ -140,6 +140,14 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "type-checks the gpu_rdma package's stubs, tests and example",
     ),
     (
+        "libnuma1",
+        "a library of Mooncake's transfer_engine_bench (crate::wheels; VM)",
+    ),
+    (
+        "libcurl4",
+        "a library of Mooncake's transfer_engine_bench (crate::wheels; VM)",
+    ),
+    (
         "fonts-dejavu-core",
         "DejaVuSans.ttf, the text of cargo xtask bench's plots",
     ),

@@ -68,6 +68,7 @@ fn examples_answer_bad_usage_with_status_2_and_the_usage() {
         "rdma_bench",
         "gpu_service",
         "engine_rails_bench",
+        "engine_peer_bench",
     ] {
         let out = run(example(name).arg("--no-such-option").arg("1"), T);
         assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out));

@@ -39,10 +39,18 @@ cargo xtask <command>
       --sizes 8,64K,1M    message sizes (default: 2 B to 8 MiB, powers of two)
       --only perftest,engine  only the series whose names start so
       --replot FILE       draw the plots of a run's bench.json again, into target/bench/
-      --rails [opts]      instead: the engine over 1, 2 and 4 rails between two nodes
-                          (four NICs, the PCIe topology), each rail's share, vCPU use and a
-                          rail cut mid-batch; a table and target/bench/rails.json; opts:
-                          --bytes 64M --rounds 3 --rails 1,2,4
+  bench --rails [opts]  the transfer engine over 1, 2 and 4 rails between two nodes (four
+                        NICs, the PCIe topology): aggregate bandwidth, each rail's share,
+                        vCPU use, a rail cut mid-batch; target/bench/rails.json
+      --bytes 64M         each batch (default 64 MiB)
+      --rounds N          batches per rail count (default 3)
+      --rails 1,2,4       the rail counts
+  bench --peers [opts]  the transfer engine against Mooncake's transfer_engine_bench (its
+                        wheel unpacked by setup), two nodes, interleaved: write and read,
+                        batches of 1 and 128, 1 and 4 threads; target/bench/peers.json
+      --sizes 64K,1M      block sizes (default 4 KiB..4 MiB)
+      --rounds N          rounds of every cell (default 3)
+      --duration S        seconds of each run (default 5)
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
   soak [opts]           the demo many times in a row, counting failures, emulator faults
                         and second boots
@@ -138,6 +146,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
     vec![
         ("bench.sh", script::BENCH.to_string()),
         ("demo.sh", script::DEMO.to_string()),
+        ("peers.sh", script::PEERS.to_string()),
         ("self-check", testrun::SELF_CHECK.to_string()),
         ("VM tests", testrun::vm_script(&vm_tests, phase::Phase::One)),
         (
@@ -173,6 +182,8 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
         "setup" => {
             // The same set-up as `dmabuf-testbed setup`, into target/testbed.
             let ready = dmabuf_testbed::setup::testbed(&paths)?;
+            // The wheels of the project's own peers (Mooncake's bench: bench --peers).
+            dmabuf_testbed::wheels::fetch_all(&paths)?;
             dmabuf_testbed::ui::info(format!("accelerator: {}", ready.accel.summary()));
             dmabuf_testbed::ui::info(ready.summary());
             Ok(ExitCode::SUCCESS)

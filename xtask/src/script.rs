@@ -7,6 +7,9 @@ pub use dmabuf_testbed::script::fill;
 /// `cargo xtask bench`'s command in the VM (arguments, no placeholders).
 pub const BENCH: &str = include_str!("scripts/bench.sh");
 
+/// `cargo xtask bench --peers`' command on both nodes (arguments, no placeholders).
+pub const PEERS: &str = include_str!("scripts/peers.sh");
+
 /// `cargo xtask demo`'s command on both nodes (arguments, no placeholders).
 pub const DEMO: &str = include_str!("scripts/demo.sh");
 
@@ -22,6 +25,7 @@ mod tests {
     const ALL: &[(&str, &str)] = &[
         ("bench.sh", BENCH),
         ("demo.sh", DEMO),
+        ("peers.sh", PEERS),
         ("rdma-core-suite.sh", RDMA_CORE_SUITE),
     ];
 

@@ -12,7 +12,8 @@
 //!   per chunk);
 //! * [`json`]: the JSON file with every sample;
 //! * [`plot`]: PNG and SVG plots;
-//! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes.
+//! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes;
+//! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own.
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
@@ -20,6 +21,7 @@
 mod gates;
 mod ins;
 mod json;
+mod peers;
 mod plan;
 mod plot;
 mod rails;
@@ -151,6 +153,9 @@ impl Request {
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     if let Some(rest) = args.strip_prefix(&["--rails".to_string()]) {
         return rails::main(paths, rest);
+    }
+    if let Some(("--peers", rest)) = args.split_first().map(|(a, r)| (a.as_str(), r)) {
+        return peers::main(paths, rest);
     }
     let req = parse_args(args)?;
     if let Some(file) = &req.replot {

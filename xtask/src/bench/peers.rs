@@ -1,0 +1,557 @@
+//! `cargo xtask bench --peers`: the transfer engine against Mooncake's transfer engine, cell by
+//! cell, in one two-node boot. Mooncake's own `transfer_engine_bench` (from its pinned wheel,
+//! [`dmabuf_testbed::wheels::MOONCAKE`]) and the engine's twin, `engine_peer_bench`, run with
+//! the same parameters and P2P-handshake metadata, a target on node a and an initiator on node
+//! b (`peers.sh`), interleaved: in each round every cell runs both, the one that goes first
+//! alternating from round to round. A cell is (operation, block size, batch size, threads); each
+//! gets bandwidth (MiB/s) and a batch's latency (threads × duration / batches, as Mooncake's
+//! figures give it) from the initiator's closing line, `Test completed: duration D, batch count
+//! N, throughput X MiB/s`, which both print. The table has ours/Mooncake per cell, marked `~`
+//! when the rounds' own ratios fall on both sides of 1; the JSON file is
+//! `target/bench/peers.json`.
+
+use super::results::{Failure, Spread};
+use super::{loadavg, plan, table};
+use crate::{script, Paths};
+use dmabuf_testbed::sh::Result;
+use dmabuf_testbed::ui::info;
+use dmabuf_testbed::{fail, programs, vm, wheels};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Block sizes without `--sizes`: 4 KiB to 4 MiB.
+pub const BLOCKS: [u64; 6] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
+/// Batch sizes of every cell.
+pub const BATCHES: [u64; 2] = [1, 128];
+/// Submitting threads of every cell.
+pub const THREADS: [u64; 2] = [1, 4];
+/// Operations of every cell.
+pub const OPERATIONS: [&str; 2] = ["write", "read"];
+/// The most a cell's buffer (threads × batch × block, on each node) may take of a guest's
+/// 2 GiB; larger cells are left out and listed.
+pub const MAX_BUFFER: u64 = 512 << 20;
+/// Mooncake's bench, inside its unpacked wheel.
+const MOONCAKE_BENCH: &str = "mooncake/transfer_engine_bench";
+
+/// One cell of the comparison.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cell {
+    /// `write` or `read`.
+    pub op: &'static str,
+    /// Bytes per block.
+    pub block: u64,
+    /// Blocks per batch.
+    pub batch: u64,
+    /// Threads submitting batches.
+    pub threads: u64,
+}
+
+impl Cell {
+    /// The bytes each node's buffer needs.
+    fn buffer(&self) -> u64 {
+        (self.threads * self.batch * self.block).max(1 << 20)
+    }
+
+    /// `write-64K-b128-t4`.
+    fn name(&self) -> String {
+        let b = match self.block {
+            b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
+            b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
+            b => b.to_string(),
+        };
+        format!("{}-{b}-b{}-t{}", self.op, self.batch, self.threads)
+    }
+}
+
+/// The two engines, in the order of odd rounds.
+pub const ENGINES: [&str; 2] = ["mooncake", "ours"];
+
+/// What `--peers` was asked.
+#[derive(Debug, PartialEq)]
+pub struct Request {
+    sizes: Vec<u64>,
+    rounds: u32,
+    duration: u32,
+}
+
+/// `--sizes 64K,1M`, `--rounds N` (default 3), `--duration S` (default 5).
+pub fn parse_args(args: &[String]) -> Result<Request> {
+    let mut r = Request {
+        sizes: BLOCKS.to_vec(),
+        rounds: 3,
+        duration: 5,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |what: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs {what}"))
+        };
+        let count = |v: &str, most: u32| v.parse::<u32>().ok().filter(|n| (1..=most).contains(n));
+        match a.as_str() {
+            "--sizes" => r.sizes = plan::parse_sizes(&value("a list like 64K,1M")?)?,
+            "--rounds" => {
+                let v = value("a count")?;
+                let Some(n) = count(&v, 100) else {
+                    fail!("--rounds {v:?}: a count from 1 to 100")
+                };
+                r.rounds = n;
+            }
+            "--duration" => {
+                let v = value("seconds")?;
+                let Some(n) = count(&v, 600) else {
+                    fail!("--duration {v:?}: seconds from 1 to 600")
+                };
+                r.duration = n;
+            }
+            other => fail!(
+                "unknown option of bench --peers {other:?} (--sizes 64K,1M, --rounds N, \
+                 --duration S)"
+            ),
+        }
+    }
+    Ok(r)
+}
+
+/// The cells of `sizes` (operation, then block, batch, threads), and those left out because
+/// their buffer exceeds [`MAX_BUFFER`].
+pub fn cells(sizes: &[u64]) -> (Vec<Cell>, Vec<Cell>) {
+    let mut all = Vec::new();
+    for op in OPERATIONS {
+        for &block in sizes {
+            for batch in BATCHES {
+                for threads in THREADS {
+                    all.push(Cell {
+                        op,
+                        block,
+                        batch,
+                        threads,
+                    });
+                }
+            }
+        }
+    }
+    all.into_iter().partition(|c| c.buffer() <= MAX_BUFFER)
+}
+
+/// One run of one engine in one cell.
+#[derive(Debug, PartialEq)]
+pub struct Step {
+    /// `write-64K-b128-t4-ours-r2`.
+    pub id: String,
+    /// Its index in the cells.
+    pub cell: usize,
+    /// An index into [`ENGINES`].
+    pub engine: usize,
+    /// From 1.
+    pub round: u32,
+}
+
+/// Every round's steps: each cell both engines, Mooncake first in odd rounds.
+pub fn steps(cells: &[Cell], rounds: u32) -> Vec<Step> {
+    let mut out = Vec::new();
+    for round in 1..=rounds {
+        for (i, c) in cells.iter().enumerate() {
+            let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+            for engine in order {
+                out.push(Step {
+                    id: format!("{}-{}-r{round}", c.name(), ENGINES[engine]),
+                    cell: i,
+                    engine,
+                    round,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Seconds that bound a step's target start and its initiator's run each.
+fn limit(duration: u32) -> u64 {
+    u64::from(duration) + 90
+}
+
+/// The plan `peers.sh` runs (its header says the format).
+pub fn plan_text(cells: &[Cell], steps: &[Step], duration: u32) -> String {
+    let mut t = String::from("# ID N LIMIT ENGINE OPERATION BLOCK BATCH THREADS DURATION BUFFER\n");
+    for (n, s) in steps.iter().enumerate() {
+        let c = &cells[s.cell];
+        let _ = writeln!(
+            t,
+            "{} {n} {} {} {} {} {} {} {duration} {}",
+            s.id,
+            limit(duration),
+            ENGINES[s.engine],
+            c.op,
+            c.block,
+            c.batch,
+            c.threads,
+            c.buffer()
+        );
+    }
+    t
+}
+
+/// One step's figures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Index of its step.
+    pub step: usize,
+    /// MiB/s.
+    pub mibps: f64,
+    /// A batch's latency, usec: threads × duration / batches.
+    pub lat_usec: f64,
+}
+
+/// A closing line's duration (s), batches and throughput (MiB/s).
+type Completed = (f64, f64, f64);
+
+/// `(duration, batches, throughput)` from a line holding `Test completed: duration D, batch
+/// count N, throughput X ...`.
+fn completed(line: &str) -> Option<Completed> {
+    let rest = line.split_once("Test completed: duration ")?.1;
+    let (d, rest) = rest.split_once(", batch count ")?;
+    let (n, rest) = rest.split_once(", throughput ")?;
+    let x = rest.split_whitespace().next()?;
+    Some((
+        d.trim().parse().ok()?,
+        n.trim().parse().ok()?,
+        x.parse().ok()?,
+    ))
+}
+
+/// The samples of node b's console, and a failure for each step without one.
+pub fn collect(cells: &[Cell], steps: &[Step], console: &str) -> (Vec<Sample>, Vec<Failure>) {
+    let index: BTreeMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.as_str(), i))
+        .collect();
+    // Per step: its closing line's figures, if any, and its exit status.
+    let mut found: BTreeMap<usize, (Option<Completed>, String)> = BTreeMap::new();
+    let mut open: Option<usize> = None;
+    for line in console.lines().map(str::trim) {
+        if let Some(id) = line
+            .strip_prefix("### step ")
+            .and_then(|l| l.strip_suffix(" begin"))
+        {
+            open = index.get(id).copied();
+            if let Some(i) = open {
+                found.insert(i, (None, "no end line".into()));
+            }
+        } else if let Some(rest) = line.strip_prefix("### step ") {
+            let rc = rest.split_once(" rc=").map_or("", |(_, r)| r);
+            let rc = rc.split_whitespace().next().unwrap_or("");
+            if let Some(e) = open.and_then(|i| found.get_mut(&i)) {
+                e.1 = rc.to_string();
+            }
+            open = None;
+        } else if let Some(f) = completed(line) {
+            if let Some(e) = open.and_then(|i| found.get_mut(&i)) {
+                e.0 = Some(f);
+            }
+        }
+    }
+    let (mut samples, mut failures) = (Vec::new(), Vec::new());
+    for (i, s) in steps.iter().enumerate() {
+        let why = match found.get(&i) {
+            None => "never started (the boot ended first?)".to_string(),
+            Some((Some((d, n, x)), rc)) if rc == "0" && *n > 0.0 => {
+                samples.push(Sample {
+                    step: i,
+                    mibps: *x,
+                    lat_usec: cells[s.cell].threads as f64 * d / n * 1e6,
+                });
+                continue;
+            }
+            Some((_, rc)) if rc == "ready" => "the target never said where it listens".into(),
+            Some((_, rc)) if rc == "124" => "the initiator timed out".into(),
+            Some((f, rc)) => format!(
+                "the initiator ended with {rc}{}",
+                if f.is_some() { "" } else { ", no closing line" }
+            ),
+        };
+        failures.push(Failure {
+            id: format!("peers/{}", s.id),
+            why,
+        });
+    }
+    (samples, failures)
+}
+
+/// Per cell and engine, each round's (MiB/s, latency).
+type ByCell = BTreeMap<(usize, usize), BTreeMap<u32, (f64, f64)>>;
+
+fn by_cell(steps: &[Step], samples: &[Sample]) -> ByCell {
+    let mut out = ByCell::new();
+    for x in samples {
+        let s = &steps[x.step];
+        out.entry((s.cell, s.engine))
+            .or_default()
+            .insert(s.round, (x.mibps, x.lat_usec));
+    }
+    out
+}
+
+/// Ours/Mooncake of the medians of `pick`, the per-round ratios' range, and `~` when that
+/// range has ratios on both sides of 1.
+fn ratio(
+    m: &BTreeMap<u32, (f64, f64)>,
+    o: &BTreeMap<u32, (f64, f64)>,
+    pick: fn(&(f64, f64)) -> f64,
+) -> Option<(f64, (f64, f64), bool)> {
+    let med = |x: &BTreeMap<u32, (f64, f64)>| {
+        Spread::of(&x.values().map(pick).collect::<Vec<_>>()).map(|s| s.median)
+    };
+    let (mm, om) = (med(m)?, med(o)?);
+    if mm <= 0.0 {
+        return None;
+    }
+    let per_round: Vec<f64> = o
+        .iter()
+        .filter_map(|(r, x)| Some(pick(x) / pick(m.get(r)?)))
+        .filter(|r| r.is_finite())
+        .collect();
+    let lo = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = per_round.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let noise = !per_round.is_empty() && lo < 1.0 && hi >= 1.0;
+    Some((om / mm, (lo, hi), noise))
+}
+
+fn spread_text(x: Option<&BTreeMap<u32, (f64, f64)>>, pick: fn(&(f64, f64)) -> f64) -> String {
+    let Some(s) = x.and_then(|x| Spread::of(&x.values().map(pick).collect::<Vec<_>>())) else {
+        return "-".into();
+    };
+    if s.n < 2 {
+        return table::num(s.median);
+    }
+    format!(
+        "{} ({}-{})",
+        table::num(s.median),
+        table::num(s.min),
+        table::num(s.max)
+    )
+}
+
+fn bw(x: &(f64, f64)) -> f64 {
+    x.0
+}
+
+fn lat(x: &(f64, f64)) -> f64 {
+    x.1
+}
+
+/// The terminal table: a row per cell.
+pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request) -> String {
+    let by = by_cell(steps, samples);
+    let mut t = format!(
+        "ours against Mooncake's transfer engine, two nodes (emulated wire), {} s per run, \
+         P2P handshake: median (min-max) of {} rounds; ratios ours/Mooncake of the medians \
+         (~: the rounds' ratios fall on both sides of 1)\n",
+        req.duration, req.rounds
+    );
+    let _ = writeln!(
+        t,
+        "{:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+        "op",
+        "block",
+        "batch",
+        "thr",
+        "Mooncake MiB/s",
+        "ours MiB/s",
+        "ratio",
+        "Mooncake batch usec",
+        "ours batch usec",
+        "ratio"
+    );
+    let empty = BTreeMap::new();
+    for (i, c) in cells.iter().enumerate() {
+        let (m, o) = (by.get(&(i, 0)), by.get(&(i, 1)));
+        let r = |pick| match ratio(m.unwrap_or(&empty), o.unwrap_or(&empty), pick) {
+            Some((x, _, noise)) => format!("{:.2}{}", x, if noise { "~" } else { "" }),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            t,
+            "{:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+            c.op,
+            table::size(c.block),
+            c.batch,
+            c.threads,
+            spread_text(m, bw),
+            spread_text(o, bw),
+            r(bw),
+            spread_text(m, lat),
+            spread_text(o, lat),
+            r(lat)
+        );
+    }
+    t
+}
+
+/// The JSON document: every sample by cell, the ratios, what was left out and what failed.
+pub fn document(
+    cells: &[Cell],
+    skipped: &[Cell],
+    steps: &[Step],
+    samples: &[Sample],
+    failures: &[Failure],
+    req: &Request,
+    load: [String; 2],
+) -> Value {
+    let by = by_cell(steps, samples);
+    let empty = BTreeMap::new();
+    let side = |x: Option<&BTreeMap<u32, (f64, f64)>>| {
+        let x = x.unwrap_or(&empty);
+        json!({
+            "rounds": x.keys().collect::<Vec<_>>(),
+            "mibps": x.values().map(bw).collect::<Vec<_>>(),
+            "batch_lat_usec": x.values().map(lat).collect::<Vec<_>>(),
+        })
+    };
+    let ratio_json = |m: Option<&BTreeMap<u32, (f64, f64)>>,
+                      o: Option<&BTreeMap<u32, (f64, f64)>>,
+                      pick| {
+        match ratio(m.unwrap_or(&empty), o.unwrap_or(&empty), pick) {
+            Some((x, (lo, hi), noise)) => {
+                json!({"median_ratio": x, "round_min": lo, "round_max": hi, "within_noise": noise})
+            }
+            None => Value::Null,
+        }
+    };
+    let cell_json =
+        |c: &Cell| json!({"op": c.op, "block": c.block, "batch": c.batch, "threads": c.threads});
+    json!({
+        "what": "cargo xtask bench --peers: the transfer engine (ours) against Mooncake's \
+                 transfer_engine_bench, two nodes, P2P-handshake metadata",
+        "mooncake": {"wheel": wheels::MOONCAKE.name, "version": wheels::MOONCAKE.version,
+                     "sha256": wheels::MOONCAKE.sha256},
+        "duration_s": req.duration,
+        "rounds": req.rounds,
+        "batch_latency": "threads x duration / batches, usec",
+        "host_load_average": {"start": load[0], "end": load[1]},
+        "cells": cells.iter().enumerate().map(|(i, c)| {
+            let (m, o) = (by.get(&(i, 0)), by.get(&(i, 1)));
+            let mut v = cell_json(c);
+            v["mooncake"] = side(m);
+            v["ours"] = side(o);
+            v["ratio_mibps"] = ratio_json(m, o, bw);
+            v["ratio_batch_lat"] = ratio_json(m, o, lat);
+            v
+        }).collect::<Vec<_>>(),
+        "left_out": skipped.iter().map(|c| {
+            let mut v = cell_json(c);
+            v["why"] = json!(format!("its buffer ({} MiB on each node) exceeds {} MiB of a \
+                                      guest's 2 GiB", c.buffer() >> 20, MAX_BUFFER >> 20));
+            v
+        }).collect::<Vec<_>>(),
+        "failures": failures.iter().map(|f| json!({"id": f.id, "why": f.why})).collect::<Vec<_>>(),
+    })
+}
+
+/// Runs the comparison in a two-node boot, prints the table, writes `target/bench/peers.json`.
+pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    let req = parse_args(args)?;
+    let (cells, skipped) = cells(&req.sizes);
+    if cells.is_empty() {
+        fail!("bench --peers: every cell of these sizes exceeds the guests' memory");
+    }
+    let steps = steps(&cells, req.rounds);
+    let mooncake = wheels::MOONCAKE.program(paths, MOONCAKE_BENCH)?;
+    let ours = paths.release_example("engine_peer_bench")?;
+    let out = paths.target.join("bench");
+    std::fs::create_dir_all(&out)?;
+    let plan_file = out.join("plan-peers.txt");
+    std::fs::write(&plan_file, plan_text(&cells, &steps, req.duration))?;
+    let script_file = paths.testbed.join("peers.sh");
+    programs::write_script(&script_file, script::PEERS)?;
+    for c in &skipped {
+        info(format!(
+            "left out: {} (its buffer, {} MiB per node, exceeds {} MiB)",
+            c.name(),
+            c.buffer() >> 20,
+            MAX_BUFFER >> 20
+        ));
+    }
+    info(format!(
+        "bench --peers: {} cells x 2 engines x {} rounds = {} runs of {} s (plan in {})",
+        cells.len(),
+        req.rounds,
+        steps.len(),
+        req.duration,
+        plan_file.display()
+    ));
+    let argv: Vec<String> = [&script_file, &plan_file, &mooncake, &ours]
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let argv = [vec!["sh".to_string()], argv].concat();
+    let per_step = 2 * limit(req.duration);
+    let opts = vm::Opts {
+        nodes: 2,
+        timeout: Duration::from_secs(steps.len() as u64 * per_step + 300),
+        expose: paths.vm_expose(),
+        ..vm::Opts::default()
+    };
+    let load_start = loadavg();
+    let (results, rebooted) = vm::run_past_emulator_fault(paths, &argv, &opts, false)?;
+    let load_end = loadavg();
+    if rebooted {
+        info("(the first boot hit an emulator fault: see docs/testbed.md)");
+    }
+    let mut failures = Vec::new();
+    let mut console_b = String::new();
+    for r in &results {
+        let file = out.join(format!("console-peers-{}.txt", r.node));
+        std::fs::write(&file, &r.console)?;
+        if r.node == 'b' {
+            console_b.clone_from(&r.console);
+        }
+        for problem in &r.problems {
+            failures.push(Failure {
+                id: format!("peers/vm/{}", r.node),
+                why: format!("kernel: {problem} (console in {})", file.display()),
+            });
+        }
+        if r.status != Some(0) {
+            failures.push(Failure {
+                id: format!("peers/vm/{}", r.node),
+                why: format!("the VM's command ended with {:?}", r.status),
+            });
+        }
+    }
+    let (samples, f) = collect(&cells, &steps, &console_b);
+    failures.extend(f);
+    println!();
+    println!("{}", report(&cells, &steps, &samples, &req));
+    info(format!(
+        "host load average (1, 5, 15 min) at start {load_start}, at end {load_end}"
+    ));
+    let doc = document(
+        &cells,
+        &skipped,
+        &steps,
+        &samples,
+        &failures,
+        &req,
+        [load_start, load_end],
+    );
+    let json_file = out.join("peers.json");
+    std::fs::write(&json_file, serde_json::to_string_pretty(&doc)?)?;
+    info(format!("every sample: {}", json_file.display()));
+    if failures.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for f in &failures {
+        println!("FAILED {}: {}", f.id, f.why);
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+#[cfg(test)]
+#[path = "peers_tests.rs"]
+mod tests;
