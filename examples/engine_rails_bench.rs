@@ -13,9 +13,9 @@
 //! rail 1's link taken down when half its blocks have landed (by an agent with a window of
 //! 8 chunks per queue pair, so that most of the batch is not yet posted at the cut):
 //! `RESULT failover rails=N half_s=H rest_s=S uncut_MiBps=U cut_bytes=c0,...`: the time to
-//! the half, the time from the cut to the batch's end, and the bytes each link sent after the
-//! cut. Every rail is listed nearest host memory (`Settings::nics`), so that the topology's
-//! NUMA ranking does not leave rail 3 out.
+//! the half, the time from the cut to the batch's end, and the bytes each link sent from just
+//! before the cut command. Every rail is listed nearest host memory (`Settings::nics`), so
+//! that the topology's NUMA ranking does not leave rail 3 out.
 //!
 //! ```sh
 //! engine_rails_bench [--bytes 64M] [--rounds 3] [--rails 1,2,4]
@@ -222,8 +222,9 @@ fn failover(b: &Agent, blocks: &Batch, netdevs: &[String], uncut: f64) -> Res<()
         std::thread::sleep(Duration::from_millis(10));
     }
     let half_s = start.elapsed().as_secs_f64();
-    link(&netdevs[1], "down")?;
+    // Read before the cut: `ip link` itself (a fork and exec) can outlast what is left.
     let at_cut = sent(netdevs);
+    link(&netdevs[1], "down")?;
     let ended = t.wait(WAIT);
     let rest_s = start.elapsed().as_secs_f64() - half_s;
     let moved: Vec<u64> = sent(netdevs)

@@ -162,7 +162,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         println!(
             "failover ({} rails, rail 1 cut at half of the batch): half in {:.1} s, the rest \
              {:.1} s after the cut (uncut, the rest would take about {:.1} s at {:.1} MiB/s); \
-             bytes per link after the cut {}",
+             bytes per link from just before the cut {}",
             f.get("rails").map_or("?", String::as_str),
             num(f, "half_s"),
             num(f, "rest_s"),
