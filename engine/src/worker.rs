@@ -119,7 +119,8 @@ fn execute(
                 .or_insert((Instant::now(), Duration::ZERO));
             if at.elapsed() >= *wait {
                 // Failed anew (or on its probe): left out again, for twice as long.
-                *wait = (*wait * 2).clamp(probe_after, probe_after * MAX_BACKOFF);
+                let longest = probe_after.saturating_mul(MAX_BACKOFF);
+                *wait = wait.saturating_mul(2).clamp(probe_after, longest);
                 *at = Instant::now();
             }
         }
