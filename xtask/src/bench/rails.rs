@@ -135,7 +135,13 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             one = med;
         }
         let bytes: Vec<f64> = (0..n as usize)
-            .map(|i| median(of_n.iter().map(|r| list(r, "bytes")[i]).collect()))
+            .map(|i| {
+                median(
+                    of_n.iter()
+                        .filter_map(|r| list(r, "bytes").get(i).copied())
+                        .collect(),
+                )
+            })
             .collect();
         let rates = list(of_n[0], "rates");
         let busy = median(of_n.iter().map(|r| num(r, "vcpu_busy")).collect());
