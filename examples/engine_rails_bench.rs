@@ -26,7 +26,6 @@
 use examples::Args;
 use gpu_rdma_engine::{Agent, Batch, EntryStatus, Settings};
 use rdma_dmabuf::HostBuffer;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -108,17 +107,6 @@ fn submit(b: &Agent, batch: &Batch) -> Res<gpu_rdma_engine::Transfer> {
             Err(e) => return Err(e.into()),
         }
     }
-}
-
-fn link(netdev: &str, state: &str) -> Res<()> {
-    let ok = Command::new("ip")
-        .args(["link", "set", netdev, state])
-        .status()?
-        .success();
-    if !ok {
-        return Err(format!("ip link set {netdev} {state} failed").into());
-    }
-    Ok(())
 }
 
 /// Node a: one agent per rail count, each with a segment, until node b has notified each.
@@ -222,9 +210,8 @@ fn failover(b: &Agent, blocks: &Batch, netdevs: &[String], uncut: f64) -> Res<()
         std::thread::sleep(Duration::from_millis(10));
     }
     let half_s = start.elapsed().as_secs_f64();
-    // Read before the cut: `ip link` itself (a fork and exec) can outlast what is left.
+    examples::link::set_link(&netdevs[1], false)?;
     let at_cut = sent(netdevs);
-    link(&netdevs[1], "down")?;
     let ended = t.wait(WAIT);
     let rest_s = start.elapsed().as_secs_f64() - half_s;
     let moved: Vec<u64> = sent(netdevs)
@@ -232,7 +219,7 @@ fn failover(b: &Agent, blocks: &Batch, netdevs: &[String], uncut: f64) -> Res<()
         .zip(&at_cut)
         .map(|(a, b)| a - b)
         .collect();
-    link(&netdevs[1], "up")?;
+    examples::link::set_link(&netdevs[1], true)?;
     ended?;
     println!(
         "RESULT failover rails={} half_s={half_s:.2} rest_s={rest_s:.2} uncut_MiBps={uncut:.2} \

@@ -3,6 +3,7 @@
 //! * [`args`]: `--name value` options and sizes like `16M`;
 //! * [`gpu`]: finding a GPU (i915, xe, amdgpu, else vgem) and exporting a buffer from it;
 //! * [`kinds`]: buffers of each kind a region can have (host, udmabuf, dma-heap, GPU);
+//! * [`link`]: taking a network interface down or up in-process (a cut link);
 //! * [`net`]: finding the RDMA device and its address, rdma_cm connects that wait for the
 //!   server;
 //! * [`side`]: a TCP side channel for examples that connect queue pairs by hand;
@@ -12,6 +13,7 @@
 pub mod args;
 pub mod gpu;
 pub mod kinds;
+pub mod link;
 pub mod net;
 pub mod pattern;
 pub mod report;
