@@ -252,13 +252,13 @@ fn report(dir: &Path, tick_ns: u64) -> Result<ExitCode> {
         fail!("{}: no run in the console", dir.display());
     }
     println!(
-        "tick: {:.1} ms. waits: rxe kworkers made runnable (woken or preempted); >=1ms, >=tick: \
-         those that waited so long to run (remote: of those >= 1 tick, woken from the other CPU; ipi: of those, \
-         the wake-ups that sent that CPU a reschedule IPI; ipi->irq: the median ms from sending \
-         it to the CPU's handler; \
-         total, max: of those >= 1 tick); work: rxe work \
-         items that waited >= 1 tick to start; meanwhile: what ran on the kworker's CPU in its \
-         waits >= 1 tick",
+        "tick: {:.1} ms. Per run: waits: rxe's kworkers made runnable (woken or preempted);\n\
+         >=1ms, >=tick: those that waited so long to run; of those >= 1 tick: remote: woken \
+         from the other CPU;\n\
+         ipi: their wake-up sent that CPU a reschedule IPI; ipi->irq: median ms from sending \
+         it to that CPU's handler;\n\
+         total, max: their waits; meanwhile: what ran on their CPU. work: rxe's work items \
+         that waited >= 1 tick to start.",
         tick_ns as f64 / 1e6
     );
     println!(
