@@ -51,6 +51,17 @@ cargo xtask <command>
       --sizes 64K,1M      block sizes (default 4 KiB..4 MiB)
       --rounds N          rounds of every cell (default 3)
       --duration S        seconds of each run (default 5)
+  bench --sched-trace [opts]  the one-node ping-pongs (ib_write_lat, rdma_bench lat and
+                        lat-poll) under RUN_TO_PARITY and NO_RUN_TO_PARITY, each run traced
+                        with the guest's scheduler tracepoints: per run, the median round trip
+                        and the wake-ups of rxe's kworkers that waited a tick or more;
+                        target/bench/sched-<time>/
+      --runs N            runs of each program and setting (default 5)
+      --iters N --size B  round trips per run (default 300), message size (default 2)
+      --settings S,S      RUN_TO_PARITY, NO_RUN_TO_PARITY (default both)
+      --host-load N       N busy threads on the host meanwhile (provokes the stalls)
+      --stock             Debian's own rxe and rdma-core (host regions need no patch)
+      --report DIR        print a previous run's report again
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed
   soak [opts]           the demo many times in a row, counting failures, emulator faults
                         and second boots
@@ -147,6 +158,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, String)> {
         ("bench.sh", script::BENCH.to_string()),
         ("demo.sh", script::DEMO.to_string()),
         ("peers.sh", script::PEERS.to_string()),
+        ("sched.sh", script::SCHED.to_string()),
         ("self-check", testrun::SELF_CHECK.to_string()),
         ("VM tests", testrun::vm_script(&vm_tests, phase::Phase::One)),
         (

@@ -10,6 +10,9 @@ pub const BENCH: &str = include_str!("scripts/bench.sh");
 /// `cargo xtask bench --peers`' command on both nodes (arguments, no placeholders).
 pub const PEERS: &str = include_str!("scripts/peers.sh");
 
+/// `cargo xtask bench --sched-trace`'s command in the one-node VM (arguments, no placeholders).
+pub const SCHED: &str = include_str!("scripts/sched.sh");
+
 /// `cargo xtask demo`'s command on both nodes (arguments, no placeholders).
 pub const DEMO: &str = include_str!("scripts/demo.sh");
 
@@ -27,6 +30,7 @@ mod tests {
         ("demo.sh", DEMO),
         ("peers.sh", PEERS),
         ("rdma-core-suite.sh", RDMA_CORE_SUITE),
+        ("sched.sh", SCHED),
     ];
 
     /// A file added to the folder needs a constant here (and a place in `crate::scripts()`).

@@ -13,7 +13,9 @@
 //! * [`json`]: the JSON file with every sample;
 //! * [`plot`]: PNG and SVG plots;
 //! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes;
-//! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own.
+//! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own;
+//! * [`sched`]: `--sched-trace`, the one-node ping-pongs traced with the guest's scheduler
+//!   tracepoints ([`trace`] reads the traces).
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
@@ -26,8 +28,10 @@ mod plan;
 mod plot;
 mod rails;
 mod results;
+mod sched;
 mod series;
 mod table;
+mod trace;
 
 use crate::{script, Paths};
 use dmabuf_testbed::sh::Result;
@@ -109,7 +113,7 @@ fn parse_args(args: &[String]) -> Result<Request> {
             other => fail!(
                 "unknown bench option {other:?} (--quick, --nodes 1|2|both, --rounds N, \
                  --sizes 8,64K,1M, --only perftest,engine, --replot FILE; or --rails first, \
-                 then the step's --bytes N --rounds N --rails 1,2,4)"
+                 then the step's --bytes N --rounds N --rails 1,2,4; or --sched-trace first)"
             ),
         }
     }
@@ -156,6 +160,9 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     }
     if let Some(("--peers", rest)) = args.split_first().map(|(a, r)| (a.as_str(), r)) {
         return peers::main(paths, rest);
+    }
+    if let Some(("--sched-trace", rest)) = args.split_first().map(|(a, r)| (a.as_str(), r)) {
+        return sched::main(paths, rest);
     }
     let req = parse_args(args)?;
     if let Some(file) = &req.replot {
