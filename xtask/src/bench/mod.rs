@@ -13,7 +13,8 @@
 //! * [`json`]: the JSON file with every sample;
 //! * [`plot`]: PNG and SVG plots;
 //! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes;
-//! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own.
+//! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own;
+//! * [`peers_plan`]: `--peers`' options, cells and steps.
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
@@ -22,6 +23,7 @@ mod gates;
 mod ins;
 mod json;
 mod peers;
+mod peers_plan;
 mod plan;
 mod plot;
 mod rails;
