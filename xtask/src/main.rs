@@ -53,6 +53,7 @@ cargo xtask <command>
       --threads 1,4       submitting threads (default 1,4)
       --ops write,read    operations (default both)
       --metadata MODE     p2p (the P2P handshake, default), etcd (an etcd on node a) or both
+      --plot              draw the plots (target/bench/*-peers.png) again from peers.json
       --rounds N          rounds of every cell (default 3)
       --duration S        seconds of each run (default 5)
   demo                  the main job: the GPU-buffer RDMA demo in the two-node testbed

@@ -10,12 +10,13 @@
 //! figures give it) from the initiator's closing line, `Test completed: duration D, batch count
 //! N, throughput X MiB/s`, which both print. The table has ours/Mooncake per cell, marked `~`
 //! when the rounds' own ratios fall on both sides of 1; the JSON file is
-//! `target/bench/peers.json`.
+//! `target/bench/peers.json`, and the plots `bw-peers` and `ratios-peers` (`--plot` draws
+//! them again from that file).
 
-use super::peers_plan::MAX_BATCH;
 use super::peers_plan::{cells, limit, parse_args, plan_text, steps, Cell, Request, Step};
+use super::peers_plan::{ENGINES, MAX_BATCH, METADATA, OPERATIONS};
 use super::results::{Failure, Spread};
-use super::{loadavg, table};
+use super::{loadavg, plot, table};
 use crate::{script, Paths};
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
@@ -231,6 +232,70 @@ pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request)
     t
 }
 
+/// The plots of a run against block size, a line per (metadata, operation, batch, threads):
+/// `bw`, each engine's MiB/s (median, min-max; ours solid, Mooncake dashed), and `ratios`,
+/// ours/Mooncake of each round's MiB/s (median, min-max), with 1 marked.
+pub fn charts(
+    cells: &[Cell],
+    steps: &[Step],
+    samples: &[Sample],
+) -> Vec<(&'static str, plot::Chart)> {
+    let by = by_cell(steps, samples);
+    let mut bw_lines: BTreeMap<(String, usize), Vec<(u64, Spread)>> = BTreeMap::new();
+    let mut ratio_lines: BTreeMap<String, Vec<(u64, Spread)>> = BTreeMap::new();
+    for (i, c) in cells.iter().enumerate() {
+        let key = format!("{} {} b{} t{}", c.meta, c.op, c.batch, c.threads);
+        for e in 0..ENGINES.len() {
+            let s = by
+                .get(&(i, e))
+                .and_then(|x| Spread::of(&x.values().map(bw).collect::<Vec<_>>()));
+            if let Some(s) = s {
+                bw_lines
+                    .entry((key.clone(), e))
+                    .or_default()
+                    .push((c.block, s));
+            }
+        }
+        if let (Some(m), Some(o)) = (by.get(&(i, 0)), by.get(&(i, 1))) {
+            let r: Vec<f64> = o
+                .iter()
+                .filter_map(|(k, x)| Some(x.0 / m.get(k)?.0))
+                .filter(|r| r.is_finite())
+                .collect();
+            if let Some(s) = Spread::of(&r) {
+                ratio_lines.entry(key).or_default().push((c.block, s));
+            }
+        }
+    }
+    let bw_chart = plot::Chart {
+        title: "ours (solid) and Mooncake (dashed), two nodes".into(),
+        y_label: "MiB/s".into(),
+        lines: bw_lines
+            .into_iter()
+            .map(|((key, e), points)| plot::Line {
+                label: format!("{} {key}", ENGINES[e]),
+                points,
+                dashed: e == 0,
+            })
+            .collect(),
+        reference: None,
+    };
+    let ratio_chart = plot::Chart {
+        title: "ours / Mooncake, MiB/s of each round".into(),
+        y_label: "ours / Mooncake".into(),
+        lines: ratio_lines
+            .into_iter()
+            .map(|(label, points)| plot::Line {
+                label,
+                points,
+                dashed: false,
+            })
+            .collect(),
+        reference: Some(1.0),
+    };
+    vec![("bw", bw_chart), ("ratios", ratio_chart)]
+}
+
 /// The JSON document: every sample by cell, the ratios, what was left out and what failed.
 pub fn document(
     cells: &[Cell],
@@ -295,8 +360,80 @@ pub fn document(
     })
 }
 
+/// A run's cells, steps and samples again, from its JSON document (`--plot`).
+pub fn from_json(doc: &Value) -> Result<(Vec<Cell>, Vec<Step>, Vec<Sample>)> {
+    let (mut cells, mut steps, mut samples) = (Vec::new(), Vec::new(), Vec::new());
+    let word = |v: &Value, of: &[&'static str]| of.iter().copied().find(|w| v == *w);
+    for c in doc["cells"].as_array().into_iter().flatten() {
+        let (Some(meta), Some(op)) = (word(&c["metadata"], &METADATA), word(&c["op"], &OPERATIONS))
+        else {
+            fail!("a cell without a known metadata mode and operation: {c}")
+        };
+        let n = |k: &str| {
+            c[k].as_u64()
+                .ok_or_else(|| format!("a cell without {k}: {c}"))
+        };
+        let cell = Cell {
+            meta,
+            op,
+            block: n("block")?,
+            batch: n("batch")?,
+            threads: n("threads")?,
+        };
+        for (engine, name) in ENGINES.iter().enumerate() {
+            let side = &c[*name];
+            let rounds = side["rounds"].as_array().into_iter().flatten();
+            let bw = side["mibps"].as_array().into_iter().flatten();
+            let lat = side["batch_lat_usec"].as_array().into_iter().flatten();
+            for ((r, x), l) in rounds.zip(bw).zip(lat) {
+                let round = r.as_u64().and_then(|r| u32::try_from(r).ok()).unwrap_or(0);
+                samples.push(Sample {
+                    step: steps.len(),
+                    mibps: x.as_f64().unwrap_or(f64::NAN),
+                    lat_usec: l.as_f64().unwrap_or(f64::NAN),
+                });
+                steps.push(Step {
+                    id: format!("{}-{name}-r{round}", cell.name()),
+                    cell: cells.len(),
+                    engine,
+                    round,
+                });
+            }
+        }
+        cells.push(cell);
+    }
+    Ok((cells, steps, samples))
+}
+
+/// Draws the plots of `charts` as `NAME-peers.png` and `.svg` in `out`.
+fn draw(out: &std::path::Path, cells: &[Cell], steps: &[Step], samples: &[Sample]) {
+    let mut blocks: Vec<u64> = cells.iter().map(|c| c.block).collect();
+    blocks.dedup();
+    if blocks.len() < 2 {
+        // plotters' logarithmic axis finds no end of key points over a single size.
+        info("no plots: one block size");
+        return;
+    }
+    for (name, chart) in charts(cells, steps, samples) {
+        match plot::draw(&chart, &out.join(format!("{name}-peers"))) {
+            Ok(files) => info(format!("plot: {}", files[0].display())),
+            Err(e) => info(format!("no {name} plot: {e}")),
+        }
+    }
+}
+
 /// Runs the comparison in a two-node boot, prints the table, writes `target/bench/peers.json`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    if args.first().is_some_and(|a| a == "--plot") {
+        // The plots again from the last run's JSON file, without a boot.
+        let out = paths.target.join("bench");
+        let file = out.join("peers.json");
+        let text =
+            std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let (cells, steps, samples) = from_json(&serde_json::from_str(&text)?)?;
+        draw(&out, &cells, &steps, &samples);
+        return Ok(ExitCode::SUCCESS);
+    }
     let req = parse_args(args)?;
     let (cells, skipped) = cells(&req);
     if cells.is_empty() {
@@ -385,6 +522,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         &req,
         [load_start, load_end],
     );
+    draw(&out, &cells, &steps, &samples);
     let json_file = out.join("peers.json");
     std::fs::write(&json_file, serde_json::to_string_pretty(&doc)?)?;
     info(format!("every sample: {}", json_file.display()));

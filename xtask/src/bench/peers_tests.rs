@@ -124,6 +124,23 @@ Test completed: duration 5.00, batch count 9, throughput 11.00 MiB/s
     });
     // Mooncake's median 15.5; round 2's ratio 14.4 / 15 under 1.
     assert!(report(&[cell], &s, &more, &req).contains("1.08~"));
+    // A line per engine, Mooncake's dashed; the ratios' line has both rounds.
+    let ch = charts(&[cell], &s, &more);
+    let bw_lines: Vec<(&str, bool)> = ch[0]
+        .1
+        .lines
+        .iter()
+        .map(|l| (l.label.as_str(), l.dashed))
+        .collect();
+    assert_eq!(
+        bw_lines,
+        [
+            ("mooncake p2p write b128 t1", true),
+            ("ours p2p write b128 t1", false)
+        ]
+    );
+    assert_eq!(ch[1].1.lines[0].points[0].1.n, 2);
+    assert_eq!(ch[1].1.reference, Some(1.0));
     let doc = document(
         &[cell],
         &[],
@@ -137,5 +154,12 @@ Test completed: duration 5.00, batch count 9, throughput 11.00 MiB/s
     assert!((ours[0].as_f64().unwrap() - 19.2).abs() < 1e-9, "{ours}");
     assert!((ours[1].as_f64().unwrap() - 14.4).abs() < 1e-9, "{ours}");
     assert_eq!(doc["cells"][0]["metadata"], json!("p2p"));
+    // --plot reads the samples back.
+    let (c2, s2, x2) = from_json(&doc).unwrap();
+    assert_eq!(c2, [cell]);
+    assert_eq!(
+        report(&c2, &s2, &x2, &req),
+        report(&[cell], &s, &samples, &req)
+    );
     assert_eq!(doc["cells"][0]["ratio_mibps"]["within_noise"], json!(false));
 }
