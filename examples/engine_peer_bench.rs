@@ -24,11 +24,19 @@
 //! ```
 //! `RDMA_DEVICE` names the device (default: every device with an active port); the initiator
 //! binds its control listener to `LOCAL_ADDR` when that is set.
+//!
+//! `--metadata_server` is `P2PHANDSHAKE` (the default: the initiator is given the target's
+//! address and asks it for its segments) or, built with the `etcd` feature, an etcd's client
+//! address `IP:PORT` (or `etcd://IP:PORT`, `http://IP:PORT`), as Mooncake's takes it: then the
+//! target's agent is named by its `--local_server_name` and published in etcd, and the
+//! initiator's `--segment_id` is that name, looked up in etcd (the untimed first batch waits
+//! until it is there).
 
 use examples::Args;
-use gpu_rdma_engine::{Agent, Batch, Settings};
+use gpu_rdma_engine::{Agent, Batch, Error, MetadataService, Settings};
 use rdma_dmabuf::HostBuffer;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -36,7 +44,8 @@ const USAGE: &str = "usage: engine_peer_bench --mode target --local_server_name 
                      --buffer_size N\n       \
                      engine_peer_bench --mode initiator --segment_id IP:PORT --buffer_size N \
                      --operation read|write --block_size N --batch_size N --threads N \
-                     --duration S";
+                     --duration S\n       \
+                     (both: --metadata_server P2PHANDSHAKE|IP:PORT of an etcd)";
 const OPTIONS: &[&str] = &[
     "mode",
     "local_server_name",
@@ -47,6 +56,7 @@ const OPTIONS: &[&str] = &[
     "batch_size",
     "threads",
     "duration",
+    "metadata_server",
 ];
 /// The target agent's name (Mooncake's segment is named by its address alone).
 const TARGET: &str = "target";
@@ -64,35 +74,96 @@ struct Run {
     duration: Duration,
 }
 
-/// An agent on `RDMA_DEVICE` (or every active device) listening at `bind`.
-fn agent(name: &str, bind: SocketAddr, buffer: u64) -> Res<Agent> {
+/// Where agents find each other: the P2P handshake, or an etcd's client URL.
+fn etcd_url(args: &Args) -> Option<String> {
+    let m = args
+        .text("metadata_server")
+        .unwrap_or_else(|| "P2PHANDSHAKE".into());
+    if m == "P2PHANDSHAKE" {
+        return None;
+    }
+    let host = m
+        .strip_prefix("etcd://")
+        .or_else(|| m.strip_prefix("http://"))
+        .unwrap_or(&m);
+    Some(format!("http://{host}"))
+}
+
+/// The etcd backend at `url`, retried for a minute (the target's node may start it late).
+#[cfg(feature = "etcd")]
+fn etcd(url: String) -> Res<Arc<dyn MetadataService>> {
+    use gpu_rdma_engine::{EtcdMetadata, EtcdSettings};
+    let settings = EtcdSettings {
+        endpoints: vec![url],
+        // A guest under TCG answers slowly, and a busy one may renew its lease late: a
+        // killed target's keys outlive it by a minute, its name is the step's own.
+        timeout: Duration::from_secs(5),
+        lease_ttl: Duration::from_secs(60),
+        ..EtcdSettings::default()
+    };
+    let t0 = Instant::now();
+    loop {
+        match EtcdMetadata::new(settings.clone()) {
+            Ok(m) => return Ok(Arc::new(m)),
+            Err(_) if t0.elapsed() < Duration::from_secs(60) => {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd(url: String) -> Res<Arc<dyn MetadataService>> {
+    Err(format!("--metadata_server {url}: built without the etcd feature").into())
+}
+
+/// An agent `name` on `RDMA_DEVICE` (or every active device) listening at `bind`, with its
+/// segment; published in the etcd at `url` when there is one.
+fn agent(name: &str, bind: SocketAddr, buffer: u64, url: Option<String>) -> Res<Agent> {
     let settings = Settings {
         devices: std::env::var("RDMA_DEVICE").ok().map(|d| vec![d]),
         bind,
         ..Settings::default()
     };
-    let a = Agent::new(name, settings)?;
+    let a = match url {
+        None => Agent::new(name, settings)?,
+        Some(url) => Agent::with_metadata(name, settings, etcd(url)?)?,
+    };
     a.register(SEGMENT, HostBuffer::new(usize::try_from(buffer)?)?)?;
     Ok(a)
 }
 
 fn target(args: &Args, buffer: u64) -> Res<()> {
-    let bind: SocketAddr = args.get("local_server_name", "0.0.0.0:0".parse()?);
-    let a = agent(TARGET, bind, buffer)?;
+    let url = etcd_url(args);
+    let name = args
+        .text("local_server_name")
+        .unwrap_or_else(|| "0.0.0.0:0".into());
+    let bind: SocketAddr = name
+        .parse()
+        .map_err(|e| format!("--local_server_name {name:?}: {e}"))?;
+    // In etcd, the target is known by its name (Mooncake's segment is its server name).
+    let a = agent(
+        if url.is_some() { &name } else { TARGET },
+        bind,
+        buffer,
+        url,
+    )?;
     println!("listening on {}", a.address());
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
 }
 
-/// Thread `t`'s batch: `batch` blocks from `t * batch * block`, the same range on both sides.
-fn batch(r: &Run, t: u64) -> Batch {
+/// Thread `t`'s batch to agent `to`: `batch` blocks from `t * batch * block`, the same range
+/// on both sides.
+fn batch(r: &Run, t: u64, to: &str) -> Batch {
     (0..r.batch).fold(Batch::new(), |b, i| {
         let at = (t * r.batch + i) * r.block;
         if r.read {
-            b.read(SEGMENT, at, TARGET, SEGMENT, at, r.block)
+            b.read(SEGMENT, at, to, SEGMENT, at, r.block)
         } else {
-            b.write(SEGMENT, at, TARGET, SEGMENT, at, r.block)
+            b.write(SEGMENT, at, to, SEGMENT, at, r.block)
         }
     })
 }
@@ -114,9 +185,7 @@ fn initiator(args: &Args, buffer: u64) -> Res<()> {
     let Some(peer) = args.text("segment_id") else {
         examples::fail("--mode initiator needs --segment_id IP:PORT")
     };
-    let peer: SocketAddr = peer
-        .parse()
-        .map_err(|e| format!("--segment_id {peer:?}: {e}"))?;
+    let url = etcd_url(args);
     let r = Run {
         read: match args.text("operation").as_deref() {
             Some("read") | None => true,
@@ -138,11 +207,36 @@ fn initiator(args: &Args, buffer: u64) -> Res<()> {
         ));
     }
     let local = std::env::var("LOCAL_ADDR").unwrap_or_else(|_| "0.0.0.0".into());
-    let a = agent("initiator", format!("{local}:0").parse()?, buffer)?;
-    a.add_peer(TARGET, peer);
-    let batches: Vec<Batch> = (0..r.threads).map(|t| batch(&r, t)).collect();
-    // Connections, queue pairs and the target's descriptor made before anything is timed.
-    a.transfer(&batches[0])?.wait(WAIT)?;
+    let bind = format!("{local}:0").parse()?;
+    let to = if url.is_some() { peer.as_str() } else { TARGET };
+    let batches: Vec<Batch> = (0..r.threads).map(|t| batch(&r, t, to)).collect();
+    let a = if url.is_some() {
+        let me = format!("initiator-{}", std::process::id());
+        agent(&me, bind, buffer, url)?
+    } else {
+        let addr: SocketAddr = peer
+            .parse()
+            .map_err(|e| format!("--segment_id {peer:?}: {e}"))?;
+        let a = agent("initiator", bind, buffer, None)?;
+        a.add_peer(TARGET, addr);
+        a
+    };
+    // Connections, queue pairs and the target's descriptor made before anything is timed; in
+    // etcd, the target may not be published yet.
+    let t0 = Instant::now();
+    loop {
+        match a.transfer(&batches[0]) {
+            Err(Error::UnknownAgent(_) | Error::UnknownSegment { .. })
+                if t0.elapsed() < Duration::from_secs(60) =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            t => {
+                t?.wait(WAIT)?;
+                break;
+            }
+        }
+    }
     let start = Instant::now();
     let end = start + r.duration;
     let per_thread: Vec<Result<Vec<Duration>, String>> = std::thread::scope(|s| {

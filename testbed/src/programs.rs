@@ -214,7 +214,8 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "etcd",
         "etcd-server",
-        "the store of the engine's etcd metadata backend's tests (VM)",
+        "the store of the engine's etcd metadata backend's tests and of bench --peers' etcd \
+         mode (VM)",
     ),
     Program {
         name: "protoc",

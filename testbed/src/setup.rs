@@ -104,8 +104,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("iputils-ping", "reachability of the peer node"),
     (
         "etcd-server",
-        "etcd: the engine's etcd metadata backend's tests start one in the VM (no service \
-         of it is needed: the tests run their own)",
+        "etcd: the engine's etcd metadata backend's tests and bench --peers' etcd mode start \
+         one in the VM (no service of it is needed: they run their own)",
     ),
     (
         "protobuf-compiler",

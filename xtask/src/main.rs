@@ -46,9 +46,14 @@ cargo xtask <command>
       --rounds N          batches per rail count (default 3)
       --rails 1,2,4       the rail counts
   bench --peers [opts]  the transfer engine against Mooncake's transfer_engine_bench (its
-                        wheel unpacked by setup), two nodes, interleaved: write and read,
-                        batches of 1 and 128, 1 and 4 threads; target/bench/peers.json
+                        wheel unpacked by setup), two nodes, interleaved; a batch over
+                        128 MiB is left out; target/bench/peers.json
       --sizes 64K,1M      block sizes (default 4 KiB..4 MiB)
+      --batches 1,128     batch sizes (default 1,128)
+      --threads 1,4       submitting threads (default 1,4)
+      --ops write,read    operations (default both)
+      --metadata MODE     p2p (the P2P handshake, default), etcd (an etcd on node a) or both
+      --plot              draw the plots (target/bench/*-peers.png) again from peers.json
       --rounds N          rounds of every cell (default 3)
       --duration S        seconds of each run (default 5)
   bench --sched-trace [opts]  the one-node ping-pongs (ib_write_lat, rdma_bench lat and
@@ -130,8 +135,18 @@ impl Paths {
 
     /// Builds the example `name` of the `examples` package in release; returns its path.
     fn release_example(&self, name: &str) -> dmabuf_testbed::sh::Result<PathBuf> {
+        self.release_example_with(name, &[])
+    }
+
+    /// As [`Paths::release_example`], with the `examples` package's `features`.
+    fn release_example_with(
+        &self,
+        name: &str,
+        features: &[&str],
+    ) -> dmabuf_testbed::sh::Result<PathBuf> {
         let step = dmabuf_testbed::ui::Step::start(format!("building examples/{name} (release)"));
-        dmabuf_testbed::sh::run(self.cargo().args([
+        let mut c = self.cargo();
+        c.args([
             "build",
             "--quiet",
             "--release",
@@ -139,7 +154,11 @@ impl Paths {
             "examples",
             "--example",
             name,
-        ]))?;
+        ]);
+        if !features.is_empty() {
+            c.arg("--features").arg(features.join(","));
+        }
+        dmabuf_testbed::sh::run(&mut c)?;
         step.done();
         Ok(self.target.join("release/examples").join(name))
     }

@@ -14,6 +14,7 @@
 //! * [`plot`]: PNG and SVG plots;
 //! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes;
 //! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own;
+//! * [`peers_plan`]: `--peers`' options, cells and steps;
 //! * [`sched`]: `--sched-trace`, the one-node ping-pongs traced with the guest's scheduler
 //!   tracepoints ([`trace`] reads the traces).
 //!
@@ -24,6 +25,7 @@ mod gates;
 mod ins;
 mod json;
 mod peers;
+mod peers_plan;
 mod plan;
 mod plot;
 mod rails;

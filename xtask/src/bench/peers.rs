@@ -1,17 +1,22 @@
 //! `cargo xtask bench --peers`: the transfer engine against Mooncake's transfer engine, cell by
 //! cell, in one two-node boot. Mooncake's own `transfer_engine_bench` (from its pinned wheel,
 //! [`dmabuf_testbed::wheels::MOONCAKE`]) and the engine's twin, `engine_peer_bench`, run with
-//! the same parameters and P2P-handshake metadata, a target on node a and an initiator on node
-//! b (`peers.sh`), interleaved: in each round every cell runs both, the one that goes first
-//! alternating from round to round. A cell is (operation, block size, batch size, threads); each
+//! the same parameters and metadata service (the P2P handshake, or an etcd on node a that both
+//! publish in: `--metadata p2p|etcd|both`), a target on node a and an initiator on node b
+//! (`peers.sh`), interleaved: in each round every cell runs both, the one that goes first
+//! alternating from round to round. A cell is (metadata mode, operation, block size, batch
+//! size, threads; `peers_plan.rs`); each
 //! gets bandwidth (MiB/s) and a batch's latency (threads × duration / batches, as Mooncake's
 //! figures give it) from the initiator's closing line, `Test completed: duration D, batch count
 //! N, throughput X MiB/s`, which both print. The table has ours/Mooncake per cell, marked `~`
 //! when the rounds' own ratios fall on both sides of 1; the JSON file is
-//! `target/bench/peers.json`.
+//! `target/bench/peers.json`, and the plots `bw-peers` and `ratios-peers` (`--plot` draws
+//! them again from that file).
 
+use super::peers_plan::{cells, limit, parse_args, plan_text, steps, Cell, Request, Step};
+use super::peers_plan::{ENGINES, MAX_BATCH, METADATA, OPERATIONS};
 use super::results::{Failure, Spread};
-use super::{loadavg, plan, table};
+use super::{loadavg, plot, table};
 use crate::{script, Paths};
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
@@ -22,179 +27,8 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Block sizes without `--sizes`: 4 KiB to 4 MiB.
-pub const BLOCKS: [u64; 6] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
-/// Batch sizes of every cell.
-pub const BATCHES: [u64; 2] = [1, 128];
-/// Submitting threads of every cell.
-pub const THREADS: [u64; 2] = [1, 4];
-/// Operations of every cell.
-pub const OPERATIONS: [&str; 2] = ["write", "read"];
-/// The most a cell's buffer (threads × batch × block, on each node) may take of a guest's
-/// 2 GiB; larger cells are left out and listed.
-pub const MAX_BUFFER: u64 = 512 << 20;
 /// Mooncake's bench, inside its unpacked wheel.
 const MOONCAKE_BENCH: &str = "mooncake/transfer_engine_bench";
-
-/// One cell of the comparison.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Cell {
-    /// `write` or `read`.
-    pub op: &'static str,
-    /// Bytes per block.
-    pub block: u64,
-    /// Blocks per batch.
-    pub batch: u64,
-    /// Threads submitting batches.
-    pub threads: u64,
-}
-
-impl Cell {
-    /// The bytes each node's buffer needs.
-    fn buffer(&self) -> u64 {
-        (self.threads * self.batch * self.block).max(1 << 20)
-    }
-
-    /// `write-64K-b128-t4`.
-    fn name(&self) -> String {
-        let b = match self.block {
-            b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
-            b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
-            b => b.to_string(),
-        };
-        format!("{}-{b}-b{}-t{}", self.op, self.batch, self.threads)
-    }
-}
-
-/// The two engines, in the order of odd rounds.
-pub const ENGINES: [&str; 2] = ["mooncake", "ours"];
-
-/// What `--peers` was asked.
-#[derive(Debug, PartialEq)]
-pub struct Request {
-    sizes: Vec<u64>,
-    rounds: u32,
-    duration: u32,
-}
-
-/// `--sizes 64K,1M`, `--rounds N` (default 3), `--duration S` (default 5).
-pub fn parse_args(args: &[String]) -> Result<Request> {
-    let mut r = Request {
-        sizes: BLOCKS.to_vec(),
-        rounds: 3,
-        duration: 5,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |what: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{a} needs {what}"))
-        };
-        let count = |v: &str, most: u32| v.parse::<u32>().ok().filter(|n| (1..=most).contains(n));
-        match a.as_str() {
-            "--sizes" => r.sizes = plan::parse_sizes(&value("a list like 64K,1M")?)?,
-            "--rounds" => {
-                let v = value("a count")?;
-                let Some(n) = count(&v, 100) else {
-                    fail!("--rounds {v:?}: a count from 1 to 100")
-                };
-                r.rounds = n;
-            }
-            "--duration" => {
-                let v = value("seconds")?;
-                let Some(n) = count(&v, 600) else {
-                    fail!("--duration {v:?}: seconds from 1 to 600")
-                };
-                r.duration = n;
-            }
-            other => fail!(
-                "unknown option of bench --peers {other:?} (--sizes 64K,1M, --rounds N, \
-                 --duration S)"
-            ),
-        }
-    }
-    Ok(r)
-}
-
-/// The cells of `sizes` (operation, then block, batch, threads), and those left out because
-/// their buffer exceeds [`MAX_BUFFER`].
-pub fn cells(sizes: &[u64]) -> (Vec<Cell>, Vec<Cell>) {
-    let mut all = Vec::new();
-    for op in OPERATIONS {
-        for &block in sizes {
-            for batch in BATCHES {
-                for threads in THREADS {
-                    all.push(Cell {
-                        op,
-                        block,
-                        batch,
-                        threads,
-                    });
-                }
-            }
-        }
-    }
-    all.into_iter().partition(|c| c.buffer() <= MAX_BUFFER)
-}
-
-/// One run of one engine in one cell.
-#[derive(Debug, PartialEq)]
-pub struct Step {
-    /// `write-64K-b128-t4-ours-r2`.
-    pub id: String,
-    /// Its index in the cells.
-    pub cell: usize,
-    /// An index into [`ENGINES`].
-    pub engine: usize,
-    /// From 1.
-    pub round: u32,
-}
-
-/// Every round's steps: each cell both engines, Mooncake first in odd rounds.
-pub fn steps(cells: &[Cell], rounds: u32) -> Vec<Step> {
-    let mut out = Vec::new();
-    for round in 1..=rounds {
-        for (i, c) in cells.iter().enumerate() {
-            let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
-            for engine in order {
-                out.push(Step {
-                    id: format!("{}-{}-r{round}", c.name(), ENGINES[engine]),
-                    cell: i,
-                    engine,
-                    round,
-                });
-            }
-        }
-    }
-    out
-}
-
-/// Seconds that bound a step's target start and its initiator's run each.
-fn limit(duration: u32) -> u64 {
-    u64::from(duration) + 90
-}
-
-/// The plan `peers.sh` runs (its header says the format).
-pub fn plan_text(cells: &[Cell], steps: &[Step], duration: u32) -> String {
-    let mut t = String::from("# ID N LIMIT ENGINE OPERATION BLOCK BATCH THREADS DURATION BUFFER\n");
-    for (n, s) in steps.iter().enumerate() {
-        let c = &cells[s.cell];
-        let _ = writeln!(
-            t,
-            "{} {n} {} {} {} {} {} {} {duration} {}",
-            s.id,
-            limit(duration),
-            ENGINES[s.engine],
-            c.op,
-            c.block,
-            c.batch,
-            c.threads,
-            c.buffer()
-        );
-    }
-    t
-}
 
 /// One step's figures.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -260,10 +94,13 @@ pub fn collect(cells: &[Cell], steps: &[Step], console: &str) -> (Vec<Sample>, V
     for (i, s) in steps.iter().enumerate() {
         let why = match found.get(&i) {
             None => "never started (the boot ended first?)".to_string(),
-            Some((Some((d, n, x)), rc)) if rc == "0" && *n > 0.0 => {
+            Some((Some((d, n, _)), rc)) if rc == "0" && *n > 0.0 && *d > 0.0 => {
+                // From the batches, not the printed throughput: both print two decimals,
+                // which reads 0.00 for a few batches of 4 KiB.
+                let c = &cells[s.cell];
                 samples.push(Sample {
                     step: i,
-                    mibps: *x,
+                    mibps: n * (c.batch * c.block) as f64 / d / f64::from(1 << 20),
                     lat_usec: cells[s.cell].threads as f64 * d / n * 1e6,
                 });
                 continue;
@@ -349,14 +186,15 @@ fn lat(x: &(f64, f64)) -> f64 {
 pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request) -> String {
     let by = by_cell(steps, samples);
     let mut t = format!(
-        "ours against Mooncake's transfer engine, two nodes (emulated wire), {} s per run, \
-         P2P handshake: median (min-max) of {} rounds; ratios ours/Mooncake of the medians \
+        "ours against Mooncake's transfer engine, two nodes (emulated wire), {} s per run: \
+         median (min-max) of {} rounds; ratios ours/Mooncake of the medians \
          (~: the rounds' ratios fall on both sides of 1)\n",
         req.duration, req.rounds
     );
     let _ = writeln!(
         t,
-        "{:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+        "{:<4} {:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+        "meta",
         "op",
         "block",
         "batch",
@@ -377,7 +215,8 @@ pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request)
         };
         let _ = writeln!(
             t,
-            "{:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+            "{:<4} {:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+            c.meta,
             c.op,
             table::size(c.block),
             c.batch,
@@ -391,6 +230,70 @@ pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request)
         );
     }
     t
+}
+
+/// The plots of a run against block size, a line per (metadata, operation, batch, threads):
+/// `bw`, each engine's MiB/s (median, min-max; ours solid, Mooncake dashed), and `ratios`,
+/// ours/Mooncake of each round's MiB/s (median, min-max), with 1 marked.
+pub fn charts(
+    cells: &[Cell],
+    steps: &[Step],
+    samples: &[Sample],
+) -> Vec<(&'static str, plot::Chart)> {
+    let by = by_cell(steps, samples);
+    let mut bw_lines: BTreeMap<(String, usize), Vec<(u64, Spread)>> = BTreeMap::new();
+    let mut ratio_lines: BTreeMap<String, Vec<(u64, Spread)>> = BTreeMap::new();
+    for (i, c) in cells.iter().enumerate() {
+        let key = format!("{} {} b{} t{}", c.meta, c.op, c.batch, c.threads);
+        for e in 0..ENGINES.len() {
+            let s = by
+                .get(&(i, e))
+                .and_then(|x| Spread::of(&x.values().map(bw).collect::<Vec<_>>()));
+            if let Some(s) = s {
+                bw_lines
+                    .entry((key.clone(), e))
+                    .or_default()
+                    .push((c.block, s));
+            }
+        }
+        if let (Some(m), Some(o)) = (by.get(&(i, 0)), by.get(&(i, 1))) {
+            let r: Vec<f64> = o
+                .iter()
+                .filter_map(|(k, x)| Some(x.0 / m.get(k)?.0))
+                .filter(|r| r.is_finite())
+                .collect();
+            if let Some(s) = Spread::of(&r) {
+                ratio_lines.entry(key).or_default().push((c.block, s));
+            }
+        }
+    }
+    let bw_chart = plot::Chart {
+        title: "ours (solid) and Mooncake (dashed), two nodes".into(),
+        y_label: "MiB/s".into(),
+        lines: bw_lines
+            .into_iter()
+            .map(|((key, e), points)| plot::Line {
+                label: format!("{} {key}", ENGINES[e]),
+                points,
+                dashed: e == 0,
+            })
+            .collect(),
+        reference: None,
+    };
+    let ratio_chart = plot::Chart {
+        title: "ours / Mooncake, MiB/s of each round".into(),
+        y_label: "ours / Mooncake".into(),
+        lines: ratio_lines
+            .into_iter()
+            .map(|(label, points)| plot::Line {
+                label,
+                points,
+                dashed: false,
+            })
+            .collect(),
+        reference: Some(1.0),
+    };
+    vec![("bw", bw_chart), ("ratios", ratio_chart)]
 }
 
 /// The JSON document: every sample by cell, the ratios, what was left out and what failed.
@@ -423,11 +326,16 @@ pub fn document(
             None => Value::Null,
         }
     };
-    let cell_json =
-        |c: &Cell| json!({"op": c.op, "block": c.block, "batch": c.batch, "threads": c.threads});
+    let cell_json = |c: &Cell| {
+        json!({"metadata": c.meta, "op": c.op, "block": c.block, "batch": c.batch,
+                          "threads": c.threads})
+    };
     json!({
         "what": "cargo xtask bench --peers: the transfer engine (ours) against Mooncake's \
-                 transfer_engine_bench, two nodes, P2P-handshake metadata",
+                 transfer_engine_bench, two nodes; each cell's metadata: p2p (the P2P \
+                 handshake) or etcd (an etcd on node a)",
+        "metadata": req.metadata,
+        "max_batch_bytes": MAX_BATCH,
         "mooncake": {"wheel": wheels::MOONCAKE.name, "version": wheels::MOONCAKE.version,
                      "sha256": wheels::MOONCAKE.sha256},
         "duration_s": req.duration,
@@ -445,24 +353,96 @@ pub fn document(
         }).collect::<Vec<_>>(),
         "left_out": skipped.iter().map(|c| {
             let mut v = cell_json(c);
-            v["why"] = json!(format!("its buffer ({} MiB on each node) exceeds {} MiB of a \
-                                      guest's 2 GiB", c.buffer() >> 20, MAX_BUFFER >> 20));
+            v["why"] = json!(c.too_large());
             v
         }).collect::<Vec<_>>(),
         "failures": failures.iter().map(|f| json!({"id": f.id, "why": f.why})).collect::<Vec<_>>(),
     })
 }
 
+/// A run's cells, steps and samples again, from its JSON document (`--plot`).
+pub fn from_json(doc: &Value) -> Result<(Vec<Cell>, Vec<Step>, Vec<Sample>)> {
+    let (mut cells, mut steps, mut samples) = (Vec::new(), Vec::new(), Vec::new());
+    let word = |v: &Value, of: &[&'static str]| of.iter().copied().find(|w| v == *w);
+    for c in doc["cells"].as_array().into_iter().flatten() {
+        let (Some(meta), Some(op)) = (word(&c["metadata"], &METADATA), word(&c["op"], &OPERATIONS))
+        else {
+            fail!("a cell without a known metadata mode and operation: {c}")
+        };
+        let n = |k: &str| {
+            c[k].as_u64()
+                .ok_or_else(|| format!("a cell without {k}: {c}"))
+        };
+        let cell = Cell {
+            meta,
+            op,
+            block: n("block")?,
+            batch: n("batch")?,
+            threads: n("threads")?,
+        };
+        for (engine, name) in ENGINES.iter().enumerate() {
+            let side = &c[*name];
+            let rounds = side["rounds"].as_array().into_iter().flatten();
+            let bw = side["mibps"].as_array().into_iter().flatten();
+            let lat = side["batch_lat_usec"].as_array().into_iter().flatten();
+            for ((r, x), l) in rounds.zip(bw).zip(lat) {
+                let round = r.as_u64().and_then(|r| u32::try_from(r).ok()).unwrap_or(0);
+                samples.push(Sample {
+                    step: steps.len(),
+                    mibps: x.as_f64().unwrap_or(f64::NAN),
+                    lat_usec: l.as_f64().unwrap_or(f64::NAN),
+                });
+                steps.push(Step {
+                    id: format!("{}-{name}-r{round}", cell.name()),
+                    cell: cells.len(),
+                    engine,
+                    round,
+                });
+            }
+        }
+        cells.push(cell);
+    }
+    Ok((cells, steps, samples))
+}
+
+/// Draws the plots of `charts` as `NAME-peers.png` and `.svg` in `out`.
+fn draw(out: &std::path::Path, cells: &[Cell], steps: &[Step], samples: &[Sample]) {
+    let mut blocks: Vec<u64> = cells.iter().map(|c| c.block).collect();
+    blocks.dedup();
+    if blocks.len() < 2 {
+        // plotters' logarithmic axis finds no end of key points over a single size.
+        info("no plots: one block size");
+        return;
+    }
+    for (name, chart) in charts(cells, steps, samples) {
+        match plot::draw(&chart, &out.join(format!("{name}-peers"))) {
+            Ok(files) => info(format!("plot: {}", files[0].display())),
+            Err(e) => info(format!("no {name} plot: {e}")),
+        }
+    }
+}
+
 /// Runs the comparison in a two-node boot, prints the table, writes `target/bench/peers.json`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    if args.first().is_some_and(|a| a == "--plot") {
+        // The plots again from the last run's JSON file, without a boot.
+        let out = paths.target.join("bench");
+        let file = out.join("peers.json");
+        let text =
+            std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let (cells, steps, samples) = from_json(&serde_json::from_str(&text)?)?;
+        draw(&out, &cells, &steps, &samples);
+        return Ok(ExitCode::SUCCESS);
+    }
     let req = parse_args(args)?;
-    let (cells, skipped) = cells(&req.sizes);
+    let (cells, skipped) = cells(&req);
     if cells.is_empty() {
-        fail!("bench --peers: every cell of these sizes exceeds the guests' memory");
+        fail!("bench --peers: every cell asked is too large (see MAX_BUFFER, MAX_BATCH)");
     }
     let steps = steps(&cells, req.rounds);
     let mooncake = wheels::MOONCAKE.program(paths, MOONCAKE_BENCH)?;
-    let ours = paths.release_example("engine_peer_bench")?;
+    // With the etcd backend whatever the mode: the same program in every cell.
+    let ours = paths.release_example_with("engine_peer_bench", &["etcd"])?;
     let out = paths.target.join("bench");
     std::fs::create_dir_all(&out)?;
     let plan_file = out.join("plan-peers.txt");
@@ -471,10 +451,9 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     programs::write_script(&script_file, script::PEERS)?;
     for c in &skipped {
         info(format!(
-            "left out: {} (its buffer, {} MiB per node, exceeds {} MiB)",
+            "left out: {} ({})",
             c.name(),
-            c.buffer() >> 20,
-            MAX_BUFFER >> 20
+            c.too_large().unwrap_or_default()
         ));
     }
     info(format!(
@@ -490,10 +469,13 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         .map(|p| p.display().to_string())
         .collect();
     let argv = [vec!["sh".to_string()], argv].concat();
-    let per_step = 2 * limit(req.duration);
+    let most: u64 = steps
+        .iter()
+        .map(|s| 2 * limit(req.duration, &cells[s.cell]))
+        .sum();
     let opts = vm::Opts {
         nodes: 2,
-        timeout: Duration::from_secs(steps.len() as u64 * per_step + 300),
+        timeout: Duration::from_secs(most + 300),
         expose: paths.vm_expose(),
         ..vm::Opts::default()
     };
@@ -540,6 +522,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         &req,
         [load_start, load_end],
     );
+    draw(&out, &cells, &steps, &samples);
     let json_file = out.join("peers.json");
     std::fs::write(&json_file, serde_json::to_string_pretty(&doc)?)?;
     info(format!("every sample: {}", json_file.display()));
