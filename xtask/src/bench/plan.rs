@@ -246,8 +246,7 @@ pub fn plan_text(profile: &Profile, steps: &[Step]) -> String {
             Metric::Instructions => format!("{},{}", COST_ITERS[0], st.iters),
             _ => st.iters.to_string(),
         };
-        let _ = writeln!(
-            t,
+        let line = format!(
             "{} {} {} {} {} {iters} {}",
             s.kind(),
             st.id,
@@ -256,6 +255,7 @@ pub fn plan_text(profile: &Profile, steps: &[Step]) -> String {
             st.size,
             s.args
         );
+        let _ = writeln!(t, "{}", line.trim_end());
     }
     t
 }
