@@ -246,7 +246,8 @@ pub fn plan_text(profile: &Profile, steps: &[Step]) -> String {
             Metric::Instructions => format!("{},{}", COST_ITERS[0], st.iters),
             _ => st.iters.to_string(),
         };
-        let line = format!(
+        let _ = writeln!(
+            t,
             "{} {} {} {} {} {iters} {}",
             s.kind(),
             st.id,
@@ -255,7 +256,6 @@ pub fn plan_text(profile: &Profile, steps: &[Step]) -> String {
             st.size,
             s.args
         );
-        let _ = writeln!(t, "{}", line.trim_end());
     }
     t
 }

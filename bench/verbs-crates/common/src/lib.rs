@@ -63,19 +63,6 @@ pub fn die(what: impl std::fmt::Display) -> ! {
     std::process::exit(1)
 }
 
-/// Waits until the 8 bytes at `at` read `value` (a write landed), within 10 s.
-pub fn wait_for_value(at: *const u64, value: u64) {
-    let start = std::time::Instant::now();
-    // SAFETY: `at` points into a registered buffer that outlives the loop; the device writes
-    // it, so it is read with a volatile load.
-    while unsafe { at.read_volatile() } != value {
-        if start.elapsed() > Duration::from_secs(10) {
-            die(format!("write {value} did not land within 10 s"));
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    }
-}
-
 /// Prints the `RESULT` line of `series`.
 pub fn result(args: &Args, series: &str, misses: u64) {
     println!(

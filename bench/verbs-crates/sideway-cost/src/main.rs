@@ -16,7 +16,8 @@ use sideway::ibverbs::queue_pair::{
 };
 use sideway::ibverbs::AccessFlags;
 use std::sync::Arc;
-use verbs_crates::{args, die, result, wait_for_value, SETTLE};
+use std::time::{Duration, Instant};
+use verbs_crates::{args, die, result, SETTLE};
 
 /// The local buffer and the remote one of each write.
 struct Write {
@@ -46,6 +47,20 @@ fn measured_complete(cq: &ExtendedCompletionQueue) -> Option<bool> {
     let mut poller = cq.start_poll().ok()?;
     let wc = poller.next()?;
     Some(wc.status() == WorkCompletionStatus::Success as u32)
+}
+
+/// Waits until the 8 bytes at `at`, in the write's registered target, read `value` (the write
+/// landed), within 10 s.
+fn wait_for_value(at: *const u64, value: u64) {
+    let start = Instant::now();
+    // SAFETY: `at` points to the start of the target buffer, which outlives the loop; the
+    // device writes it, so it is read with a volatile load.
+    while unsafe { at.read_volatile() } != value {
+        if start.elapsed() > Duration::from_secs(10) {
+            die(format!("write {value} did not land within 10 s"));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
 }
 
 fn main() {
