@@ -164,7 +164,7 @@ pub const PROGRAMS: &[Program] = &[
     deb(
         "make",
         "make",
-        "builds the patched rdma_rxe.ko and the test exporter (host)",
+        "builds the patched rdma_rxe.ko and the test exporter; the C libraries of bench/verbs-crates' crates, run by cmake (host)",
     ),
     deb(
         "gcc-12",
@@ -187,7 +187,11 @@ pub const PROGRAMS: &[Program] = &[
         "gcc",
         "compiles rdma-core, run by cmake, and the tests' stand-in libcuda, run by tests/build.rs through the cc crate (host); the dmabuf-alloc C example and rdma_bench's cost_floor.c (VM)",
     ),
-    deb("cmake", "cmake", "configures rdma-core (host)"),
+    deb(
+        "cmake",
+        "cmake",
+        "configures rdma-core, and the C libraries of bench/verbs-crates' crates, run by their build scripts (host)",
+    ),
     deb("ninja", "ninja-build", "builds rdma-core (host)"),
     deb(
         "/usr/bin/python3",

@@ -63,9 +63,15 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "libssl3",
         "a library of the unpacked kbuild tools (sign-file)",
     ),
-    ("cmake", "configures rdma-core"),
+    (
+        "cmake",
+        "configures rdma-core, and the rdma-core the verbs crates of bench/verbs-crates build",
+    ),
     ("ninja-build", "ninja: builds rdma-core"),
-    ("libnl-3-dev", "rdma-core's netlink support"),
+    (
+        "libnl-3-dev",
+        "rdma-core's netlink support (ours and ibverbs-sys' in bench/verbs-crates)",
+    ),
     ("libnl-route-3-dev", "rdma-core's netlink route support"),
     ("python3-minimal", "/usr/bin/python3 itself"),
     (
@@ -115,7 +121,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "libprotobuf-dev",
         "google/protobuf/*.proto, which etcd's protos import",
     ),
-    ("libclang-dev", "bindgen (rdma-sys builds its bindings)"),
+    (
+        "libclang-dev",
+        "bindgen (rdma-sys builds its bindings; so do ibverbs-sys and rdma-mummy-sys)",
+    ),
     ("pkg-config", "finds libibverbs and librdmacm"),
     ("libdrm-dev", "DRM uapi headers for layout tests"),
     (

@@ -162,6 +162,30 @@ impl Paths {
         step.done();
         Ok(self.target.join("release/examples").join(name))
     }
+
+    /// Builds the write-cost loops written with the Rust verbs crates (`bench/verbs-crates`,
+    /// its own package and lock, outside the workspace) in release under
+    /// `target/verbs-crates`; returns the folder of its programs (`sideway_cost`,
+    /// `ibverbs_cost`).
+    fn verbs_crates(&self) -> dmabuf_testbed::sh::Result<PathBuf> {
+        let step = dmabuf_testbed::ui::Step::start("building bench/verbs-crates (release)");
+        let target = self.target.join("verbs-crates");
+        dmabuf_testbed::sh::run(
+            self.cargo()
+                .args([
+                    "build",
+                    "--quiet",
+                    "--release",
+                    "--locked",
+                    "--manifest-path",
+                ])
+                .arg(self.root.join("bench/verbs-crates/Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target),
+        )?;
+        step.done();
+        Ok(target.join("release"))
+    }
 }
 
 /// Every script xtask runs or writes (the testbed library holds its own to the table),

@@ -136,6 +136,8 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         crate::python::stage(paths)?;
         // For tests/tests/rdma_cost.rs: instructions are counted in the release build.
         paths.release_example("rdma_bench")?;
+        // And the same loop written with the Rust verbs crates, counted beside it.
+        paths.verbs_crates()?;
         for (phase, set) in vm_tests(&bins)? {
             let count: usize = set.values().map(Vec::len).sum();
             let step = Step::start(format!("{count} VM tests in the {}", phase.label()));

@@ -153,6 +153,8 @@ mod tests {
             sample("ours/owned", 8, 1, 897.0),
             sample("ours/batch", 8, 1, 302.0),
             sample("c/batch", 8, 1, 167.0),
+            sample("sideway", 8, 1, 304.0),
+            sample("ibverbs/send", 8, 1, 310.0),
             sample("c", 64 << 10, 1, 310.0),
             sample("ours/owned", 64 << 10, 1, 900.0),
             sample("ours/owned", 64 << 10, 2, 901.0),
@@ -177,6 +179,10 @@ mod tests {
             (Some(302.0 / 305.0), Some(302.0 / 167.0))
         );
         assert_eq!(at("c/batch", 8).vs_c_batch, None);
+        // The verbs crates' loops: compared with the C loop, not with the C chain.
+        let sw = at("sideway", 8);
+        assert_eq!((sw.vs_c, sw.vs_c_batch), (Some(304.0 / 305.0), None));
+        assert_eq!(at("ibverbs/send", 8).vs_c, Some(310.0 / 305.0));
         // Counted twice with different results: shown, not hidden.
         let o = at("ours/owned", 64 << 10);
         assert_eq!((o.varied, o.n), (Some((900.0, 901.0)), 2));
@@ -201,6 +207,7 @@ mod tests {
                 .to_string()
         };
         assert!(line("ours/owned", "8 B").contains("897.0     2.94"), "{t}");
+        assert!(line("sideway", "8 B").contains("304.0     1.00"), "{t}");
         assert!(
             line("ours/batch", "8 B").ends_with("0.99       1.81"),
             "{t}"

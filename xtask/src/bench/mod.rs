@@ -183,6 +183,16 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     } else {
         paths.target.join("release/python")
     };
+    // The verbs crates' loops, when a profile's plan counts them.
+    let crates = profiles
+        .iter()
+        .flat_map(plan::steps)
+        .any(|s| [series::SIDEWAY, series::IBVERBS].contains(&SERIES[s.series].program));
+    let crates = if crates {
+        paths.verbs_crates()?
+    } else {
+        paths.target.join("verbs-crates/release")
+    };
     let script_file = paths.testbed.join("bench.sh");
     programs::write_script(&script_file, script::BENCH)?;
     let out = paths.target.join("bench");
@@ -232,6 +242,8 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
                 .display()
                 .to_string(),
             python.display().to_string(),
+            crates.join(series::SIDEWAY).display().to_string(),
+            crates.join(series::IBVERBS).display().to_string(),
         ];
         let opts = vm::Opts {
             nodes: p.nodes,

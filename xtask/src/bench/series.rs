@@ -86,9 +86,9 @@ pub struct Series {
     pub name: &'static str,
     /// What it measures.
     pub metric: Metric,
-    /// `ib_write_bw`, `ib_write_lat`, `rdma_bench`, [`ENGINE`], [`PYTHON_ENGINE`] or
-    /// `cost_floor`
-    /// (`cost_floor.c`, which `bench.sh` compiles in the VM).
+    /// `ib_write_bw`, `ib_write_lat`, `rdma_bench`, [`ENGINE`], [`PYTHON_ENGINE`],
+    /// `cost_floor` (`cost_floor.c`, which `bench.sh` compiles in the VM), [`SIDEWAY`] or
+    /// [`IBVERBS`].
     pub program: &'static str,
     /// Arguments for both sides (for a local step: all of its arguments).
     pub args: &'static str,
@@ -99,6 +99,12 @@ pub struct Series {
     /// and variants only in full runs).
     pub quick: bool,
 }
+
+/// The write-cost loop written with `sideway` (`bench/verbs-crates`).
+pub const SIDEWAY: &str = "sideway_cost";
+
+/// The write-cost loop written with rust-ibverbs (`bench/verbs-crates`).
+pub const IBVERBS: &str = "ibverbs_cost";
 
 /// The transfer engine's bench (`examples/engine_bench.rs`): an initiator and its peers in
 /// one process.
@@ -377,6 +383,10 @@ pub const SERIES: &[Series] = &[
         Quick,
     ),
     series("c/batch", Instructions, "cost_floor", "16", Quick),
+    // The same loop written with the Rust verbs crates (bench/verbs-crates): sideway's
+    // extended post and poll, rust-ibverbs' post_send and poll (a SEND: it has no RDMA write).
+    series("sideway", Instructions, SIDEWAY, "", Quick),
+    series("ibverbs/send", Instructions, IBVERBS, "", Quick),
     // The engine's allocations per chunk: batches of 16 entries cut into N and 4N chunks of
     // ENGINE_COUNT_CHUNK (the step's iterations: N), the difference over 3N.
     series("engine", Allocations, ENGINE, "alloc", Quick),

@@ -2,7 +2,8 @@
 # failed step is reported and the plan goes on. $1: the plan; $2: rdma_bench; $3: cost_floor.c
 # (compiled here when the plan counts instructions); $4: engine_bench (the transfer engine's
 # steps, one process each); $5: engine_bench.py (the engine's bandwidth step from Python), run
-# with the package folder $6 (the release build of gpu_rdma) on PYTHONPATH.
+# with the package folder $6 (the release build of gpu_rdma) on PYTHONPATH; $7 and $8:
+# sideway_cost and ibverbs_cost (bench/verbs-crates: the C loop written with those crates).
 #
 # Plan lines (words; `#` starts a comment line):
 #   pair  ID LIMIT PROGRAM SIZE ITERS [ARGS...]   a server, then its client once it listens
@@ -11,9 +12,8 @@
 #   cost  ID LIMIT PROGRAM SIZE SHORT,LONG [ARGS...]   one process under callgrind, run with
 #         SHORT then LONG iterations; prints `RESULT ins_short=N ins_long=N iters_short=SHORT
 #         iters_long=LONG writes_per_iter=W` (the instructions counted in `*measured_*`)
-# PROGRAM is ib_write_bw, ib_write_lat, rdma_bench, engine_bench, engine_bench.py or
-# cost_floor (its ARGS:
-# writes a chain);
+# PROGRAM is ib_write_bw, ib_write_lat, rdma_bench, engine_bench, engine_bench.py,
+# cost_floor (its ARGS: writes a chain), sideway_cost or ibverbs_cost;
 # ARGS go to both sides; LIMIT (seconds) bounds the wait for the server and each process.
 # Each step prints `### step ID begin`, its client's output, then
 # `### step ID end client=RC server=RC secs=S` (RC 124: timed out; `ready`: the server never
@@ -34,6 +34,14 @@ if grep -q ' engine_bench ' "$PLAN" && ! cp "$4" "$E"; then
     echo "bench.sh: no $4: every engine_bench step will fail"
 fi
 PY_BENCH=${5-} PY_PATH=${6-}
+# The verbs crates' loops, the same way (only when the plan counts them).
+SW=/tmp/sideway_cost IV=/tmp/ibverbs_cost
+if grep -q ' sideway_cost ' "$PLAN" && ! cp "${7-}" "$SW"; then
+    echo "bench.sh: no ${7-}: every sideway_cost step will fail"
+fi
+if grep -q ' ibverbs_cost ' "$PLAN" && ! cp "${8-}" "$IV"; then
+    echo "bench.sh: no ${8-}: every ibverbs_cost step will fail"
+fi
 # The C loop of the instruction counts, built here with the guest's libibverbs.
 F=/tmp/cost_floor
 if grep -q '^cost ' "$PLAN" && ! cc -O2 -o "$F" "$3" -libverbs; then
@@ -91,7 +99,7 @@ side() {
 }
 
 # Prints the instructions callgrind counts in `*measured_*` functions when step $1 runs $2
-# (rdma_bench, engine_bench or cost_floor) at size $3 for $4 iterations (the rest: its
+# (rdma_bench, engine_bench, cost_floor, sideway_cost or ibverbs_cost) at size $3 for $4 iterations (the rest: its
 # arguments), bounded by $LIMIT; the program's output goes to /tmp/cost.$1.$4.out. Fails when
 # nothing was counted.
 counted() {
@@ -100,11 +108,18 @@ counted() {
     case "$prog" in
     rdma_bench) set -- "$B" "$@" --size "$size" --iters "$n" --device "$D" ;;
     cost_floor) set -- "$F" "$D" "$G" "$size" "$n" "$@" ;;
+    sideway_cost) set -- "$SW" "$D" "$G" "$size" "$n" ;;
+    ibverbs_cost) set -- "$IV" "$D" "$G" "$size" "$n" ;;
     engine_bench) set -- "$E" "$@" --size "$size" --iters "$n" ;;
     *) echo "bench.sh: no count for $prog" > "$out"; return 2 ;;
     esac
     timeout "$LIMIT" valgrind --tool=callgrind --callgrind-out-file="$f" --collect-atstart=no \
         '--toggle-collect=*measured_*' "$@" > "$out" 2>&1 || return $?
+    # A verbs crate's loop that polled an empty queue counted those polls too.
+    if grep -q -E '^RESULT .*misses=[1-9]' "$out"; then
+        echo "bench.sh: polls found the queue empty, the count is off" >> "$out"
+        return 3
+    fi
     # shellcheck disable=SC2046 # the file's counts, as words
     set -- $(sed -n -E 's/^(summary|totals): *([0-9]+).*/\2/p' "$f")
     [ -n "${1-}" ] && echo "$1"
