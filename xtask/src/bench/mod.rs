@@ -157,14 +157,11 @@ impl Request {
 /// Builds the bench (release), runs the plan in the testbed (one boot per node count),
 /// prints the tables and goals, writes the JSON file and the plots under `target/bench/`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
-    if let Some(rest) = args.strip_prefix(&["--rails".to_string()]) {
-        return rails::main(paths, rest);
-    }
-    if let Some(("--peers", rest)) = args.split_first().map(|(a, r)| (a.as_str(), r)) {
-        return peers::main(paths, rest);
-    }
-    if let Some(("--sched-trace", rest)) = args.split_first().map(|(a, r)| (a.as_str(), r)) {
-        return sched::main(paths, rest);
+    match args.split_first().map(|(a, r)| (a.as_str(), r)) {
+        Some(("--rails", rest)) => return rails::main(paths, rest),
+        Some(("--peers", rest)) => return peers::main(paths, rest),
+        Some(("--sched-trace", rest)) => return sched::main(paths, rest),
+        _ => {}
     }
     let req = parse_args(args)?;
     if let Some(file) = &req.replot {
