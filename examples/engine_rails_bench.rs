@@ -12,9 +12,10 @@
 //! reader sees whether the links or the CPU bound it. Then, over every rail, one batch with
 //! rail 1's link taken down when half its blocks have landed (by an agent with a window of
 //! 8 chunks per queue pair, so that most of the batch is not yet posted at the cut):
-//! `RESULT failover rails=N half_s=H rest_s=S uncut_MiBps=U cut_bytes=c0,...`: the time to
-//! the half, the time from the cut to the batch's end, and the bytes each link sent from just
-//! before the cut command. Every rail is listed nearest host memory (`Settings::nics`), so
+//! `RESULT failover rails=N half_s=H rest_s=S uncut_MiBps=U done_at_cut=D/T cut_bytes=c0,...`:
+//! the time to the half, the time from the cut to the batch's end, the blocks done when the
+//! cut returned (a cut that lands late has little or nothing to fail over), and the bytes each
+//! link sent after the cut. Every rail is listed nearest host memory (`Settings::nics`), so
 //! that the topology's NUMA ranking does not leave rail 3 out.
 //!
 //! ```sh
@@ -212,19 +213,22 @@ fn failover(b: &Agent, blocks: &Batch, netdevs: &[String], uncut: f64) -> Res<()
     let half_s = start.elapsed().as_secs_f64();
     examples::link::set_link(&netdevs[1], false)?;
     let at_cut = sent(netdevs);
+    let status = t.status();
+    let done_at_cut = status.iter().filter(|s| **s == EntryStatus::Done).count();
     let ended = t.wait(WAIT);
     let rest_s = start.elapsed().as_secs_f64() - half_s;
     let moved: Vec<u64> = sent(netdevs)
         .iter()
         .zip(&at_cut)
-        .map(|(a, b)| a - b)
+        .map(|(a, b)| a.saturating_sub(*b))
         .collect();
     examples::link::set_link(&netdevs[1], true)?;
     ended?;
     println!(
         "RESULT failover rails={} half_s={half_s:.2} rest_s={rest_s:.2} uncut_MiBps={uncut:.2} \
-         cut_bytes={}",
+         done_at_cut={done_at_cut}/{} cut_bytes={}",
         netdevs.len(),
+        status.len(),
         joined(&moved)
     );
     // The rail back before the next step (it is left out for `rail_probe_after` anyway).

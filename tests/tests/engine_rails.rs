@@ -314,25 +314,29 @@ mod two_node_rails {
             .iter()
             .filter(|s| **s == EntryStatus::Done)
             .count();
-        // Else nothing failed over and the rest of the test would check nothing.
-        assert!(
-            done_at_cut < t.status().len(),
-            "the cut landed after the batch had ended: it took {cut_took:?}"
-        );
+        let blocks = t.status().len();
         let ended = t.wait(WAIT);
         let took = start.elapsed();
         let after = sent_since(&tb, &at_cut);
+        // The link back before anything is asserted: a later test of this boot wants it.
+        link(&tb.netdevs[1], true);
         eprintln!(
             "RESULT failover: half done after {:.1} s (the cut took {:.3} s, {done_at_cut} of {} \
              blocks done then), the rest {:.1} s after the cut (bound on finding the rail dead \
              {:.1} s); bytes per rail after the cut {after:?}",
             before_cut.as_secs_f64(),
             cut_took.as_secs_f64(),
-            t.status().len(),
+            blocks,
             (took - before_cut).as_secs_f64(),
             bound.as_secs_f64()
         );
-        link(&tb.netdevs[1], true);
+        // Else rail 1 may have had nothing left to fail over, and the rest of the test would
+        // check next to nothing.
+        assert!(
+            done_at_cut <= blocks * 3 / 4,
+            "the cut landed late: {done_at_cut} of {blocks} blocks were done when it returned \
+             ({cut_took:?} after it was asked for)"
+        );
         ended.expect("the batch completes over the other rails");
         assert!(t.status().iter().all(|s| *s == EntryStatus::Done));
         // Within twice the first half's time (the other half, over three rails of four)
@@ -344,6 +348,11 @@ mod two_node_rails {
         );
         // A link that is down sends nothing: the rest went over the other three.
         let rest: u64 = after.iter().sum();
+        assert!(
+            rest >= (blocks - done_at_cut) as u64 * BLOCK / 2,
+            "{} blocks were left at the cut, but only {rest} bytes moved after it: {after:?}",
+            blocks - done_at_cut
+        );
         assert!(
             after[1] < rest / 100,
             "the cut rail still carried {} of {rest} bytes: {after:?}",

@@ -137,7 +137,13 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         // For tests/tests/rdma_cost.rs: instructions are counted in the release build.
         paths.release_example("rdma_bench")?;
         // And the same loop written with the Rust verbs crates, counted beside it.
-        paths.verbs_crates()?;
+        // Their build failing (a crate's own rdma-core build, the network) fails the one test
+        // that counts them, for want of the programs, not the run: every other test runs.
+        if let Err(e) = paths.verbs_crates() {
+            eprintln!(
+                "    bench/verbs-crates did not build ({e:#}): tests/tests/rdma_cost.rs will fail"
+            );
+        }
         for (phase, set) in vm_tests(&bins)? {
             let count: usize = set.values().map(Vec::len).sum();
             let step = Step::start(format!("{count} VM tests in the {}", phase.label()));

@@ -168,12 +168,13 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         println!(
             "failover ({} rails, rail 1 cut at half of the batch): half in {:.1} s, the rest \
              {:.1} s after the cut (uncut, the rest would take about {:.1} s at {:.1} MiB/s); \
-             bytes per link from just before the cut {}",
+             blocks done when the cut returned {}; bytes per link after the cut {}",
             f.get("rails").map_or("?", String::as_str),
             num(f, "half_s"),
             num(f, "rest_s"),
             num(f, "half_s"),
             num(f, "uncut_MiBps"),
+            f.get("done_at_cut").map_or("?", String::as_str),
             f.get("cut_bytes").map_or("?", String::as_str)
         );
     }

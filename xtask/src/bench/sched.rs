@@ -180,6 +180,7 @@ fn kernel_hz(cache: &Path) -> u64 {
         if let Some(hz) = text
             .lines()
             .find_map(|l| l.strip_prefix("CONFIG_HZ=")?.parse().ok())
+            .filter(|&hz: &u64| hz > 0)
         {
             return hz;
         }
@@ -278,12 +279,22 @@ fn report(dir: &Path, tick_ns: u64) -> Result<ExitCode> {
         "status"
     );
     let mut totals: Vec<(String, u32, u32, u64, u64)> = Vec::new();
+    // A run that failed or left no trace is named, and fails the command: zero waits read
+    // from a missing trace would look like a run without a stall.
+    let mut failed = Vec::new();
     for r in &runs {
         let file = dir.join(format!("trace-{}.txt", r.id));
         let s = match std::fs::read_to_string(&file) {
             Ok(t) => analyse(&t),
-            Err(_) => Summary::default(),
+            Err(e) => {
+                println!("{:<32} no trace ({e}); status {}", r.id, r.status);
+                failed.push(r.id.clone());
+                continue;
+            }
         };
+        if r.status != "client=0 server=0" {
+            failed.push(r.id.clone());
+        }
         let long: Vec<_> = s.long_waits(tick_ns).collect();
         let (ipis, taken) = s.ipis(tick_ns);
         let total: u64 = long.iter().map(|w| w.ns).sum();
@@ -336,6 +347,10 @@ fn report(dir: &Path, tick_ns: u64) -> Result<ExitCode> {
             "{g:<32} runs {n:>3}  stuck {stuck:>3}  waits >= 1 tick {waits:>5}  ({:.1} ms)",
             total as f64 / 1e6
         );
+    }
+    if !failed.is_empty() {
+        println!("failed runs (no trace, or a program's non-zero status): {failed:?}");
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -68,7 +68,11 @@ fn seconds_to_ns(s: &str) -> Option<u64> {
         return None;
     }
     let scale = 10u64.pow(9 - frac.len() as u32);
-    Some(whole.parse::<u64>().ok()? * 1_000_000_000 + frac.parse::<u64>().ok()? * scale)
+    whole
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(frac.parse::<u64>().ok()? * scale)
 }
 
 /// The value of `key=` in a tracepoint's text (up to the next space).
