@@ -170,7 +170,7 @@ fn batch(peers: usize, block: u64, bytes: u64) -> Batch {
 /// The device from `RDMA_DEVICE` (default: every active one), loopback control channels.
 fn settings() -> Res<Settings> {
     Ok(Settings {
-        devices: std::env::var("RDMA_DEVICE").ok().map(|d| vec![d]),
+        devices: examples::args::env("RDMA_DEVICE").map(|d| vec![d]),
         bind: "127.0.0.1:0".parse()?,
         ..Settings::default()
     })

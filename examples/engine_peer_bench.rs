@@ -122,7 +122,7 @@ fn etcd(url: String) -> Res<Arc<dyn MetadataService>> {
 /// segment; published in the etcd at `url` when there is one.
 fn agent(name: &str, bind: SocketAddr, buffer: u64, url: Option<String>) -> Res<Agent> {
     let settings = Settings {
-        devices: std::env::var("RDMA_DEVICE").ok().map(|d| vec![d]),
+        devices: examples::args::env("RDMA_DEVICE").map(|d| vec![d]),
         bind,
         ..Settings::default()
     };
@@ -200,13 +200,18 @@ fn initiator(args: &Args, buffer: u64) -> Res<()> {
     if r.block == 0 || r.batch == 0 || r.threads == 0 {
         examples::fail("--block_size, --batch_size and --threads must be at least 1");
     }
-    if r.threads * r.batch * r.block > buffer {
+    let span = r
+        .threads
+        .checked_mul(r.batch)
+        .and_then(|n| n.checked_mul(r.block));
+    if span.is_none_or(|n| n > buffer) {
         examples::fail(&format!(
-            "--buffer_size {buffer} is less than threads x batch_size x block_size ({})",
-            r.threads * r.batch * r.block
+            "--buffer_size {buffer} is less than threads x batch_size x block_size \
+             ({} x {} x {})",
+            r.threads, r.batch, r.block
         ));
     }
-    let local = std::env::var("LOCAL_ADDR").unwrap_or_else(|_| "0.0.0.0".into());
+    let local = examples::args::env("LOCAL_ADDR").unwrap_or_else(|| "0.0.0.0".into());
     let bind = format!("{local}:0").parse()?;
     let to = if url.is_some() { peer.as_str() } else { TARGET };
     let batches: Vec<Batch> = (0..r.threads).map(|t| batch(&r, t, to)).collect();

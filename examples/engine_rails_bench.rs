@@ -37,7 +37,7 @@ const USAGE: &str = "usage: engine_rails_bench [--bytes 64M] [--rounds 3] [--rai
 
 /// The testbed's variable `k`, split into words.
 fn words(k: &str) -> Vec<String> {
-    let v = std::env::var(k).unwrap_or_else(|_| examples::fail(&format!("{k} is not set")));
+    let v = examples::args::env(k).unwrap_or_else(|| examples::fail(&format!("{k} is not set")));
     v.split_whitespace().map(str::to_string).collect()
 }
 

@@ -99,6 +99,16 @@ pub fn parse_size(v: &str) -> Option<u64> {
     n.checked_mul(1 << shift)
 }
 
+/// The environment variable `name`: `None` when it is not set; a value that is not UTF-8 is
+/// refused (exits with status 1), never taken as unset.
+pub fn env(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(v)) => fail(&format!("{name}={v:?} is not UTF-8")),
+    }
+}
+
 /// Prints `msg` and exits with status 1.
 pub fn fail(msg: &str) -> ! {
     eprintln!("error: {msg}");
