@@ -5,7 +5,7 @@
 //! scheduler tick or more to run ([`super::trace`]). docs/performance.md, "One-node latency and
 //! the scheduler", reads the figures.
 
-use super::trace::{analyse, Summary};
+use super::trace::analyse;
 use crate::Paths;
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
