@@ -9,7 +9,7 @@
 //! gives them back only with that completion.
 
 use super::parts::PartsPending;
-use super::post::{Request, Sge};
+use super::post::Sge;
 use super::ticket::Ticket;
 use super::QueuePair;
 use crate::error::{Error, Op};
@@ -85,18 +85,39 @@ impl QueuePair {
     ) -> std::result::Result<PartsPending<'_, P, K>, BatchError<P, K>> {
         const { assert!(K <= MAX_BATCH, "a batch holds at most MAX_BATCH writes") };
         let back = |error| BatchError { error, parts: None };
+        // One pass checks every part and builds its SGE and work request in place (the
+        // queue pair's state tested once, each part with plain comparisons; a refusal is
+        // worded by `checked_sge`, out of line). The pointers of the chain are set last,
+        // once the slot is taken (below).
         let mut sges = [Sge::EMPTY; K];
-        for (j, part) in parts.iter().enumerate() {
+        let mut wrs: [ffi::ibv_send_wr; K] = [crate::sys::ZERO_SEND_WR; K];
+        let open = !self.is_in_error();
+        for (j, (part, remote)) in parts.iter().zip(&remotes).enumerate() {
             let (region, range) = part.lent(TOKEN);
-            match self.checked_sge(WorkKind::Write, region, range, Some(remotes[j])) {
-                Ok(sge) => sges[j] = sge,
-                Err(error) => {
-                    return Err(BatchError {
-                        parts: Some(parts),
-                        ..back(error)
-                    })
-                }
-            }
+            let checked = if open {
+                self.checked_part_sge(WorkKind::Write, region, &range, Some(remote))
+            } else {
+                None
+            };
+            let Some(sge) = checked else {
+                let error = match self.checked_sge(WorkKind::Write, region, range, Some(*remote)) {
+                    Err(error) => error,
+                    // Unreachable while both test the same things.
+                    Ok(_) => Error::invalid(Op::PostSend, format!("write {j} of a batch refused")),
+                };
+                return Err(BatchError {
+                    parts: Some(parts),
+                    ..back(error)
+                });
+            };
+            sges[j] = sge;
+            let wr = &mut wrs[j];
+            wr.num_sge = 1;
+            wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            wr.wr.rdma = ffi::rdma_t {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            };
         }
         let weight = match u32::try_from(K) {
             Ok(w) if w > 0 => w,
@@ -118,29 +139,32 @@ impl QueuePair {
             }
         };
         let id = wr_id(index, gen);
-        let mut wrs: [ffi::ibv_send_wr; K] = std::array::from_fn(|j| {
-            let req = Request::new(
-                WorkKind::Write,
-                std::slice::from_ref(&sges[j]),
-                Some(remotes[j]),
-                None,
-            );
-            let mut wr = req.send_wr(id | MEMBER, 1);
-            wr.send_flags = 0;
-            wr
-        });
-        if let Some(last) = wrs.last_mut() {
-            last.wr_id = id;
-            last.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
+        // The chain's pointers, all derived from these two, taken once neither array is
+        // written through anything else: every write but the last unsignalled and marked as
+        // a member of the batch (their completions come only if they fail or are flushed),
+        // each pointing to its SGE and the next write. `Sge` is laid out as `ibv_sge`
+        // (repr(transparent)); the provider only reads the SGEs.
         let first = wrs.as_mut_ptr();
-        for j in 1..K {
-            // The array stays where it is until the call below returns.
-            wrs[j - 1].next = first.wrapping_add(j);
+        let sge_list = sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut();
+        for j in 0..K {
+            // SAFETY: `j < K`: an element of `wrs`, which nothing else borrows until the post
+            // below (the values written are plain numbers and pointers into `wrs` and `sges`,
+            // which stay where they are until it returns).
+            let wr = unsafe { &mut *first.wrapping_add(j) };
+            wr.wr_id = id | MEMBER;
+            wr.sg_list = sge_list.wrapping_add(j);
+            wr.next = first.wrapping_add(j + 1);
+        }
+        if let Some(last) = K.checked_sub(1) {
+            // SAFETY: as above, `last < K`.
+            let wr = unsafe { &mut *first.wrapping_add(last) };
+            wr.wr_id = id;
+            wr.next = std::ptr::null_mut();
+            wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
         // SAFETY: the chain of `K` work requests and their SGE lists (`sges`) are
         // valid for the call (the provider copies them); every SGE was checked by
-        // `checked_sge` to lie in a region of this QP's PD; the parts move into the returned
+        // `checked_part_sge` to lie in a region of this QP's PD; the parts move into the returned
         // handle (or, if that is dropped early, its slot, which lives until the QP is
         // destroyed), so their memory stays registered and out of the CPU's reach until the
         // last write's completion, which the send queue delivers after every other's.

@@ -45,6 +45,7 @@ use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
+use crate::sys::cq::PollFailed;
 use crate::wr::{WorkCompletion, WorkKind};
 use pending::completion_error;
 use raw::RawQp;
@@ -200,6 +201,21 @@ impl QueuePair {
     /// region at once) rather than losing it with this stack frame.
     #[inline]
     fn poll_finding(&self, mine: Option<u64>) -> Result<(usize, Option<RawCompletion>)> {
+        let mut found = None;
+        match self.poll_into(mine, &mut found) {
+            Ok(n) => Ok((n, found)),
+            Err(e) => Err(self.raw.cq().poll_error(e)),
+        }
+    }
+
+    /// [`QueuePair::poll_finding`], with what it finds of `mine` written to `found` (one move
+    /// of the completion fewer than returning it in a tuple, on the owned handles' path).
+    #[inline(always)]
+    fn poll_into(
+        &self,
+        mine: Option<u64>,
+        found: &mut Option<RawCompletion>,
+    ) -> std::result::Result<usize, PollFailed> {
         let mut panics = crate::unwind::Deferred::default();
         let mut seen = None;
         let mut first_error = false;
@@ -210,7 +226,7 @@ impl QueuePair {
             if Some(wr_id) == mine {
                 // The caller holds the request's handle: nothing else waits for it, so no
                 // waker to wake. Kept aside until the rest of the batch is recorded.
-                seen = Some((wr_id, c));
+                seen = Some(c);
                 return;
             }
             let released = self.slots.borrow_mut().complete(wr_id, c);
@@ -220,9 +236,9 @@ impl QueuePair {
             drop(released);
             self.wait.waiters.wake(slot_index(wr_id), &mut panics);
         });
-        let found = seen.and_then(|(wr_id, c)| {
+        if let (Some(c), Some(wr_id)) = (seen, mine) {
             let mut slots = self.slots.borrow_mut();
-            let finished = if panics.is_empty() {
+            *found = if panics.is_empty() {
                 slots.finish(wr_id, c)
             } else {
                 None
@@ -230,11 +246,10 @@ impl QueuePair {
             // Not finished (a panic is pending, or the request was not waiting on its own):
             // recorded as usual. Never an abandoned buffer here (the caller's handle holds
             // what it lent); were there one, it is dropped outside the borrow all the same.
-            let released = finished.is_none().then(|| slots.complete(wr_id, c));
+            let released = found.is_none().then(|| slots.complete(wr_id, c));
             drop(slots);
             drop(released);
-            finished
-        });
+        }
         if first_error {
             // The NIC moved the queue pair to the error state, maybe well before, and a
             // receive posted in between was accepted (nothing here knew yet): rxe keeps such
@@ -244,7 +259,7 @@ impl QueuePair {
             self.flush();
         }
         panics.resume();
-        n.map(|n| (n, found))
+        n
     }
 
     /// Sleeps until the completion queue has something, or `timeout` passes (see
@@ -281,14 +296,18 @@ impl QueuePair {
     /// cannot be polled, when the request may still be in flight).
     #[inline]
     pub(crate) fn poll_for(&self, index: u32, gen: u32) -> Option<RawCompletion> {
-        if let Some(c) = self.take_completion(index, gen) {
-            return Some(c);
+        // The queue first, the slot after: a completion an earlier poll recorded is still
+        // found (this poll only records others), and the common case, the completion first
+        // seen by this poll, skips a look-up of the slot. A poll that fails leaves the slot
+        // to say.
+        let mut found = None;
+        let _ = self.poll_into(Some(wr_id(index, gen)), &mut found);
+        if found.is_some() {
+            return found;
         }
-        match self.poll_finding(Some(wr_id(index, gen))).ok()? {
-            (_, Some(c)) => Some(c),
-            // Recorded by this poll's fallback path (e.g. a batch's member error).
-            (_, None) => self.take_completion(index, gen),
-        }
+        // Recorded by an earlier poll, or by this one's fallback path (a batch's member
+        // error, a waker's panic).
+        self.take_completion(index, gen)
     }
 
     /// The completion of slot `index` (generation `gen`), if it has arrived.

@@ -79,15 +79,21 @@ impl<'q, P: OwnedPart, const N: usize> PartsPending<'q, P, N> {
     /// # Errors
     /// `Err(self)` while the request is still in flight.
     pub fn try_complete(mut self) -> std::result::Result<PartsOutcome<P, N>, Self> {
-        let Some((parts, result)) = self.ticket.try_finish() else {
+        let Some(c) = self.ticket.poll_done() else {
             return Err(self);
         };
-        // As in `Pending::try_complete`: the ticket has given the parts back, its `Drop`
-        // would have nothing to do.
-        std::mem::forget(self);
-        Ok(match result {
-            Ok(wc) => Ok(PartsDone { parts, wc }),
-            Err(error) => Err(PartsError { error, parts }),
+        // The parts move once, from the ticket into the outcome (see `Ticket::poll_done`);
+        // the ticket's `Drop` then has nothing to do.
+        let t = &mut self.ticket;
+        Ok(match t.qp.completion_result(t.index, t.gen, t.kind, c) {
+            Ok(wc) => Ok(PartsDone {
+                parts: t.take_lent(),
+                wc,
+            }),
+            Err(error) => Err(PartsError {
+                error,
+                parts: t.take_lent(),
+            }),
         })
     }
 

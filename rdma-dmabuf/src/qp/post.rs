@@ -130,22 +130,51 @@ impl QueuePair {
         range: Range<u64>,
         remote: Option<RemoteRegion>,
     ) -> Result<(u64, u32)> {
-        let Range { start, end } = range;
-        let len = end.wrapping_sub(start);
         let through_srq = kind == WorkKind::Recv && self.raw.srq().is_some();
-        let accepted = !self.is_in_error()
-            && !through_srq
-            && end > start
+        if !self.is_in_error() && !through_srq {
+            if let Some(checked) = self.part_accepted(kind, region, &range, remote.as_ref()) {
+                return Ok(checked);
+            }
+        }
+        Err(self.refuse(kind, region, range, remote))
+    }
+
+    /// The checks of [`QueuePair::check`] on the part alone (its range in the region, the
+    /// access the verb needs, the protection domain, the remote's room), not the queue
+    /// pair's state: plain comparisons, the checked offset and length when every one
+    /// passes. For a batch, which tests the queue pair once and each part with this.
+    #[inline(always)]
+    fn part_accepted<B: Backing>(
+        &self,
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        range: &Range<u64>,
+        remote: Option<&RemoteRegion>,
+    ) -> Option<(u64, u32)> {
+        let Range { start, end } = *range;
+        let len = end.wrapping_sub(start);
+        let accepted = end > start
             && end <= region.len()
             && len <= u64::from(u32::MAX)
             && (!kind.writes_local() || region.access().contains(Access::LOCAL_WRITE))
             && Arc::ptr_eq(region.pd(), self.raw.pd())
             && remote.is_none_or(|r| r.holds(len));
-        if accepted {
-            // At most u32::MAX (checked above).
-            return Ok((start, len as u32));
-        }
-        Err(self.refusal(
+        // At most u32::MAX (checked above).
+        accepted.then_some((start, len as u32))
+    }
+
+    /// Why [`QueuePair::check`] refuses a request (out of line: only a refused request
+    /// gets here).
+    #[cold]
+    #[inline(never)]
+    fn refuse<B: Backing>(
+        &self,
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        range: Range<u64>,
+        remote: Option<RemoteRegion>,
+    ) -> Error {
+        self.refusal(
             kind,
             Facts {
                 region_len: region.len(),
@@ -154,7 +183,7 @@ impl QueuePair {
             },
             range,
             remote,
-        ))
+        )
     }
 
     /// Why [`QueuePair::check`] refused a request: the first check it fails, in words.
@@ -309,8 +338,10 @@ pub(super) fn post_op(kind: WorkKind) -> Op {
 }
 
 /// An SGE the post path may trust: made only by [`QueuePair::checked_sge`] (bytes inside a
-/// region of this queue pair's PD, with its lkey, after every check of `check`) or by
-/// [`Sge::inline`] (bytes the provider copies at post time). A [`Request`] takes only these,
+/// region of this queue pair's PD, with its lkey, after every check of `check`), by
+/// [`QueuePair::checked_part_sge`] (the same checks but the queue pair's state, which a
+/// batch tests once for all its parts) or by [`Sge::inline`] (bytes the provider copies at
+/// post time). A [`Request`] takes only these,
 /// so no unchecked range reaches `post_raw`. Laid out as `ibv_sge` (`repr(transparent)`), so
 /// a slice of them is the SGE list the verbs take.
 #[repr(transparent)]
@@ -354,11 +385,36 @@ impl QueuePair {
         remote: Option<RemoteRegion>,
     ) -> Result<Sge> {
         let (offset, len) = self.check(kind, region, range, remote)?;
-        Ok(Sge(ffi::ibv_sge {
+        Ok(Sge::of(region, offset, len))
+    }
+
+    /// The SGE of `range` of `region` if it passes the checks on the part alone
+    /// ([`QueuePair::check`]'s but the queue pair's state: the caller tests
+    /// [`QueuePair::is_in_error`] first); `None` otherwise, when [`QueuePair::checked_sge`]
+    /// says why.
+    #[inline(always)]
+    pub(super) fn checked_part_sge<B: Backing>(
+        &self,
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        range: &Range<u64>,
+        remote: Option<&RemoteRegion>,
+    ) -> Option<Sge> {
+        let (offset, len) = self.part_accepted(kind, region, range, remote)?;
+        Some(Sge::of(region, offset, len))
+    }
+}
+
+impl Sge {
+    /// The SGE of `len` bytes at `offset` in `region`, which the caller has checked (the
+    /// two constructors above).
+    #[inline(always)]
+    fn of<B: Backing>(region: &MemoryRegion<B>, offset: u64, len: u32) -> Sge {
+        Sge(ffi::ibv_sge {
             addr: region.addr() + offset,
             length: len,
             lkey: region.lkey(),
-        }))
+        })
     }
 }
 

@@ -231,7 +231,7 @@ impl SharedReceiveQueue {
             self.wait.waiters.wake(slot_index(id), &mut panics);
         });
         panics.resume();
-        n
+        n.map_err(|e| self.core.cq().poll_error(e))
     }
 
     /// Sets the limit: when the posted receives fall below `limit`, the device raises its

@@ -101,15 +101,37 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     /// If the request's outcome was already returned (a future polled after it resolved).
     #[inline]
     pub(super) fn try_finish(&mut self) -> Option<(T, crate::Result<WorkCompletion>)> {
-        let (lent, c) = self.try_finish_raw()?;
+        let c = self.poll_done()?;
         let result = self
             .qp
             .completion_result(self.index, self.gen, self.kind, c);
-        Some((lent, result))
+        Some((self.take_lent(), result))
     }
 
-    /// [`Ticket::try_finish`] with the completion as the poller recorded it, for callers that
-    /// build their own outcome from it (see [`QueuePair::completion_result`]).
+    /// Polls once: the completion, as the poller recorded it, if the request has completed
+    /// (its slot is then free). What was lent stays in the ticket, for the caller to take
+    /// ([`Ticket::take_lent`]) straight into its outcome: a batch's parts are an array of
+    /// hundreds of bytes, and every move of it is a `memcpy`. Were the caller to unwind before
+    /// taking it, the ticket's `Drop` finds the slot free and drops it at once (the NIC is
+    /// done with it).
+    ///
+    /// # Panics
+    /// As [`Ticket::try_finish`].
+    #[inline]
+    pub(super) fn poll_done(&mut self) -> Option<RawCompletion> {
+        if self.lent.is_none() {
+            panic!("a request handle polled after it returned its outcome");
+        }
+        let c = self.qp.poll_for(self.index, self.gen)?;
+        // Dropping the task's waker runs its code, which may panic (docs/safety.md,
+        // "Unwinding"); by then the NIC is done with what was lent and the slot is free.
+        self.qp.forget_waiter(self.index);
+        Some(c)
+    }
+
+    /// [`Ticket::poll_done`] and [`Ticket::take_lent`] in one step, for handles whose lent
+    /// value is a few words (a move of it costs less than keeping it in place: the order
+    /// below gives the compiler the shorter path for the owned post's handle).
     ///
     /// # Panics
     /// As [`Ticket::try_finish`].
@@ -119,11 +141,17 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
             panic!("a request handle polled after it returned its outcome");
         }
         let c = self.qp.poll_for(self.index, self.gen)?;
-        let lent = self.lent.take().expect("present until completion");
-        // Last: dropping the task's waker runs its code, which may panic (docs/safety.md,
-        // "Unwinding"); by then the NIC is done with `lent` and the slot is free.
+        let lent = self.take_lent();
+        // Last, as in `poll_done`.
         self.qp.forget_waiter(self.index);
         Some((lent, c))
+    }
+
+    /// What was lent, once [`Ticket::poll_done`] has returned the completion. The ticket's
+    /// `Drop` then has nothing to do.
+    #[inline]
+    pub(super) fn take_lent(&mut self) -> T {
+        self.lent.take().expect("present until completion")
     }
 
     /// The handle's `Debug`, named `name`.

@@ -23,6 +23,10 @@ pub(crate) struct RawCompletion {
     pub qp_num: u32,
 }
 
+/// `ibv_poll_cq` failed with this errno; see [`CompletionQueue::poll_error`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PollFailed(i32);
+
 /// A completion channel (`ibv_create_comp_channel`); destroyed on drop, after its CQ, and
 /// before its context, which it holds until then.
 struct CompChannel {
@@ -140,15 +144,20 @@ impl CompletionQueue {
     }
 
     /// Polls once, handing each completion (its `wr_id` and what it said) to `each`.
-    /// Returns how many were consumed. No allocation, no lock.
+    /// Returns how many were consumed. No allocation, no lock. A failure is the bare errno
+    /// (small, so that the hot path moves no [`Error`] around); [`CompletionQueue::poll_error`]
+    /// words it.
     #[inline]
-    pub(crate) fn poll(&self, mut each: impl FnMut(u64, RawCompletion)) -> Result<usize> {
+    pub(crate) fn poll(
+        &self,
+        mut each: impl FnMut(u64, RawCompletion),
+    ) -> std::result::Result<usize, PollFailed> {
         let mut wcs: [MaybeUninit<ffi::ibv_wc>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
         // SAFETY: live CQ; `wcs` has room for BATCH entries, the count passed.
         let n =
             unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), BATCH as i32, wcs.as_mut_ptr().cast()) };
         if n < 0 {
-            return Err(Error::from_errno(Op::PollCq, self.ctx.name(), -n));
+            return Err(PollFailed(-n));
         }
         for wc in &wcs[..n as usize] {
             // SAFETY: ibv_poll_cq initialised the first `n` entries.
@@ -168,6 +177,12 @@ impl CompletionQueue {
             each(wc.wr_id, c);
         }
         Ok(n as usize)
+    }
+
+    /// A failed [`CompletionQueue::poll`] as an error naming the device.
+    #[cold]
+    pub(crate) fn poll_error(&self, failed: PollFailed) -> Error {
+        Error::from_errno(Op::PollCq, self.ctx.name(), failed.0)
     }
 
     /// The completion channel's fd (non-blocking), if the CQ has a channel: readable when

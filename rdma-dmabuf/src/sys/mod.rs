@@ -55,6 +55,11 @@ pub(crate) fn zeroed<T: Zeroable>() -> T {
     unsafe { std::mem::zeroed() }
 }
 
+/// An all-zero send work request, for arrays of them (`[ZERO_SEND_WR; K]`: a `const` item
+/// repeats without `Copy`, which bindgen's `ibv_send_wr` lacks).
+// SAFETY: `ibv_send_wr` is `Zeroable` (listed below): all-zero is a valid value of it.
+pub(crate) const ZERO_SEND_WR: rdma_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+
 /// The 16 bytes of a GID.
 pub(crate) fn gid_bytes(gid: &rdma_sys::ibv_gid) -> [u8; 16] {
     // SAFETY: `ibv_gid` is a union of a byte array and integers; any bits are valid bytes.
