@@ -87,7 +87,7 @@ impl QueuePair {
         let back = |error| BatchError { error, parts: None };
         // One pass checks every part and builds its SGE and work request in place (the
         // queue pair's state tested once, each part with plain comparisons; a refusal is
-        // worded by `checked_sge`, out of line). The pointers of the chain are set last,
+        // worded by `checked_sge`, whose wording is out of line). The pointers of the chain are set last,
         // once the slot is taken (below).
         let mut sges = [Sge::EMPTY; K];
         let mut wrs: [ffi::ibv_send_wr; K] = [crate::sys::ZERO_SEND_WR; K];

@@ -291,9 +291,13 @@ impl QueuePair {
         self.in_error.get() || self.raw.flushed_by_event()
     }
 
-    /// The completion of slot `index` (generation `gen`): taken if it has arrived, else
-    /// after one poll of the completion queue; `None` while in flight (or if the queue
-    /// cannot be polled, when the request may still be in flight).
+    /// The completion of slot `index` (generation `gen`): one poll of the completion queue
+    /// (which records every other completion it brings), then, if that poll did not bring
+    /// this one, the slot (an earlier poll may have recorded it). `None` while in flight (or
+    /// if the queue cannot be polled and the slot has nothing, when the request may still be
+    /// in flight). A waker of another task that panics when this poll wakes it unwinds out
+    /// of here once everything is recorded, this request's completion included (in its slot):
+    /// the handle, dropped while unwinding, then releases what it lent.
     #[inline]
     pub(crate) fn poll_for(&self, index: u32, gen: u32) -> Option<RawCompletion> {
         // The queue first, the slot after: a completion an earlier poll recorded is still

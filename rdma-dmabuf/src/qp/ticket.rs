@@ -111,9 +111,9 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     /// Polls once: the completion, as the poller recorded it, if the request has completed
     /// (its slot is then free). What was lent stays in the ticket, for the caller to take
     /// ([`Ticket::take_lent`]) straight into its outcome: a batch's parts are an array of
-    /// hundreds of bytes, and every move of it is a `memcpy`. Were the caller to unwind before
-    /// taking it, the ticket's `Drop` finds the slot free and drops it at once (the NIC is
-    /// done with it).
+    /// hundreds of bytes, and every move of it is a `memcpy`. The task's waker is let go
+    /// of by `take_lent`, after the ticket has ended (see there); nothing between the two
+    /// may unwind (the caller only builds its outcome from the completion).
     ///
     /// # Panics
     /// As [`Ticket::try_finish`].
@@ -122,11 +122,7 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
         if self.lent.is_none() {
             panic!("a request handle polled after it returned its outcome");
         }
-        let c = self.qp.poll_for(self.index, self.gen)?;
-        // Dropping the task's waker runs its code, which may panic (docs/safety.md,
-        // "Unwinding"); by then the NIC is done with what was lent and the slot is free.
-        self.qp.forget_waiter(self.index);
-        Some(c)
+        self.qp.poll_for(self.index, self.gen)
     }
 
     /// [`Ticket::poll_done`] and [`Ticket::take_lent`] in one step, for handles whose lent
@@ -141,17 +137,24 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
             panic!("a request handle polled after it returned its outcome");
         }
         let c = self.qp.poll_for(self.index, self.gen)?;
-        let lent = self.take_lent();
-        // Last, as in `poll_done`.
+        let lent = self.lent.take().expect("present until completion");
+        // Last, as in `take_lent`.
         self.qp.forget_waiter(self.index);
         Some((lent, c))
     }
 
-    /// What was lent, once [`Ticket::poll_done`] has returned the completion. The ticket's
-    /// `Drop` then has nothing to do.
+    /// What was lent, once [`Ticket::poll_done`] has returned the completion: the ticket
+    /// ends here (its `Drop` then has nothing to do, and a second poll is the "polled after"
+    /// panic), and only then is the task's waker let go of. Dropping the waker runs its
+    /// code, which may panic (docs/safety.md, "Unwinding"): by then the NIC is done with
+    /// what was lent (dropped with this frame if it unwinds), the slot is free, and the
+    /// ended ticket can neither wait for the consumed completion nor, dropped, touch the
+    /// request that reuses its slot.
     #[inline]
     pub(super) fn take_lent(&mut self) -> T {
-        self.lent.take().expect("present until completion")
+        let lent = self.lent.take().expect("present until completion");
+        self.qp.forget_waiter(self.index);
+        lent
     }
 
     /// The handle's `Debug`, named `name`.

@@ -57,8 +57,16 @@ pub(crate) fn zeroed<T: Zeroable>() -> T {
 
 /// An all-zero send work request, for arrays of them (`[ZERO_SEND_WR; K]`: a `const` item
 /// repeats without `Copy`, which bindgen's `ibv_send_wr` lacks).
-// SAFETY: `ibv_send_wr` is `Zeroable` (listed below): all-zero is a valid value of it.
+// SAFETY: `ibv_send_wr` is `Zeroable` (listed below; the `const _` after this checks it):
+// all-zero is a valid value of it.
 pub(crate) const ZERO_SEND_WR: rdma_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+
+// `ZERO_SEND_WR` stays tied to the `Zeroable` list: this fails to compile if `ibv_send_wr`
+// leaves it.
+const _: () = {
+    const fn zeroable<T: Zeroable>() {}
+    zeroable::<rdma_sys::ibv_send_wr>()
+};
 
 /// The 16 bytes of a GID.
 pub(crate) fn gid_bytes(gid: &rdma_sys::ibv_gid) -> [u8; 16] {
