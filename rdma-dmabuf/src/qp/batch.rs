@@ -87,8 +87,8 @@ impl QueuePair {
         let back = |error| BatchError { error, parts: None };
         // One pass checks every part and builds its SGE and work request in place (the
         // queue pair's state tested once, each part with plain comparisons; a refusal is
-        // worded by `checked_sge`, whose wording is out of line). The pointers of the chain are set last,
-        // once the slot is taken (below).
+        // worded by `checked_sge`, whose wording is out of line). The pointers of the chain
+        // are set last, once the slot is taken (below).
         let mut sges = [Sge::EMPTY; K];
         let mut wrs: [ffi::ibv_send_wr; K] = [crate::sys::ZERO_SEND_WR; K];
         let open = !self.is_in_error();
@@ -164,10 +164,11 @@ impl QueuePair {
         }
         // SAFETY: the chain of `K` work requests and their SGE lists (`sges`) are
         // valid for the call (the provider copies them); every SGE was checked by
-        // `checked_part_sge` to lie in a region of this QP's PD; the parts move into the returned
-        // handle (or, if that is dropped early, its slot, which lives until the QP is
-        // destroyed), so their memory stays registered and out of the CPU's reach until the
-        // last write's completion, which the send queue delivers after every other's.
+        // `checked_part_sge` to lie in a region of this QP's PD (and the queue pair's state
+        // once); the parts move into the returned handle (or, if that is dropped early, its
+        // slot, which lives until the QP is destroyed), so their memory stays registered and
+        // out of the CPU's reach until the last write's completion, which the send queue
+        // delivers after every other's.
         // SAFETY: `first` heads the chain in `wrs`, which stays where it is for the call.
         let posted = unsafe { self.raw.post_send(first) };
         if let Err((rc, bad)) = posted {

@@ -85,9 +85,8 @@ impl<'q, B: Backing> Pending<'q, B> {
         let t = &self.ticket;
         let (qp, index, gen, kind) = (t.qp, t.index, t.gen, t.kind);
         // The ticket has given back what it lent: its `Drop` would have nothing to do (it
-        // holds only a reference and plain numbers besides), so it is skipped (a move of a
-        // few words here, cheaper than the test). A panic in `try_finish_raw` still drops `self`
-        // as usual.
+        // holds only a reference and plain numbers besides), so it is skipped. A panic in
+        // `try_finish_raw` still drops `self` as usual.
         std::mem::forget(self);
         let region = local.into_region();
         // Built here from the raw completion, not through a `Result<WorkCompletion>`: one

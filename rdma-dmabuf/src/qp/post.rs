@@ -341,8 +341,7 @@ pub(super) fn post_op(kind: WorkKind) -> Op {
 /// region of this queue pair's PD, with its lkey, after every check of `check`), by
 /// [`QueuePair::checked_part_sge`] (the same checks but the queue pair's state, which a
 /// batch tests once for all its parts) or by [`Sge::inline`] (bytes the provider copies at
-/// post time). A [`Request`] takes only these,
-/// so no unchecked range reaches `post_raw`. Laid out as `ibv_sge` (`repr(transparent)`), so
+/// post time). A [`Request`] takes only these, so no unchecked range reaches `post_raw`. Laid out as `ibv_sge` (`repr(transparent)`), so
 /// a slice of them is the SGE list the verbs take.
 #[repr(transparent)]
 #[derive(Clone, Copy)]
