@@ -126,21 +126,14 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     }
 
     /// [`Ticket::poll_done`] and [`Ticket::take_lent`] in one step, for handles whose lent
-    /// value is a few words (a move of it costs less than keeping it in place: the order
-    /// below gives the compiler the shorter path for the owned post's handle).
+    /// value is a few words (a move of it costs less than keeping it in place).
     ///
     /// # Panics
     /// As [`Ticket::try_finish`].
     #[inline]
     pub(super) fn try_finish_raw(&mut self) -> Option<(T, RawCompletion)> {
-        if self.lent.is_none() {
-            panic!("a request handle polled after it returned its outcome");
-        }
-        let c = self.qp.poll_for(self.index, self.gen)?;
-        let lent = self.lent.take().expect("present until completion");
-        // Last, as in `take_lent`.
-        self.qp.forget_waiter(self.index);
-        Some((lent, c))
+        let c = self.poll_done()?;
+        Some((self.take_lent(), c))
     }
 
     /// What was lent, once [`Ticket::poll_done`] has returned the completion: the ticket
