@@ -34,11 +34,18 @@ pub(crate) struct Slot {
     pub early: Option<RawCompletion>,
     /// What an [`State::Abandoned`] or [`State::Stranded`] request lent; `None` otherwise.
     pub held: Option<Box<dyn Send>>,
+    /// While the slot is free: the next free slot ([`NO_SLOT`] for none).
+    next_free: u32,
 }
+
+/// The end of the free list.
+const NO_SLOT: u32 = u32::MAX;
 
 pub(crate) struct Slots {
     slots: Vec<Slot>,
-    free: Vec<u32>,
+    /// The first free slot ([`NO_SLOT`] for none), the others linked through
+    /// [`Slot::next_free`]: the last slot freed is the first taken.
+    free: u32,
     sends: u32,
     recvs: u32,
     send_depth: u32,
@@ -67,16 +74,18 @@ impl Slots {
         let n = send_depth.saturating_add(recv_depth).min(0x7fff_ffff);
         Slots {
             slots: (0..n)
-                .map(|_| Slot {
+                .map(|i| Slot {
                     gen: 0,
                     kind: WorkKind::Send,
                     state: State::Free,
                     weight: 1,
                     early: None,
                     held: None,
+                    // Slot 0 first, then 1, and so on.
+                    next_free: if i + 1 < n { i + 1 } else { NO_SLOT },
                 })
                 .collect(),
-            free: (0..n).rev().collect(),
+            free: if n > 0 { 0 } else { NO_SLOT },
             sends: 0,
             recvs: 0,
             send_depth,
@@ -102,12 +111,13 @@ impl Slots {
         if depth - *count < weight {
             return Err(Error::QueueFull { op, depth });
         }
-        let index = self
-            .free
-            .pop()
+        let index = self.free;
+        let slot = self
+            .slots
+            .get_mut(index as usize)
             .expect("a free slot exists while the queue is not full");
+        self.free = slot.next_free;
         *count += weight;
-        let slot = &mut self.slots[index as usize];
         debug_assert!(slot.held.is_none(), "a free slot holds no buffer");
         slot.gen = slot.gen.wrapping_add(1);
         slot.kind = kind;
@@ -121,8 +131,8 @@ impl Slots {
     /// Gives back a slot whose request was never accepted by the provider.
     ///
     /// # Safety
-    /// The provider refused the request of slot `index` (its post returned an error), so the
-    /// NIC has nothing of it: on a request it accepted, this would free the slot while the
+    /// The provider refused the request of slot `index` (its post returned an error), or it
+    /// was never posted, so the NIC has nothing of it: on a request it accepted, this would free the slot while the
     /// NIC may still use what the request lent.
     #[allow(unsafe_code)] // a promise the caller makes: the provider refused the request
     pub unsafe fn cancel(&mut self, index: u32) {
@@ -135,7 +145,8 @@ impl Slots {
         let slot = &mut self.slots[index as usize];
         slot.state = State::Free;
         let weight = slot.weight;
-        self.free.push(index);
+        slot.next_free = self.free;
+        self.free = index;
         match kind {
             WorkKind::Recv => self.recvs -= weight,
             _ => self.sends -= weight,
@@ -158,7 +169,7 @@ impl Slots {
             // (A member's success would come only from a queue pair that signals every
             // request; ours do not. It says nothing the last completion will not.)
             let pending = matches!(slot.state, State::Posted | State::Abandoned);
-            if c.status != 0 && pending && slot.early.is_none() {
+            if !c.is_success() && pending && slot.early.is_none() {
                 slot.early = Some(c);
             }
             return None;
@@ -189,9 +200,18 @@ impl Slots {
     /// and `wr_id` is not a batch member's; the caller then records `c` as usual.
     #[inline]
     pub fn finish(&mut self, wr_id: u64, c: RawCompletion) -> Option<RawCompletion> {
-        let (index, gen) = (slot_index(wr_id), (wr_id >> 32) as u32);
+        if wr_id & MEMBER != 0 {
+            return None;
+        }
+        self.finish_own(slot_index(wr_id), (wr_id >> 32) as u32, c)
+    }
+
+    /// [`Slots::finish`] of the request in slot `index`, generation `gen` (its last, or
+    /// only, request's completion: never a batch member's).
+    #[inline]
+    pub fn finish_own(&mut self, index: u32, gen: u32, c: RawCompletion) -> Option<RawCompletion> {
         let slot = self.slots.get_mut(index as usize)?;
-        if slot.gen != gen || wr_id & MEMBER != 0 || !matches!(slot.state, State::Posted) {
+        if slot.gen != gen || !matches!(slot.state, State::Posted) {
             return None;
         }
         // A batch's first error, if one of its members failed (never set for one request).
@@ -279,13 +299,7 @@ mod tests {
     use super::*;
 
     fn ok() -> RawCompletion {
-        RawCompletion {
-            status: 0,
-            byte_len: 1,
-            imm: None,
-            vendor_err: 0,
-            qp_num: 1,
-        }
+        RawCompletion::for_test(0, 1)
     }
 
     #[test]
@@ -310,7 +324,7 @@ mod tests {
         let (i, g) = s.acquire(WorkKind::Send).unwrap();
         assert!(s.take(i, g).is_none());
         assert!(s.complete(wr_id(i, g), ok()).is_none());
-        assert_eq!(s.take(i, g).unwrap().byte_len, 1);
+        assert_eq!(s.take(i, g).unwrap().byte_len(), 1);
         assert_eq!(s.outstanding(), 0);
         s.acquire(WorkKind::Send).unwrap();
     }
@@ -372,16 +386,18 @@ mod tests {
         let (i, g) = s.acquire_n(WorkKind::Write, 3).unwrap();
         s.acquire(WorkKind::Write).unwrap();
         assert!(s.acquire(WorkKind::Write).is_err(), "3 + 1 of 4 held");
-        let mut failed = ok();
-        failed.status = 10;
+        let failed = RawCompletion::for_test(10, 0);
         // A member's error completion, then a member's flush: the batch goes on.
         assert!(s.complete(wr_id(i, g) | MEMBER, failed).is_none());
-        let mut flushed = ok();
-        flushed.status = 5;
+        let flushed = RawCompletion::for_test(5, 0);
         assert!(s.complete(wr_id(i, g) | MEMBER, flushed).is_none());
         assert!(s.take(i, g).is_none(), "not ended by a member");
         s.complete(wr_id(i, g), flushed);
-        assert_eq!(s.take(i, g).unwrap().status, 10, "the first error is kept");
+        assert_eq!(
+            s.take(i, g).unwrap().status(),
+            10,
+            "the first error is kept"
+        );
         s.acquire_n(WorkKind::Write, 3).unwrap();
     }
 
@@ -394,16 +410,14 @@ mod tests {
             "stale generation"
         );
         assert!(s.finish(wr_id(i, g) | MEMBER, ok()).is_none(), "a member");
-        assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len, 1);
+        assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len(), 1);
         assert_eq!(s.outstanding(), 0, "the slot is free");
         assert!(s.finish(wr_id(i, g), ok()).is_none(), "not twice");
         let (i, g) = s.acquire_n(WorkKind::Write, 2).unwrap();
-        let mut failed = ok();
-        failed.status = 10;
+        let failed = RawCompletion::for_test(10, 0);
         assert!(s.complete(wr_id(i, g) | MEMBER, failed).is_none());
-        let mut flushed = ok();
-        flushed.status = 5;
-        assert_eq!(s.finish(wr_id(i, g), flushed).unwrap().status, 10);
+        let flushed = RawCompletion::for_test(5, 0);
+        assert_eq!(s.finish(wr_id(i, g), flushed).unwrap().status(), 10);
         let (i, g) = s.acquire(WorkKind::Write).unwrap();
         assert!(s.abandon(i, g, Box::new(())).is_none());
         assert!(
@@ -418,7 +432,7 @@ mod tests {
         let dropped = std::sync::Arc::new(());
         let mut s = Slots::new(1, 0);
         let (i, g) = s.acquire(WorkKind::Send).unwrap();
-        assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len, 1);
+        assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len(), 1);
         let back = s.abandon(i, g, Box::new(dropped.clone()));
         assert!(back.is_some(), "handed back, not kept in a free slot");
         drop(back);

@@ -85,40 +85,6 @@ impl QueuePair {
     ) -> std::result::Result<PartsPending<'_, P, K>, BatchError<P, K>> {
         const { assert!(K <= MAX_BATCH, "a batch holds at most MAX_BATCH writes") };
         let back = |error| BatchError { error, parts: None };
-        // One pass checks every part and builds its SGE and work request in place (the
-        // queue pair's state tested once, each part with plain comparisons; a refusal is
-        // worded by `checked_sge`, whose wording is out of line). The pointers of the chain
-        // are set last, once the slot is taken (below).
-        let mut sges = [Sge::EMPTY; K];
-        let mut wrs: [ffi::ibv_send_wr; K] = [crate::sys::ZERO_SEND_WR; K];
-        let open = !self.is_in_error();
-        for (j, (part, remote)) in parts.iter().zip(&remotes).enumerate() {
-            let (region, range) = part.lent(TOKEN);
-            let checked = if open {
-                self.checked_part_sge(WorkKind::Write, region, &range, Some(remote))
-            } else {
-                None
-            };
-            let Some(sge) = checked else {
-                let error = match self.checked_sge(WorkKind::Write, region, range, Some(*remote)) {
-                    Err(error) => error,
-                    // Unreachable while both test the same things.
-                    Ok(_) => Error::invalid(Op::PostSend, format!("write {j} of a batch refused")),
-                };
-                return Err(BatchError {
-                    parts: Some(parts),
-                    ..back(error)
-                });
-            };
-            sges[j] = sge;
-            let wr = &mut wrs[j];
-            wr.num_sge = 1;
-            wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-            wr.wr.rdma = ffi::rdma_t {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            };
-        }
         let weight = match u32::try_from(K) {
             Ok(w) if w > 0 => w,
             _ => {
@@ -129,6 +95,10 @@ impl QueuePair {
                 });
             }
         };
+        // The slot first (a refused part gives it back below), so that one pass checks
+        // every part and builds its SGE and its whole work request in place: the queue
+        // pair's state tested once, each part with plain comparisons, a refusal worded by
+        // `checked_sge` (out of line).
         let (index, gen) = match self.slots.borrow_mut().acquire_n(WorkKind::Write, weight) {
             Ok(slot) => slot,
             Err(error) => {
@@ -139,21 +109,53 @@ impl QueuePair {
             }
         };
         let id = wr_id(index, gen);
-        // The chain's pointers, all derived from these two, taken once neither array is
-        // written through anything else: every write but the last unsignalled and marked as
-        // a member of the batch (their completions come only if they fail or are flushed),
-        // each pointing to its SGE and the next write. `Sge` is laid out as `ibv_sge`
+        let mut sges = [Sge::EMPTY; K];
+        let mut wrs: [ffi::ibv_send_wr; K] = [crate::sys::ZERO_SEND_WR; K];
+        // Every write of the chain is written through these two pointers, taken once and
+        // used alone until the post: each write points to its SGE and the next write, all
+        // but the last unsignalled and marked as a member of the batch (their completions
+        // come only if they fail or are flushed). `Sge` is laid out as `ibv_sge`
         // (repr(transparent)); the provider only reads the SGEs.
         let first = wrs.as_mut_ptr();
-        let sge_list = sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut();
-        for j in 0..K {
+        let sge_list = sges.as_mut_ptr();
+        let open = !self.is_in_error();
+        for (j, (part, remote)) in parts.iter().zip(&remotes).enumerate() {
+            let (region, range) = part.lent(TOKEN);
+            let checked = if open {
+                self.checked_part_sge(WorkKind::Write, region, &range, Some(remote))
+            } else {
+                None
+            };
+            let Some(sge) = checked else {
+                // SAFETY: nothing of the batch was posted: the provider has none of it.
+                unsafe { self.slots.borrow_mut().cancel(index) };
+                let error = match self.checked_sge(WorkKind::Write, region, range, Some(*remote)) {
+                    Err(error) => error,
+                    // Unreachable while both test the same things.
+                    Ok(_) => Error::invalid(Op::PostSend, format!("write {j} of a batch refused")),
+                };
+                return Err(BatchError {
+                    parts: Some(parts),
+                    ..back(error)
+                });
+            };
+            let sge_at = sge_list.wrapping_add(j);
+            // SAFETY: `j < K`: an element of `sges`, which nothing else borrows until the
+            // post below.
+            unsafe { sge_at.write(sge) };
             // SAFETY: `j < K`: an element of `wrs`, which nothing else borrows until the post
             // below (the values written are plain numbers and pointers into `wrs` and `sges`,
             // which stay where they are until it returns).
             let wr = unsafe { &mut *first.wrapping_add(j) };
             wr.wr_id = id | MEMBER;
-            wr.sg_list = sge_list.wrapping_add(j);
             wr.next = first.wrapping_add(j + 1);
+            wr.sg_list = sge_at.cast::<ffi::ibv_sge>();
+            wr.num_sge = 1;
+            wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            wr.wr.rdma = ffi::rdma_t {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            };
         }
         if let Some(last) = K.checked_sub(1) {
             // SAFETY: as above, `last < K`.

@@ -45,7 +45,7 @@ use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
-use crate::sys::cq::PollFailed;
+use crate::sys::cq::{PollFailed, Polled};
 use crate::wr::{WorkCompletion, WorkKind};
 use pending::completion_error;
 use raw::RawQp;
@@ -216,11 +216,23 @@ impl QueuePair {
         mine: Option<u64>,
         found: &mut Option<RawCompletion>,
     ) -> std::result::Result<usize, PollFailed> {
+        let mut polled = Polled::new();
+        let n = self.raw.cq().poll_into(&mut polled)?;
+        self.record(&polled, mine, found);
+        Ok(n)
+    }
+
+    /// Records what one poll took (`polled`): every completion in its slot, its task woken,
+    /// but `mine`'s (a `wr_id` whose handle the caller holds), which is finished and written
+    /// to `found` (see [`QueuePair::poll_finding`]); the queue pair flushed once more after
+    /// its first error completion.
+    #[inline(always)]
+    fn record(&self, polled: &Polled, mine: Option<u64>, found: &mut Option<RawCompletion>) {
         let mut panics = crate::unwind::Deferred::default();
         let mut seen = None;
         let mut first_error = false;
-        let n = self.raw.cq().poll(|wr_id, c| {
-            if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS && !self.in_error.replace(true) {
+        polled.each(|wr_id, c| {
+            if !c.is_success() && !self.in_error.replace(true) {
                 first_error = true;
             }
             if Some(wr_id) == mine {
@@ -259,7 +271,6 @@ impl QueuePair {
             self.flush();
         }
         panics.resume();
-        n
     }
 
     /// Sleeps until the completion queue has something, or `timeout` passes (see
@@ -304,14 +315,37 @@ impl QueuePair {
         // found (this poll only records others), and the common case, the completion first
         // seen by this poll, skips a look-up of the slot. A poll that fails leaves the slot
         // to say.
-        let mut found = None;
-        let _ = self.poll_into(Some(wr_id(index, gen)), &mut found);
-        if found.is_some() {
-            return found;
+        let mine = wr_id(index, gen);
+        let mut polled = Polled::new();
+        let took = self.raw.cq().poll_into(&mut polled).is_ok();
+        if took {
+            // The common case: this poll took this request's completion alone, a success.
+            // Nothing else to record, no task to wake, no error state to flush: the slot is
+            // freed and the completion returned at once.
+            if let Some(c) = polled.only_success(mine) {
+                if let Some(c) = self.slots.borrow_mut().finish_own(index, gen, c) {
+                    return Some(c);
+                }
+            }
         }
-        // Recorded by an earlier poll, or by this one's fallback path (a batch's member
-        // error, a waker's panic).
-        self.take_completion(index, gen)
+        self.poll_for_rest(&polled, took, mine)
+    }
+
+    /// [`QueuePair::poll_for`] but for its common case, out of line: what the poll took
+    /// recorded (if it took anything: `took`) as every poll records it, this request's
+    /// completion finished at once if among them, else looked for in its slot (an earlier
+    /// poll, or this one's fallback path, a batch's member error or a waker's panic, may have
+    /// recorded it). When the common case's `finish` returned `None`, it changed nothing.
+    #[inline(never)]
+    fn poll_for_rest(&self, polled: &Polled, took: bool, mine: u64) -> Option<RawCompletion> {
+        if took {
+            let mut found = None;
+            self.record(polled, Some(mine), &mut found);
+            if found.is_some() {
+                return found;
+            }
+        }
+        self.take_completion(slot_index(mine), (mine >> 32) as u32)
     }
 
     /// The completion of slot `index` (generation `gen`), if it has arrived.
@@ -329,15 +363,15 @@ impl QueuePair {
         kind: WorkKind,
         c: RawCompletion,
     ) -> Result<WorkCompletion> {
-        if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+        if !c.is_success() {
             return Err(completion_error(index, gen, kind, c));
         }
         Ok(WorkCompletion {
             wr_id: wr_id(index, gen),
             kind,
-            byte_len: c.byte_len,
-            imm: c.imm,
-            qp_num: c.qp_num,
+            byte_len: c.byte_len(),
+            imm: c.imm(),
+            qp_num: c.qp_num(),
         })
     }
 

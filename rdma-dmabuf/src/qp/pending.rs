@@ -79,14 +79,15 @@ impl<'q, B: Backing> Pending<'q, B> {
     /// `Err(self)` while the request is still in flight.
     #[inline]
     pub fn try_complete(mut self) -> std::result::Result<Outcome<B>, Self> {
-        let Some((local, c)) = self.ticket.try_finish_raw() else {
+        let Some(c) = self.ticket.poll_done() else {
             return Err(self);
         };
+        let local = self.ticket.take_lent();
         let t = &self.ticket;
         let (qp, index, gen, kind) = (t.qp, t.index, t.gen, t.kind);
         // The ticket has given back what it lent: its `Drop` would have nothing to do (it
         // holds only a reference and plain numbers besides), so it is skipped. A panic in
-        // `try_finish_raw` still drops `self` as usual.
+        // `poll_done` or `take_lent` still drops `self` as usual.
         std::mem::forget(self);
         let region = local.into_region();
         // Built here from the raw completion, not through a `Result<WorkCompletion>`: one
@@ -147,14 +148,14 @@ impl<'q, B: Backing> Handle<'q> for Pending<'q, B> {
 /// A completion with an error status as a typed error naming the request.
 #[cold]
 pub(super) fn completion_error(index: u32, gen: u32, kind: WorkKind, c: RawCompletion) -> Error {
-    let text = crate::sys::cq::status_text(c.status);
+    let text = crate::sys::cq::status_text(c.status());
     Error::Completion {
         wr_id: wr_id(index, gen),
         kind,
-        qp_num: c.qp_num,
-        status: c.status,
+        qp_num: c.qp_num(),
+        status: c.status(),
         status_text: text,
-        vendor_err: c.vendor_err,
+        vendor_err: c.vendor_err(),
     }
 }
 

@@ -336,16 +336,16 @@ impl<B: Backing> SrqPending<'_, B> {
             .take()
             .expect("present until completion")
             .into_region();
-        let out = if c.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+        let out = if !c.is_success() {
             let error = completion_error(self.index, self.gen, WorkKind::Recv, c);
             Err(WorkError { error, region })
         } else {
             let wc = WorkCompletion {
                 wr_id: self.wr_id(),
                 kind: WorkKind::Recv,
-                byte_len: c.byte_len,
-                imm: c.imm,
-                qp_num: c.qp_num,
+                byte_len: c.byte_len(),
+                imm: c.imm(),
+                qp_num: c.qp_num(),
             };
             Ok(Done { region, wc })
         };

@@ -125,17 +125,6 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
         self.qp.poll_for(self.index, self.gen)
     }
 
-    /// [`Ticket::poll_done`] and [`Ticket::take_lent`] in one step, for handles whose lent
-    /// value is a few words (a move of it costs less than keeping it in place).
-    ///
-    /// # Panics
-    /// As [`Ticket::try_finish`].
-    #[inline]
-    pub(super) fn try_finish_raw(&mut self) -> Option<(T, RawCompletion)> {
-        let c = self.poll_done()?;
-        Some((self.take_lent(), c))
-    }
-
     /// What was lent, once [`Ticket::poll_done`] has returned the completion: the ticket
     /// ends here (its `Drop` then has nothing to do, and a second poll is the "polled after"
     /// panic), and only then is the task's waker let go of. Dropping the waker runs its
