@@ -80,6 +80,39 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         "warnings",
     ]))?;
     step.done();
+    // The Rust verbs crates' loops (bench/verbs-crates, a workspace of its own that the
+    // project's builds leave out) under the same two rules.
+    let step = Step::start("bench/verbs-crates: fmt and clippy (warnings denied)");
+    let manifest = paths.root.join("bench/verbs-crates/Cargo.toml");
+    sh::run(
+        paths
+            .cargo()
+            .args(["fmt", "--all", "--check", "--manifest-path"])
+            .arg(&manifest),
+    )
+    .map_err(|e| {
+        format!(
+            "{e}\n    formatting differs: run `cargo fmt --all --manifest-path {}`",
+            manifest.display()
+        )
+    })?;
+    sh::run(
+        paths
+            .cargo()
+            .args([
+                "clippy",
+                "--quiet",
+                "--release",
+                "--locked",
+                "--all-targets",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(paths.target.join("verbs-crates"))
+            .args(["--", "-D", "warnings"]),
+    )?;
+    step.done();
     let step = Step::start("cargo doc (warnings denied)");
     sh::run(paths.cargo().env("RUSTDOCFLAGS", "-D warnings").args([
         "doc",

@@ -1,7 +1,7 @@
 //! How a bench run measures: the sizes, rounds and budgets of a profile, and the plan of steps
 //! that `bench.sh` runs ([`super::series`] holds what is measured).
 
-use super::series::{Metric, Series, ENGINE_COUNT_CHUNK, ENGINE_SIZES, SERIES};
+use super::series::{Metric, Series, ENGINE_COUNT_CHUNK, ENGINE_SIZES, IBVERBS, SERIES, SIDEWAY};
 use std::fmt::Write as _;
 
 /// How much a run measures.
@@ -41,6 +41,10 @@ pub const ALL_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 pub const TWO_NODE_MAX: u64 = 8 << 20;
 /// The largest size whose instructions per write a one-node run counts.
 pub const COST_MAX: u64 = 64 << 10;
+
+/// The smallest write the Rust verbs crates' loops (`bench/verbs-crates`) take: each writes
+/// its iteration's number, 8 bytes.
+pub const VERBS_CRATES_MIN_SIZE: u64 = 8;
 /// The sizes a full one-node run counts at: a few, since each count is two runs under
 /// callgrind (tens of seconds each in the emulated VM) and the count barely moves with size.
 pub const FULL_COST_SIZES: [u64; 5] = [8, 64, 512, 4 << 10, COST_MAX];
@@ -206,6 +210,10 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
                     && !s.engine()
                     && (round > 1 || !profile.cost_sizes.contains(&size))
                 {
+                    continue;
+                }
+                // The Rust verbs crates' loops write the iteration's number: 8 bytes at least.
+                if [SIDEWAY, IBVERBS].contains(&s.program) && size < VERBS_CRATES_MIN_SIZE {
                     continue;
                 }
                 let size = if s.engine() && s.metric.counted() {

@@ -1,7 +1,7 @@
 //! Tests of the bench plan (`plan.rs`).
 
 use super::*;
-use crate::bench::series::Metric;
+use crate::bench::series::{Metric, IBVERBS, SIDEWAY};
 
 #[test]
 fn full_sweeps_every_power_of_two_and_two_nodes_reach_8_mib() {
@@ -50,6 +50,22 @@ fn plans_interleave_and_have_unique_ids() {
     assert!(text.contains("local 1n/r1/reg/ours/gpu/8 60 rdma_bench 8 5 reg --region gpu"));
     assert!(!text.contains("udmabuf"));
     assert!(plan_text(&Profile::full(1), &steps(&Profile::full(1))).contains("udmabuf"));
+}
+
+#[test]
+fn the_verbs_crates_are_counted_only_from_8_bytes() {
+    // Their loops write the iteration's number (8 bytes) and refuse a smaller size: a full
+    // run at 2 B failed both steps before they were left out there.
+    let mut p = Profile::full(1);
+    p.sizes = vec![2, 8];
+    p.cost_sizes = vec![2, 8];
+    let ids: Vec<_> = steps(&p)
+        .into_iter()
+        .filter(|s| [SIDEWAY, IBVERBS].contains(&SERIES[s.series].program))
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, ["1n/r1/ins/sideway/8", "1n/r1/ins/ibverbs/send/8"]);
+    assert!(steps(&p).iter().any(|s| s.id == "1n/r1/ins/c/2"));
 }
 
 #[test]
