@@ -132,8 +132,8 @@ impl Slots {
     ///
     /// # Safety
     /// The provider refused the request of slot `index` (its post returned an error), or it
-    /// was never posted, so the NIC has nothing of it: on a request it accepted, this would free the slot while the
-    /// NIC may still use what the request lent.
+    /// was never posted, so the NIC has nothing of it: on a request it accepted, this would
+    /// free the slot while the NIC may still use what the request lent.
     #[allow(unsafe_code)] // a promise the caller makes: the provider refused the request
     pub unsafe fn cancel(&mut self, index: u32) {
         let kind = self.slots[index as usize].kind;

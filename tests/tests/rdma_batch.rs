@@ -152,6 +152,26 @@ fn a_failed_write_in_a_batch_ends_it_with_that_error_only_once_every_write_is_fl
     );
     assert_eq!(a.outstanding(), 0);
     assert!(a.is_in_error());
+    // In the error state, a batch is refused for the state before the queue's room is
+    // looked at: 65 writes on a queue of 64 entries say "error state", not "queue full"
+    // (whose advice, wait and post again, would never come true here).
+    let parts: [_; 65] =
+        std::array::from_fn(|j| host_region(&pd, &pattern(64, j as u8), 64, Access::empty()));
+    let Err(refused) = a.post_write_batch(parts, [r; 65]) else {
+        panic!("a batch on a queue pair in the error state was posted");
+    };
+    assert!(
+        !matches!(refused.error, Error::QueueFull { .. })
+            && refused.error.to_string().contains("error state"),
+        "{}",
+        refused.error
+    );
+    assert_eq!(
+        refused.parts.map(|p| p.len()),
+        Some(65),
+        "every region back"
+    );
+    assert_eq!(a.outstanding(), 0, "no slot kept");
     drop(failed);
     drop(a);
 }

@@ -95,10 +95,29 @@ impl QueuePair {
                 });
             }
         };
-        // The slot first (a refused part gives it back below), so that one pass checks
-        // every part and builds its SGE and its whole work request in place: the queue
-        // pair's state tested once, each part with plain comparisons, a refusal worded by
-        // `checked_sge` (out of line).
+        // Why part `j` is refused, in words (`checked_sge`'s, out of line).
+        let refusal = |j: usize, part: &P, remote: &RemoteRegion| {
+            let (region, range) = part.lent(TOKEN);
+            match self.checked_sge(WorkKind::Write, region, range, Some(*remote)) {
+                Err(error) => error,
+                // Unreachable while both test the same things.
+                Ok(_) => Error::invalid(Op::PostSend, format!("write {j} of a batch refused")),
+            }
+        };
+        // The queue pair's state first, as for one write, and before the queue's room: a
+        // queue pair in the error state says so, not that its queue is full (a batch
+        // stranded there never gives its entries back).
+        if self.is_in_error() {
+            if let (Some(part), Some(remote)) = (parts.first(), remotes.first()) {
+                let error = refusal(0, part, remote);
+                return Err(BatchError {
+                    parts: Some(parts),
+                    ..back(error)
+                });
+            }
+        }
+        // Then the slot (a refused part gives it back below), so that one pass checks every
+        // part with plain comparisons and builds its SGE and its whole work request in place.
         let (index, gen) = match self.slots.borrow_mut().acquire_n(WorkKind::Write, weight) {
             Ok(slot) => slot,
             Err(error) => {
@@ -118,22 +137,13 @@ impl QueuePair {
         // (repr(transparent)); the provider only reads the SGEs.
         let first = wrs.as_mut_ptr();
         let sge_list = sges.as_mut_ptr();
-        let open = !self.is_in_error();
         for (j, (part, remote)) in parts.iter().zip(&remotes).enumerate() {
             let (region, range) = part.lent(TOKEN);
-            let checked = if open {
-                self.checked_part_sge(WorkKind::Write, region, &range, Some(remote))
-            } else {
-                None
-            };
-            let Some(sge) = checked else {
+            let Some(sge) = self.checked_part_sge(WorkKind::Write, region, &range, Some(remote))
+            else {
                 // SAFETY: nothing of the batch was posted: the provider has none of it.
                 unsafe { self.slots.borrow_mut().cancel(index) };
-                let error = match self.checked_sge(WorkKind::Write, region, range, Some(*remote)) {
-                    Err(error) => error,
-                    // Unreachable while both test the same things.
-                    Ok(_) => Error::invalid(Op::PostSend, format!("write {j} of a batch refused")),
-                };
+                let error = refusal(j, part, remote);
                 return Err(BatchError {
                     parts: Some(parts),
                     ..back(error)

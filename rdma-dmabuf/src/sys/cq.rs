@@ -127,8 +127,10 @@ impl Polled {
     /// The poll's completions, in the order the provider wrote them.
     #[inline(always)]
     fn written(&self) -> &[ffi::ibv_wc] {
-        // SAFETY: the poll that set `n` initialised the first `n` entries (`n <= BATCH`);
-        // `MaybeUninit<T>` has `T`'s layout.
+        // SAFETY: the poll that set `n` wrote the first `n` entries (`n <= BATCH`);
+        // `MaybeUninit<T>` has `T`'s layout. (A provider may leave a field the verbs do not
+        // define for a completion unwritten: mlx5 a send's `byte_len`; rxe writes every one.
+        // See docs/safety.md, "What the provider writes".)
         unsafe { std::slice::from_raw_parts(self.wcs.as_ptr().cast(), self.n) }
     }
 
