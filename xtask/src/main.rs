@@ -169,22 +169,21 @@ impl Paths {
     /// `ibverbs_cost`).
     fn verbs_crates(&self) -> dmabuf_testbed::sh::Result<PathBuf> {
         let step = dmabuf_testbed::ui::Step::start("building bench/verbs-crates (release)");
-        let target = self.target.join("verbs-crates");
-        dmabuf_testbed::sh::run(
-            self.cargo()
-                .args([
-                    "build",
-                    "--quiet",
-                    "--release",
-                    "--locked",
-                    "--manifest-path",
-                ])
-                .arg(self.root.join("bench/verbs-crates/Cargo.toml"))
-                .arg("--target-dir")
-                .arg(&target),
-        )?;
+        dmabuf_testbed::sh::run(&mut self.verbs_crates_cargo(&["build", "--quiet", "--release"]))?;
         step.done();
-        Ok(target.join("release"))
+        Ok(self.target.join("verbs-crates/release"))
+    }
+
+    /// `cargo ARGS --locked` on `bench/verbs-crates` (its manifest), with its own target
+    /// folder, `target/verbs-crates` (its release build and clippy share it).
+    fn verbs_crates_cargo(&self, args: &[&str]) -> std::process::Command {
+        let mut c = self.cargo();
+        c.args(args)
+            .args(["--locked", "--manifest-path"])
+            .arg(self.root.join("bench/verbs-crates/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(self.target.join("verbs-crates"));
+        c
     }
 }
 

@@ -98,18 +98,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     })?;
     sh::run(
         paths
-            .cargo()
-            .args([
-                "clippy",
-                "--quiet",
-                "--release",
-                "--locked",
-                "--all-targets",
-                "--manifest-path",
-            ])
-            .arg(&manifest)
-            .arg("--target-dir")
-            .arg(paths.target.join("verbs-crates"))
+            .verbs_crates_cargo(&["clippy", "--quiet", "--release", "--all-targets"])
             .args(["--", "-D", "warnings"]),
     )?;
     step.done();

@@ -41,7 +41,6 @@ pub const ALL_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 pub const TWO_NODE_MAX: u64 = 8 << 20;
 /// The largest size whose instructions per write a one-node run counts.
 pub const COST_MAX: u64 = 64 << 10;
-
 /// The smallest write the Rust verbs crates' loops (`bench/verbs-crates`) take: each writes
 /// its iteration's number, 8 bytes.
 pub const VERBS_CRATES_MIN_SIZE: u64 = 8;
