@@ -4,7 +4,7 @@
 use crate::error::{Error, Op, Result};
 use crate::wr::WorkKind;
 
-pub(crate) use crate::sys::cq::RawCompletion;
+pub(crate) use crate::sys::wc::RawCompletion;
 
 /// Where a slot's request is. `Copy`, so that moving a slot from one state to the next runs
 /// no drop glue on the hot path; what an abandoned or stranded request lent is in
@@ -36,6 +36,24 @@ pub(crate) struct Slot {
     pub held: Option<Box<dyn Send>>,
     /// While the slot is free: the next free slot ([`NO_SLOT`] for none).
     next_free: u32,
+    /// The bytes the request posted (a batch's: its last request's), its completion's
+    /// length if it succeeds ([`RawCompletion::with_posted_len`]); unused for a receive,
+    /// whose completion says how much arrived.
+    len: u32,
+}
+
+impl Slot {
+    /// What the request's completion `c` says, with the length it posted if it is not a
+    /// receive (the poll reads a length only of a received message: see
+    /// [`RawCompletion::with_posted_len`]).
+    #[inline(always)]
+    fn completed(&self, c: RawCompletion) -> RawCompletion {
+        if self.kind == WorkKind::Recv {
+            c
+        } else {
+            c.with_posted_len(self.len)
+        }
+    }
 }
 
 /// The end of the free list.
@@ -83,6 +101,7 @@ impl Slots {
                     held: None,
                     // Slot 0 first, then 1, and so on.
                     next_free: if i + 1 < n { i + 1 } else { NO_SLOT },
+                    len: 0,
                 })
                 .collect(),
             free: if n > 0 { 0 } else { NO_SLOT },
@@ -93,17 +112,18 @@ impl Slots {
         }
     }
 
-    /// Takes a slot for a request of `kind`, or says the queue is full.
+    /// Takes a slot for a request of `kind` that posts `len` bytes, or says the queue is
+    /// full.
     #[inline]
-    pub fn acquire(&mut self, kind: WorkKind) -> Result<(u32, u32)> {
-        self.acquire_n(kind, 1)
+    pub fn acquire(&mut self, kind: WorkKind, len: u32) -> Result<(u32, u32)> {
+        self.acquire_n(kind, 1, len)
     }
 
     /// Takes one slot for `weight` requests of `kind` that end with one completion (a
-    /// batch: each holds an entry of the queue until the last completes), or says the queue
-    /// has not that many entries free.
+    /// batch: each holds an entry of the queue until the last completes, whose `len` bytes
+    /// its completion reports), or says the queue has not that many entries free.
     #[inline]
-    pub fn acquire_n(&mut self, kind: WorkKind, weight: u32) -> Result<(u32, u32)> {
+    pub fn acquire_n(&mut self, kind: WorkKind, weight: u32, len: u32) -> Result<(u32, u32)> {
         let (count, depth, op) = match kind {
             WorkKind::Recv => (&mut self.recvs, self.recv_depth, Op::PostRecv),
             _ => (&mut self.sends, self.send_depth, Op::PostSend),
@@ -125,6 +145,7 @@ impl Slots {
         // `early` is None here: only a batch's members set it, and its last completion takes
         // it (a stranded batch's slot is never reused).
         slot.weight = weight;
+        slot.len = len;
         Ok((index, slot.gen))
     }
 
@@ -186,7 +207,7 @@ impl Slots {
                 buf
             }
             State::Posted => {
-                slot.state = State::Done(c);
+                slot.state = State::Done(slot.completed(c));
                 None
             }
             // A second completion for one request cannot happen; keep what was there.
@@ -217,6 +238,7 @@ impl Slots {
         // A batch's first error, if one of its members failed (never set for one request).
         let c = slot.early.take().unwrap_or(c);
         let kind = slot.kind;
+        let c = slot.completed(c);
         self.retire(index, kind);
         Some(c)
     }
@@ -305,15 +327,15 @@ mod tests {
     #[test]
     fn depth_is_enforced_per_queue() {
         let mut s = Slots::new(2, 1);
-        s.acquire(WorkKind::Send).unwrap();
-        s.acquire(WorkKind::Write).unwrap();
+        s.acquire(WorkKind::Send, 1).unwrap();
+        s.acquire(WorkKind::Write, 1).unwrap();
         assert!(matches!(
-            s.acquire(WorkKind::Read),
+            s.acquire(WorkKind::Read, 1),
             Err(Error::QueueFull { depth: 2, .. })
         ));
-        s.acquire(WorkKind::Recv).unwrap();
+        s.acquire(WorkKind::Recv, 1).unwrap();
         assert!(matches!(
-            s.acquire(WorkKind::Recv),
+            s.acquire(WorkKind::Recv, 1),
             Err(Error::QueueFull { depth: 1, .. })
         ));
     }
@@ -321,12 +343,12 @@ mod tests {
     #[test]
     fn completion_then_take_frees_the_slot() {
         let mut s = Slots::new(1, 0);
-        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        let (i, g) = s.acquire(WorkKind::Send, 1).unwrap();
         assert!(s.take(i, g).is_none());
         assert!(s.complete(wr_id(i, g), ok()).is_none());
         assert_eq!(s.take(i, g).unwrap().byte_len(), 1);
         assert_eq!(s.outstanding(), 0);
-        s.acquire(WorkKind::Send).unwrap();
+        s.acquire(WorkKind::Send, 1).unwrap();
     }
 
     #[test]
@@ -334,7 +356,7 @@ mod tests {
         let first = std::sync::Arc::new(());
         let second = std::sync::Arc::new(());
         let mut s = Slots::new(1, 0);
-        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        let (i, g) = s.acquire(WorkKind::Send, 1).unwrap();
         assert!(s.abandon(i, g, Box::new(first.clone())).is_none());
         assert!(s.abandon(i, g, Box::new(second.clone())).is_none());
         assert_eq!(
@@ -357,7 +379,7 @@ mod tests {
     fn abandoned_buffers_are_released_by_their_completion() {
         let dropped = std::sync::Arc::new(());
         let mut s = Slots::new(1, 0);
-        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        let (i, g) = s.acquire(WorkKind::Send, 1).unwrap();
         assert!(s.abandon(i, g, Box::new(dropped.clone())).is_none());
         assert_eq!(
             std::sync::Arc::strong_count(&dropped),
@@ -380,12 +402,12 @@ mod tests {
     fn a_batch_holds_its_weight_and_ends_only_with_its_last_completion() {
         let mut s = Slots::new(4, 0);
         assert!(matches!(
-            s.acquire_n(WorkKind::Write, 5),
+            s.acquire_n(WorkKind::Write, 5, 1),
             Err(Error::QueueFull { depth: 4, .. })
         ));
-        let (i, g) = s.acquire_n(WorkKind::Write, 3).unwrap();
-        s.acquire(WorkKind::Write).unwrap();
-        assert!(s.acquire(WorkKind::Write).is_err(), "3 + 1 of 4 held");
+        let (i, g) = s.acquire_n(WorkKind::Write, 3, 1).unwrap();
+        s.acquire(WorkKind::Write, 1).unwrap();
+        assert!(s.acquire(WorkKind::Write, 1).is_err(), "3 + 1 of 4 held");
         let failed = RawCompletion::for_test(10, 0);
         // A member's error completion, then a member's flush: the batch goes on.
         assert!(s.complete(wr_id(i, g) | MEMBER, failed).is_none());
@@ -398,13 +420,13 @@ mod tests {
             10,
             "the first error is kept"
         );
-        s.acquire_n(WorkKind::Write, 3).unwrap();
+        s.acquire_n(WorkKind::Write, 3, 1).unwrap();
     }
 
     #[test]
     fn finish_ends_only_a_waiting_request_and_keeps_a_batchs_first_error() {
         let mut s = Slots::new(4, 0);
-        let (i, g) = s.acquire(WorkKind::Write).unwrap();
+        let (i, g) = s.acquire(WorkKind::Write, 1).unwrap();
         assert!(
             s.finish(wr_id(i, g + 1), ok()).is_none(),
             "stale generation"
@@ -413,12 +435,12 @@ mod tests {
         assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len(), 1);
         assert_eq!(s.outstanding(), 0, "the slot is free");
         assert!(s.finish(wr_id(i, g), ok()).is_none(), "not twice");
-        let (i, g) = s.acquire_n(WorkKind::Write, 2).unwrap();
+        let (i, g) = s.acquire_n(WorkKind::Write, 2, 1).unwrap();
         let failed = RawCompletion::for_test(10, 0);
         assert!(s.complete(wr_id(i, g) | MEMBER, failed).is_none());
         let flushed = RawCompletion::for_test(5, 0);
         assert_eq!(s.finish(wr_id(i, g), flushed).unwrap().status(), 10);
-        let (i, g) = s.acquire(WorkKind::Write).unwrap();
+        let (i, g) = s.acquire(WorkKind::Write, 1).unwrap();
         assert!(s.abandon(i, g, Box::new(())).is_none());
         assert!(
             s.finish(wr_id(i, g), ok()).is_none(),
@@ -431,7 +453,7 @@ mod tests {
     fn a_free_slot_does_not_take_an_abandoned_buffer() {
         let dropped = std::sync::Arc::new(());
         let mut s = Slots::new(1, 0);
-        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        let (i, g) = s.acquire(WorkKind::Send, 1).unwrap();
         assert_eq!(s.finish(wr_id(i, g), ok()).unwrap().byte_len(), 1);
         let back = s.abandon(i, g, Box::new(dropped.clone()));
         assert!(back.is_some(), "handed back, not kept in a free slot");
@@ -441,9 +463,32 @@ mod tests {
     }
 
     #[test]
+    fn a_posted_request_reports_the_length_it_posted_and_a_receive_what_arrived() {
+        let mut s = Slots::new(2, 1);
+        // The poll reads no length of a send's or write's completion (0 here).
+        let sent = RawCompletion::for_test(0, 0);
+        let (i, g) = s.acquire(WorkKind::Write, 4096).unwrap();
+        assert_eq!(s.finish(wr_id(i, g), sent).unwrap().byte_len(), 4096);
+        let (i, g) = s.acquire(WorkKind::Send, 12).unwrap();
+        assert!(s.complete(wr_id(i, g), sent).is_none());
+        assert_eq!(s.take(i, g).unwrap().byte_len(), 12, "recorded, then taken");
+        let (i, g) = s.acquire(WorkKind::Recv, 4096).unwrap();
+        let arrived = RawCompletion::for_test(0, 300);
+        assert_eq!(s.finish(wr_id(i, g), arrived).unwrap().byte_len(), 300);
+        let (i, g) = s.acquire(WorkKind::Write, 64).unwrap();
+        let failed = RawCompletion::for_test(10, 0x77);
+        let c = s.finish(wr_id(i, g), failed).unwrap();
+        assert_eq!(
+            (c.byte_len(), c.vendor_err()),
+            (0, 0x77),
+            "an error keeps its code"
+        );
+    }
+
+    #[test]
     fn stale_generations_are_ignored() {
         let mut s = Slots::new(1, 0);
-        let (i, g) = s.acquire(WorkKind::Send).unwrap();
+        let (i, g) = s.acquire(WorkKind::Send, 1).unwrap();
         assert!(s.complete(wr_id(i, g + 1), ok()).is_none());
         assert!(s.take(i, g).is_none());
     }

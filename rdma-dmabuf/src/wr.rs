@@ -51,9 +51,15 @@ pub struct WorkCompletion {
     pub wr_id: u64,
     /// What it was.
     pub kind: WorkKind,
-    /// Bytes received (receives) or moved.
+    /// For a receive, the bytes the message carried, as the provider reports them. For a
+    /// request this side posted (a send, write, read or atomic), the bytes it posted: its
+    /// parts' lengths together (8 for an atomic; a batch's, its last write's). The verbs
+    /// define no length for a send's or a write's completion (mlx5 writes none), so this
+    /// is never read from the provider there: it is the same on every provider.
     pub byte_len: u32,
-    /// Immediate data (host byte order) of a send or write with immediate.
+    /// Immediate data (host byte order) that a received message carried: a send with
+    /// immediate, or a write with immediate, which consumes a receive. `None` on the
+    /// sender's side, whose own completion carries none.
     pub imm: Option<u32>,
     /// The local queue pair's number: for a receive through a
     /// [`SharedReceiveQueue`](crate::SharedReceiveQueue), the queue pair the message arrived

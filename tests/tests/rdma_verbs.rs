@@ -105,10 +105,14 @@ fn write_with_immediate_consumes_a_receive_and_delivers_the_immediate() {
     let recv = b.post_recv(note).unwrap();
     let data = pattern(3000, 9);
     let src = host_region(&pd, &data, 4096, Access::empty());
-    a.post_write(Local::new(src, 0..3000), remote, Some(0xfeed_beef))
+    let sent = a
+        .post_write(Local::new(src, 0..3000), remote, Some(0xfeed_beef))
         .unwrap()
         .spin()
         .unwrap();
+    // The writer's own completion carries no immediate, and its length is the one posted
+    // (the verbs define neither there: the poll reads them only of a received message).
+    assert_eq!((sent.wc.imm, sent.wc.byte_len), (None, 3000));
     let got = recv.spin().expect("the receive completes");
     assert_eq!(got.wc.imm, Some(0xfeed_beef));
     assert_eq!(got.wc.byte_len, 3000);

@@ -118,7 +118,17 @@ impl QueuePair {
         }
         // Then the slot (a refused part gives it back below), so that one pass checks every
         // part with plain comparisons and builds its SGE and its whole work request in place.
-        let (index, gen) = match self.slots.borrow_mut().acquire_n(WorkKind::Write, weight) {
+        // The batch's completion is its last write's, and says that write's length (the
+        // pass refuses a part of 4 GiB or more, so the clamp never shows).
+        let last_len = parts.last().map_or(0, |part| {
+            let range = part.lent(TOKEN).1;
+            u32::try_from(range.end.saturating_sub(range.start)).unwrap_or(u32::MAX)
+        });
+        let slot = self
+            .slots
+            .borrow_mut()
+            .acquire_n(WorkKind::Write, weight, last_len);
+        let (index, gen) = match slot {
             Ok(slot) => slot,
             Err(error) => {
                 return Err(BatchError {

@@ -45,7 +45,7 @@ use crate::device::{Gid, Mtu};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Op, Result};
 use crate::slots::{slot_index, wr_id, RawCompletion, Slots};
-use crate::sys::cq::{PollFailed, Polled};
+use crate::sys::wc::{PollFailed, Polled};
 use crate::wr::{WorkCompletion, WorkKind};
 use pending::completion_error;
 use raw::RawQp;

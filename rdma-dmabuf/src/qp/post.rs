@@ -259,7 +259,7 @@ impl QueuePair {
     #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
     pub(super) unsafe fn post_raw(&self, req: Request<'_>) -> Result<(u32, u32)> {
         let kind = req.kind;
-        let (index, gen) = self.slots.borrow_mut().acquire(kind)?;
+        let (index, gen) = self.slots.borrow_mut().acquire(kind, req.len())?;
         let id = wr_id(index, gen);
         // At most the granted max_sge (a u32 from the provider), so it fits an i32.
         let num_sge = req.sges.len() as i32;
@@ -429,6 +429,15 @@ pub(super) struct Request<'s> {
 }
 
 impl<'s> Request<'s> {
+    /// The bytes it posts: its parts' lengths together (saturating; the posts' checks keep
+    /// a request under 4 GiB).
+    #[inline(always)]
+    pub fn len(&self) -> u32 {
+        self.sges
+            .iter()
+            .fold(0u32, |sum, sge| sum.saturating_add(sge.len()))
+    }
+
     /// A request on the parts `sges` (checked SGEs: see [`Sge`]).
     pub fn new(
         kind: WorkKind,

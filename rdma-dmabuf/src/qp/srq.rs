@@ -177,17 +177,17 @@ impl SharedReceiveQueue {
         if !Arc::ptr_eq(region.pd(), self.core.pd()) {
             return refuse("the region belongs to another protection domain".into());
         }
-        let (index, gen) =
-            self.slots
-                .borrow_mut()
-                .acquire(WorkKind::Recv)
-                .map_err(|e| match e {
-                    Error::QueueFull { depth, .. } => Error::QueueFull {
-                        op: Op::PostSrqRecv,
-                        depth,
-                    },
-                    other => other,
-                })?;
+        let (index, gen) = self
+            .slots
+            .borrow_mut()
+            .acquire(WorkKind::Recv, len)
+            .map_err(|e| match e {
+                Error::QueueFull { depth, .. } => Error::QueueFull {
+                    op: Op::PostSrqRecv,
+                    depth,
+                },
+                other => other,
+            })?;
         let mut sge = ffi::ibv_sge {
             addr: region.addr() + range.start,
             length: len,

@@ -4,179 +4,13 @@
 
 use super::device::Context;
 use super::fd::set_nonblocking;
+use super::wc::{PollFailed, Polled, RawCompletion};
 use crate::error::{Error, Op, Result};
 use rdma_sys as ffi;
 use std::cell::Cell;
-use std::mem::MaybeUninit;
-use std::num::NonZeroU32;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
-
-/// A completion as the poller recorded it, in four 32-bit words, so that each move of it on
-/// the completion path is one 16-byte load and store: what the verbs define only for a
-/// success (the length) and only for an error (the vendor's code) share a word, and the
-/// status shares one with the immediate data's flag (and a bit always set, so that an
-/// `Option` of it needs no word of its own).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RawCompletion {
-    /// `PRESENT | WITH_IMM (if any) | status` (`ibv_wc_status`, whose values are small; one
-    /// past 16 bits reads as `0xffff`, an error).
-    tag: NonZeroU32,
-    /// `byte_len` for a success, `vendor_err` for an error.
-    len_or_vendor: u32,
-    imm: u32,
-    /// The local queue pair the request ran on.
-    qp_num: u32,
-}
-
-/// In [`RawCompletion::tag`]: always set.
-const PRESENT: u32 = 1 << 31;
-/// In [`RawCompletion::tag`]: the completion carries immediate data.
-const WITH_IMM: u32 = 1 << 16;
-/// In [`RawCompletion::tag`]: the status.
-const STATUS: u32 = 0xffff;
-
-/// A [`RawCompletion::tag`] of `bits` (never zero: `PRESENT` is set).
-#[inline(always)]
-fn tag(bits: u32) -> NonZeroU32 {
-    NonZeroU32::new(PRESENT | bits).unwrap_or(NonZeroU32::MAX)
-}
-
-impl RawCompletion {
-    /// The completion's status (`ibv_wc_status`).
-    #[inline(always)]
-    pub(crate) fn status(&self) -> u32 {
-        self.tag.get() & STATUS
-    }
-
-    /// Whether it is `IBV_WC_SUCCESS`.
-    #[inline(always)]
-    pub(crate) fn is_success(&self) -> bool {
-        self.status() == ffi::ibv_wc_status::IBV_WC_SUCCESS
-    }
-
-    /// The bytes transferred (a success's; 0 for an error, where the verbs leave it
-    /// undefined).
-    #[inline(always)]
-    pub(crate) fn byte_len(&self) -> u32 {
-        if self.is_success() {
-            self.len_or_vendor
-        } else {
-            0
-        }
-    }
-
-    /// The immediate data, if the completion carries one.
-    #[inline(always)]
-    pub(crate) fn imm(&self) -> Option<u32> {
-        (self.tag.get() & WITH_IMM != 0).then_some(self.imm)
-    }
-
-    /// The vendor's error code (an error's; 0 for a success).
-    #[inline(always)]
-    pub(crate) fn vendor_err(&self) -> u32 {
-        if self.is_success() {
-            0
-        } else {
-            self.len_or_vendor
-        }
-    }
-
-    /// The local queue pair the request ran on.
-    #[inline(always)]
-    pub(crate) fn qp_num(&self) -> u32 {
-        self.qp_num
-    }
-
-    /// A completion of `status` and `byte_len` (or vendor error), for the tables' tests.
-    #[cfg(test)]
-    pub(crate) fn for_test(status: u16, len_or_vendor: u32) -> RawCompletion {
-        RawCompletion {
-            tag: tag(u32::from(status)),
-            len_or_vendor,
-            imm: 0,
-            qp_num: 1,
-        }
-    }
-}
-
-/// `ibv_poll_cq` failed with this errno; see [`CompletionQueue::poll_error`].
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct PollFailed(i32);
-
-/// The completions one poll took from a completion queue, as the provider wrote them
-/// ([`CompletionQueue::poll_into`]); read as [`RawCompletion`]s. On the stack, uninitialised
-/// past what the poll wrote.
-pub(crate) struct Polled {
-    wcs: [MaybeUninit<ffi::ibv_wc>; BATCH],
-    /// How many of `wcs` the last poll wrote.
-    n: usize,
-}
-
-impl Polled {
-    /// Room for one poll, nothing in it.
-    #[inline(always)]
-    pub(crate) fn new() -> Polled {
-        Polled {
-            wcs: [const { MaybeUninit::uninit() }; BATCH],
-            n: 0,
-        }
-    }
-
-    /// The poll's completions, in the order the provider wrote them.
-    #[inline(always)]
-    fn written(&self) -> &[ffi::ibv_wc] {
-        // SAFETY: the poll that set `n` wrote the first `n` entries (`n <= BATCH`);
-        // `MaybeUninit<T>` has `T`'s layout. (A provider may leave a field the verbs do not
-        // define for a completion unwritten: mlx5 a send's `byte_len`; rxe writes every one.
-        // See docs/safety.md, "What the provider writes".)
-        unsafe { std::slice::from_raw_parts(self.wcs.as_ptr().cast(), self.n) }
-    }
-
-    /// Hands each completion (its `wr_id` and what it said) to `each`, in order.
-    #[inline(always)]
-    pub(crate) fn each(&self, mut each: impl FnMut(u64, RawCompletion)) {
-        for wc in self.written() {
-            each(wc.wr_id, RawCompletion::of(wc));
-        }
-    }
-
-    /// The completion of `wr_id` if the poll took that one alone and it succeeded: the
-    /// common case of a poll for one's own request, which then has nothing else to record.
-    #[inline(always)]
-    pub(crate) fn only_success(&self, wr_id: u64) -> Option<RawCompletion> {
-        match self.written() {
-            [wc] if wc.wr_id == wr_id && wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS => {
-                Some(RawCompletion::of(wc))
-            }
-            _ => None,
-        }
-    }
-}
-
-impl RawCompletion {
-    /// What the provider's work completion says.
-    #[inline(always)]
-    fn of(wc: &ffi::ibv_wc) -> RawCompletion {
-        let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-        let imm = if with_imm {
-            // SAFETY: with IBV_WC_WITH_IMM set, the union holds the immediate data.
-            u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
-        } else {
-            0
-        };
-        let success = wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS;
-        let status = wc.status.min(STATUS);
-        let imm_flag = if with_imm { WITH_IMM } else { 0 };
-        RawCompletion {
-            tag: tag(imm_flag | status),
-            len_or_vendor: if success { wc.byte_len } else { wc.vendor_err },
-            imm,
-            qp_num: wc.qp_num,
-        }
-    }
-}
 
 /// A completion channel (`ibv_create_comp_channel`); destroyed on drop, after its CQ, and
 /// before its context, which it holds until then.
@@ -259,9 +93,6 @@ pub(crate) struct CompletionQueue {
 // is `!Sync`, so one thread uses it at a time.
 unsafe impl Send for CompletionQueue {}
 
-/// Completions taken from the CQ per `ibv_poll_cq` call.
-const BATCH: usize = 16;
-
 impl CompletionQueue {
     /// A CQ of `entries` entries on `ctx`, with a completion channel if `channel`.
     pub(crate) fn new(ctx: &Arc<Context>, entries: i32, channel: bool) -> Result<Self> {
@@ -309,31 +140,20 @@ impl CompletionQueue {
         Ok(n)
     }
 
-    /// Polls once into `polled` (up to [`BATCH`] completions, as the provider wrote them);
-    /// returns how many it holds. No allocation, no lock.
+    /// Polls once into `polled` (as many completions as it has room for, as the provider
+    /// wrote them); returns how many it holds. No allocation, no lock.
     #[inline(always)]
     pub(crate) fn poll_into(&self, polled: &mut Polled) -> std::result::Result<usize, PollFailed> {
-        // SAFETY: live CQ; `polled.wcs` has room for BATCH entries, the count passed.
-        let n = unsafe {
-            ffi::ibv_poll_cq(
-                self.cq.as_ptr(),
-                BATCH as i32,
-                polled.wcs.as_mut_ptr().cast(),
-            )
-        };
-        if n < 0 {
-            polled.n = 0;
-            return Err(PollFailed(-n));
-        }
-        // At most BATCH (the provider writes no more than it is given room for).
-        polled.n = (n as usize).min(BATCH);
-        Ok(polled.n)
+        let (room, wcs) = polled.room();
+        // SAFETY: live CQ; `wcs` has room for `room` entries, the count passed.
+        let n = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), room, wcs) };
+        polled.set_written(n)
     }
 
     /// A failed [`CompletionQueue::poll`] as an error naming the device.
     #[cold]
     pub(crate) fn poll_error(&self, failed: PollFailed) -> Error {
-        Error::from_errno(Op::PollCq, self.ctx.name(), failed.0)
+        Error::from_errno(Op::PollCq, self.ctx.name(), failed.errno())
     }
 
     /// The completion channel's fd (non-blocking), if the CQ has a channel: readable when

@@ -39,6 +39,7 @@ pub(crate) mod mr;
 pub(crate) mod pd;
 pub(crate) mod qp;
 pub(crate) mod srq;
+pub(crate) mod wc;
 
 /// Plain C structs of `rdma_sys` for which all-zero is a valid value, so [`zeroed`] may
 /// make one.
