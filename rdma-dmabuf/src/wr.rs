@@ -51,11 +51,14 @@ pub struct WorkCompletion {
     pub wr_id: u64,
     /// What it was.
     pub kind: WorkKind,
-    /// For a receive, the bytes the message carried, as the provider reports them. For a
-    /// request this side posted (a send, write, read or atomic), the bytes it posted: its
-    /// parts' lengths together (8 for an atomic; a batch's, its last write's). The verbs
-    /// define no length for a send's or a write's completion (mlx5 writes none), so this
-    /// is never read from the provider there: it is the same on every provider.
+    /// For a receive, the bytes the message carried, as the provider reports them: a send's
+    /// bytes placed in the receive's buffer, or, for a receive consumed by a write with
+    /// immediate, the length of that write into this side's registered region (none of it
+    /// lands in the receive's buffer). For a request this side posted (a send, write, read
+    /// or atomic), the bytes it posted: its parts' lengths together (8 for an atomic; a
+    /// batch's, its last write's). That one is never read from the provider (the verbs
+    /// define no length for a send's or a write's completion, and mlx5 writes none), so it
+    /// is the same on every provider.
     pub byte_len: u32,
     /// Immediate data (host byte order) that a received message carried: a send with
     /// immediate, or a write with immediate, which consumes a receive. `None` on the

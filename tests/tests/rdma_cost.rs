@@ -9,7 +9,8 @@
 //! same count whatever the machine is doing. The test fails when one of ours grows more than
 //! 10% over `tests/data/write_cost.txt`, and prints every count and its ratio to the C loop.
 //! The same loop written with the Rust verbs crates (`bench/verbs-crates`: `sideway`'s
-//! write, rust-ibverbs' send, as it has no write) is counted the same way beside them, for
+//! write on its extended queue pair and on its basic one, rust-ibverbs' send, as it has no
+//! write) is counted the same way beside them, for
 //! reference: their lines in the file are not gated, and the test prints whether our owned
 //! write costs less than each.
 //! Runs in the testbed VM; `cargo xtask test` builds the release `rdma_bench` and the verbs
@@ -44,8 +45,9 @@ fn target_dir() -> PathBuf {
 
 /// The loops written with the Rust verbs crates: (series, program in
 /// `target/verbs-crates/release`).
-const CRATES: [(&str, &str); 2] = [
+const CRATES: [(&str, &str); 3] = [
     ("sideway", "sideway_cost"),
+    ("sideway-basic", "sideway_basic_cost"),
     ("ibverbs-send", "ibverbs_cost"),
 ];
 

@@ -166,7 +166,7 @@ impl Paths {
     /// Builds the write-cost loops written with the Rust verbs crates (`bench/verbs-crates`,
     /// its own package and lock, outside the workspace) in release under
     /// `target/verbs-crates`; returns the folder of its programs (`sideway_cost`,
-    /// `ibverbs_cost`).
+    /// `sideway_basic_cost`, `ibverbs_cost`).
     fn verbs_crates(&self) -> dmabuf_testbed::sh::Result<PathBuf> {
         let step = dmabuf_testbed::ui::Step::start("building bench/verbs-crates (release)");
         dmabuf_testbed::sh::run(&mut self.verbs_crates_cargo(&["build", "--quiet", "--release"]))?;

@@ -216,10 +216,11 @@ impl QueuePair {
         mine: Option<u64>,
         found: &mut Option<RawCompletion>,
     ) -> std::result::Result<usize, PollFailed> {
-        let mut polled = Polled::new();
-        let n = self.raw.cq().poll_into(&mut polled)?;
-        self.record(&polled, mine, found);
-        Ok(n)
+        self.raw.cq().poll_with(|polled| {
+            let polled = polled?;
+            self.record(polled, mine, found);
+            Ok(polled.len())
+        })
     }
 
     /// Records what one poll took (`polled`): every completion in its slot, its task woken,
@@ -227,7 +228,7 @@ impl QueuePair {
     /// to `found` (see [`QueuePair::poll_finding`]); the queue pair flushed once more after
     /// its first error completion.
     #[inline(always)]
-    fn record(&self, polled: &Polled, mine: Option<u64>, found: &mut Option<RawCompletion>) {
+    fn record(&self, polled: &Polled<'_>, mine: Option<u64>, found: &mut Option<RawCompletion>) {
         let mut panics = crate::unwind::Deferred::default();
         let mut seen = None;
         let mut first_error = false;
@@ -316,9 +317,11 @@ impl QueuePair {
         // seen by this poll, skips a look-up of the slot. A poll that fails leaves the slot
         // to say.
         let mine = wr_id(index, gen);
-        let mut polled = Polled::new();
-        let took = self.raw.cq().poll_into(&mut polled).is_ok();
-        if took {
+        self.raw.cq().poll_with(|polled| {
+            let Ok(polled) = polled else {
+                // A poll that failed leaves the slot to say.
+                return self.take_completion(index, gen);
+            };
             // The common case: this poll took this request's completion alone, a success.
             // Nothing else to record, no task to wake, no error state to flush: the slot is
             // freed and the completion returned at once.
@@ -327,23 +330,21 @@ impl QueuePair {
                     return Some(c);
                 }
             }
-        }
-        self.poll_for_rest(&polled, took, mine)
+            self.poll_for_rest(polled, mine)
+        })
     }
 
     /// [`QueuePair::poll_for`] but for its common case, out of line: what the poll took
-    /// recorded (if it took anything: `took`) as every poll records it, this request's
-    /// completion finished at once if among them, else looked for in its slot (an earlier
-    /// poll, or this one's fallback path, a batch's member error or a waker's panic, may have
-    /// recorded it). When the common case's `finish` returned `None`, it changed nothing.
+    /// recorded as every poll records it, this request's completion finished at once if
+    /// among them, else looked for in its slot (an earlier poll, or this one's fallback path,
+    /// a batch's member error or a waker's panic, may have recorded it). When the common
+    /// case's `finish` returned `None`, it changed nothing.
     #[inline(never)]
-    fn poll_for_rest(&self, polled: &Polled, took: bool, mine: u64) -> Option<RawCompletion> {
-        if took {
-            let mut found = None;
-            self.record(polled, Some(mine), &mut found);
-            if found.is_some() {
-                return found;
-            }
+    fn poll_for_rest(&self, polled: &Polled<'_>, mine: u64) -> Option<RawCompletion> {
+        let mut found = None;
+        self.record(polled, Some(mine), &mut found);
+        if found.is_some() {
+            return found;
         }
         self.take_completion(slot_index(mine), (mine >> 32) as u32)
     }

@@ -4,7 +4,7 @@
 
 use super::device::Context;
 use super::fd::set_nonblocking;
-use super::wc::{PollFailed, Polled, RawCompletion};
+use super::wc::{PollArea, PollFailed, Polled, RawCompletion};
 use crate::error::{Error, Op, Result};
 use rdma_sys as ffi;
 use std::cell::Cell;
@@ -85,6 +85,8 @@ pub(crate) struct CompletionQueue {
     unacked: Cell<u32>,
     /// Whether the notification is armed and its event not yet taken.
     armed: Cell<bool>,
+    /// Where the polls write (zeroed when made: every byte a poll reads is initialised).
+    area: PollArea,
     /// Dropped last: the CQ and the channel live in this context.
     ctx: Arc<Context>,
 }
@@ -116,6 +118,7 @@ impl CompletionQueue {
             channel,
             unacked: Cell::new(0),
             armed: Cell::new(false),
+            area: PollArea::new(),
             ctx: ctx.clone(),
         })
     }
@@ -134,20 +137,29 @@ impl CompletionQueue {
         &self,
         each: impl FnMut(u64, RawCompletion),
     ) -> std::result::Result<usize, PollFailed> {
-        let mut polled = Polled::new();
-        let n = self.poll_into(&mut polled)?;
-        polled.each(each);
-        Ok(n)
+        self.poll_with(|polled| {
+            let polled = polled?;
+            polled.each(each);
+            Ok(polled.len())
+        })
     }
 
-    /// Polls once into `polled` (as many completions as it has room for, as the provider
-    /// wrote them); returns how many it holds. No allocation, no lock.
+    /// Polls once (as many completions as the queue's poll area has room for) and hands
+    /// what the provider wrote, or the poll's failure, to `read`, whose result it returns.
+    /// No allocation, no lock.
     #[inline(always)]
-    pub(crate) fn poll_into(&self, polled: &mut Polled) -> std::result::Result<usize, PollFailed> {
-        let (room, wcs) = polled.room();
-        // SAFETY: live CQ; `wcs` has room for `room` entries, the count passed.
-        let n = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), room, wcs) };
-        polled.set_written(n)
+    pub(crate) fn poll_with<R>(
+        &self,
+        read: impl FnOnce(std::result::Result<&Polled<'_>, PollFailed>) -> R,
+    ) -> R {
+        let cq = self.cq.as_ptr();
+        self.area.poll(
+            |room, wcs| {
+                // SAFETY: live CQ; `wcs` has room for `room` entries, the count passed.
+                unsafe { ffi::ibv_poll_cq(cq, room, wcs) }
+            },
+            read,
+        )
     }
 
     /// A failed [`CompletionQueue::poll`] as an error naming the device.

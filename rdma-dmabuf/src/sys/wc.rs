@@ -4,6 +4,8 @@
 //! provider writes").
 
 use rdma_sys as ffi;
+use std::cell::{Cell, UnsafeCell};
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::num::NonZeroU32;
 
@@ -124,59 +126,95 @@ impl RawCompletion {
     }
 
     /// What the work completion at `wc` says, reading only the fields the verbs define for
-    /// it: `wr_id`, `status` and `qp_num` always; for an error, `vendor_err`; for a success,
-    /// `opcode`, and only for a received message (`IBV_WC_RECV` set in it) `byte_len`,
-    /// `wc_flags` and, with `IBV_WC_WITH_IMM`, the immediate data. (mlx5, for one, writes no
-    /// `byte_len` for a send or a write, and flags a sender's own completion of a send or
-    /// write with immediate without writing the data.) Returns its `wr_id` too.
+    /// it: `wr_id`, `status` and `qp_num` always; for an error, `vendor_err` (then put back
+    /// to 0, so that a provider that leaves it unwritten next time reads as 0, not as this
+    /// one's); for a success, `opcode`, and only for a received message (`IBV_WC_RECV` set in
+    /// it) `byte_len`, `wc_flags` and, with `IBV_WC_WITH_IMM`, the immediate data. (mlx5, for
+    /// one, writes no `byte_len` for a send or a write, and flags a sender's own completion
+    /// of a send or write with immediate without writing the data: what those fields hold is
+    /// an earlier completion's.) Returns its `wr_id` too.
     ///
     /// # Safety
-    /// `wc` points to a work completion the provider wrote in a successful poll: at least
-    /// the fields the verbs define for it.
+    /// `wc` points to an entry of a [`PollArea`] that the caller's poll holds (every byte of
+    /// it initialised; nothing else reads or writes it meanwhile), which the provider wrote
+    /// in that poll.
     #[inline(always)]
-    unsafe fn read(wc: *const ffi::ibv_wc) -> (u64, RawCompletion) {
-        // Each read below is of a field that the verbs define for this completion, so that
-        // the provider wrote it (this function's contract), through a pointer into the
-        // entry at `wc` (aligned: an element of `Polled::wcs`) typed as that field.
-        // SAFETY: defined for every completion.
+    unsafe fn read(wc: *mut ffi::ibv_wc) -> (u64, RawCompletion) {
+        // SAFETY: this function's contract (see `read_success`).
         let wr_id = unsafe { field!(wc, wr_id).read() };
-        // SAFETY: defined for every completion.
+        // SAFETY: as above.
         let status = unsafe { field!(wc, status).read() };
-        // SAFETY: defined for every completion.
-        let qp_num = unsafe { field!(wc, qp_num).read() };
-        let (bits, len_or_vendor, imm) = if status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
-            // SAFETY: defined for an error.
-            let vendor = unsafe { field!(wc, vendor_err).read() };
-            (status.min(STATUS), vendor, 0)
+        let c = if status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+            // SAFETY: this function's contract; an error.
+            unsafe { RawCompletion::read_error(wc, status) }
         } else {
-            // SAFETY: defined for a success.
-            let opcode = unsafe { field!(wc, opcode).read() };
-            if opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0 {
-                // SAFETY: defined for a received message.
-                let len = unsafe { field!(wc, byte_len).read() };
-                // SAFETY: defined for a received message.
-                let flags = unsafe { field!(wc, wc_flags).read() };
-                if flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-                    let union = field!(wc, imm_data_invalidated_rkey_union);
-                    // SAFETY: defined for a received message with IBV_WC_WITH_IMM set: the
-                    // union holds its immediate data (a 32-bit word at the union's start).
-                    let imm = unsafe { union.cast::<u32>().read() };
-                    (WITH_IMM, len, u32::from_be(imm))
-                } else {
-                    (0, len, 0)
-                }
-            } else {
-                // A request this side posted: its slot puts in the length posted.
-                (0, 0, 0)
-            }
-        };
-        let c = RawCompletion {
-            tag: tag(bits),
-            len_or_vendor,
-            imm,
-            qp_num,
+            // SAFETY: this function's contract; a success.
+            unsafe { RawCompletion::read_success(wc) }
         };
         (wr_id, c)
+    }
+
+    /// [`RawCompletion::read`] of a success: `qp_num`, `opcode`, and what a received message
+    /// defines.
+    ///
+    /// # Safety
+    /// As for [`RawCompletion::read`], of a completion whose status is `IBV_WC_SUCCESS`.
+    #[inline(always)]
+    unsafe fn read_success(wc: *mut ffi::ibv_wc) -> RawCompletion {
+        // Each read below is of initialised bytes (the area was zeroed when made; the
+        // provider writes only values) through a pointer into the entry at `wc` (aligned:
+        // an element of the area's array) typed as that field; the contract makes the entry
+        // the caller's alone.
+        // SAFETY: as above.
+        let qp_num = unsafe { field!(wc, qp_num).read() };
+        // SAFETY: as above.
+        let opcode = unsafe { field!(wc, opcode).read() };
+        let (bits, len, imm) = if opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0 {
+            // SAFETY: as above.
+            let len = unsafe { field!(wc, byte_len).read() };
+            // SAFETY: as above.
+            let flags = unsafe { field!(wc, wc_flags).read() };
+            if flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+                let union = field!(wc, imm_data_invalidated_rkey_union);
+                // SAFETY: as above; with IBV_WC_WITH_IMM set on a received message, the
+                // union holds its immediate data (a 32-bit word at the union's start).
+                let imm = unsafe { union.cast::<u32>().read() };
+                (WITH_IMM, len, u32::from_be(imm))
+            } else {
+                (0, len, 0)
+            }
+        } else {
+            // A request this side posted: its slot puts in the length posted.
+            (0, 0, 0)
+        };
+        RawCompletion {
+            tag: tag(bits),
+            len_or_vendor: len,
+            imm,
+            qp_num,
+        }
+    }
+
+    /// [`RawCompletion::read`] of an error of `status`: `qp_num` and `vendor_err`, which is
+    /// put back to 0 (a provider that leaves it unwritten next time then reads as 0).
+    ///
+    /// # Safety
+    /// As for [`RawCompletion::read`], of a completion whose status is `status`.
+    #[cold]
+    unsafe fn read_error(wc: *mut ffi::ibv_wc, status: u32) -> RawCompletion {
+        // SAFETY: as in `read_success`.
+        let qp_num = unsafe { field!(wc, qp_num).read() };
+        let at = field!(wc, vendor_err).cast_mut();
+        // SAFETY: as above.
+        let vendor = unsafe { at.read() };
+        // SAFETY: as above (the entry is the caller's alone to write too).
+        unsafe { at.write(0) };
+        RawCompletion {
+            tag: tag(status.min(STATUS)),
+            len_or_vendor: vendor,
+            imm: 0,
+            qp_num,
+        }
     }
 }
 
@@ -195,53 +233,105 @@ impl PollFailed {
 /// Completions taken from the CQ per `ibv_poll_cq` call.
 const BATCH: usize = 16;
 
-/// The completions one poll took from a completion queue, as the provider wrote them
-/// ([`CompletionQueue::poll_into`](super::cq::CompletionQueue::poll_into)); read as
-/// [`RawCompletion`]s. On the stack, uninitialised past what the poll wrote, and, within
-/// what it wrote, wherever the provider left a field the verbs do not define for that
-/// completion: no reference to an entry is ever made, only reads of the defined fields.
-pub(crate) struct Polled {
-    wcs: [MaybeUninit<ffi::ibv_wc>; BATCH],
-    /// How many of `wcs` the last poll wrote.
-    n: usize,
+/// Where a completion queue's polls write: one per queue, zeroed when the queue is made, so
+/// that every byte of it is initialised whatever a provider leaves unwritten (the verbs let
+/// it leave undefined fields as they were, and some providers leave some of those they do
+/// define: qedr never writes `vendor_err`, ocrdma's flushed completions no `qp_num`; see
+/// docs/safety.md, "What the provider writes"). A field a provider did not write for this
+/// completion reads as what an earlier one left there, or 0, never as uninitialised memory;
+/// an error's `vendor_err` is put back to 0 once read.
+///
+/// A poll holds the area while its completions are read (`busy`); a poll of the same queue
+/// meanwhile (a waker's, run while they are recorded) writes into an area of its own.
+pub(crate) struct PollArea {
+    wcs: UnsafeCell<[MaybeUninit<ffi::ibv_wc>; BATCH]>,
+    busy: Cell<bool>,
 }
 
-impl Polled {
-    /// Room for one poll, nothing in it.
+/// Sets a [`PollArea`] free when dropped (also while unwinding from a waker's panic).
+struct Hold<'a>(&'a Cell<bool>);
+
+impl Drop for Hold<'_> {
     #[inline(always)]
-    pub(crate) fn new() -> Polled {
-        Polled {
-            wcs: [const { MaybeUninit::uninit() }; BATCH],
-            n: 0,
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
+
+impl PollArea {
+    /// An area of zeroes.
+    pub(crate) fn new() -> PollArea {
+        PollArea {
+            wcs: UnsafeCell::new([const { MaybeUninit::zeroed() }; BATCH]),
+            busy: Cell::new(false),
         }
     }
 
-    /// How many completions a poll may write, and where: for `ibv_poll_cq`.
+    /// Polls with `poll` (handed the room it may fill and where: for `ibv_poll_cq`, whose
+    /// return it returns) and hands what it wrote, or its failure, to `read`.
     #[inline(always)]
-    pub(super) fn room(&mut self) -> (i32, *mut ffi::ibv_wc) {
-        (BATCH as i32, self.wcs.as_mut_ptr().cast())
+    pub(crate) fn poll<R>(
+        &self,
+        poll: impl FnOnce(i32, *mut ffi::ibv_wc) -> i32,
+        read: impl FnOnce(Result<&Polled<'_>, PollFailed>) -> R,
+    ) -> R {
+        if self.busy.replace(true) {
+            return Self::nested(poll, read);
+        }
+        let _hold = Hold(&self.busy);
+        let first = self.wcs.get().cast::<ffi::ibv_wc>();
+        let n = poll(BATCH as i32, first);
+        let polled = if n < 0 {
+            Err(PollFailed(-n))
+        } else {
+            Ok(Polled {
+                first,
+                // At most BATCH (the provider writes no more than it is given room for).
+                n: (n as usize).min(BATCH),
+                _area: PhantomData,
+            })
+        };
+        // One call of `read` (inlined once, not once per outcome).
+        read(polled.as_ref().map_err(|&failed| failed))
     }
 
-    /// Records what `ibv_poll_cq` returned for [`Polled::room`]: how many it wrote, or its
-    /// failure (then nothing is held).
+    /// [`PollArea::poll`] while this area is held by an outer poll of the same queue: into
+    /// an area of its own (on the stack, zeroed), so that the outer poll's completions not
+    /// yet read stay as they were.
+    #[cold]
+    #[inline(never)]
+    fn nested<R>(
+        poll: impl FnOnce(i32, *mut ffi::ibv_wc) -> i32,
+        read: impl FnOnce(Result<&Polled<'_>, PollFailed>) -> R,
+    ) -> R {
+        PollArea::new().poll(poll, read)
+    }
+}
+
+/// The completions one poll took, as the provider wrote them into a [`PollArea`], which the
+/// poll holds meanwhile (nothing else writes them); read as [`RawCompletion`]s, each through
+/// pointers to the fields the verbs define for it, never through a reference to an entry.
+pub(crate) struct Polled<'a> {
+    first: *mut ffi::ibv_wc,
+    /// How many entries from `first` the poll wrote.
+    n: usize,
+    _area: PhantomData<&'a PollArea>,
+}
+
+impl Polled<'_> {
+    /// How many completions the poll took.
     #[inline(always)]
-    pub(super) fn set_written(&mut self, n: i32) -> Result<usize, PollFailed> {
-        if n < 0 {
-            self.n = 0;
-            return Err(PollFailed(-n));
-        }
-        // At most BATCH (the provider writes no more than it is given room for).
-        self.n = (n as usize).min(BATCH);
-        Ok(self.n)
+    pub(crate) fn len(&self) -> usize {
+        self.n
     }
 
     /// Completion `i` of the poll's (`i < self.n`).
     #[inline(always)]
     fn at(&self, i: usize) -> (u64, RawCompletion) {
         debug_assert!(i < self.n);
-        let wc = self.wcs[i].as_ptr();
-        // SAFETY: `i < n`: the poll that set `n` wrote entry `i` (the provider writes the
-        // first `n` of the room it was given).
+        let wc = self.first.wrapping_add(i);
+        // SAFETY: `i < n`: an entry of the held area (`PollArea::poll`), every byte of it
+        // initialised, which the poll that set `n` wrote.
         unsafe { RawCompletion::read(wc) }
     }
 
@@ -256,13 +346,24 @@ impl Polled {
 
     /// The completion of `wr_id` if the poll took that one alone and it succeeded: the
     /// common case of a poll for one's own request, which then has nothing else to record.
+    /// Reads nothing else of an entry it does not return (an error's `vendor_err` is read,
+    /// and put back to 0, once: by [`Polled::each`]).
     #[inline(always)]
     pub(crate) fn only_success(&self, wr_id: u64) -> Option<RawCompletion> {
         if self.n != 1 {
             return None;
         }
-        let (id, c) = self.at(0);
-        (id == wr_id && c.is_success()).then_some(c)
+        let wc = self.first;
+        // SAFETY: entry 0 of the held area, which the poll wrote (`n == 1`); initialised
+        // bytes (see `RawCompletion::read`).
+        let id = unsafe { field!(wc, wr_id).read() };
+        // SAFETY: as above.
+        let status = unsafe { field!(wc, status).read() };
+        if id != wr_id || status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+            return None;
+        }
+        // SAFETY: as above; a success.
+        Some(unsafe { RawCompletion::read_success(wc) })
     }
 }
 
@@ -270,52 +371,89 @@ impl Polled {
 mod tests {
     use super::*;
 
-    /// Writes `v` where `p` points: a field of the entry `written_as` hands out.
+    /// Writes `v` where `p` points: a field of the entry a test's provider writes.
     fn put<T>(p: *const T, v: T) {
-        // SAFETY: every caller passes a `field!` pointer into the first entry of the array
-        // of a `Polled` that the test owns and nothing else borrows (`written_as`).
+        // SAFETY: every caller passes a `field!` pointer into the first entry of an area
+        // its poll holds, which nothing else reads or writes meanwhile (`poll_one`).
         unsafe { p.cast_mut().write(v) }
     }
 
-    /// A completion as a provider leaves it: every byte `0xa5` but the fields `write`
-    /// sets, as a provider leaves what it does not write as it was.
-    fn written_as(write: impl FnOnce(*mut ffi::ibv_wc)) -> Polled {
-        let mut polled = Polled::new();
-        let (_, wcs) = polled.room();
-        // SAFETY: `wcs` has room for BATCH entries, of which this fills the first.
-        unsafe {
-            wcs.cast::<u8>()
-                .write_bytes(0xa5, std::mem::size_of::<ffi::ibv_wc>())
-        };
-        write(wcs);
-        polled.set_written(1).unwrap();
-        polled
+    /// One poll of `area` by a provider that writes one completion with `write`, read by
+    /// `read`.
+    fn poll_one<R>(
+        area: &PollArea,
+        write: impl FnOnce(*mut ffi::ibv_wc),
+        read: impl FnOnce(&Polled<'_>) -> R,
+    ) -> R {
+        area.poll(
+            |room, wcs| {
+                assert_eq!(room, BATCH as i32);
+                write(wcs);
+                1
+            },
+            |polled| read(polled.expect("the poll succeeds")),
+        )
+    }
+
+    /// An area whose first entry holds `0xa5` in every byte: what an earlier completion
+    /// might have left in the fields the next one's provider does not write.
+    fn stale_area() -> PollArea {
+        let area = PollArea::new();
+        poll_one(
+            &area,
+            // SAFETY: `wcs` is the first entry of the area this poll holds.
+            |wcs| unsafe {
+                wcs.cast::<u8>()
+                    .write_bytes(0xa5, std::mem::size_of::<ffi::ibv_wc>())
+            },
+            |_| (),
+        );
+        area
     }
 
     /// How mlx5 writes a requester's successful completion: `wc_flags` and `qp_num`,
     /// the opcode, `IBV_WC_WITH_IMM` for a send or write with immediate, `wr_id` and the
     /// status; no `byte_len` (but for a read's or an atomic's) and no immediate data.
-    fn mlx5_requester(opcode: u32, with_imm: bool) -> Polled {
-        written_as(|wc| {
-            put(
-                field!(wc, wc_flags),
-                if with_imm {
-                    ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0
-                } else {
-                    0
-                },
-            );
+    fn mlx5_requester(opcode: u32, with_imm: bool) -> impl FnOnce(*mut ffi::ibv_wc) {
+        move |wc| {
+            let flags = if with_imm {
+                ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0
+            } else {
+                0
+            };
+            put(field!(wc, wc_flags), flags);
             put(field!(wc, qp_num), 0x11);
             put(field!(wc, opcode), opcode);
             put(field!(wc, wr_id), 7);
             put(field!(wc, status), ffi::ibv_wc_status::IBV_WC_SUCCESS);
-        })
+        }
+    }
+
+    /// How qedr writes a flushed completion: no `vendor_err` (it never writes one).
+    fn qedr_flush(wc: *mut ffi::ibv_wc) {
+        put(field!(wc, qp_num), 0x13);
+        put(field!(wc, status), ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR);
+        put(field!(wc, wr_id), 3);
+        put(field!(wc, byte_len), 0);
+    }
+
+    #[test]
+    fn a_new_area_is_zeroes() {
+        let area = PollArea::new();
+        let wcs = area
+            .wcs
+            .get()
+            .cast::<[u8; std::mem::size_of::<[ffi::ibv_wc; BATCH]>()]>();
+        // SAFETY: nothing holds the area, which was made of zeroes (initialised bytes).
+        let bytes = unsafe { wcs.read() };
+        assert!(bytes.iter().all(|&b| b == 0));
     }
 
     #[test]
     fn a_sent_write_with_immediate_reads_no_length_and_no_immediate() {
-        let polled = mlx5_requester(ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE, true);
-        let c = polled.only_success(7).expect("one success, request 7");
+        let area = stale_area();
+        let write = mlx5_requester(ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE, true);
+        let c = poll_one(&area, write, |p| p.only_success(7)).expect("one success, request 7");
         assert_eq!(
             c.imm(),
             None,
@@ -328,15 +466,18 @@ mod tests {
         );
         assert_eq!(c.qp_num(), 0x11);
         assert_eq!(c.with_posted_len(4096).byte_len(), 4096);
-        let polled = mlx5_requester(ffi::ibv_wc_opcode::IBV_WC_SEND, false);
-        polled.each(|id, c| {
-            assert_eq!((id, c.byte_len(), c.imm()), (7, 0, None));
+        let write = mlx5_requester(ffi::ibv_wc_opcode::IBV_WC_SEND, false);
+        let seen = poll_one(&area, write, |p| {
+            p.each(|id, c| assert_eq!((id, c.byte_len(), c.imm()), (7, 0, None)));
+            p.len()
         });
+        assert_eq!(seen, 1);
     }
 
     #[test]
     fn a_received_message_reads_its_length_and_immediate() {
-        let polled = written_as(|wc| {
+        let area = stale_area();
+        let write = |wc: *mut ffi::ibv_wc| {
             put(field!(wc, wc_flags), ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0);
             put(field!(wc, qp_num), 0x12);
             put(field!(wc, byte_len), 3000);
@@ -350,8 +491,8 @@ mod tests {
                 0xfeed_beef_u32.to_be(),
             );
             put(field!(wc, status), ffi::ibv_wc_status::IBV_WC_SUCCESS);
-        });
-        let c = polled.only_success(9).expect("one success");
+        };
+        let c = poll_one(&area, write, |p| p.only_success(9)).expect("one success");
         assert_eq!(
             (c.byte_len(), c.imm(), c.qp_num()),
             (3000, Some(0xfeed_beef), 0x12)
@@ -359,8 +500,9 @@ mod tests {
     }
 
     #[test]
-    fn an_error_reads_its_vendor_code_and_nothing_a_success_defines() {
-        let polled = written_as(|wc| {
+    fn an_error_reads_its_vendor_code_and_a_provider_that_writes_none_reads_as_0() {
+        let area = stale_area();
+        let write = |wc: *mut ffi::ibv_wc| {
             put(field!(wc, qp_num), 0x13);
             put(
                 field!(wc, status),
@@ -368,31 +510,67 @@ mod tests {
             );
             put(field!(wc, vendor_err), 0x88);
             put(field!(wc, wr_id), 3);
+        };
+        let mut seen = Vec::new();
+        poll_one(&area, write, |p| {
+            assert!(p.only_success(3).is_none(), "not a success");
+            p.each(|id, c| seen.push((id, c)));
         });
-        assert!(polled.only_success(3).is_none(), "not a success");
-        let mut seen = 0;
-        polled.each(|id, c| {
-            seen += 1;
-            assert_eq!(id, 3);
-            assert_eq!(c.status(), ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
-            assert_eq!((c.vendor_err(), c.byte_len(), c.imm()), (0x88, 0, None));
-            assert_eq!(
-                c.with_posted_len(64).byte_len(),
-                0,
-                "an error has no length"
-            );
-        });
-        assert_eq!(seen, 1);
+        let [(3, c)] = seen[..] else {
+            panic!("one completion, request 3: {seen:?}")
+        };
+        assert_eq!(c.status(), ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+        assert_eq!((c.vendor_err(), c.byte_len(), c.imm()), (0x88, 0, None));
+        assert_eq!(
+            c.with_posted_len(64).byte_len(),
+            0,
+            "an error has no length"
+        );
+        // qedr writes no vendor_err: its flush reads 0, not the earlier error's 0x88.
+        let c = poll_one(&area, qedr_flush, |p| p.at(0).1);
+        assert_eq!((c.status(), c.vendor_err()), (5, 0));
+        // From a new area too (zeroes), and from a stale one (the poison put back to 0).
+        assert_eq!(
+            poll_one(&PollArea::new(), qedr_flush, |p| p.at(0).1.vendor_err()),
+            0
+        );
+        let stale = stale_area();
+        poll_one(&stale, qedr_flush, |p| p.at(0));
+        assert_eq!(poll_one(&stale, qedr_flush, |p| p.at(0).1.vendor_err()), 0);
     }
 
     #[test]
     fn a_status_past_16_bits_reads_as_an_error() {
-        let polled = written_as(|wc| {
-            put(field!(wc, qp_num), 1);
+        let write = |wc: *mut ffi::ibv_wc| {
             put(field!(wc, status), 0x1_0000);
-            put(field!(wc, vendor_err), 0);
             put(field!(wc, wr_id), 1);
+        };
+        poll_one(&PollArea::new(), write, |p| {
+            p.each(|_, c| assert!(!c.is_success()))
         });
-        polled.each(|_, c| assert!(!c.is_success()));
+    }
+
+    #[test]
+    fn a_poll_while_the_area_is_held_writes_elsewhere_and_a_failure_is_the_errno() {
+        let area = PollArea::new();
+        let write = mlx5_requester(ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE, false);
+        poll_one(&area, write, |outer| {
+            // A waker polling the same queue while the outer poll's completions are read.
+            let inner = poll_one(&area, qedr_flush, |p| p.at(0));
+            assert_eq!(inner.0, 3);
+            assert_eq!(outer.at(0).0, 7, "the outer completion stays as it was");
+            assert!(outer.only_success(7).is_some());
+        });
+        let failed = area
+            .poll(|_, _| -libc::EINVAL, |p| p.err())
+            .expect("a failure");
+        assert_eq!(failed.errno(), libc::EINVAL);
+        // Released after a failure and after a panic while reading.
+        assert!(!area.busy.get());
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            poll_one(&area, qedr_flush, |_| panic!("a waker panicked"))
+        }));
+        assert!(caught.is_err());
+        assert!(!area.busy.get(), "a panic while reading releases the area");
     }
 }

@@ -184,7 +184,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let crates = profiles
         .iter()
         .flat_map(plan::steps)
-        .any(|s| [series::SIDEWAY, series::IBVERBS].contains(&SERIES[s.series].program));
+        .any(|s| series::VERBS_CRATES.contains(&SERIES[s.series].program));
     let crates = if crates {
         paths.verbs_crates()?
     } else {
@@ -239,8 +239,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
                 .display()
                 .to_string(),
             python.display().to_string(),
-            crates.join(series::SIDEWAY).display().to_string(),
-            crates.join(series::IBVERBS).display().to_string(),
+            crates.display().to_string(),
         ];
         let opts = vm::Opts {
             nodes: p.nodes,

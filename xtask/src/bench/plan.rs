@@ -1,7 +1,7 @@
 //! How a bench run measures: the sizes, rounds and budgets of a profile, and the plan of steps
 //! that `bench.sh` runs ([`super::series`] holds what is measured).
 
-use super::series::{Metric, Series, ENGINE_COUNT_CHUNK, ENGINE_SIZES, IBVERBS, SERIES, SIDEWAY};
+use super::series::{Metric, Series, ENGINE_COUNT_CHUNK, ENGINE_SIZES, SERIES, VERBS_CRATES};
 use std::fmt::Write as _;
 
 /// How much a run measures.
@@ -212,7 +212,7 @@ pub fn steps(profile: &Profile) -> Vec<Step> {
                     continue;
                 }
                 // The Rust verbs crates' loops write the iteration's number: 8 bytes at least.
-                if [SIDEWAY, IBVERBS].contains(&s.program) && size < VERBS_CRATES_MIN_SIZE {
+                if VERBS_CRATES.contains(&s.program) && size < VERBS_CRATES_MIN_SIZE {
                     continue;
                 }
                 let size = if s.engine() && s.metric.counted() {

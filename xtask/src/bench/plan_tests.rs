@@ -1,7 +1,7 @@
 //! Tests of the bench plan (`plan.rs`).
 
 use super::*;
-use crate::bench::series::{Metric, IBVERBS, SIDEWAY};
+use crate::bench::series::{Metric, VERBS_CRATES};
 
 #[test]
 fn full_sweeps_every_power_of_two_and_two_nodes_reach_8_mib() {
@@ -38,7 +38,7 @@ fn plans_interleave_and_have_unique_ids() {
     // Counts in the first round only, at both sizes (8 B and 64 KiB); the engine's three
     // bandwidth series (two from Rust, one from Python) at 64 KiB only, and its two counts
     // once.
-    assert_eq!(st.len(), 3 * 2 * timed + 2 * 8 + 3 * 3 + 2);
+    assert_eq!(st.len(), 3 * 2 * timed + 2 * 9 + 3 * 3 + 2);
     let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
     assert_eq!(ids.len(), st.len());
     // perftest then ours, at the same size, in the same round.
@@ -61,10 +61,17 @@ fn the_verbs_crates_are_counted_only_from_8_bytes() {
     p.cost_sizes = vec![2, 8];
     let ids: Vec<_> = steps(&p)
         .into_iter()
-        .filter(|s| [SIDEWAY, IBVERBS].contains(&SERIES[s.series].program))
+        .filter(|s| VERBS_CRATES.contains(&SERIES[s.series].program))
         .map(|s| s.id)
         .collect();
-    assert_eq!(ids, ["1n/r1/ins/sideway/8", "1n/r1/ins/ibverbs/send/8"]);
+    assert_eq!(
+        ids,
+        [
+            "1n/r1/ins/sideway/8",
+            "1n/r1/ins/sideway/basic/8",
+            "1n/r1/ins/ibverbs/send/8"
+        ]
+    );
     assert!(steps(&p).iter().any(|s| s.id == "1n/r1/ins/c/2"));
 }
 
@@ -78,7 +85,7 @@ fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
         .filter(|s| SERIES[s.series].metric == Metric::Instructions)
         .filter(|s| !SERIES[s.series].engine())
         .collect();
-    assert_eq!(counts.len(), 2 * 8);
+    assert_eq!(counts.len(), 2 * 9);
     assert!(counts
         .iter()
         .all(|s| s.round == 1 && s.size <= COST_MAX && s.size != 16));
@@ -97,6 +104,7 @@ fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
         text.contains("cost 1n/r1/ins/sideway/8 300 sideway_cost 8 10,60 \n"),
         "{text}"
     );
+    assert!(text.contains("cost 1n/r1/ins/sideway/basic/8 300 sideway_basic_cost 8 10,60 \n"));
     assert!(text.contains("cost 1n/r1/ins/ibverbs/send/8 300 ibverbs_cost 8 10,60 \n"));
     assert!(steps(&Profile::full(2))
         .iter()

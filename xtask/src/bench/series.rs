@@ -87,8 +87,8 @@ pub struct Series {
     /// What it measures.
     pub metric: Metric,
     /// `ib_write_bw`, `ib_write_lat`, `rdma_bench`, [`ENGINE`], [`PYTHON_ENGINE`],
-    /// `cost_floor` (`cost_floor.c`, which `bench.sh` compiles in the VM), [`SIDEWAY`] or
-    /// [`IBVERBS`].
+    /// `cost_floor` (`cost_floor.c`, which `bench.sh` compiles in the VM), or one of
+    /// [`VERBS_CRATES`].
     pub program: &'static str,
     /// Arguments for both sides (for a local step: all of its arguments).
     pub args: &'static str,
@@ -100,11 +100,17 @@ pub struct Series {
     pub quick: bool,
 }
 
-/// The write-cost loop written with `sideway` (`bench/verbs-crates`).
+/// The write-cost loop written with `sideway`'s extended queue pair (`bench/verbs-crates`).
 pub const SIDEWAY: &str = "sideway_cost";
+
+/// The write-cost loop written with `sideway`'s basic queue pair (`bench/verbs-crates`).
+pub const SIDEWAY_BASIC: &str = "sideway_basic_cost";
 
 /// The write-cost loop written with rust-ibverbs (`bench/verbs-crates`).
 pub const IBVERBS: &str = "ibverbs_cost";
+
+/// Every program of `bench/verbs-crates`.
+pub const VERBS_CRATES: [&str; 3] = [SIDEWAY, SIDEWAY_BASIC, IBVERBS];
 
 /// The transfer engine's bench (`examples/engine_bench.rs`): an initiator and its peers in
 /// one process.
@@ -384,8 +390,10 @@ pub const SERIES: &[Series] = &[
     ),
     series("c/batch", Instructions, "cost_floor", "16", Quick),
     // The same loop written with the Rust verbs crates (bench/verbs-crates): sideway's
-    // extended post and poll, rust-ibverbs' post_send and poll (a SEND: it has no RDMA write).
+    // extended post and poll, its basic ones, rust-ibverbs' post_send and poll (a SEND: it
+    // has no RDMA write).
     series("sideway", Instructions, SIDEWAY, "", Quick),
+    series("sideway/basic", Instructions, SIDEWAY_BASIC, "", Quick),
     series("ibverbs/send", Instructions, IBVERBS, "", Quick),
     // The engine's allocations per chunk: batches of 16 entries cut into N and 4N chunks of
     // ENGINE_COUNT_CHUNK (the step's iterations: N), the difference over 3N.

@@ -2,8 +2,9 @@
 # failed step is reported and the plan goes on. $1: the plan; $2: rdma_bench; $3: cost_floor.c
 # (compiled here when the plan counts instructions); $4: engine_bench (the transfer engine's
 # steps, one process each); $5: engine_bench.py (the engine's bandwidth step from Python), run
-# with the package folder $6 (the release build of gpu_rdma) on PYTHONPATH; $7 and $8:
-# sideway_cost and ibverbs_cost (bench/verbs-crates: the C loop written with those crates).
+# with the package folder $6 (the release build of gpu_rdma) on PYTHONPATH; $7: the folder of
+# sideway_cost, sideway_basic_cost and ibverbs_cost (bench/verbs-crates: the C loop written
+# with those crates).
 #
 # Plan lines (words; `#` starts a comment line):
 #   pair  ID LIMIT PROGRAM SIZE ITERS [ARGS...]   a server, then its client once it listens
@@ -13,7 +14,7 @@
 #         SHORT then LONG iterations; prints `RESULT ins_short=N ins_long=N iters_short=SHORT
 #         iters_long=LONG writes_per_iter=W` (the instructions counted in `*measured_*`)
 # PROGRAM is ib_write_bw, ib_write_lat, rdma_bench, engine_bench, engine_bench.py,
-# cost_floor (its ARGS: writes a chain), sideway_cost or ibverbs_cost;
+# cost_floor (its ARGS: writes a chain), sideway_cost, sideway_basic_cost or ibverbs_cost;
 # ARGS go to both sides; LIMIT (seconds) bounds the wait for the server and each process.
 # Each step prints `### step ID begin`, its client's output, then
 # `### step ID end client=RC server=RC secs=S` (RC 124: timed out; `ready`: the server never
@@ -35,13 +36,12 @@ if grep -q ' engine_bench ' "$PLAN" && ! cp "$4" "$E"; then
 fi
 PY_BENCH=${5-} PY_PATH=${6-}
 # The verbs crates' loops, the same way (only when the plan counts them).
-SW=/tmp/sideway_cost IV=/tmp/ibverbs_cost
-if grep -q ' sideway_cost ' "$PLAN" && ! cp "${7-}" "$SW"; then
-    echo "bench.sh: no ${7-}: every sideway_cost step will fail"
-fi
-if grep -q ' ibverbs_cost ' "$PLAN" && ! cp "${8-}" "$IV"; then
-    echo "bench.sh: no ${8-}: every ibverbs_cost step will fail"
-fi
+VC=/tmp
+for p in sideway_cost sideway_basic_cost ibverbs_cost; do
+    if grep -q " $p " "$PLAN" && ! cp "${7-}/$p" "$VC/$p"; then
+        echo "bench.sh: no ${7-}/$p: every $p step will fail"
+    fi
+done
 # The C loop of the instruction counts, built here with the guest's libibverbs.
 F=/tmp/cost_floor
 if grep -q '^cost ' "$PLAN" && ! cc -O2 -o "$F" "$3" -libverbs; then
@@ -99,7 +99,7 @@ side() {
 }
 
 # Prints the instructions callgrind counts in `*measured_*` functions when step $1 runs $2
-# (rdma_bench, engine_bench, cost_floor, sideway_cost or ibverbs_cost) at size $3 for $4 iterations (the rest: its
+# (rdma_bench, engine_bench, cost_floor or a verbs crate's loop) at size $3 for $4 iterations (the rest: its
 # arguments), bounded by $LIMIT; the program's output goes to /tmp/cost.$1.$4.out. Fails when
 # nothing was counted.
 counted() {
@@ -108,8 +108,7 @@ counted() {
     case "$prog" in
     rdma_bench) set -- "$B" "$@" --size "$size" --iters "$n" --device "$D" ;;
     cost_floor) set -- "$F" "$D" "$G" "$size" "$n" "$@" ;;
-    sideway_cost) set -- "$SW" "$D" "$G" "$size" "$n" ;;
-    ibverbs_cost) set -- "$IV" "$D" "$G" "$size" "$n" ;;
+    sideway_cost | sideway_basic_cost | ibverbs_cost) set -- "$VC/$prog" "$D" "$G" "$size" "$n" ;;
     engine_bench) set -- "$E" "$@" --size "$size" --iters "$n" ;;
     *) echo "bench.sh: no count for $prog" > "$out"; return 2 ;;
     esac

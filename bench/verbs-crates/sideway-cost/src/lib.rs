@@ -1,23 +1,108 @@
-//! The write-cost loop with `sideway` 0.4, the way its own `rc_pingpong` example uses it: an
-//! extended queue pair (`QueuePairBuilder::build_ex`, `ibv_create_qp_ex`) and an extended
-//! completion queue (`CompletionQueueBuilder::build_ex`). The post is
-//! `start_post_send` (`ibv_wr_start`), `construct_wr(.., Signaled)`, `setup_write`
-//! (`ibv_wr_rdma_write`), `setup_sge` (`ibv_wr_set_sge`) and `post` (`ibv_wr_complete`); the
-//! completion is `start_poll` (`ibv_start_poll`), the first `next()` of the poller and its
-//! `status()`, and the poller's drop (`ibv_end_poll`). See the package's documentation.
+//! The write-cost loop with `sideway` 0.4, for two of its queue pairs: the extended one that
+//! its own `rc_pingpong` example uses ([`Extended`], program `sideway_cost`:
+//! `QueuePairBuilder::build_ex`, `ibv_create_qp_ex`, and `CompletionQueueBuilder::build_ex`)
+//! and the basic one ([`Basic`], program `sideway_basic_cost`: `build`, `ibv_create_qp` and
+//! `ibv_create_cq`). The post is the same calls on both, `start_post_send`,
+//! `construct_wr(.., Signaled)`, `setup_write`, `setup_sge` and `post`: on the extended queue
+//! pair `ibv_wr_start`, `ibv_wr_rdma_write`, `ibv_wr_set_sge` and `ibv_wr_complete`; on the
+//! basic one, work requests and scatter entries pushed into `Vec`s and one `ibv_post_send`.
+//! The completion is `start_poll` (`ibv_start_poll`; on the basic queue, an `ibv_poll_cq` into
+//! a `Vec` of the queue's poll batch, 32 by default), the first `next()` of the poller and its
+//! `status()`, and the poller's drop. See the package's documentation.
 
 use sideway::ibverbs::address::AddressHandleAttribute;
-use sideway::ibverbs::completion::{ExtendedCompletionQueue, WorkCompletionStatus};
+use sideway::ibverbs::completion::{
+    BasicCompletionQueue, CompletionQueueBuilder, ExtendedCompletionQueue, GenericCompletionQueue,
+    WorkCompletionStatus,
+};
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::Mtu;
 use sideway::ibverbs::queue_pair::{
-    ExtendedQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
-    SendOperationFlags, SetScatterGatherEntry, WorkRequestFlags,
+    BasicQueuePair, ExtendedQueuePair, PostSendGuard, QueuePair, QueuePairAttribute,
+    QueuePairBuilder, QueuePairState, SendOperationFlags, SetScatterGatherEntry, WorkRequestFlags,
 };
 use sideway::ibverbs::AccessFlags;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs_crates::{args, die, result, SETTLE};
+
+/// A kind of sideway queue pair and completion queue the loop runs on.
+pub trait Flavor {
+    /// The queue pair.
+    type Qp: QueuePair;
+    /// The completion queue.
+    type Cq;
+    /// The series' name in the `RESULT` line.
+    const SERIES: &'static str;
+    /// The program's name, for its usage line.
+    const PROGRAM: &'static str;
+    /// A completion queue from `builder`.
+    fn cq(builder: &CompletionQueueBuilder) -> Arc<Self::Cq>;
+    /// The same queue as the queue pair builder takes it.
+    fn generic(cq: &Arc<Self::Cq>) -> GenericCompletionQueue;
+    /// A queue pair from `builder`.
+    fn qp(builder: &QueuePairBuilder) -> Self::Qp;
+    /// Takes one completion: `None` when the queue was empty, else whether it succeeded.
+    fn complete(cq: &Self::Cq) -> Option<bool>;
+}
+
+/// The extended queue pair and completion queue (`build_ex`).
+pub struct Extended;
+
+impl Flavor for Extended {
+    type Qp = ExtendedQueuePair;
+    type Cq = ExtendedCompletionQueue;
+    const SERIES: &'static str = "sideway";
+    const PROGRAM: &'static str = "sideway_cost";
+
+    fn cq(builder: &CompletionQueueBuilder) -> Arc<Self::Cq> {
+        builder.build_ex().unwrap_or_else(|e| die(e))
+    }
+
+    fn generic(cq: &Arc<Self::Cq>) -> GenericCompletionQueue {
+        cq.clone().into()
+    }
+
+    fn qp(builder: &QueuePairBuilder) -> Self::Qp {
+        builder.build_ex().unwrap_or_else(|e| die(e))
+    }
+
+    #[inline(always)]
+    fn complete(cq: &Self::Cq) -> Option<bool> {
+        let mut poller = cq.start_poll().ok()?;
+        let wc = poller.next()?;
+        Some(wc.status() == WorkCompletionStatus::Success as u32)
+    }
+}
+
+/// The basic queue pair and completion queue (`build`).
+pub struct Basic;
+
+impl Flavor for Basic {
+    type Qp = BasicQueuePair;
+    type Cq = BasicCompletionQueue;
+    const SERIES: &'static str = "sideway-basic";
+    const PROGRAM: &'static str = "sideway_basic_cost";
+
+    fn cq(builder: &CompletionQueueBuilder) -> Arc<Self::Cq> {
+        builder.build().unwrap_or_else(|e| die(e))
+    }
+
+    fn generic(cq: &Arc<Self::Cq>) -> GenericCompletionQueue {
+        cq.clone().into()
+    }
+
+    fn qp(builder: &QueuePairBuilder) -> Self::Qp {
+        builder.build().unwrap_or_else(|e| die(e))
+    }
+
+    #[inline(always)]
+    fn complete(cq: &Self::Cq) -> Option<bool> {
+        let mut poller = cq.start_poll().ok()?;
+        let wc = poller.next()?;
+        Some(wc.status() == WorkCompletionStatus::Success as u32)
+    }
+}
 
 /// The local buffer and the remote one of each write.
 struct Write {
@@ -30,7 +115,7 @@ struct Write {
 
 /// Posts one signalled RDMA write of `w`.
 #[inline(never)]
-fn measured_post(qp: &mut ExtendedQueuePair, w: &Write) -> bool {
+fn measured_post<Q: QueuePair>(qp: &mut Q, w: &Write) -> bool {
     let mut guard = qp.start_post_send();
     let write = guard
         .construct_wr(1, WorkRequestFlags::Signaled)
@@ -43,10 +128,8 @@ fn measured_post(qp: &mut ExtendedQueuePair, w: &Write) -> bool {
 
 /// Takes one completion: `None` when the queue was empty, else whether it succeeded.
 #[inline(never)]
-fn measured_complete(cq: &ExtendedCompletionQueue) -> Option<bool> {
-    let mut poller = cq.start_poll().ok()?;
-    let wc = poller.next()?;
-    Some(wc.status() == WorkCompletionStatus::Success as u32)
+fn measured_complete<F: Flavor>(cq: &F::Cq) -> Option<bool> {
+    F::complete(cq)
 }
 
 /// Waits until the 8 bytes at `at`, in the write's registered target, read `value` (the write
@@ -63,8 +146,9 @@ fn wait_for_value(at: *const u64, value: u64) {
     }
 }
 
-fn main() {
-    let args = args("sideway_cost");
+/// The loop on queues of flavour `F`: the program's whole run.
+pub fn run<F: Flavor>() {
+    let args = args(F::PROGRAM);
     let list = DeviceList::new().unwrap_or_else(|e| die(e));
     let device = list
         .iter()
@@ -74,18 +158,18 @@ fn main() {
     let pd = ctx.alloc_pd().unwrap_or_else(|e| die(e));
     let mut cq_builder = ctx.create_cq_builder();
     cq_builder.setup_cqe(8);
-    let cq: Arc<ExtendedCompletionQueue> = cq_builder.build_ex().unwrap_or_else(|e| die(e));
-    let other = cq_builder.build_ex().unwrap_or_else(|e| die(e));
-    let make_qp = |cq: &Arc<ExtendedCompletionQueue>| {
+    let cq = F::cq(&cq_builder);
+    let other = F::cq(&cq_builder);
+    let make_qp = |cq: &Arc<F::Cq>| {
         let mut b = pd.create_qp_builder();
         b.setup_max_send_wr(16)
             .setup_max_recv_wr(4)
             .setup_max_send_sge(1)
             .setup_max_recv_sge(1)
-            .setup_send_cq(cq.clone())
-            .setup_recv_cq(cq.clone())
+            .setup_send_cq(F::generic(cq))
+            .setup_recv_cq(F::generic(cq))
             .setup_send_ops_flags(SendOperationFlags::Write);
-        let mut qp = b.build_ex().unwrap_or_else(|e| die(e));
+        let mut qp = F::qp(&b);
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
@@ -96,7 +180,7 @@ fn main() {
     };
     let (mut a, mut b) = (make_qp(&cq), make_qp(&other));
     let gid = ctx.query_gid(1, args.gid_index).unwrap_or_else(|e| die(e));
-    let connect = |qp: &mut ExtendedQueuePair, dest: u32| {
+    let connect = |qp: &mut F::Qp, dest: u32| {
         let mut ah = AddressHandleAttribute::new();
         ah.setup_port(1)
             .setup_grh_src_gid_index(args.gid_index as u8)
@@ -155,7 +239,7 @@ fn main() {
         wait_for_value(dst.as_ptr(), i);
         std::thread::sleep(SETTLE);
         loop {
-            match measured_complete(&cq) {
+            match measured_complete::<F>(&cq) {
                 Some(true) => break,
                 Some(false) => die("the write failed"),
                 None => {
@@ -165,6 +249,6 @@ fn main() {
             }
         }
     }
-    result(&args, "sideway", misses);
+    result(&args, F::SERIES, misses);
     drop((a, b, smr, dmr));
 }
