@@ -85,14 +85,17 @@ pub(crate) struct CompletionQueue {
     unacked: Cell<u32>,
     /// Whether the notification is armed and its event not yet taken.
     armed: Cell<bool>,
-    /// Where the polls write (zeroed when made: every byte a poll reads is initialised).
+    /// Where the polls write (zeroed when made: every field a poll reads is initialised).
     area: PollArea,
     /// Dropped last: the CQ and the channel live in this context.
     ctx: Arc<Context>,
 }
 
-// SAFETY: libibverbs lets a CQ be polled and destroyed from any thread; the owning queue pair
-// is `!Sync`, so one thread uses it at a time.
+// SAFETY: libibverbs lets a CQ be polled and destroyed from any thread. The CQ is `!Sync`
+// (its `Cell`s, its poll area): its owner decides sharing, and each owner lets one thread at a
+// time use it (a queue pair is `!Sync`; a shared receive queue's core, which is `Sync`, polls
+// its CQ only through the `!Sync` handle: see `SrqCore`), so no two polls ever write or read
+// one poll area at once.
 unsafe impl Send for CompletionQueue {}
 
 impl CompletionQueue {

@@ -25,9 +25,10 @@ pub(crate) struct SrqCore {
     max_sge: u32,
 }
 
-// SAFETY: libibverbs lets an SRQ be posted to and destroyed from any thread. The CQ is polled
-// only through the one `SharedReceiveQueue` handle, which is `!Sync`; queue pairs use only its
-// pointer, at creation. `orphans` is behind a mutex.
+// SAFETY: libibverbs lets an SRQ be posted to and destroyed from any thread. The CQ (its
+// `Cell`s and its poll area, which a poll writes and reads) is used only through the one
+// `SharedReceiveQueue` handle, which is `!Sync`, so by one thread at a time; queue pairs use
+// only its pointer, at creation. `orphans` is behind a mutex.
 unsafe impl Send for SrqCore {}
 // SAFETY: as above: shared references to the core are used only for the raw pointers (at QP
 // creation), posts (thread-safe in libibverbs), the CQ through the `!Sync` handle, and the

@@ -1,7 +1,7 @@
-//! Work completions as a poll takes them: the array the provider writes into (on the stack,
-//! uninitialised), and what is read of each entry, which is only what the verbs define for
-//! that completion: a provider may leave the rest unwritten (docs/safety.md, "What the
-//! provider writes").
+//! Work completions as a poll takes them: the area of its completion queue the provider
+//! writes into (zeroed when the queue is made), and what is read of each entry, which is only
+//! what the verbs define for that completion: a provider may leave the rest unwritten
+//! (docs/safety.md, "What the provider writes").
 
 use rdma_sys as ffi;
 use std::cell::{Cell, UnsafeCell};
@@ -126,20 +126,20 @@ impl RawCompletion {
     }
 
     /// What the work completion at `wc` says, reading only the fields the verbs define for
-    /// it: `wr_id`, `status` and `qp_num` always; for an error, `vendor_err` (then put back
-    /// to 0, so that a provider that leaves it unwritten next time reads as 0, not as this
-    /// one's); for a success, `opcode`, and only for a received message (`IBV_WC_RECV` set in
-    /// it) `byte_len`, `wc_flags` and, with `IBV_WC_WITH_IMM`, the immediate data. (mlx5, for
-    /// one, writes no `byte_len` for a send or a write, and flags a sender's own completion
-    /// of a send or write with immediate without writing the data: what those fields hold is
-    /// an earlier completion's.) Returns its `wr_id` too.
+    /// it: `wr_id`, `status` and `qp_num` always; for an error, `vendor_err`; for a success,
+    /// `opcode`, and only for a received message (`IBV_WC_RECV` set in it) `byte_len`,
+    /// `wc_flags` and, with `IBV_WC_WITH_IMM`, the immediate data. (mlx5, for one, writes no
+    /// `byte_len` for a send or a write, and flags a sender's own completion of a send or
+    /// write with immediate without writing the data: what those fields hold is an earlier
+    /// completion's.) Returns its `wr_id` too. Reads only: reading an entry again gives the
+    /// same.
     ///
     /// # Safety
-    /// `wc` points to an entry of a [`PollArea`] that the caller's poll holds (every byte of
-    /// it initialised; nothing else reads or writes it meanwhile), which the provider wrote
-    /// in that poll.
+    /// `wc` points to an entry of a [`PollArea`] that the caller's poll holds (every field
+    /// of it initialised; nothing writes it meanwhile), which the provider wrote in that
+    /// poll.
     #[inline(always)]
-    unsafe fn read(wc: *mut ffi::ibv_wc) -> (u64, RawCompletion) {
+    unsafe fn read(wc: *const ffi::ibv_wc) -> (u64, RawCompletion) {
         // SAFETY: this function's contract (see `read_success`).
         let wr_id = unsafe { field!(wc, wr_id).read() };
         // SAFETY: as above.
@@ -160,11 +160,11 @@ impl RawCompletion {
     /// # Safety
     /// As for [`RawCompletion::read`], of a completion whose status is `IBV_WC_SUCCESS`.
     #[inline(always)]
-    unsafe fn read_success(wc: *mut ffi::ibv_wc) -> RawCompletion {
-        // Each read below is of initialised bytes (the area was zeroed when made; the
-        // provider writes only values) through a pointer into the entry at `wc` (aligned:
-        // an element of the area's array) typed as that field; the contract makes the entry
-        // the caller's alone.
+    unsafe fn read_success(wc: *const ffi::ibv_wc) -> RawCompletion {
+        // Each read below is of an initialised field (the area was zeroed when made, and its
+        // zeroes are kept by moves: see `PollArea`; the provider writes only values) through
+        // a pointer into the entry at `wc` (aligned: see `PollArea`) typed as that field;
+        // the contract keeps writers away meanwhile.
         // SAFETY: as above.
         let qp_num = unsafe { field!(wc, qp_num).read() };
         // SAFETY: as above.
@@ -195,20 +195,16 @@ impl RawCompletion {
         }
     }
 
-    /// [`RawCompletion::read`] of an error of `status`: `qp_num` and `vendor_err`, which is
-    /// put back to 0 (a provider that leaves it unwritten next time then reads as 0).
+    /// [`RawCompletion::read`] of an error of `status`: `qp_num` and `vendor_err`.
     ///
     /// # Safety
     /// As for [`RawCompletion::read`], of a completion whose status is `status`.
     #[cold]
-    unsafe fn read_error(wc: *mut ffi::ibv_wc, status: u32) -> RawCompletion {
+    unsafe fn read_error(wc: *const ffi::ibv_wc, status: u32) -> RawCompletion {
         // SAFETY: as in `read_success`.
         let qp_num = unsafe { field!(wc, qp_num).read() };
-        let at = field!(wc, vendor_err).cast_mut();
         // SAFETY: as above.
-        let vendor = unsafe { at.read() };
-        // SAFETY: as above (the entry is the caller's alone to write too).
-        unsafe { at.write(0) };
+        let vendor = unsafe { field!(wc, vendor_err).read() };
         RawCompletion {
             tag: tag(status.min(STATUS)),
             len_or_vendor: vendor,
@@ -234,19 +230,30 @@ impl PollFailed {
 const BATCH: usize = 16;
 
 /// Where a completion queue's polls write: one per queue, zeroed when the queue is made, so
-/// that every byte of it is initialised whatever a provider leaves unwritten (the verbs let
+/// that every field of it is initialised whatever a provider leaves unwritten (the verbs let
 /// it leave undefined fields as they were, and some providers leave some of those they do
 /// define: qedr never writes `vendor_err`, ocrdma's flushed completions no `qp_num`; see
 /// docs/safety.md, "What the provider writes"). A field a provider did not write for this
-/// completion reads as what an earlier one left there, or 0, never as uninitialised memory;
-/// an error's `vendor_err` is put back to 0 once read.
+/// completion reads as what an earlier one left there, or 0, never as uninitialised memory.
+///
+/// The entries are kept as words (`WC_WORDS` of 8 bytes, the size of an `ibv_wc`, which has
+/// 2 bytes of padding): a move of the area (with its queue, into a queue pair the caller
+/// moves) copies words, which have no padding, so it keeps every zero, where a copy of
+/// `ibv_wc`s might not keep their padding's. They are cast to `ibv_wc` only as pointers.
 ///
 /// A poll holds the area while its completions are read (`busy`); a poll of the same queue
 /// meanwhile (a waker's, run while they are recorded) writes into an area of its own.
 pub(crate) struct PollArea {
-    wcs: UnsafeCell<[MaybeUninit<ffi::ibv_wc>; BATCH]>,
+    wcs: UnsafeCell<[MaybeUninit<[u64; WC_WORDS]>; BATCH]>,
     busy: Cell<bool>,
 }
+
+/// The 8-byte words of an `ibv_wc`.
+const WC_WORDS: usize = std::mem::size_of::<ffi::ibv_wc>() / 8;
+const _: () = assert!(
+    std::mem::size_of::<ffi::ibv_wc>() == WC_WORDS * 8 && std::mem::align_of::<ffi::ibv_wc>() <= 8,
+    "an ibv_wc is a whole number of 8-byte words, aligned to at most 8"
+);
 
 /// Sets a [`PollArea`] free when dropped (also while unwinding from a waker's panic).
 struct Hold<'a>(&'a Cell<bool>);
@@ -330,7 +337,7 @@ impl Polled<'_> {
     fn at(&self, i: usize) -> (u64, RawCompletion) {
         debug_assert!(i < self.n);
         let wc = self.first.wrapping_add(i);
-        // SAFETY: `i < n`: an entry of the held area (`PollArea::poll`), every byte of it
+        // SAFETY: `i < n`: an entry of the held area (`PollArea::poll`), every field of it
         // initialised, which the poll that set `n` wrote.
         unsafe { RawCompletion::read(wc) }
     }
@@ -346,8 +353,6 @@ impl Polled<'_> {
 
     /// The completion of `wr_id` if the poll took that one alone and it succeeded: the
     /// common case of a poll for one's own request, which then has nothing else to record.
-    /// Reads nothing else of an entry it does not return (an error's `vendor_err` is read,
-    /// and put back to 0, once: by [`Polled::each`]).
     #[inline(always)]
     pub(crate) fn only_success(&self, wr_id: u64) -> Option<RawCompletion> {
         if self.n != 1 {
@@ -500,7 +505,7 @@ mod tests {
     }
 
     #[test]
-    fn an_error_reads_its_vendor_code_and_a_provider_that_writes_none_reads_as_0() {
+    fn an_error_reads_its_vendor_code_and_a_provider_that_writes_none_reads_0() {
         let area = stale_area();
         let write = |wc: *mut ffi::ibv_wc| {
             put(field!(wc, qp_num), 0x13);
@@ -526,17 +531,14 @@ mod tests {
             0,
             "an error has no length"
         );
-        // qedr writes no vendor_err: its flush reads 0, not the earlier error's 0x88.
-        let c = poll_one(&area, qedr_flush, |p| p.at(0).1);
-        assert_eq!((c.status(), c.vendor_err()), (5, 0));
-        // From a new area too (zeroes), and from a stale one (the poison put back to 0).
-        assert_eq!(
-            poll_one(&PollArea::new(), qedr_flush, |p| p.at(0).1.vendor_err()),
-            0
-        );
-        let stale = stale_area();
-        poll_one(&stale, qedr_flush, |p| p.at(0));
-        assert_eq!(poll_one(&stale, qedr_flush, |p| p.at(0).1.vendor_err()), 0);
+        // qedr writes no vendor_err: on its own queue (an area of zeroes that no provider
+        // but qedr writes) a flush reads 0; read twice, the same.
+        let area = PollArea::new();
+        let c = poll_one(&area, qedr_flush, |p| {
+            assert_eq!(p.at(0).1.vendor_err(), p.at(0).1.vendor_err());
+            p.at(0).1
+        });
+        assert_eq!((c.status(), c.vendor_err(), c.qp_num()), (5, 0, 0x13));
     }
 
     #[test]
