@@ -1,6 +1,7 @@
 //! What the write-cost loops of `examples/rdma_bench/cost_floor.c` written with the Rust verbs
-//! crates share: `sideway` (program `sideway_cost`) and rust-ibverbs (crate `ibverbs`, program
-//! `ibverbs_cost`), one package each. Each program counts under valgrind's callgrind, run with
+//! crates share: `sideway` (programs `sideway_cost` and `sideway_basic_cost`, its extended and
+//! its basic queue pair) and rust-ibverbs (crate `ibverbs`, program `ibverbs_cost`), one
+//! package each. Each program counts under valgrind's callgrind, run with
 //! `--collect-atstart=no --toggle-collect='*measured_*'`, as the C loop and `rdma_bench cost`
 //! are: its post is in a function named `measured_post` and its completion in one named
 //! `measured_complete`, both `#[inline(never)]`.
