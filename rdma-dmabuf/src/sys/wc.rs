@@ -48,7 +48,8 @@ fn field_ptr<T>(wc: *const ffi::ibv_wc, offset: usize, _field: fn(&ffi::ibv_wc) 
 }
 
 /// `field!(wc, name)`: a pointer to field `name` of the work completion at `wc`, of its
-/// type, made without a reference to the entry (whose other fields may be unwritten).
+/// type, made without a reference to the entry (the area is only ever reached through raw
+/// pointers, the provider's writes included).
 macro_rules! field {
     ($wc:expr, $name:ident) => {
         field_ptr($wc, std::mem::offset_of!(ffi::ibv_wc, $name), |w| &w.$name)

@@ -36,9 +36,8 @@ if grep -q ' engine_bench ' "$PLAN" && ! cp "$4" "$E"; then
 fi
 PY_BENCH=${5-} PY_PATH=${6-}
 # The verbs crates' loops, the same way (only when the plan counts them).
-VC=/tmp
 for p in sideway_cost sideway_basic_cost ibverbs_cost; do
-    if grep -q " $p " "$PLAN" && ! cp "${7-}/$p" "$VC/$p"; then
+    if grep -q " $p " "$PLAN" && ! cp "${7-}/$p" "/tmp/$p"; then
         echo "bench.sh: no ${7-}/$p: every $p step will fail"
     fi
 done
@@ -108,7 +107,7 @@ counted() {
     case "$prog" in
     rdma_bench) set -- "$B" "$@" --size "$size" --iters "$n" --device "$D" ;;
     cost_floor) set -- "$F" "$D" "$G" "$size" "$n" "$@" ;;
-    sideway_cost | sideway_basic_cost | ibverbs_cost) set -- "$VC/$prog" "$D" "$G" "$size" "$n" ;;
+    sideway_cost | sideway_basic_cost | ibverbs_cost) set -- "/tmp/$prog" "$D" "$G" "$size" "$n" ;;
     engine_bench) set -- "$E" "$@" --size "$size" --iters "$n" ;;
     *) echo "bench.sh: no count for $prog" > "$out"; return 2 ;;
     esac
