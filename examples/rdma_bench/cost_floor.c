@@ -13,6 +13,14 @@
  * ibv_post_send, only the last signalled, and takes the one completion: the floor for
  * `rdma_bench cost --series batch`.
  *
+ * With a last argument `extended`, the same loop over the extended verbs instead, as the
+ * `sideway` crate uses them: the queue pair from ibv_create_qp_ex, the writes built with
+ * ibv_wr_start, ibv_wr_rdma_write, ibv_wr_set_sge and ibv_wr_complete (a batch: BATCH of
+ * them between one start and one complete), the completion queue from ibv_create_cq_ex and
+ * the completion taken with ibv_start_poll and ibv_end_poll. The provider's own share is
+ * smaller there (rxe writes each request straight into its queue, with no ibv_send_wr to
+ * convert).
+ *
  * Built by the workspace's tests (cc -O2 ... -libverbs).
  */
 #include <infiniband/verbs.h>
@@ -22,6 +30,9 @@
 
 #define MAX_BATCH 16
 
+/* Whether the loop runs over the extended verbs (the last argument `extended`). */
+static int extended;
+
 static void die(const char *what)
 {
 	perror(what);
@@ -30,15 +41,31 @@ static void die(const char *what)
 
 static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *cq)
 {
-	struct ibv_qp_init_attr init = {
-		.send_cq = cq,
-		.recv_cq = cq,
-		.cap = { .max_send_wr = MAX_BATCH, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
-		.qp_type = IBV_QPT_RC,
-	};
-	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+	struct ibv_qp_cap cap = { .max_send_wr = MAX_BATCH, .max_recv_wr = 4, .max_send_sge = 1,
+				  .max_recv_sge = 1 };
+	struct ibv_qp *qp;
+	if (extended) {
+		struct ibv_qp_init_attr_ex init = {
+			.send_cq = cq,
+			.recv_cq = cq,
+			.cap = cap,
+			.qp_type = IBV_QPT_RC,
+			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+			.pd = pd,
+			.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE,
+		};
+		qp = ibv_create_qp_ex(pd->context, &init);
+	} else {
+		struct ibv_qp_init_attr init = {
+			.send_cq = cq,
+			.recv_cq = cq,
+			.cap = cap,
+			.qp_type = IBV_QPT_RC,
+		};
+		qp = ibv_create_qp(pd, &init);
+	}
 	if (!qp)
-		die("ibv_create_qp");
+		die(extended ? "ibv_create_qp_ex" : "ibv_create_qp");
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT,
 		.port_num = 1,
@@ -124,10 +151,40 @@ __attribute__((noinline)) static int measured_complete(struct ibv_cq *cq)
 	return n == 1 && wc.status == IBV_WC_SUCCESS ? 0 : -1;
 }
 
+/* The extended verbs: BATCH writes (1: one) between one ibv_wr_start and one ibv_wr_complete,
+ * only the last signalled. */
+__attribute__((noinline)) static int measured_post_extended(struct ibv_qp_ex *qp,
+							    struct ibv_sge *sge, uint64_t addr,
+							    uint32_t rkey, int batch)
+{
+	ibv_wr_start(qp);
+	for (int i = 0; i < batch; i++) {
+		qp->wr_id = 1 + i;
+		qp->wr_flags = i + 1 == batch ? IBV_SEND_SIGNALED : 0;
+		ibv_wr_rdma_write(qp, rkey, addr);
+		ibv_wr_set_sge(qp, sge[i].lkey, sge[i].addr, sge[i].length);
+	}
+	return ibv_wr_complete(qp);
+}
+
+__attribute__((noinline)) static int measured_complete_extended(struct ibv_cq_ex *cq)
+{
+	struct ibv_poll_cq_attr attr = { .comp_mask = 0 };
+	if (ibv_start_poll(cq, &attr))
+		return -1;
+	int ok = cq->status == IBV_WC_SUCCESS;
+	ibv_end_poll(cq);
+	return ok ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 5 && !strcmp(argv[argc - 1], "extended")) {
+		extended = 1;
+		argc--;
+	}
 	if (argc != 5 && argc != 6) {
-		fprintf(stderr, "usage: cost_floor DEVICE GID_INDEX SIZE ITERS [BATCH]\n");
+		fprintf(stderr, "usage: cost_floor DEVICE GID_INDEX SIZE ITERS [BATCH] [extended]\n");
 		return 2;
 	}
 	int batch = argc == 6 ? atoi(argv[5]) : 1;
@@ -147,7 +204,11 @@ int main(int argc, char **argv)
 		die("ibv_open_device");
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, ch, 0);
+	struct ibv_cq_init_attr_ex cq_init = { .cqe = 8, .channel = ch,
+					       .wc_flags = IBV_WC_STANDARD_FLAGS };
+	struct ibv_cq_ex *cq_ex = extended ? ibv_create_cq_ex(ctx, &cq_init) : NULL;
+	struct ibv_cq *cq = extended ? (cq_ex ? ibv_cq_ex_to_cq(cq_ex) : NULL)
+				     : ibv_create_cq(ctx, 8, NULL, ch, 0);
 	struct ibv_cq *other = ibv_create_cq(ctx, 8, NULL, NULL, 0);
 	if (!pd || !ch || !cq || !other)
 		die("pd, channel or cq");
@@ -171,8 +232,10 @@ int main(int argc, char **argv)
 	for (long i = 0; i < iters; i++) {
 		if (ibv_req_notify_cq(cq, 0))
 			die("ibv_req_notify_cq");
-		int rc = batch == 1 ? measured_post(a, sge, (uintptr_t)dst, dmr->rkey)
-				    : measured_post_batch(a, sge, (uintptr_t)dst, dmr->rkey, batch);
+		int rc = extended ? measured_post_extended(ibv_qp_to_qp_ex(a), sge, (uintptr_t)dst,
+							   dmr->rkey, batch)
+			 : batch == 1 ? measured_post(a, sge, (uintptr_t)dst, dmr->rkey)
+				      : measured_post_batch(a, sge, (uintptr_t)dst, dmr->rkey, batch);
 		if (rc)
 			die("ibv_post_send");
 		struct ibv_cq *ev_cq;
@@ -180,10 +243,11 @@ int main(int argc, char **argv)
 		if (ibv_get_cq_event(ch, &ev_cq, &ev_ctx))
 			die("ibv_get_cq_event");
 		ibv_ack_cq_events(ev_cq, 1);
-		if (measured_complete(cq))
+		if (extended ? measured_complete_extended(cq_ex) : measured_complete(cq))
 			die("the completion was not in the queue after its event");
 	}
-	printf("RESULT cost_iters=%ld size=%zu series=c writes_per_iter=%d\n", iters, size, batch);
+	printf("RESULT cost_iters=%ld size=%zu series=%s writes_per_iter=%d\n", iters, size,
+	       extended ? "c-extended" : "c", batch);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_dereg_mr(smr);

@@ -38,7 +38,7 @@ fn plans_interleave_and_have_unique_ids() {
     // Counts in the first round only, at both sizes (8 B and 64 KiB); the engine's three
     // bandwidth series (two from Rust, one from Python) at 64 KiB only, and its two counts
     // once.
-    assert_eq!(st.len(), 3 * 2 * timed + 2 * 9 + 3 * 3 + 2);
+    assert_eq!(st.len(), 3 * 2 * timed + 2 * 11 + 3 * 3 + 2);
     let ids: std::collections::BTreeSet<_> = st.iter().map(|s| &s.id).collect();
     assert_eq!(ids.len(), st.len());
     // perftest then ours, at the same size, in the same round.
@@ -85,7 +85,7 @@ fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
         .filter(|s| SERIES[s.series].metric == Metric::Instructions)
         .filter(|s| !SERIES[s.series].engine())
         .collect();
-    assert_eq!(counts.len(), 2 * 9);
+    assert_eq!(counts.len(), 2 * 11);
     assert!(counts
         .iter()
         .all(|s| s.round == 1 && s.size <= COST_MAX && s.size != 16));
@@ -96,6 +96,7 @@ fn instructions_are_counted_in_the_first_round_at_the_cost_sizes_on_one_node() {
         "{text}"
     );
     assert!(text.contains("cost 1n/r1/ins/c/batch/65536 300 cost_floor 65536 10,60 16\n"));
+    assert!(text.contains("cost 1n/r1/ins/c/extended/8 300 cost_floor 8 10,60 1 extended\n"));
     assert!(
         text.contains("cost 1n/r1/ins/ours/owned/8 300 rdma_bench 8 10,60 cost --series owned\n")
     );

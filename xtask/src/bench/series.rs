@@ -389,6 +389,22 @@ pub const SERIES: &[Series] = &[
         Quick,
     ),
     series("c/batch", Instructions, "cost_floor", "16", Quick),
+    // The C loop over the extended verbs (`ibv_wr_*`, `ibv_start_poll`), sideway's calls: the
+    // provider's share of a write there, for reference.
+    series(
+        "c/extended",
+        Instructions,
+        "cost_floor",
+        "1 extended",
+        Quick,
+    ),
+    series(
+        "c/extended/batch",
+        Instructions,
+        "cost_floor",
+        "16 extended",
+        Quick,
+    ),
     // The same loop written with the Rust verbs crates (bench/verbs-crates): sideway's
     // extended post and poll, its basic ones, rust-ibverbs' post_send and poll (a SEND: it
     // has no RDMA write).
