@@ -47,9 +47,12 @@ pub struct SharedReceiveQueue {
     /// which `core`'s CQ owns (and closes only after the last queue pair is gone).
     pub(super) wait: super::wake::WaitState,
     pub(super) core: Arc<SrqCore>,
+    /// The one key to `core`'s completion queue (see [`CqKey`]).
+    key: CqKey,
     pub(super) slots: RefCell<Slots>,
 }
 
+use crate::sys::srq::CqKey;
 pub(crate) use crate::sys::srq::SrqCore;
 
 impl fmt::Debug for SharedReceiveQueue {
@@ -99,7 +102,7 @@ impl SharedReceiveQueue {
             Error::invalid(Op::CreateSrq, format!("depth {depth} past a CQ's i32 size"))
         })?;
         let cq = CompletionQueue::new(ctx, entries, true)?;
-        let core = SrqCore::create(pd, cq, depth).map_err(|e| {
+        let (core, key) = SrqCore::create(pd, cq, depth).map_err(|e| {
             Error::from_errno(
                 Op::CreateSrq,
                 format!("{} (depth {depth})", ctx.name()),
@@ -109,8 +112,14 @@ impl SharedReceiveQueue {
         Ok(SharedReceiveQueue {
             wait: super::wake::WaitState::new(depth as usize),
             core: Arc::new(core),
+            key,
             slots: RefCell::new(Slots::new(0, depth)),
         })
+    }
+
+    /// The shared completion queue, reached with this handle's key.
+    pub(super) fn cq(&self) -> &crate::cq::CompletionQueue {
+        self.core.cq(&self.key)
     }
 
     /// The verbs objects, for queue pairs joining it.
@@ -223,7 +232,7 @@ impl SharedReceiveQueue {
     /// is recorded and every other task woken (docs/safety.md, "Unwinding").
     pub fn poll(&self) -> Result<usize> {
         let mut panics = crate::unwind::Deferred::default();
-        let n = self.core.cq().poll(|id, c| {
+        let n = self.cq().poll(|id, c| {
             let released = self.slots.borrow_mut().complete(id, c);
             // An abandoned buffer whose receive just completed: free it outside the borrow;
             // a task awaiting the receive is woken.
@@ -231,7 +240,7 @@ impl SharedReceiveQueue {
             self.wait.waiters.wake(slot_index(id), &mut panics);
         });
         panics.resume();
-        n.map_err(|e| self.core.cq().poll_error(e))
+        n.map_err(|e| self.cq().poll_error(e))
     }
 
     /// Sets the limit: when the posted receives fall below `limit`, the device raises its

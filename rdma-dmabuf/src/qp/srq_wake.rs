@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Waker};
 
 impl Waitable for SharedReceiveQueue {
     fn cq(&self) -> &CompletionQueue {
-        self.core.cq()
+        SharedReceiveQueue::cq(self)
     }
     fn wait_state(&self) -> &WaitState {
         &self.wait
@@ -29,8 +29,7 @@ impl SharedReceiveQueue {
     /// armed CQ ([`SharedReceiveQueue::arm_completions`]) got a completion. Borrowed from
     /// the queue: a reactor registration of it must end before the queue is dropped.
     pub fn completion_fd(&self) -> BorrowedFd<'_> {
-        self.core
-            .cq()
+        SharedReceiveQueue::cq(self)
             .channel_fd()
             .expect("a shared receive queue's CQ always has a completion channel")
     }
@@ -49,7 +48,7 @@ impl SharedReceiveQueue {
     /// # Errors
     /// [`Error::Verbs`](crate::Error::Verbs) for a read error other than `EAGAIN`.
     pub fn take_completion_events(&self) -> Result<u32> {
-        self.core.cq().take_events()
+        SharedReceiveQueue::cq(self).take_events()
     }
 
     /// As [`QueuePair::set_spin_policy`](crate::QueuePair::set_spin_policy), for the shared

@@ -93,9 +93,9 @@ pub(crate) struct CompletionQueue {
 
 // SAFETY: libibverbs lets a CQ be polled and destroyed from any thread. The CQ is `!Sync`
 // (its `Cell`s, its poll area): its owner decides sharing, and each owner lets one thread at a
-// time use it (a queue pair is `!Sync`; a shared receive queue's core, which is `Sync`, polls
-// its CQ only through the `!Sync` handle: see `SrqCore`), so no two polls ever write or read
-// one poll area at once.
+// time use it (a queue pair is `!Sync`; a shared receive queue's core, which is `Sync`, gives
+// its CQ only to the holder of its one `!Sync` key, the handle: see `SrqCore::cq`), so no two
+// polls ever write or read one poll area at once.
 unsafe impl Send for CompletionQueue {}
 
 impl CompletionQueue {

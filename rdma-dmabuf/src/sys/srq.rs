@@ -5,14 +5,34 @@ use super::cq::CompletionQueue;
 use super::pd::ProtectionDomain;
 use rdma_sys as ffi;
 use std::any::Any;
+use std::cell::Cell;
 use std::fmt;
+use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The right to use one [`SrqCore`]'s completion queue (to poll it, arm it, read its
+/// channel): made once with the core and kept by the one handle that polls it (the
+/// `SharedReceiveQueue`), so that no other path can reach the queue. Neither `Clone` nor
+/// `Sync`: one thread at a time holds a reference to it, and so uses the queue. That is what
+/// `SrqCore`'s `Sync` rests on (the queue's `Cell`s and its poll area are written by a poll).
+pub(crate) struct CqKey {
+    /// The number of the core it opens, checked on each use.
+    core: u64,
+    /// Not `Sync` (a `Cell`'s marker); `Send`, as the handle that holds it.
+    _one_thread: PhantomData<Cell<()>>,
+}
+
+/// The numbers of the cores, for their keys.
+static NEXT_CORE: AtomicU64 = AtomicU64::new(0);
 
 /// The verbs objects of a shared receive queue, shared with the queue pairs that receive
 /// through them (each holds an `Arc`, so the SRQ is destroyed after its last queue pair).
 pub(crate) struct SrqCore {
     srq: NonNull<ffi::ibv_srq>,
+    /// Its number, which its [`CqKey`] carries.
+    id: u64,
     /// Every joined queue pair's receive completions, with a completion channel (for
     /// awaited receives). Dropped after the SRQ (Drop below).
     cq: CompletionQueue,
@@ -26,13 +46,13 @@ pub(crate) struct SrqCore {
 }
 
 // SAFETY: libibverbs lets an SRQ be posted to and destroyed from any thread. The CQ (its
-// `Cell`s and its poll area, which a poll writes and reads) is used only through the one
-// `SharedReceiveQueue` handle, which is `!Sync`, so by one thread at a time; queue pairs use
-// only its pointer, at creation. `orphans` is behind a mutex.
+// `Cell`s and its poll area, which a poll writes and reads) is reachable only with the core's
+// one `CqKey` (`SrqCore::cq`), which is `!Sync` and held by the one `SharedReceiveQueue`
+// handle, so it is used by one thread at a time; queue pairs use only its pointer, at
+// creation. `orphans` is behind a mutex.
 unsafe impl Send for SrqCore {}
 // SAFETY: as above: shared references to the core are used only for the raw pointers (at QP
-// creation), posts (thread-safe in libibverbs), the CQ through the `!Sync` handle, and the
-// mutex.
+// creation), posts (thread-safe in libibverbs), the CQ with the `!Sync` key, and the mutex.
 unsafe impl Sync for SrqCore {}
 
 impl fmt::Debug for SrqCore {
@@ -46,7 +66,8 @@ impl fmt::Debug for SrqCore {
 
 impl SrqCore {
     /// `ibv_create_srq` of `depth` receives of one SGE each in `pd`, completing on `cq`'s
-    /// queue pairs' behalf (the CQ is kept until after the SRQ is destroyed).
+    /// queue pairs' behalf (the CQ is kept until after the SRQ is destroyed); with the one
+    /// key to `cq` (see [`CqKey`]).
     ///
     /// # Errors
     /// The OS error of the call.
@@ -54,21 +75,28 @@ impl SrqCore {
         pd: &Arc<ProtectionDomain>,
         cq: CompletionQueue,
         depth: u32,
-    ) -> std::io::Result<SrqCore> {
+    ) -> std::io::Result<(SrqCore, CqKey)> {
         let mut init: ffi::ibv_srq_init_attr = super::zeroed();
         init.attr.max_wr = depth;
         init.attr.max_sge = 1;
         // SAFETY: live PD; `init` is valid for the call.
         let srq = unsafe { ffi::ibv_create_srq(pd.as_ptr(), &mut init) };
         let srq = NonNull::new(srq).ok_or_else(std::io::Error::last_os_error)?;
-        Ok(SrqCore {
+        let id = NEXT_CORE.fetch_add(1, Ordering::Relaxed);
+        let core = SrqCore {
             srq,
+            id,
             cq,
             orphans: Mutex::new(None),
             pd: pd.clone(),
             depth,
             max_sge: init.attr.max_sge,
-        })
+        };
+        let key = CqKey {
+            core: id,
+            _one_thread: PhantomData,
+        };
+        Ok((core, key))
     }
 
     /// The raw SRQ and its CQ, for creating a queue pair on them.
@@ -76,8 +104,12 @@ impl SrqCore {
         (self.srq.as_ptr(), self.cq.as_ptr())
     }
 
-    /// The completion queue of every joined queue pair's receives.
-    pub(crate) fn cq(&self) -> &CompletionQueue {
+    /// The completion queue of every joined queue pair's receives, for the holder of its key.
+    ///
+    /// # Panics
+    /// If `key` is another core's (a bug of this crate: each handle keeps its own core's).
+    pub(crate) fn cq(&self, key: &CqKey) -> &CompletionQueue {
+        assert_eq!(key.core, self.id, "another shared receive queue's key");
         &self.cq
     }
 
