@@ -69,6 +69,12 @@ pub const PROGRAMS: &[Program] = &[
         why: "builds, tests, fetches rdma-core's source (host)",
     },
     Program {
+        name: "rustup",
+        source: Source::Toolchain,
+        env: None,
+        why: "installs the pinned nightly toolchain with Miri for cargo xtask test's Miri check, and runs cargo on it (host)",
+    },
+    Program {
         name: "qemu-system-x86_64",
         source: Source::Deb("qemu-system-x86"),
         env: Some(QEMU_BINARY),

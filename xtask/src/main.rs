@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod miri;
 mod packaging;
 mod phase;
 mod python;

@@ -126,9 +126,13 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     if !host_out.success && host_tally.failed == 0 {
         info("host: cargo test failed without a failing test (a build error?)");
     }
-    // The crates as a user depends on them, and the Python wheel as a user installs it:
-    // counted as one test each.
-    for ok in [crate::packaging::check(paths)?, crate::wheel::check(paths)?] {
+    // The crates as a user depends on them, the Python wheel as a user installs it, and the
+    // raw pointer code's unit tests under Miri: counted as one test each.
+    for ok in [
+        crate::packaging::check(paths)?,
+        crate::wheel::check(paths)?,
+        crate::miri::check(paths)?,
+    ] {
         if ok {
             passed += 1;
         } else {
