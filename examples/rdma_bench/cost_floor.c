@@ -7,7 +7,7 @@
  * (measured_complete). Count with:
  *
  *   valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*measured_*' \
- *       cost_floor DEVICE GID_INDEX SIZE ITERS [BATCH]
+ *       cost_floor DEVICE GID_INDEX SIZE ITERS [BATCH] [extended]
  *
  * With BATCH (at most 16), each iteration posts BATCH writes as one chain in one
  * ibv_post_send, only the last signalled, and takes the one completion: the floor for
@@ -225,6 +225,9 @@ int main(int argc, char **argv)
 		die("ibv_query_gid");
 	connect_qp(a, b->qp_num, gid, gid_index);
 	connect_qp(b, a->qp_num, gid, gid_index);
+	struct ibv_qp_ex *a_ex = extended ? ibv_qp_to_qp_ex(a) : NULL;
+	if (extended && !a_ex)
+		die("ibv_qp_to_qp_ex");
 	struct ibv_sge sge[MAX_BATCH];
 	for (int i = 0; i < MAX_BATCH; i++)
 		sge[i] = (struct ibv_sge){ .addr = (uintptr_t)(src + i * size), .length = size,
@@ -232,8 +235,8 @@ int main(int argc, char **argv)
 	for (long i = 0; i < iters; i++) {
 		if (ibv_req_notify_cq(cq, 0))
 			die("ibv_req_notify_cq");
-		int rc = extended ? measured_post_extended(ibv_qp_to_qp_ex(a), sge, (uintptr_t)dst,
-							   dmr->rkey, batch)
+		int rc = extended ? measured_post_extended(a_ex, sge, (uintptr_t)dst, dmr->rkey,
+							   batch)
 			 : batch == 1 ? measured_post(a, sge, (uintptr_t)dst, dmr->rkey)
 				      : measured_post_batch(a, sge, (uintptr_t)dst, dmr->rkey, batch);
 		if (rc)

@@ -239,6 +239,8 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
             let ready = dmabuf_testbed::setup::testbed(&paths)?;
             // The wheels of the project's own peers (Mooncake's bench: bench --peers).
             dmabuf_testbed::wheels::fetch_all(&paths)?;
+            // Miri's pinned nightly (cargo xtask test's Miri check).
+            miri::install()?;
             dmabuf_testbed::ui::info(format!("accelerator: {}", ready.accel.summary()));
             dmabuf_testbed::ui::info(ready.summary());
             Ok(ExitCode::SUCCESS)

@@ -48,8 +48,12 @@ pub(crate) struct SrqCore {
 // SAFETY: libibverbs lets an SRQ be posted to and destroyed from any thread. The CQ (its
 // `Cell`s and its poll area, which a poll writes and reads) is reachable only with the core's
 // one `CqKey` (`SrqCore::cq`), which is `!Sync` and held by the one `SharedReceiveQueue`
-// handle, so it is used by one thread at a time; queue pairs use only its pointer, at
-// creation. `orphans` is behind a mutex.
+// handle, so it is used by one thread at a time. Queue pairs use only its pointer: at
+// creation, and in the provider when one is destroyed (which may clean that queue pair's
+// entries out of the CQ from the queue pair's thread, under the provider's own CQ lock: the CQ
+// is made by `ibv_create_cq`, never single-threaded, and nothing of ours is touched). The
+// last `Arc` may drop on any thread; the CQ's `Drop` then has it alone (`&mut`). `orphans` is
+// behind a mutex.
 unsafe impl Send for SrqCore {}
 // SAFETY: as above: shared references to the core are used only for the raw pointers (at QP
 // creation), posts (thread-safe in libibverbs), the CQ with the `!Sync` key, and the mutex.

@@ -24,6 +24,7 @@
 mod gates;
 mod ins;
 mod json;
+mod metric;
 mod peers;
 mod peers_plan;
 mod plan;
