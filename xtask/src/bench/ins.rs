@@ -89,14 +89,14 @@ pub fn table(samples: &[Sample], nodes: u8) -> String {
     );
     let _ = writeln!(
         t,
-        "  {:>8}  {:<14}  {:>10}  {:>7}  {:>9}",
+        "  {:>8}  {:<16}  {:>10}  {:>7}  {:>9}",
         "size", "series", "per write", "/ c", "/ c/batch"
     );
     let ratio = |r: Option<f64>| r.map(|x| format!("{x:.2}")).unwrap_or_default();
     for r in &rows {
         let _ = write!(
             t,
-            "  {:>8}  {:<14}  {:>10.1}  {:>7}  {:>9}",
+            "  {:>8}  {:<16}  {:>10.1}  {:>7}  {:>9}",
             size(r.size),
             r.series,
             r.per_write,
