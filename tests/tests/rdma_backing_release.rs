@@ -16,10 +16,11 @@
 //! released) is released only after the NIC can no longer reach it, whatever order the
 //! user's handles drop in (PD and context first, a dropped `Pending`, a dropped shared
 //! receive queue, a region shared by two protection domains), and refused registrations
-//! release it at once without leaving an MR behind. The counts are device-wide: run alone
-//! (`--test-threads=1`).
+//! release it at once without leaving an MR behind. The counts are device-wide: every VM test
+//! takes the binary's lock (`process::alone()`), since the harness runs two at a time.
 
 use integration_tests::counts::rdma_resources;
+use integration_tests::process::alone;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, loopback_pair, pd};
 use rdma_dmabuf::{
@@ -121,6 +122,7 @@ fn the_unsafe_fn_list_describes_registered_new() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_refused_registration_releases_its_foreign_owner_and_leaves_no_mr() {
+    let _alone = alone();
     let tb = Testbed::get();
     let pd = pd(&tb);
     let mrs = rdma_resources("mr");
@@ -153,6 +155,7 @@ fn a_refused_registration_releases_its_foreign_owner_and_leaves_no_mr() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn an_abandoned_receive_keeps_its_foreign_memory_until_its_queue_pair_is_destroyed() {
+    let _alone = alone();
     let tb = Testbed::get();
     let (mrs, qps, cqs) = (
         rdma_resources("mr"),
@@ -188,6 +191,7 @@ fn an_abandoned_receive_keeps_its_foreign_memory_until_its_queue_pair_is_destroy
 #[test]
 #[ignore = "needs the testbed VM"]
 fn an_orphaned_shared_receive_keeps_its_foreign_memory_until_the_last_queue_pair() {
+    let _alone = alone();
     let tb = Testbed::get();
     let mrs = rdma_resources("mr");
     let ctx = Context::open(&tb.device).unwrap();
@@ -221,6 +225,7 @@ fn an_orphaned_shared_receive_keeps_its_foreign_memory_until_the_last_queue_pair
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_shared_foreign_buffer_outlives_every_region_over_it() {
+    let _alone = alone();
     let tb = Testbed::get();
     let mrs = rdma_resources("mr");
     for first_region_goes_first in [true, false] {
@@ -259,6 +264,7 @@ fn a_shared_foreign_buffer_outlives_every_region_over_it() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn refused_posts_hand_foreign_memory_back_and_hold_no_slot() {
+    let _alone = alone();
     let tb = Testbed::get();
     let mrs = rdma_resources("mr");
     let pd1 = pd(&tb);
@@ -312,6 +318,7 @@ fn refused_posts_hand_foreign_memory_back_and_hold_no_slot() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn in_flight_requests_to_a_destroyed_peer_end_before_their_memory_goes() {
+    let _alone = alone();
     let tb = Testbed::get();
     let mrs = rdma_resources("mr");
     let pd = pd(&tb);

@@ -1,0 +1,135 @@
+//! A VM test binary whose tests count process-, device- or kernel-wide resources
+//! (`integration_tests::counts`: descriptors, MRs, queue pairs, dma-bufs) has every one of its
+//! VM tests take a lock shared by the binary (`process::alone()`, or a `static` mutex or
+//! read-write lock of its own): the harness runs a binary's tests two at a time, and a count
+//! taken while a neighbour holds an MR is off by one. One CI run failed that way
+//! (`rdma_backing_release`: one MR before, none after); this holds every binary to the rule.
+//!
+//! Read with a Rust parser (`syn`): a VM test is a function with an `#[ignore]` attribute, in
+//! the file or in a module inside it; it serializes when its body calls `alone()` or calls
+//! `lock`, `read` or `write` on a `SCREAMING_CASE` static.
+
+use std::path::Path;
+use syn::visit::Visit;
+
+/// The counting functions of `integration_tests::counts`.
+const COUNTS: [&str; 3] = ["rdma_resources", "dmabuf_objects", "open_fds"];
+
+/// A file's VM tests, and the names of those whose bodies take no lock.
+#[derive(Default)]
+struct Unlocked {
+    vm_tests: usize,
+    unlocked: Vec<String>,
+}
+
+/// Whether `body` takes a binary-wide lock.
+fn takes_a_lock(body: &syn::Block) -> bool {
+    let mut finder = LockFinder(false);
+    finder.visit_block(body);
+    finder.0
+}
+
+struct LockFinder(bool);
+
+impl<'ast> Visit<'ast> for LockFinder {
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if let syn::Expr::Path(p) = &*call.func {
+            if p.path.segments.last().is_some_and(|s| s.ident == "alone") {
+                self.0 = true;
+            }
+        }
+        syn::visit::visit_expr_call(self, call);
+    }
+
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        let method = call.method.to_string();
+        if ["lock", "read", "write"].contains(&method.as_str()) {
+            if let syn::Expr::Path(p) = &*call.receiver {
+                let name = p.path.segments.last().map(|s| s.ident.to_string());
+                if name.is_some_and(|n| {
+                    n.chars()
+                        .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
+                }) {
+                    self.0 = true;
+                }
+            }
+        }
+        syn::visit::visit_expr_method_call(self, call);
+    }
+}
+
+impl<'ast> Visit<'ast> for Unlocked {
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if f.attrs.iter().any(|a| a.path().is_ident("ignore")) {
+            self.vm_tests += 1;
+            if !takes_a_lock(&f.block) {
+                self.unlocked.push(f.sig.ident.to_string());
+            }
+        }
+        syn::visit::visit_item_fn(self, f);
+    }
+}
+
+/// For each test file that calls a counting function and has more than one VM test, the
+/// VM tests that take no lock.
+fn unlocked_tests(dir: &Path) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if !COUNTS.iter().any(|c| text.contains(&format!("{c}("))) {
+            continue;
+        }
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut v = Unlocked::default();
+        v.visit_file(&ast);
+        if v.vm_tests > 1 && !v.unlocked.is_empty() {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            found.push((name, v.unlocked));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_vm_test_of_a_binary_that_counts_resources_takes_its_lock() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let found = unlocked_tests(&dir);
+    assert!(
+        found.is_empty(),
+        "VM tests that run beside a device- or process-wide count without the binary's lock \
+         (take `integration_tests::process::alone()` first): {found:#?}"
+    );
+}
+
+/// The check finds what it looks for: a file that counts, with one locked and one unlocked
+/// VM test, names the unlocked one only; a lone VM test needs no lock.
+#[test]
+fn the_check_names_an_unlocked_test_beside_a_count() {
+    let dir = std::env::temp_dir().join(format!("counted-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("two.rs"),
+        "static COUNTING: RwLock<()> = RwLock::new(());\n\
+         #[test] #[ignore] fn counts() { let _l = COUNTING.write(); rdma_resources(\"mr\"); }\n\
+         #[test] #[ignore] fn locked() { let _l = alone(); }\n\
+         mod inner { #[test] #[ignore] fn bare() { make_an_mr(); } }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("one.rs"),
+        "#[test] #[ignore] fn counts() { open_fds(); }\n#[test] fn host() {}\n",
+    )
+    .unwrap();
+    let found = unlocked_tests(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        found,
+        vec![("two.rs".to_string(), vec!["bare".to_string()])]
+    );
+}
