@@ -50,7 +50,7 @@ impl Context {
     /// # Errors
     /// [`Error::Verbs`].
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        let ex = self
+        let (ex, extended_query) = self
             .query_device_ex()
             .map_err(|rc| Error::from_errno(Op::QueryDevice, self.name(), rc))?;
         let attr = &ex.orig_attr;
@@ -75,6 +75,7 @@ impl Context {
             max_srq_sge: count(attr.max_srq_sge),
             odp: u64::from(odp) & ex.odp_caps.general_caps != 0,
             max_dm_size: ex.max_dm_size,
+            extended_query,
             vendor_id: attr.vendor_id,
         })
     }
@@ -188,6 +189,10 @@ pub struct DeviceAttr {
     pub max_dm_size: u64,
     /// The IEEE vendor id (`vendor_id`; soft-RoCE reports `0xffffff`, siw `0x626d74`).
     pub vendor_id: u32,
+    /// Whether the provider answered the extended query (`ibv_query_device_ex`). When it
+    /// has none, only the basic attributes are known, and [`odp`](Self::odp) and
+    /// [`max_dm_size`](Self::max_dm_size) read as absent.
+    pub extended_query: bool,
 }
 
 impl DeviceAttr {

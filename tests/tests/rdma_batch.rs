@@ -2,24 +2,50 @@
 //! `k` regions back with that one completion, also when a write of the batch fails; and a
 //! peer's write learnt without a completion, through volatile reads of the region. Runs in
 //! the testbed VM.
+//!
+//! Each batch test runs on both paths a batch can take: the extended send verbs
+//! (`ibv_wr_*`, the default, which the testbed's rxe has: the tests assert it was granted)
+//! and `ibv_post_send` (`QueuePairBuilder::extended_verbs(false)`, the path of providers
+//! without them).
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pattern, pd};
-use rdma_dmabuf::{Access, Error, Local, QueuePairBuilder, RemoteRegion, WorkKind};
+use rdma_dmabuf::{
+    Access, Error, Local, ProtectionDomain, QueuePair, QueuePairBuilder, RemoteRegion, WorkKind,
+};
+use std::sync::Arc;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(30);
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
+/// The queue pair that posts the batches, on the path `extended` names, checked granted.
+fn sender(pd: &Arc<ProtectionDomain>, depth: u32, extended: bool) -> (QueuePair, QueuePair) {
+    let (a, b) = connect_pair(
+        QueuePairBuilder::new(pd)
+            .send_depth(depth)
+            .extended_verbs(extended),
+        QueuePairBuilder::new(pd),
+    );
+    assert_eq!(
+        a.extended_verbs(),
+        extended,
+        "the testbed's rxe has the extended send verbs, and `false` keeps them off"
+    );
+    (a, b)
+}
+
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_batch_lands_every_write_and_hands_every_region_back_with_one_completion() {
+    lands_every_write(true);
+    lands_every_write(false);
+}
+
+fn lands_every_write(extended: bool) {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let (a, _b) = connect_pair(
-        QueuePairBuilder::new(&pd).send_depth(8),
-        QueuePairBuilder::new(&pd),
-    );
+    let (a, _b) = sender(&pd, 8, extended);
     let target = host_region(&pd, &[], 4 * 512, RW);
     let remote = target.remote().unwrap();
     for round in 0..50u8 {
@@ -56,12 +82,14 @@ fn a_batch_lands_every_write_and_hands_every_region_back_with_one_completion() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_batch_holds_k_send_queue_entries_and_is_refused_past_the_depth_with_its_regions_back() {
+    holds_k_entries(true);
+    holds_k_entries(false);
+}
+
+fn holds_k_entries(extended: bool) {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let (a, _b) = connect_pair(
-        QueuePairBuilder::new(&pd).send_depth(4),
-        QueuePairBuilder::new(&pd),
-    );
+    let (a, _b) = sender(&pd, 4, extended);
     let target = host_region(&pd, &[], 64, RW);
     let r = target.remote().unwrap();
     let src = |n| host_region(&pd, &pattern(64, n), 64, Access::empty());
@@ -107,12 +135,14 @@ fn a_batch_holds_k_send_queue_entries_and_is_refused_past_the_depth_with_its_reg
 #[test]
 #[ignore = "needs the testbed VM"]
 fn a_failed_write_in_a_batch_ends_it_with_that_error_only_once_every_write_is_flushed() {
+    failed_write_ends_it(true);
+    failed_write_ends_it(false);
+}
+
+fn failed_write_ends_it(extended: bool) {
     let tb = Testbed::get();
     let pd = pd(&tb);
-    let (a, _b) = connect_pair(
-        QueuePairBuilder::new(&pd).send_depth(64),
-        QueuePairBuilder::new(&pd),
-    );
+    let (a, _b) = sender(&pd, 64, extended);
     let target = host_region(&pd, &[], 64, RW);
     let r = target.remote().unwrap();
     let bad = RemoteRegion {
@@ -174,6 +204,92 @@ fn a_failed_write_in_a_batch_ends_it_with_that_error_only_once_every_write_is_fl
     assert_eq!(a.outstanding(), 0, "no slot kept");
     drop(failed);
     drop(a);
+}
+
+/// A part refused by the checks in the middle of a batch (a region of another protection
+/// domain) discards the chain already begun: on the extended path the provider's section is
+/// aborted (`ibv_wr_abort`), so none of the writes before it lands, every region comes back,
+/// and the queue pair goes on. Single writes posted through `ibv_post_send` between the
+/// batches (which `ibv_wr_post(3)` allows outside a section) land in order with them.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_part_refused_mid_batch_discards_the_chain_and_single_writes_interleave_with_batches() {
+    refused_mid_batch(true);
+    refused_mid_batch(false);
+}
+
+fn refused_mid_batch(extended: bool) {
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let other = ProtectionDomain::new(pd.context()).unwrap();
+    let (a, _b) = sender(&pd, 16, extended);
+    let target = host_region(&pd, &[], 8 * 64, RW);
+    let r = target.remote().unwrap();
+    let at = |j: u64| r.slice(64 * j, 64).unwrap();
+    // 64 bytes of a region (host regions are whole pages), as the remote slices are.
+    let src = |n: u8| {
+        Local::new(
+            host_region(&pd, &pattern(64, n), 64, Access::empty()),
+            0..64,
+        )
+    };
+    let mut parts: [_; 4] = std::array::from_fn(|j| src(j as u8 + 1));
+    parts[2] = Local::new(
+        host_region(&other, &pattern(64, 3), 64, Access::empty()),
+        0..64,
+    );
+    let refused = a
+        .post_write_batch(parts, [at(0), at(1), at(2), at(3)])
+        .unwrap_err();
+    assert!(
+        refused.error.to_string().contains("protection domain"),
+        "{}",
+        refused.error
+    );
+    assert_eq!(refused.parts.map(|p| p.len()), Some(4), "every region back");
+    assert_eq!(a.outstanding(), 0, "no slot kept");
+    assert!(!a.is_in_error(), "nothing was posted, nothing failed");
+    // A signalled write after it completes only after everything posted before it on the
+    // send queue (RC executes in order): had any write of the refused batch been posted, it
+    // would have landed by then.
+    a.post_write(src(17), at(7), None)
+        .unwrap()
+        .spin_timeout(T)
+        .unwrap()
+        .unwrap();
+    // SAFETY: every write into `target` has completed and nothing else writes it.
+    let landed = unsafe { target.bytes_unchecked() };
+    assert_eq!(
+        &landed[..4 * 64],
+        &[0u8; 4 * 64][..],
+        "nothing of the refused batch landed"
+    );
+    // Single, batch, single, batch: each lands where it was sent.
+    a.post_write(src(10), at(0), None)
+        .unwrap()
+        .spin_timeout(T)
+        .unwrap()
+        .unwrap();
+    let first = a
+        .post_write_batch([src(11), src(12)], [at(1), at(2)])
+        .unwrap();
+    let single = a.post_write(src(13), at(3), None).unwrap();
+    let second = a
+        .post_write_batch([src(14), src(15), src(16)], [at(4), at(5), at(6)])
+        .unwrap();
+    first.spin_timeout(T).unwrap().unwrap();
+    single.spin_timeout(T).unwrap().unwrap();
+    second.spin_timeout(T).unwrap().unwrap();
+    // SAFETY: as above.
+    let landed = unsafe { target.bytes_unchecked() };
+    for (j, n) in (10..=17u8).enumerate() {
+        assert_eq!(
+            &landed[64 * j..64 * (j + 1)],
+            &pattern(64, n)[..],
+            "slot {j}: the write of pattern {n}"
+        );
+    }
+    assert_eq!(a.poll().unwrap(), 0);
 }
 
 #[test]

@@ -105,8 +105,9 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
     ),
     (
         "qp/batch.rs",
-        1,
-        "a chain of writes whose parts move into one handle",
+        3,
+        "a chain of writes whose parts move into one handle, posted through \
+         ibv_post_send or the extended send verbs; a refused chain's slot given back",
     ),
     (
         "qp/atomic.rs",

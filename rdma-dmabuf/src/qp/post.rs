@@ -370,6 +370,12 @@ impl Sge {
     pub(super) fn len(&self) -> u32 {
         self.0.length
     }
+
+    /// The SGE as the verbs take it.
+    #[inline(always)]
+    pub(super) fn raw(&self) -> &ffi::ibv_sge {
+        &self.0
+    }
 }
 
 impl QueuePair {

@@ -218,15 +218,38 @@ impl Context {
     ///
     /// # Errors
     /// The errno the call returned.
-    pub(crate) fn query_device_ex(&self) -> std::result::Result<ffi::ibv_device_attr_ex, i32> {
+    pub(crate) fn query_device_ex(
+        &self,
+    ) -> std::result::Result<(ffi::ibv_device_attr_ex, bool), i32> {
         let mut ex: ffi::ibv_device_attr_ex = super::zeroed();
-        // SAFETY: the context is open; a null input asks for no extended input; `ex` is a
-        // valid out-pointer of the type whose size the call passes.
-        let rc = unsafe { ffi::ibv_query_device_ex(self.as_ptr(), std::ptr::null(), &mut ex) };
+        // SAFETY: the context is open.
+        let rc = match unsafe { super::ctx_ops::ctx_op!(self.as_ptr(), query_device_ex) } {
+            // SAFETY: the provider's `query_device_ex` of this open context; a null input
+            // asks for no extended input; `ex` is a valid out-pointer of the size passed.
+            Some(query) => unsafe {
+                query(
+                    self.as_ptr(),
+                    std::ptr::null(),
+                    &mut ex,
+                    std::mem::size_of::<ffi::ibv_device_attr_ex>(),
+                )
+            },
+            None => libc::EOPNOTSUPP,
+        };
+        if rc == libc::EOPNOTSUPP || rc == libc::ENOSYS {
+            // As libibverbs' inline function: the basic query, the rest zero.
+            ex = super::zeroed();
+            // SAFETY: the context is open and `orig_attr` a valid out-pointer of its type.
+            let rc = unsafe { ffi::ibv_query_device(self.as_ptr(), &mut ex.orig_attr) };
+            if rc != 0 {
+                return Err(rc);
+            }
+            return Ok((ex, false));
+        }
         if rc != 0 {
             return Err(rc);
         }
-        Ok(ex)
+        Ok((ex, true))
     }
 
     /// `ibv_query_port`.

@@ -42,9 +42,11 @@ impl DeviceMemory {
             log_align_req: log_align,
             comp_mask: 0,
         };
-        // SAFETY: open context; `attr` valid for the call.
-        let dm =
-            unsafe { ffi::ibv_alloc_dm(ctx.as_ptr(), &mut attr) }.unwrap_or(std::ptr::null_mut());
+        // SAFETY: an open context.
+        let alloc_dm = unsafe { super::ctx_ops::ctx_op!(ctx.as_ptr(), alloc_dm) }
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+        // SAFETY: the provider's `alloc_dm` of this open context; `attr` valid for the call.
+        let dm = unsafe { alloc_dm(ctx.as_ptr(), &mut attr) };
         let dm = NonNull::new(dm).ok_or_else(std::io::Error::last_os_error)?;
         Ok(DeviceMemory {
             dm,
@@ -103,9 +105,13 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
-        // SAFETY: any region over it was deregistered first (a registration owns it); freed
-        // once.
-        let rc = unsafe { ffi::ibv_free_dm(self.dm.as_ptr()) };
+        // SAFETY: the context is open (held by `self.ctx`).
+        let rc = match unsafe { super::ctx_ops::ctx_op!(self.ctx.as_ptr(), free_dm) } {
+            // SAFETY: any region over it was deregistered first (a registration owns it);
+            // freed once, by the provider that allocated it.
+            Some(free_dm) => unsafe { free_dm(self.dm.as_ptr()) },
+            None => libc::EOPNOTSUPP,
+        };
         if rc != 0 {
             crate::diag::warn(format_args!(
                 "ibv_free_dm on {} failed: {rc}",

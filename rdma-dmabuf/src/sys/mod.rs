@@ -30,6 +30,7 @@
 
 pub(crate) mod cm;
 pub(crate) mod cq;
+pub(crate) mod ctx_ops;
 pub(crate) mod device;
 pub(crate) mod dm;
 pub(crate) mod event;
@@ -38,6 +39,7 @@ pub(crate) mod host;
 pub(crate) mod mr;
 pub(crate) mod pd;
 pub(crate) mod qp;
+pub(crate) mod qp_ex;
 pub(crate) mod srq;
 pub(crate) mod wc;
 
@@ -89,6 +91,7 @@ zeroable!(
     rdma_sys::ibv_gid,
     rdma_sys::ibv_qp_attr,
     rdma_sys::ibv_qp_init_attr,
+    rdma_sys::ibv_qp_init_attr_ex,
     rdma_sys::ibv_srq_init_attr,
     rdma_sys::ibv_srq_attr,
     rdma_sys::ibv_send_wr,

@@ -275,17 +275,20 @@ impl Registration<DeviceMemory> {
         /// `IBV_ACCESS_ZERO_BASED`, which `ibv_reg_dm_mr` requires.
         const ZERO_BASED: u32 = 1 << 5;
         let len = dm.len();
-        // SAFETY: live PD and device memory; the registration keeps `dm` until deregistered.
+        // SAFETY: the PD's context is open.
+        let reg_dm_mr = unsafe { super::ctx_ops::ctx_op!(pd.context().as_ptr(), reg_dm_mr) }
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+        // SAFETY: the provider's `reg_dm_mr` of the PD's context; live PD and device memory;
+        // the registration keeps `dm` until deregistered.
         let mr = unsafe {
-            ffi::ibv_reg_dm_mr(
+            reg_dm_mr(
                 pd.as_ptr(),
                 dm.as_ptr(),
                 0,
                 len as usize,
                 access | ZERO_BASED,
             )
-        }
-        .unwrap_or(std::ptr::null_mut());
+        };
         let mr = NonNull::new(mr).ok_or_else(std::io::Error::last_os_error)?;
         Ok(Registration::new(mr, pd, dm, 0, len, access))
     }

@@ -1,4 +1,4 @@
-//! Queue pairs (`ibv_create_qp`, `rdma_create_qp`, `ibv_modify_qp`, `ibv_query_qp`,
+//! Queue pairs (`ibv_create_qp_ex`, `rdma_create_qp_ex`, `ibv_modify_qp`, `ibv_query_qp`,
 //! `ibv_post_send`, `ibv_post_recv`, `ibv_destroy_qp`, `rdma_destroy_qp`): the verbs
 //! objects of one queue pair and their teardown, whoever created them.
 
@@ -7,6 +7,7 @@ use super::cq::CompletionQueue;
 use super::device::AtomicCap;
 use super::event::Registered;
 use super::pd::ProtectionDomain;
+use super::qp_ex::WrOps;
 use super::srq::SrqCore;
 use rdma_sys as ffi;
 use std::ptr::NonNull;
@@ -31,6 +32,9 @@ pub(crate) struct QpRequest {
     pub sge: u32,
     /// Inline bytes per send or write.
     pub max_inline: u32,
+    /// Ask for the extended send verbs (`IBV_QP_EX_WITH_RDMA_WRITE`), and create a plain
+    /// queue pair if the provider refuses them.
+    pub extended: bool,
 }
 
 /// A queue pair's limits, as granted at creation.
@@ -69,6 +73,9 @@ pub(crate) struct RawQp {
     /// What the provider granted at creation, and the device's limits posts are checked
     /// against.
     caps: QpCaps,
+    /// The extended send verbs, when the queue pair was created with them. Plain pointers
+    /// into the QP's provider struct, used only while the QP lives (no drop glue).
+    wr: Option<WrOps>,
 }
 
 // SAFETY: libibverbs lets a QP be posted to, modified and destroyed from any thread; the
@@ -77,9 +84,12 @@ unsafe impl Send for RawQp {}
 
 impl RawQp {
     /// Creates an RC queue pair in `pd` on `cq` (both queues; receives on `srq`'s CQ when it
-    /// receives through `srq`, which must be of the same PD), through `rdma_create_qp` on
+    /// receives through `srq`, which must be of the same PD), through `rdma_create_qp_ex` on
     /// `cm` when given (the connection manager then drives its state), else
-    /// `ibv_create_qp`. `atomics` and `max_sge_rd` are the device's, for the caps.
+    /// `ibv_create_qp_ex`. With `req.extended`, first with the extended send verbs for
+    /// writes, and again without them if the provider refuses that (rdma-core's irdma,
+    /// mlx4, bnxt_re, siw and others have none). `atomics` and `max_sge_rd` are the
+    /// device's, for the caps.
     ///
     /// # Errors
     /// The OS error of the creation; `cq` and `cm` are destroyed as they drop.
@@ -95,7 +105,9 @@ impl RawQp {
         if srq.as_ref().is_some_and(|s| !Arc::ptr_eq(s.pd(), pd)) {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let mut init: ffi::ibv_qp_init_attr = super::zeroed();
+        let mut init: ffi::ibv_qp_init_attr_ex = super::zeroed();
+        init.comp_mask = ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;
+        init.pd = pd.as_ptr();
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
         if let Some(srq) = &srq {
@@ -107,30 +119,32 @@ impl RawQp {
         init.cap.max_recv_sge = if srq.is_some() { 0 } else { req.sge };
         init.cap.max_inline_data = req.max_inline;
         init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
-        let qp = match &cm {
-            // SAFETY: live PD; `init` is valid for the call and names live CQs (and SRQ),
-            // which the queue pair keeps until after it is destroyed.
-            None => unsafe { ffi::ibv_create_qp(pd.as_ptr(), &mut init) },
-            Some(id) => {
-                // SAFETY: live cm id, live PD (librdmacm checks that they share a device),
-                // `init` valid for the call, as above.
-                let rc = unsafe { ffi::rdma_create_qp(id.id(), pd.as_ptr(), &mut init) };
-                if rc == 0 {
-                    // SAFETY: on success librdmacm stored the new QP in the live id.
-                    unsafe { (*id.id()).qp }
-                } else {
-                    std::ptr::null_mut()
-                }
+        let mut made = None;
+        if req.extended {
+            let mut ex = init;
+            ex.comp_mask |= ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
+            ex.send_ops_flags =
+                u64::from(ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE.0);
+            if let Ok(qp) = create_one(pd, cm.as_ref(), &mut ex) {
+                // SAFETY: just created with the send operations flag for writes; the
+                // entry points live in the QP's provider struct, which `RawQp` holds.
+                made = Some((qp, ex.cap, unsafe { WrOps::of(qp) }));
+            }
+        }
+        let (qp, cap, wr) = match made {
+            Some(made) => made,
+            None => {
+                let qp = create_one(pd, cm.as_ref(), &mut init)?;
+                (qp, init.cap, None)
             }
         };
-        let qp = NonNull::new(qp).ok_or_else(std::io::Error::last_os_error)?;
         // The provider wrote back what it granted (at least what was asked).
         let caps = QpCaps {
-            max_inline: init.cap.max_inline_data,
+            max_inline: cap.max_inline_data,
             atomics,
-            send_sge: init.cap.max_send_sge,
-            recv_sge: init.cap.max_recv_sge,
-            read_sge: init.cap.max_send_sge.min(max_sge_rd.max(1)),
+            send_sge: cap.max_send_sge,
+            recv_sge: cap.max_recv_sge,
+            read_sge: cap.max_send_sge.min(max_sge_rd.max(1)),
         };
         // SAFETY: the QP is live; qp_num is a plain field.
         let qpn = unsafe { qp.as_ref() }.qp_num;
@@ -149,7 +163,14 @@ impl RawQp {
             },
             pd: pd.clone(),
             caps,
+            wr,
         })
+    }
+
+    /// The extended send verbs, when the queue pair has them.
+    #[inline]
+    pub(crate) fn wr_ops(&self) -> Option<&WrOps> {
+        self.wr.as_ref()
     }
 
     /// The queue pair number.
@@ -316,4 +337,41 @@ impl Drop for RawQp {
         // the cm id and its event channel, then the protection domain (and with it, perhaps,
         // the context).
     }
+}
+
+/// One attempt at creating the queue pair `init` describes (its `pd` is `pd`): through
+/// `rdma_create_qp_ex` on `cm` when given, else `ibv_create_qp_ex`. The OS error when
+/// refused; the provider wrote what it granted into `init.cap` otherwise.
+fn create_one(
+    pd: &ProtectionDomain,
+    cm: Option<&CmId>,
+    init: &mut ffi::ibv_qp_init_attr_ex,
+) -> std::io::Result<NonNull<ffi::ibv_qp>> {
+    let qp = match cm {
+        // SAFETY: live PD; `init` (an `ibv_qp_init_attr_ex`, which starts with the fields
+        // of an `ibv_qp_init_attr`) is valid for the call and names live CQs (and SRQ),
+        // which the queue pair keeps until after it is destroyed. As libibverbs' inline
+        // `ibv_create_qp_ex`: `ibv_create_qp` when only the PD is given.
+        None if init.comp_mask == ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0 => unsafe {
+            ffi::ibv_create_qp(pd.as_ptr(), (init as *mut ffi::ibv_qp_init_attr_ex).cast())
+        },
+        // SAFETY: the PD's context is open.
+        None => match unsafe { super::ctx_ops::ctx_op!(pd.context().as_ptr(), create_qp_ex) } {
+            // SAFETY: the provider's `create_qp_ex` of the PD's context; `init` as above.
+            Some(create) => unsafe { create(pd.context().as_ptr(), init) },
+            None => return Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+        },
+        Some(id) => {
+            // SAFETY: live cm id, live PD of the id's device (librdmacm checks), `init` valid
+            // for the call, as above.
+            let rc = unsafe { ffi::rdma_create_qp_ex(id.id(), init) };
+            if rc == 0 {
+                // SAFETY: on success librdmacm stored the new QP in the live id.
+                unsafe { (*id.id()).qp }
+            } else {
+                std::ptr::null_mut()
+            }
+        }
+    };
+    NonNull::new(qp).ok_or_else(std::io::Error::last_os_error)
 }
