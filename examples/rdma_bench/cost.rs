@@ -35,8 +35,13 @@ pub enum Series {
     Scoped,
     /// Owned posts awaited: `post_write`, then one poll of the `Pending` future.
     Awaited,
-    /// Batched owned posts: `post_write_batch` of [`BATCH`] writes, then `try_complete`.
+    /// Batched owned posts: `post_write_batch` of [`BATCH`] writes, then `try_complete`,
+    /// through the provider's extended send verbs (the run fails where it has none).
     Batch,
+    /// As [`Series::Batch`], on a queue pair without the extended send verbs
+    /// (`QueuePairBuilder::extended_verbs(false)`): the chain through `ibv_post_send`, the
+    /// path of providers without them.
+    BatchBasic,
 }
 
 /// Writes per iteration of [`Series::Batch`] (as `rdma_bench --mode batch`).
@@ -50,8 +55,9 @@ impl std::str::FromStr for Series {
             "scoped" => Ok(Series::Scoped),
             "awaited" => Ok(Series::Awaited),
             "batch" => Ok(Series::Batch),
+            "batch-basic" => Ok(Series::BatchBasic),
             _ => Err(format!(
-                "--series is owned, scoped, awaited or batch, not {s:?}"
+                "--series is owned, scoped, awaited, batch or batch-basic, not {s:?}"
             )),
         }
     }
@@ -62,12 +68,17 @@ pub fn run(pd: &Arc<ProtectionDomain>, run: &Run, series: Series) {
     let build = || {
         QueuePairBuilder::new(pd)
             .completion_channel(true)
+            .extended_verbs(series != Series::BatchBasic)
             .build()
             .unwrap_or_else(|e| fail(&e.to_string()))
     };
     let (a, b) = (build(), build());
     let (ea, eb) = (a.endpoint(), b.endpoint());
     let a = a.connect(&eb).unwrap_or_else(|e| fail(&e.to_string()));
+    let batch = matches!(series, Series::Batch | Series::BatchBasic);
+    if batch && a.extended_verbs() != (series == Series::Batch) {
+        fail("the queue pair's send path is not the one the series measures");
+    }
     let _b = b.connect(&ea).unwrap_or_else(|e| fail(&e.to_string()));
     let host = |access| {
         let buf = rdma_dmabuf::HostBuffer::new(run.size).unwrap_or_else(|e| fail(&e.to_string()));
@@ -77,7 +88,7 @@ pub fn run(pd: &Arc<ProtectionDomain>, run: &Run, series: Series) {
     let remote = target
         .remote()
         .unwrap_or_else(|| fail("the target has no rkey"));
-    if series == Series::Batch {
+    if batch {
         let mut parts: [Local<_>; BATCH] =
             std::array::from_fn(|_| Local::new(host(Access::empty()), 0..run.size as u64));
         for _ in 0..run.iters {
@@ -101,7 +112,7 @@ pub fn run(pd: &Arc<ProtectionDomain>, run: &Run, series: Series) {
                 rdma_dmabuf::scope(|s| scoped(s, &a, &src, remote));
                 src
             }
-            Series::Batch => unreachable!("batches run above"),
+            Series::Batch | Series::BatchBasic => unreachable!("batches run above"),
         };
     }
     println!(

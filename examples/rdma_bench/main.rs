@@ -7,7 +7,7 @@
 //! rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat] [--region host] [--size 65536] [--iters 1000] [--device rxe0]
 //! rdma_bench client SERVER_ADDR [same options]
 //! rdma_bench reg [--region host] [--size 65536] [--iters 1000] [--hold-map yes|no] [--device rxe0]
-//! rdma_bench cost [--series owned|scoped|awaited|batch] [--size 65536] [--iters 1000] [--device rxe0]
+//! rdma_bench cost [--series owned|scoped|awaited|batch|batch-basic] [--size 65536] [--iters 1000] [--device rxe0]
 //! rdma_bench cache [--region udmabuf] [--iters 1000] [--device rxe0]
 //! ```
 //!
@@ -56,7 +56,7 @@ usage: rdma_bench server [--bind ADDR] [--port 18700] [--mode bw|lat|gather|batc
                          [--device rxe0]
        rdma_bench client SERVER_ADDR [the same options]
        rdma_bench reg [--region KIND] [--size 65536] [--iters 1000] [--hold-map yes|no] [--device rxe0]
-       rdma_bench cost [--series owned|scoped|awaited|batch] [--size 65536] [--iters 1000] [--device rxe0]
+       rdma_bench cost [--series owned|scoped|awaited|batch|batch-basic] [--size 65536] [--iters 1000] [--device rxe0]
        rdma_bench cache [--region KIND, not host] [--iters 1000] [--device rxe0]
 KIND: host (default), udmabuf, heap (the system dma-heap) or gpu (vgem in the testbed)";
 
