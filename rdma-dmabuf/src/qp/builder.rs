@@ -139,17 +139,19 @@ impl QueuePairBuilder {
         self
     }
 
-    /// Whether [`QueuePair::post_write_batch`](crate::QueuePair::post_write_batch) posts
-    /// through the extended send verbs (`ibv_wr_start`, `ibv_wr_rdma_write`,
-    /// `ibv_wr_set_sge`, `ibv_wr_complete`) where the provider has them (default: yes).
-    /// They build the chain in the send queue directly, where `ibv_post_send` converts and
-    /// copies a work request per write: on rxe a batch of 16 writes costs about a quarter
-    /// fewer instructions (docs/performance.md). The queue pair is then created with
+    /// Whether batches ([`QueuePair::post_write_batch`](crate::QueuePair::post_write_batch))
+    /// and single plain RDMA writes (one part, no immediate data, not inline) post through
+    /// the extended send verbs (`ibv_wr_start`, `ibv_wr_rdma_write`, `ibv_wr_set_sge`,
+    /// `ibv_wr_complete`) where the provider has them (default: yes). They build the
+    /// request in the send queue directly, where `ibv_post_send` converts and copies a work
+    /// request per write: on rxe a write in a batch of 16 costs about a sixth fewer
+    /// instructions (docs/performance.md). The queue pair is then created with
     /// `ibv_create_qp_ex` (`rdma_create_qp_ex` for rdma_cm) asking for them, and created
     /// without them if the provider refuses (rdma-core's irdma, mlx4, bnxt_re, siw, qedr,
     /// ocrdma and cxgb4 have none); [`QueuePair::extended_verbs`](crate::QueuePair::extended_verbs)
-    /// says which. `false` creates a plain queue pair and posts every batch through
-    /// `ibv_post_send`. Single posts always go through `ibv_post_send`.
+    /// says which. `false` creates a plain queue pair and posts everything through
+    /// `ibv_post_send`. Other posts (reads, sends, atomics, several parts, immediate data,
+    /// inline data) always go through `ibv_post_send`.
     pub fn extended_verbs(mut self, yes: bool) -> Self {
         self.extended = yes;
         self

@@ -171,8 +171,8 @@ impl QueuePair {
         self.raw.caps().read_sge
     }
 
-    /// Whether [`QueuePair::post_write_batch`] posts through the provider's extended send
-    /// verbs (`ibv_wr_*`): asked for by default
+    /// Whether [`QueuePair::post_write_batch`] and single plain writes post through the
+    /// provider's extended send verbs (`ibv_wr_*`): asked for by default
     /// ([`QueuePairBuilder::extended_verbs`]), and granted only by providers that have them.
     pub fn extended_verbs(&self) -> bool {
         self.raw.wr_ops().is_some()

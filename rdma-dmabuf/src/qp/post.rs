@@ -8,6 +8,7 @@ use crate::mr::{Access, Backing, MemoryRegion};
 use crate::part::Local;
 use crate::remote::RemoteRegion;
 use crate::slots::wr_id;
+use crate::sys::qp_ex::WrOps;
 use crate::wr::AtomicOp;
 use crate::wr::WorkKind;
 use rdma_sys as ffi;
@@ -275,6 +276,31 @@ impl QueuePair {
             // them, and never writes the list); the SGEs' memory outlives the request (this
             // function's contract).
             unsafe { self.raw.post_recv(&mut wr) }
+        } else if let Some((ops, sge, remote)) = req.single_write(self.raw.wr_ops()) {
+            // One signalled write through the extended send verbs: built in the send queue
+            // by the provider, no `ibv_send_wr` to fill and convert. Nothing else posts to
+            // this queue pair inside the section (a `QueuePair` is `!Sync` and the section
+            // holds only this write).
+            // SAFETY: nothing else posts to this queue pair until the chain ends (`!Sync`,
+            // and the section holds only the write below).
+            let mut chain = unsafe { ops.start() };
+            // SAFETY: as for `post_send` below: the SGE's memory outlives the request (this
+            // function's contract).
+            unsafe {
+                chain.write(
+                    id,
+                    ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                    remote.rkey,
+                    remote.addr,
+                    sge.raw(),
+                )
+            };
+            // A failure is taken as "not posted", as `ibv_post_send`'s is below: a provider
+            // refuses before it queues (rxe records a full queue, which the slots keep from
+            // happening, and discards), and rxe's doorbell, the one step after it queues,
+            // fails in the kernel only for a queue pair before RTS, which a `QueuePair` never
+            // is, or one destroyed (a removed device's, whose queue never runs again).
+            chain.complete()
         } else {
             let mut wr = req.send_wr(id, num_sge);
             // SAFETY: `wr` and the SGE list are valid for the call (the provider copies
@@ -458,6 +484,23 @@ impl<'s> Request<'s> {
             imm,
             atomic: None,
             inline: false,
+        }
+    }
+
+    /// The request's one part and remote region, with the queue pair's extended send verbs,
+    /// when it is a plain RDMA write (one part, no immediate data, not inline) and the queue
+    /// pair has them: the single writes posted through `ibv_wr_*`.
+    #[inline(always)]
+    pub(super) fn single_write<'o>(
+        &self,
+        ops: Option<&'o WrOps>,
+    ) -> Option<(&'o WrOps, &'s Sge, RemoteRegion)> {
+        if self.kind != WorkKind::Write || self.imm.is_some() || self.inline {
+            return None;
+        }
+        match (ops, self.sges, self.remote) {
+            (Some(ops), [sge], Some(remote)) => Some((ops, sge, remote)),
+            _ => None,
         }
     }
 
