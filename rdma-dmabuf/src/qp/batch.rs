@@ -77,8 +77,12 @@ impl QueuePair {
     ///
     /// # Errors
     /// A [`BatchError`] with every part back: `K` of 0, a part that fails the checks of
-    /// [`QueuePair::post_write`], fewer than `K` free send-queue entries, or the provider's
-    /// refusal of the first write.
+    /// [`QueuePair::post_write`], fewer than `K` free send-queue entries, or (through
+    /// `ibv_post_send`) the provider's refusal of the first write. With `parts: None`, the
+    /// queue pair moved to the error state and keeping the parts until it is destroyed:
+    /// `ibv_post_send` took part of the chain and refused the rest, or (through the extended
+    /// send verbs) `ibv_wr_complete` failed. Neither has been seen: every check a provider
+    /// makes is made first.
     #[allow(unsafe_code)] // gives a refused batch's slot back; see the SAFETY comment
     pub fn post_write_batch<P: OwnedPart, const K: usize>(
         &self,

@@ -311,7 +311,13 @@ impl QueuePair {
             unsafe { self.raw.post_send(&mut wr) }.map_err(|(rc, _)| rc)
         };
         if let Err(rc) = posted {
-            // SAFETY: the provider refused this request (`rc != 0`): the NIC has nothing of it.
+            // SAFETY: the provider refused this request (`rc != 0`): the NIC has nothing of
+            // it. Providers refuse a request before they queue it (mlx5, hns and efa report
+            // it as `bad_wr`); the one step after rxe's user library queues it, the doorbell,
+            // fails in the kernel only for a queue pair below RTS (never a `QueuePair`'s
+            // state) or destroyed (a removed device's, whose queue never runs again). A
+            // provider that queued a request and then failed would break this (a batch, whose
+            // provider may take part of a chain, takes such a failure as "perhaps posted").
             unsafe { self.slots.borrow_mut().cancel(index) };
             return Err(Error::from_errno(
                 post_op(kind),

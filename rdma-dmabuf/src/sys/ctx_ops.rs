@@ -1,6 +1,6 @@
 //! The provider's table of extended operations (`struct verbs_context`), where libibverbs'
-//! inline functions (`ibv_query_device_ex`, `ibv_create_qp_ex`, `ibv_alloc_dm`,
-//! `ibv_free_dm`, `ibv_reg_dm_mr`) find their entry points.
+//! inline functions (`ibv_query_port`, `ibv_query_device_ex`, `ibv_create_qp_ex`,
+//! `ibv_alloc_dm`, `ibv_free_dm`, `ibv_reg_dm_mr`) find their entry points.
 //!
 //! rdma-sys 0.3 has its own versions of those inline functions, but they test the context's
 //! `abi_compat` marker against `u32::MAX` where libibverbs stores `UINTPTR_MAX`: on a 64-bit

@@ -258,8 +258,30 @@ impl Context {
     /// The errno the call returned.
     pub(crate) fn query_port_raw(&self, port: u8) -> std::result::Result<ffi::ibv_port_attr, i32> {
         let mut attr: ffi::ibv_port_attr = super::zeroed();
-        // SAFETY: the context is open and `attr` is a valid out-pointer of the right type.
-        let rc = unsafe { ffi::___ibv_query_port(self.as_ptr(), port, &mut attr) };
+        // As libibverbs' inline `ibv_query_port`: the provider's extended query when it has
+        // one, else the exported one, which fills the older, shorter struct (the rest stays
+        // zero).
+        // SAFETY: the context is open.
+        let rc = match unsafe { super::ctx_ops::ctx_op!(self.as_ptr(), query_port) } {
+            // SAFETY: the provider's `query_port` of this open context; `attr` is a valid
+            // out-pointer of the size passed.
+            Some(query) => unsafe {
+                query(
+                    self.as_ptr(),
+                    port,
+                    &mut attr,
+                    std::mem::size_of::<ffi::ibv_port_attr>(),
+                )
+            },
+            // SAFETY: the context is open; the compatible struct is the start of `attr`.
+            None => unsafe {
+                ffi::ibv_query_port(
+                    self.as_ptr(),
+                    port,
+                    (&mut attr as *mut ffi::ibv_port_attr).cast(),
+                )
+            },
+        };
         if rc != 0 {
             return Err(rc);
         }

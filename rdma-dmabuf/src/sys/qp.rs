@@ -79,7 +79,10 @@ pub(crate) struct RawQp {
 }
 
 // SAFETY: libibverbs lets a QP be posted to, modified and destroyed from any thread; the
-// owning types decide sharing (`QueuePair` is `!Sync`).
+// owning types decide sharing (`QueuePair` is `!Sync`). The same holds of the extended send
+// verbs (`wr`: pointers into the QP's provider struct): the provider's scratch fields
+// `wr_id` and `wr_flags` are written only inside a send section, which one thread holds at
+// a time (the provider's send-queue lock, and the `!Sync` owner).
 unsafe impl Send for RawQp {}
 
 impl RawQp {

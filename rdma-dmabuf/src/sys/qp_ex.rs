@@ -27,6 +27,10 @@ pub(crate) struct WrOps {
     set_sge: SetSge,
     complete: Complete,
     abort: Start,
+    /// Whether a section is open: checked in debug builds only (the contract of
+    /// [`WrOps::start`] keeps sections apart; this catches a broken caller in tests).
+    #[cfg(debug_assertions)]
+    open: std::cell::Cell<bool>,
 }
 
 impl WrOps {
@@ -51,6 +55,8 @@ impl WrOps {
             set_sge: q.wr_set_sge?,
             complete: q.wr_complete?,
             abort: q.wr_abort?,
+            #[cfg(debug_assertions)]
+            open: std::cell::Cell::new(false),
         })
     }
 
@@ -66,6 +72,11 @@ impl WrOps {
     /// and ended inside one call that posts nothing else.
     #[inline]
     pub(crate) unsafe fn start(&self) -> WrChain<'_> {
+        #[cfg(debug_assertions)]
+        assert!(
+            !self.open.replace(true),
+            "a second send section opened inside one"
+        );
         // SAFETY: a live `ibv_qp_ex` with its provider's entry point (`of`); no other
         // section of this queue pair is open (this function's contract).
         unsafe { (self.start)(self.qpx.as_ptr()) };
@@ -88,7 +99,9 @@ impl WrChain<'_> {
     /// As `RawQp::post_send` for the one request: `sge` lies inside a region registered in
     /// this queue pair's PD, with its lkey, and that memory stays registered and out of the
     /// CPU's reach until this request's completion (or a later one's, if unsignalled) is
-    /// polled or the queue pair is destroyed, if the chain is posted.
+    /// polled or the queue pair is destroyed, unless the chain is discarded by dropping it.
+    /// A chain whose [`WrChain::complete`] failed counts as posted (see there), unless the
+    /// caller knows why its provider fails and that it queued nothing.
     #[inline]
     pub(crate) unsafe fn write(
         &mut self,
@@ -122,6 +135,8 @@ impl WrChain<'_> {
     #[inline]
     pub(crate) fn complete(self) -> Result<(), i32> {
         let me = std::mem::ManuallyDrop::new(self);
+        #[cfg(debug_assertions)]
+        me.ops.open.set(false);
         // SAFETY: ends this chain's section of a live `ibv_qp_ex` once (`Drop` does not
         // run: `me` is never dropped).
         let rc = unsafe { (me.ops.complete)(me.ops.qpx.as_ptr()) };
@@ -134,6 +149,8 @@ impl WrChain<'_> {
 
 impl Drop for WrChain<'_> {
     fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        self.ops.open.set(false);
         // SAFETY: ends this chain's section of a live `ibv_qp_ex` once, discarding what
         // was added (`complete` consumes the chain without dropping it).
         unsafe { (self.ops.abort)(self.ops.qpx.as_ptr()) };
