@@ -131,7 +131,8 @@ impl WrChain<'_> {
     /// # Errors
     /// The provider's errno. `ibv_wr_post(3)` says the whole chain is then discarded, but
     /// a provider may have queued it before its doorbell failed (rxe stores the producer
-    /// index first), so the caller treats the chain as perhaps taken.
+    /// index first), so a caller treats the chain as perhaps taken unless it knows why its
+    /// provider failed (see [`WrChain::write`]).
     #[inline]
     pub(crate) fn complete(self) -> Result<(), i32> {
         let me = std::mem::ManuallyDrop::new(self);
