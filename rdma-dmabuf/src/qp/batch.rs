@@ -73,13 +73,15 @@ impl QueuePair {
     /// a later signalled one completes), so `K` is at most
     /// [`QueuePairBuilder::send_depth`](crate::QueuePairBuilder::send_depth), less what is
     /// in flight, and at most [`MAX_BATCH`] (a larger `K` does not compile). Nothing is
-    /// allocated: the work requests are a stack array.
+    /// allocated: the work requests are built in the provider's send queue through the
+    /// extended send verbs where the queue pair has them
+    /// ([`QueuePair::extended_verbs`]), else in a stack array for `ibv_post_send`.
     ///
     /// # Errors
     /// A [`BatchError`] with every part back: `K` of 0, a part that fails the checks of
     /// [`QueuePair::post_write`], fewer than `K` free send-queue entries, or (through
     /// `ibv_post_send`) the provider's refusal of the first write. With `parts: None`, the
-    /// queue pair moved to the error state and keeping the parts until it is destroyed:
+    /// queue pair has moved to the error state and keeps the parts until it is destroyed:
     /// `ibv_post_send` took part of the chain and refused the rest, or (through the extended
     /// send verbs) `ibv_wr_complete` failed. Neither has been seen: every check a provider
     /// makes is made first.
