@@ -68,6 +68,13 @@ impl<P: OwnedPart, const N: usize> fmt::Debug for PartsPending<'_, P, N> {
     }
 }
 
+/// The outcome of a failed request of parts, built out of line (as `pending::failed`).
+#[cold]
+#[inline(never)]
+fn parts_failed<P: OwnedPart, const N: usize>(error: Error, parts: [P; N]) -> PartsOutcome<P, N> {
+    Err(PartsError { error, parts })
+}
+
 impl<'q, P: OwnedPart, const N: usize> PartsPending<'q, P, N> {
     /// The request's `wr_id`.
     pub fn wr_id(&self) -> u64 {
@@ -90,10 +97,7 @@ impl<'q, P: OwnedPart, const N: usize> PartsPending<'q, P, N> {
                 parts: t.take_lent(),
                 wc,
             }),
-            Err(error) => Err(PartsError {
-                error,
-                parts: t.take_lent(),
-            }),
+            Err(error) => parts_failed(error, t.take_lent()),
         })
     }
 

@@ -44,6 +44,14 @@ impl<B: Backing> std::error::Error for WorkError<B> {
 /// How a posted request ended.
 pub type Outcome<B> = std::result::Result<Done<B>, WorkError<B>>;
 
+/// The outcome of a failed request, built out of line (a failure is rare): the hot path
+/// then never writes a whole outcome to memory to take the region back out.
+#[cold]
+#[inline(never)]
+fn failed<B: Backing>(error: Error, region: MemoryRegion<B>) -> Outcome<B> {
+    Err(WorkError { error, region })
+}
+
 /// The error of a failed request, its region dropped: for callers that give up on the
 /// region when the request fails (`?` in a function returning [`crate::Result`]).
 impl<B: Backing> From<WorkError<B>> for Error {
@@ -92,10 +100,10 @@ impl<'q, B: Backing> Pending<'q, B> {
         let region = local.into_region();
         // Built here from the raw completion, not through a `Result<WorkCompletion>`: one
         // move of the outcome fewer on the hot path.
-        Ok(match qp.completion_result(index, gen, kind, c) {
-            Ok(wc) => Ok(Done { region, wc }),
-            Err(error) => Err(WorkError { error, region }),
-        })
+        match qp.completion_result(index, gen, kind, c) {
+            Ok(wc) => Ok(Ok(Done { region, wc })),
+            Err(error) => Ok(failed(error, region)),
+        }
     }
 
     /// Busy-polls until the request completes.
@@ -179,7 +187,7 @@ impl<'q, B: crate::mr::Backing> super::Pending<'q, B> {
             let region = local.into_region();
             match result {
                 Ok(wc) => Ok(super::Done { region, wc }),
-                Err(error) => Err(super::WorkError { error, region }),
+                Err(error) => failed(error, region),
             }
         })
     }
