@@ -179,20 +179,6 @@ impl QueuePair {
         }
     }
 
-    /// The error of a refused `ibv_post_send` or `ibv_wr_complete`.
-    #[cold]
-    fn post_error(&self, rc: i32) -> Error {
-        Error::from_errno(
-            Op::PostSend,
-            format!(
-                "{} qp {:#x}",
-                self.raw.pd().context().name(),
-                self.local.qpn
-            ),
-            rc,
-        )
-    }
-
     /// Checks the batch's parts and posts them as one chain of `ibv_send_wr`s through
     /// `ibv_post_send`: each write but the last unsignalled and marked as a member of the
     /// batch under `id` (their completions come only if they fail or are flushed).
@@ -255,8 +241,10 @@ impl QueuePair {
         match unsafe { self.raw.post_send(first) } {
             Ok(()) => Ok(()),
             // The provider refused the first request, and so the whole chain.
-            Err((rc, bad)) if bad == first => Err(Refused::Untouched(self.post_error(rc))),
-            Err((rc, _)) => Err(Refused::PerhapsTaken(self.post_error(rc))),
+            Err((rc, bad)) if bad == first => {
+                Err(Refused::Untouched(self.post_error(Op::PostSend, rc)))
+            }
+            Err((rc, _)) => Err(Refused::PerhapsTaken(self.post_error(Op::PostSend, rc))),
         }
     }
 
@@ -301,7 +289,7 @@ impl QueuePair {
         // the doorbell): treated as perhaps taken.
         chain
             .complete()
-            .map_err(|rc| Refused::PerhapsTaken(self.post_error(rc)))
+            .map_err(|rc| Refused::PerhapsTaken(self.post_error(Op::PostSend, rc)))
     }
 }
 

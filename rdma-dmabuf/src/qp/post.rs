@@ -278,9 +278,7 @@ impl QueuePair {
             unsafe { self.raw.post_recv(&mut wr) }
         } else if let Some((ops, sge, remote)) = req.single_write(self.raw.wr_ops()) {
             // One signalled write through the extended send verbs: built in the send queue
-            // by the provider, no `ibv_send_wr` to fill and convert. Nothing else posts to
-            // this queue pair inside the section (a `QueuePair` is `!Sync` and the section
-            // holds only this write).
+            // by the provider, no `ibv_send_wr` to fill and convert.
             // SAFETY: nothing else posts to this queue pair until the chain ends (`!Sync`,
             // and the section holds only the write below).
             let mut chain = unsafe { ops.start() };
@@ -295,11 +293,9 @@ impl QueuePair {
                     sge.raw(),
                 )
             };
-            // A failure is taken as "not posted", as `ibv_post_send`'s is below: a provider
-            // refuses before it queues (rxe records a full queue, which the slots keep from
-            // happening, and discards), and rxe's doorbell, the one step after it queues,
-            // fails in the kernel only for a queue pair before RTS, which a `QueuePair` never
-            // is, or one destroyed (a removed device's, whose queue never runs again).
+            // A failure is taken as "not posted", as `ibv_post_send`'s is: see the SAFETY
+            // comment of the `cancel` below (rxe also discards a section that hit a full
+            // queue, which the slots keep from happening).
             chain.complete()
         } else {
             let mut wr = req.send_wr(id, num_sge);
@@ -319,15 +315,7 @@ impl QueuePair {
             // provider that queued a request and then failed would break this (a batch, whose
             // provider may take part of a chain, takes such a failure as "perhaps posted").
             unsafe { self.slots.borrow_mut().cancel(index) };
-            return Err(Error::from_errno(
-                post_op(kind),
-                format!(
-                    "{} qp {:#x}",
-                    self.raw.pd().context().name(),
-                    self.local.qpn
-                ),
-                rc,
-            ));
+            return Err(self.post_error(post_op(kind), rc));
         }
         Ok((index, gen))
     }
@@ -351,6 +339,23 @@ impl QueuePair {
         // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
         // keeps it registered and out of the CPU's reach until the completion (our contract).
         unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
+    }
+}
+
+impl QueuePair {
+    /// The error of a post the provider refused with `rc` (`ibv_post_send`,
+    /// `ibv_post_recv` or `ibv_wr_complete`), naming the device and the queue pair.
+    #[cold]
+    pub(super) fn post_error(&self, op: Op, rc: i32) -> Error {
+        Error::from_errno(
+            op,
+            format!(
+                "{} qp {:#x}",
+                self.raw.pd().context().name(),
+                self.local.qpn
+            ),
+            rc,
+        )
     }
 }
 
