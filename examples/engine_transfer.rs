@@ -6,10 +6,11 @@
 //! ```sh
 //! cargo run -p examples --example engine_transfer -- [--agents N] [--blocks N]
 //! ```
-//! (`RDMA_DEVICE=rxe0` picks the device; default: every device with an active port.)
+//! (`RDMA_DEVICE=rxe0` picks the device; default: every device with an active port.) The
+//! agents authenticate each other with a cluster key made for the run.
 
 use drm_export::{DmaBuf, DmaHeap, DrmDevice, DumbBuffer, NodeKind, Udmabuf};
-use gpu_rdma_engine::{Agent, Batch, Memory, Settings};
+use gpu_rdma_engine::{Agent, Auth, Batch, ClusterKey, Memory, Settings};
 use rdma_dmabuf::HostBuffer;
 use std::time::{Duration, Instant};
 
@@ -77,9 +78,13 @@ fn bytes(m: Memory) -> Res<Vec<u8>> {
 
 fn main() -> Res<()> {
     let (n, blocks) = args();
+    // Every agent of a cluster holds its key; these are all in this process, so one made
+    // here serves (a cluster keeps one in a file: ClusterKey::from_file, or the
+    // GPU_RDMA_CLUSTER_KEY_FILE variable that Settings::default() reads).
     let settings = Settings {
         devices: std::env::var("RDMA_DEVICE").ok().map(|d| vec![d]),
         bind: "127.0.0.1:0".parse()?,
+        auth: Auth::ClusterKey(ClusterKey::generate()?),
         ..Settings::default()
     };
     let agents: Vec<Agent> = (0..n)

@@ -1,11 +1,15 @@
 //! [`Agent`]: one per process; owns the RDMA devices it uses, its segments, its
 //! connections to peers, and the control listener.
 
+use crate::auth::{Auth, INSECURE_ENV};
 use crate::batch::{Batch, Notification};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::devices;
 use crate::error::{Error, Result, Side};
-use crate::metadata::{lock, EmbeddedMetadata, MetadataService, PeerRecord};
+use crate::inbox::Inbox;
+use crate::limits::{ControlStats, Counters};
+use crate::metadata::{lock, Dialer, EmbeddedMetadata, MetadataService, PeerRecord};
+use crate::notifier::Notifier;
 use crate::plan::plan;
 use crate::progress::{Progress, Transfer};
 use crate::segment::{self, describe, Memory, Region, Segments};
@@ -19,9 +23,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A transfer engine's agent. See the crate's documentation.
 pub struct Agent {
@@ -30,6 +34,7 @@ pub struct Agent {
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
     server: Option<Server>,
+    notifier: Notifier,
 }
 
 impl std::fmt::Debug for Agent {
@@ -65,8 +70,10 @@ impl Agent {
     /// variable `GPU_RDMA_NICS`, read here once.
     ///
     /// # Errors
-    /// [`Error::Settings`] (a `GPU_RDMA_NICS` that does not parse among them),
-    /// [`Error::NoDevice`], [`Error::Io`] when the listener cannot bind.
+    /// [`Error::Settings`] for a `name` that is empty, holds control characters (a newline,
+    /// NUL) or is longer than 255 bytes (it names the agent's threads and its keys in the
+    /// metadata service), and for settings out of range (a `GPU_RDMA_NICS` that does not
+    /// parse among them), [`Error::NoDevice`], [`Error::Io`] when the listener cannot bind.
     pub fn new(name: &str, settings: Settings) -> Result<Agent> {
         Agent::start(name, settings, None)
     }
@@ -90,6 +97,8 @@ impl Agent {
         mut settings: Settings,
         metadata: Option<Arc<dyn MetadataService>>,
     ) -> Result<Agent> {
+        // First: the name goes into thread names (a NUL would panic there) and keys.
+        segment::check_agent_name(name)?;
         if settings.chunk_size == 0 || settings.in_flight == 0 {
             return Err(Error::Settings(
                 "chunk_size and in_flight must be above 0".into(),
@@ -107,10 +116,24 @@ impl Agent {
         }
         // The NIC override is read once: a bad GPU_RDMA_NICS fails here, typed.
         settings.nics = settings.resolved_nics()?;
+        // Authentication first of what touches the outside: no key, no listener.
+        settings.auth = settings.auth.resolve()?;
+        if let Some(field) = settings.limits.zero_field() {
+            return Err(Error::Settings(format!("limits.{field} must be above 0")));
+        }
         let devices = devices::open(settings.devices.as_deref(), settings.cache_limits)?;
         let listener =
             TcpListener::bind(settings.bind).map_err(|e| Error::io("bind", settings.bind, e))?;
-        let embedded = Arc::new(EmbeddedMetadata::new(settings.io_timeout));
+        let dialer = Dialer {
+            me: name.into(),
+            auth: settings.auth.clone(),
+            timeout: settings.io_timeout,
+        };
+        let embedded = Arc::new(EmbeddedMetadata::with_dialer(dialer.clone()));
+        let inbox = Inbox::new(
+            settings.limits.notifications_per_sender,
+            settings.limits.notifications,
+        );
         let shared = Arc::new(Shared {
             name: name.into(),
             incarnation: random_u64(),
@@ -119,11 +142,21 @@ impl Agent {
             segments: Segments::default(),
             settings,
             metadata: metadata.unwrap_or_else(|| embedded.clone()),
+            dialer,
             peers: Mutex::default(),
-            notifications: Mutex::default(),
-            notified: Condvar::new(),
+            inbox,
+            counters: Counters::default(),
         });
         let server = Server::start(shared.clone(), listener)?;
+        if shared.settings.auth == Auth::InsecureNoAuthentication {
+            eprintln!(
+                "WARNING: gpu-rdma agent {name:?}: authentication is OFF \
+                 (Auth::InsecureNoAuthentication, {INSECURE_ENV}=1): anyone who reaches {} can \
+                 read and write every byte of every segment it registers. Use a cluster key \
+                 (docs/engine.md, \"Security\").",
+                server.addr()
+            );
+        }
         let (jobs, rx) = channel();
         let rx = Arc::new(Mutex::new(rx));
         let mut agent = Agent {
@@ -132,6 +165,7 @@ impl Agent {
             jobs: Some(jobs),
             workers: Vec::new(),
             server: Some(server),
+            notifier: Notifier::default(),
         };
         for k in 0..agent.shared.settings.workers {
             let (s, rx) = (agent.shared.clone(), rx.clone());
@@ -339,6 +373,41 @@ impl Agent {
             .publish(&self.shared.descriptor(), self.address())
     }
 
+    /// Sends a notification to agent `agent` on its own, with no transfer: it is queued in
+    /// `agent`'s [`Agent::notifications`] under this agent's name (the name its connection
+    /// authenticated) when this returns. Notifications that one agent sends this way reach
+    /// the peer in the order sent; they are not ordered with batches' notifications (which
+    /// follow their own batch's entries).
+    ///
+    /// # Errors
+    /// [`Error::NotificationTooLong`]; [`Error::UnknownAgent`] and the metadata service's
+    /// errors; [`Error::Authentication`]; [`Error::LimitReached`] when the peer's queue for
+    /// this agent is full (its program has not taken them); [`Error::Io`].
+    pub fn notify(&self, agent: &str, message: &[u8]) -> Result<()> {
+        if message.len() > crate::MAX_NOTIFICATION {
+            return Err(Error::NotificationTooLong(message.len()));
+        }
+        let cached = lock(&self.shared.peers).get(agent).map(|r| r.control);
+        let control = match cached.filter(|_| !self.shared.metadata.follows_peers()) {
+            Some(c) => c,
+            None => {
+                let r = self.shared.metadata.lookup(agent)?;
+                let control = r.control;
+                lock(&self.shared.peers).insert(agent.into(), r);
+                control
+            }
+        };
+        let sent = self
+            .notifier
+            .send(&self.shared.dialer, agent, control, message);
+        if matches!(sent, Err(Error::Io { .. } | Error::Authentication { .. })) {
+            // Perhaps it moved or restarted: its record is fetched again next time.
+            self.shared.forget_peer(agent);
+            self.notifier.forget(agent);
+        }
+        sent
+    }
+
     /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`, or a
     /// backend that follows its peers itself: always).
     fn peer_records(&self, batch: &Batch, refresh: bool) -> Result<HashMap<String, PeerRecord>> {
@@ -434,31 +503,26 @@ impl Agent {
     }
 
     /// Takes every notification received so far, oldest first.
+    ///
+    /// Each notification's [`Notification::from`] is the agent its connection was
+    /// authenticated as. The queue holds at most [`Limits::notifications_per_sender`](crate::Limits::notifications_per_sender)
+    /// of one sender and [`Limits::notifications`](crate::Limits::notifications) in all;
+    /// past them a sender's notification is refused ([`Error::LimitReached`] on its side).
     pub fn notifications(&self) -> Vec<Notification> {
-        lock(&self.shared.notifications).drain(..).collect()
+        self.shared.inbox.take_all()
     }
 
     /// Takes the oldest notification, waiting at most `timeout` for one.
     pub fn wait_notification(&self, timeout: Duration) -> Option<Notification> {
-        let deadline = Instant::now().checked_add(timeout);
-        let mut q = lock(&self.shared.notifications);
-        loop {
-            if let Some(n) = q.pop_front() {
-                return Some(n);
-            }
-            let left = deadline.map_or(Duration::from_secs(3600), |d| {
-                d.saturating_duration_since(Instant::now())
-            });
-            if left.is_zero() {
-                return None;
-            }
-            q = self
-                .shared
-                .notified
-                .wait_timeout(q, left)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-        }
+        self.shared.inbox.wait(timeout)
+    }
+
+    /// What the control listener accepted and refused since the agent started: connections,
+    /// failed authentications, refusals at each of [`Settings::limits`], and what it holds
+    /// now.
+    pub fn control_stats(&self) -> ControlStats {
+        let (open, qps) = self.server.as_ref().map_or((0, 0), Server::gauges);
+        self.shared.counters.snapshot(open, qps)
     }
 }
 

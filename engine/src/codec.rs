@@ -90,7 +90,11 @@ impl<'a> Reader<'a> {
         String::from_utf8(b.to_vec())
             .map_err(|_| Error::Protocol("a name that is not UTF-8".into()))
     }
-    /// Refuses trailing bytes.
+    /// How many bytes are left to read.
+    pub fn remaining(&self) -> usize {
+        self.b.len() - self.at
+    }
+
     /// Reads `magic` (else [`Error::Protocol`] naming `what`) and a format version, which
     /// must be `version` (else [`Error::IncompatibleVersion`]).
     pub fn header(&mut self, magic: &[u8], version: u16, what: &str) -> Result<()> {
@@ -107,6 +111,7 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// Refuses trailing bytes.
     pub fn end(&self) -> Result<()> {
         if self.at == self.b.len() {
             Ok(())

@@ -87,7 +87,8 @@ impl AgentDescriptor {
     /// # Errors
     /// [`Error::IncompatibleVersion`] for another format version (checked before anything
     /// else is read); [`Error::Protocol`] for a wrong magic, a short or long message,
-    /// unknown access bits, or a segment that lists a device twice.
+    /// unknown access bits, a segment that lists a device twice, or a segment whose range
+    /// on some device (its address plus its length) passes the end of the address space.
     pub fn from_bytes(b: &[u8]) -> Result<AgentDescriptor> {
         let mut r = Reader::new(b);
         r.header(MAGIC, FORMAT_VERSION, "an agent descriptor")?;
@@ -114,13 +115,19 @@ impl AgentDescriptor {
                     tier: r.u8()?,
                 });
             }
-            if regions
-                .iter()
-                .enumerate()
-                .any(|(i, a)| regions[..i].iter().any(|b| b.device == a.device))
-            {
+            // Sorted, not compared pairwise: a frame may list many regions.
+            let mut devices: Vec<u16> = regions.iter().map(|r| r.device).collect();
+            devices.sort_unstable();
+            if devices.windows(2).any(|w| w[0] == w[1]) {
                 return Err(Error::Protocol(format!(
                     "segment {name:?}: a device listed twice"
+                )));
+            }
+            if let Some(r) = regions.iter().find(|r| r.addr.checked_add(len).is_none()) {
+                return Err(Error::Protocol(format!(
+                    "segment {name:?}: {len} bytes at {:#x} on device {} end past the end of \
+                     the address space",
+                    r.addr, r.device
                 )));
             }
             segments.push(SegmentDescriptor {
@@ -203,6 +210,27 @@ mod tests {
             AgentDescriptor::from_bytes(b"HTTP/1.1"),
             Err(Error::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn a_segment_ending_past_the_address_space_is_refused() {
+        for (addr, len) in [(u64::MAX, 1), (u64::MAX - 4095, 4097), (1, u64::MAX)] {
+            let mut d = sample();
+            d.segments[0].len = len;
+            d.segments[0].regions[0].addr = addr;
+            assert!(
+                matches!(
+                    AgentDescriptor::from_bytes(&d.to_bytes()),
+                    Err(Error::Protocol(m)) if m.contains("address space")
+                ),
+                "{addr:#x} + {len}"
+            );
+        }
+        // Ending at the last byte is fine.
+        let mut d = sample();
+        d.segments[0].len = 4096;
+        d.segments[0].regions[0].addr = u64::MAX - 4096;
+        assert_eq!(AgentDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
     }
 
     #[test]

@@ -195,6 +195,16 @@ pub enum Error {
         /// The client's error, as text.
         detail: String,
     },
+    /// The metadata service (etcd) answered and refused a request itself (too large,
+    /// invalid, not permitted, out of space): it would be refused again as it is, so it is
+    /// not retried. A registration it refuses is undone.
+    #[error("metadata service: {op}: {detail}")]
+    MetadataRefused {
+        /// What the engine was doing.
+        op: &'static str,
+        /// The service's answer, as text.
+        detail: String,
+    },
     /// Another live incarnation of an agent of this name is published: agent names are
     /// unique in a metadata service.
     #[error("agent {agent:?} is already published by another incarnation ({incarnation:x?})")]
@@ -204,6 +214,48 @@ pub enum Error {
         /// The other incarnation, when its record could be read.
         incarnation: Option<u64>,
     },
+    /// A control connection's authentication failed: the peer did not prove the cluster's
+    /// key (another cluster, or not an agent), is not the agent expected, or refused this
+    /// agent's proof or its lack of one (docs/engine.md, "Security").
+    #[error("authentication with {peer}: {detail}")]
+    Authentication {
+        /// The peer's address.
+        peer: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The peer refused a request at one of its bounds ([`Limits`](crate::Limits)): fewer
+    /// connections, queue pairs or queued notifications, or a smaller request, may pass.
+    #[error("agent {peer} refused the request: its limit of {limit:?} ({detail})")]
+    LimitReached {
+        /// The peer's address or name.
+        peer: String,
+        /// Which bound.
+        limit: Limit,
+        /// The bound's value and what was asked, as the peer tells it.
+        detail: String,
+    },
+}
+
+/// Which of an agent's bounds a peer's request met ([`Error::LimitReached`]); each is a
+/// field of [`Limits`](crate::Limits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Limit {
+    /// Authenticated connections, in all ([`Limits::connections`](crate::Limits::connections)).
+    Connections,
+    /// Connections of one peer ([`Limits::connections_per_peer`](crate::Limits::connections_per_peer)).
+    ConnectionsPerPeer,
+    /// Queue pairs made over one connection ([`Limits::queue_pairs_per_connection`](crate::Limits::queue_pairs_per_connection)).
+    QueuePairsPerConnection,
+    /// Queue pairs of one peer ([`Limits::queue_pairs_per_peer`](crate::Limits::queue_pairs_per_peer)).
+    QueuePairsPerPeer,
+    /// Notifications queued from one sender ([`Limits::notifications_per_sender`](crate::Limits::notifications_per_sender)).
+    NotificationsPerSender,
+    /// Notifications queued in all ([`Limits::notifications`](crate::Limits::notifications)).
+    Notifications,
+    /// A request's frame ([`Limits::request_bytes`](crate::Limits::request_bytes)).
+    RequestBytes,
 }
 
 /// What kind of failure an [`Error`] is ([`Error::kind`]).
@@ -238,6 +290,10 @@ pub enum ErrorKind {
     ShuttingDown,
     /// Another live agent holds the name in the metadata service.
     NameTaken,
+    /// Authentication failed (a wrong or missing cluster key, a forged record).
+    Unauthenticated,
+    /// A peer's bound on what one client may hold was reached: retry later or with less.
+    LimitReached,
 }
 
 /// The engine's results.
@@ -268,7 +324,8 @@ impl Error {
             | E::Overlap { .. }
             | E::EmptyBatch
             | E::BatchTooLarge(_)
-            | E::NotificationTooLong(_) => ErrorKind::InvalidInput,
+            | E::NotificationTooLong(_)
+            | E::MetadataRefused { .. } => ErrorKind::InvalidInput,
             E::UnknownAgent(_) | E::UnknownSegment { .. } => ErrorKind::NotFound,
             E::SegmentBusy { .. } => ErrorKind::Busy,
             E::CudaRange { .. } => ErrorKind::InvalidInput,
@@ -283,6 +340,8 @@ impl Error {
             E::EntryFailed { error, .. } => error.kind(),
             E::ShuttingDown => ErrorKind::ShuttingDown,
             E::AgentExists { .. } => ErrorKind::NameTaken,
+            E::Authentication { .. } => ErrorKind::Unauthenticated,
+            E::LimitReached { .. } => ErrorKind::LimitReached,
         }
     }
 

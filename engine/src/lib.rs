@@ -64,9 +64,11 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod auth;
 #[cfg(feature = "tokio")]
 mod awaiting;
 mod batch;
+mod channel;
 mod codec;
 mod descriptor;
 mod devices;
@@ -75,7 +77,10 @@ mod error;
 mod etcd;
 mod exec;
 mod failover;
+mod inbox;
+mod limits;
 mod metadata;
+mod notifier;
 mod peer;
 mod plan;
 mod progress;
@@ -87,12 +92,14 @@ mod wire;
 mod worker;
 
 pub use agent::Agent;
+pub use auth::{Auth, ClusterKey, CLUSTER_KEY_ENV, INSECURE_ENV, MIN_KEY_BYTES};
 pub use batch::{Batch, Entry, Notification, Op, MAX_NOTIFICATION};
 pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
-pub use error::{Error, ErrorKind, Result, Side};
+pub use error::{Error, ErrorKind, Limit, Result, Side};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdMetadata, EtcdSettings};
 pub use gpu_rdma_topology::{Near, NicOverride, OverrideError, Proximity, Ranked};
+pub use limits::{ControlStats, Limits};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};
 pub use progress::{EntryStatus, Transfer};
 pub use segment::Memory;

@@ -1,6 +1,8 @@
 //! [`MetadataService`]: where agents publish their descriptors and find each other's;
 //! [`EmbeddedMetadata`], the default backend, asks each agent directly over TCP.
 
+use crate::auth::Auth;
+use crate::channel::{Channel, Waits};
 use crate::descriptor::AgentDescriptor;
 use crate::error::{Error, Result};
 use crate::wire::{call, Reply, Request};
@@ -58,19 +60,32 @@ pub trait MetadataService: Send + Sync {
 }
 
 /// The embedded backend: peers are named with their control address
-/// ([`Agent::add_peer`](crate::Agent::add_peer)) and asked for their descriptor directly.
-#[derive(Debug, Default)]
+/// ([`Agent::add_peer`](crate::Agent::add_peer)) and asked for their descriptor directly,
+/// over an authenticated control connection.
+#[derive(Debug)]
 pub struct EmbeddedMetadata {
     peers: Mutex<HashMap<String, SocketAddr>>,
-    timeout: Duration,
+    dialer: Dialer,
 }
 
 impl EmbeddedMetadata {
-    /// No peers yet; `timeout` bounds each connection and reply.
-    pub fn new(timeout: Duration) -> EmbeddedMetadata {
+    /// No peers yet. It connects to peers as agent `me`, authenticated by `auth`
+    /// ([`Auth::FromEnvironment`] is read here); `timeout` bounds each connection and reply.
+    ///
+    /// # Errors
+    /// [`Auth::resolve`]'s.
+    pub fn new(me: &str, auth: &Auth, timeout: Duration) -> Result<EmbeddedMetadata> {
+        Ok(EmbeddedMetadata::with_dialer(Dialer {
+            me: me.into(),
+            auth: auth.resolve()?,
+            timeout,
+        }))
+    }
+
+    pub(crate) fn with_dialer(dialer: Dialer) -> EmbeddedMetadata {
         EmbeddedMetadata {
             peers: Mutex::default(),
-            timeout,
+            dialer,
         }
     }
 
@@ -85,16 +100,39 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A control connection to `addr` with every read and write bounded by `timeout`.
-pub(crate) fn dial(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&addr, timeout)
-        .map_err(|e| Error::io("connect to agent", addr, e))?;
-    let set = s
-        .set_read_timeout(Some(timeout))
-        .and_then(|()| s.set_write_timeout(Some(timeout)))
-        .and_then(|()| s.set_nodelay(true));
-    set.map_err(|e| Error::io("set timeouts on", addr, e))?;
-    Ok(s)
+/// How an agent opens control connections: as whom, authenticated how, and how long each
+/// connection, request and reply may take.
+#[derive(Clone, Debug)]
+pub(crate) struct Dialer {
+    /// This agent's name.
+    pub me: String,
+    /// Resolved: never [`Auth::FromEnvironment`].
+    pub auth: Auth,
+    pub timeout: Duration,
+}
+
+impl Dialer {
+    /// An authenticated control connection to `addr`, which must be agent `expect` when
+    /// given.
+    pub fn dial(&self, addr: SocketAddr, expect: Option<&str>) -> Result<Channel> {
+        let s = TcpStream::connect_timeout(&addr, self.timeout)
+            .map_err(|e| Error::io("connect to agent", addr, e))?;
+        let set = s
+            .set_read_timeout(Some(self.timeout))
+            .and_then(|()| s.set_write_timeout(Some(self.timeout)))
+            .and_then(|()| s.set_nodelay(true));
+        set.map_err(|e| Error::io("set timeouts on", addr, e))?;
+        let waits = Waits {
+            idle: Some(self.timeout),
+            frame: self.timeout,
+        };
+        crate::auth::connect(s, addr, &self.me, &self.auth, expect, waits)
+    }
+
+    /// Sends `req` to the peer at `addr` over `ch` and reads its reply.
+    pub fn call(&self, ch: &mut Channel, addr: SocketAddr, req: &Request) -> Result<Reply> {
+        call(ch, addr, self.timeout, req)
+    }
 }
 
 impl MetadataService for EmbeddedMetadata {
@@ -111,8 +149,8 @@ impl MetadataService for EmbeddedMetadata {
         let control = *lock(&self.peers)
             .get(agent)
             .ok_or_else(|| Error::UnknownAgent(agent.into()))?;
-        let mut s = dial(control, self.timeout)?;
-        let descriptor = match call(&mut s, control, &Request::Describe)? {
+        let mut ch = self.dialer.dial(control, Some(agent))?;
+        let descriptor = match self.dialer.call(&mut ch, control, &Request::Describe)? {
             Reply::Descriptor(b) => AgentDescriptor::from_bytes(&b)?,
             other => return Err(Error::Protocol(format!("{other:?} to Describe"))),
         };

@@ -2,28 +2,33 @@
 //! pairs made over it, [`Settings::queue_pairs`](crate::Settings::queue_pairs) per (local
 //! device, remote device) pair in use.
 
+use crate::channel::Channel;
 use crate::error::{Error, Result};
-use crate::metadata::dial;
+use crate::metadata::Dialer;
 use crate::shared::Shared;
-use crate::wire::{call, Reply, Request};
+use crate::wire::{Reply, Request};
 use rdma_dmabuf::QueuePair;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 
 pub(crate) struct PeerConn {
     pub incarnation: u64,
     control: SocketAddr,
-    stream: TcpStream,
+    channel: Channel,
+    dialer: Dialer,
     qps: Vec<((u16, u16), Vec<QueuePair>)>,
 }
 
 impl PeerConn {
-    /// Connects the control channel and learns the peer's incarnation.
-    pub fn open(shared: &Shared, control: SocketAddr) -> Result<PeerConn> {
-        let stream = dial(control, shared.settings.io_timeout)?;
+    /// Connects the control channel to agent `agent` (authenticated both ways) and learns
+    /// its incarnation.
+    pub fn open(shared: &Shared, agent: &str, control: SocketAddr) -> Result<PeerConn> {
+        let dialer = shared.dialer.clone();
+        let channel = dialer.dial(control, Some(agent))?;
         let mut c = PeerConn {
             incarnation: 0,
             control,
-            stream,
+            channel,
+            dialer,
             qps: Vec::new(),
         };
         c.incarnation = c.check()?;
@@ -33,7 +38,7 @@ impl PeerConn {
     /// Asks the peer's incarnation (one round trip: the channel is alive, and the peer has
     /// not restarted if it answers the one expected).
     pub fn check(&mut self) -> Result<u64> {
-        match call(&mut self.stream, self.control, &Request::Check)? {
+        match self.call(&Request::Check)? {
             Reply::Incarnation(i) => Ok(i),
             other => Err(Error::Protocol(format!("{other:?} to Check"))),
         }
@@ -93,7 +98,7 @@ impl PeerConn {
             device: remote,
             endpoint: prepared.endpoint(),
         };
-        let theirs = match call(&mut self.stream, self.control, &req) {
+        let theirs = match self.call(&req) {
             Ok(Reply::Connected(e)) => e,
             Ok(Reply::Refused(why)) => {
                 return Err((Error::Protocol(format!("peer refused: {why}")), None))
@@ -123,17 +128,21 @@ impl PeerConn {
     /// is left to the next call on the channel to find.
     fn release(&mut self, qpns: Vec<u32>) {
         if !qpns.is_empty() {
-            let _ = call(&mut self.stream, self.control, &Request::Release { qpns });
+            let _ = self.call(&Request::Release { qpns });
         }
     }
 
-    /// Delivers a notification (returns once the peer has queued it).
-    pub fn notify(&mut self, from: &str, message: &[u8]) -> Result<()> {
+    fn call(&mut self, req: &Request) -> Result<Reply> {
+        self.dialer.call(&mut self.channel, self.control, req)
+    }
+
+    /// Delivers a notification (returns once the peer has queued it); the peer knows it
+    /// comes from this agent by the connection's authentication.
+    pub fn notify(&mut self, message: &[u8]) -> Result<()> {
         let req = Request::Notify {
-            from: from.into(),
             message: message.to_vec(),
         };
-        match call(&mut self.stream, self.control, &req)? {
+        match self.call(&req)? {
             Reply::Noted => Ok(()),
             Reply::Refused(why) => Err(Error::Protocol(format!("notification refused: {why}"))),
             other => Err(Error::Protocol(format!("{other:?} to Notify"))),

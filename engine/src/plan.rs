@@ -94,6 +94,24 @@ fn index_of<'a>(map: &mut HashMap<&'a str, u16>, key: &'a str, what: &str) -> Re
     Ok(i)
 }
 
+/// Refuses a segment whose registration on some device would end past the end of the
+/// address space (`addr + len` overflows): a peer's descriptor is input, and every address a
+/// chunk is given is computed inside `[addr, addr + len)`.
+fn check_regions(entry: usize, side: Side, s: &SegmentDescriptor) -> Result<()> {
+    match s
+        .regions
+        .iter()
+        .find(|r| r.addr.checked_add(s.len).is_none())
+    {
+        None => Ok(()),
+        Some(r) => Err(Error::Protocol(format!(
+            "entry {entry}: {side:?} segment {:?} of {} bytes at {:#x} on device {} ends past \
+             the end of the address space (a malformed descriptor)",
+            s.name, s.len, r.addr, r.device
+        ))),
+    }
+}
+
 fn in_range(entry: usize, side: Side, offset: u64, len: u64, segment_len: u64) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= segment_len => Ok(()),
@@ -136,7 +154,13 @@ pub(crate) fn plan<'l, 'r>(
         .iter()
         .map(|e| e.len.div_ceil(chunk_size))
         .fold(0u64, u64::saturating_add);
-    let mut chunks = Vec::with_capacity(total.min(MAX_CHUNKS as u64) as usize);
+    // Refused before anything is sized by it (a peer's segment may claim any length).
+    if total > MAX_CHUNKS as u64 {
+        return Err(Error::BatchTooLarge(format!(
+            "more than {MAX_CHUNKS} chunks (raise the chunk size or split the batch)"
+        )));
+    }
+    let mut chunks = Vec::with_capacity(total as usize);
     let mut chunks_per_entry = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         if e.len == 0 {
@@ -173,16 +197,18 @@ pub(crate) fn plan<'l, 'r>(
         };
         let segment = index_of(&mut segments, &e.local, "local segments")?;
         if usize::from(segment) == local_places.len() {
+            check_regions(i, Side::Local, l)?;
             local_places.push(l.regions.iter().map(Place::from).collect());
         }
         let remote_segment = match remotes.get(&(e.remote_agent.as_str(), &e.remote_segment)) {
             Some(&i) => i,
             None => {
-                let i = u16::try_from(remote_places.len())
+                let next = u16::try_from(remote_places.len())
                     .map_err(|_| Error::BatchTooLarge("more than 65536 remote segments".into()))?;
-                remotes.insert((&e.remote_agent, &e.remote_segment), i);
+                check_regions(i, Side::Remote, r)?;
+                remotes.insert((&e.remote_agent, &e.remote_segment), next);
                 remote_places.push(r.regions.iter().map(Place::from).collect());
-                i
+                next
             }
         };
         let peer = index_of(&mut peers, &e.remote_agent, "remote agents")?;
@@ -193,11 +219,12 @@ pub(crate) fn plan<'l, 'r>(
             });
         }
         let n = e.len.div_ceil(chunk_size);
-        if chunks.len() as u64 + n > MAX_CHUNKS as u64 {
-            return Err(Error::BatchTooLarge(format!(
-                "more than {MAX_CHUNKS} chunks"
-            )));
+        let too_many = || Error::BatchTooLarge(format!("more than {MAX_CHUNKS} chunks"));
+        match (chunks.len() as u64).checked_add(n) {
+            Some(all) if all <= MAX_CHUNKS as u64 => {}
+            _ => return Err(too_many()),
         }
+        let per_entry = u32::try_from(n).map_err(|_| too_many())?;
         let (lp, rp) = (
             &local_places[usize::from(segment)],
             &remote_places[usize::from(remote_segment)],
@@ -206,24 +233,42 @@ pub(crate) fn plan<'l, 'r>(
             .entry((segment, remote_segment))
             .or_insert_with(|| stripe(lp, rp, |_, _| true, weights).expect("both registered"));
         for k in 0..n {
-            let at = k * chunk_size;
             let (lr, rr) = stripe.pick(lp, rp, chunks.len());
+            // `at` < `e.len`, and both ranges were checked inside their segments, whose
+            // regions end inside the address space: none of these sums overflows, and one
+            // that did would be refused, not wrapped.
+            let cut = k.checked_mul(chunk_size).and_then(|at| {
+                Some((
+                    e.local_offset.checked_add(at)?,
+                    e.len.checked_sub(at)?,
+                    rr.addr.checked_add(e.remote_offset)?.checked_add(at)?,
+                ))
+            });
+            let Some((offset, left, remote_addr)) = cut else {
+                return Err(Error::OutOfRange {
+                    entry: i,
+                    side: Side::Remote,
+                    offset: e.remote_offset,
+                    len: e.len,
+                    segment_len: r.len,
+                });
+            };
             chunks.push(Chunk {
                 entry: i as u32,
                 op: e.op,
                 segment,
                 local_device: lr.device,
-                offset: e.local_offset + at,
-                len: chunk_size.min(e.len - at),
+                offset,
+                len: chunk_size.min(left),
                 peer,
                 remote_device: rr.device,
                 remote_segment,
-                remote_addr: rr.addr + e.remote_offset + at,
+                remote_addr,
                 rkey: rr.rkey,
                 round: 0,
             });
         }
-        chunks_per_entry.push(n as u32);
+        chunks_per_entry.push(per_entry);
     }
     check_overlaps(entries)?;
     let rounds = assign_rounds(&mut chunks)?;
@@ -270,6 +315,9 @@ pub(crate) struct Stripe {
 /// The longest cycle: weights are scaled down to fit (a rail keeps at least one turn).
 const MAX_CYCLE: u32 = 64;
 
+/// The most rails a stripe takes (the nearest first, in device order).
+const MAX_RAILS: usize = 1 << u8::BITS;
+
 impl Stripe {
     /// The rail of chunk number `k`: (local place, remote place).
     pub fn pick<'a>(&self, l: &'a [Place], r: &'a [Place], k: usize) -> (&'a Place, &'a Place) {
@@ -290,7 +338,13 @@ pub(crate) fn stripe(
         .filter(|&(a, b)| usable(l[a].device, r[b].device))
         .collect();
     let best = ok.iter().map(|&p| tier(p)).min()?;
-    let rails: Vec<(usize, usize)> = ok.into_iter().filter(|&p| tier(p) == best).collect();
+    // At most MAX_RAILS (the cycle numbers them in a byte): a peer's descriptor may list
+    // many devices, and with none in common every pair is a rail.
+    let rails: Vec<(usize, usize)> = ok
+        .into_iter()
+        .filter(|&p| tier(p) == best)
+        .take(MAX_RAILS)
+        .collect();
     let w: Vec<u32> = rails
         .iter()
         .map(|&(a, _)| {
@@ -361,7 +415,9 @@ pub(crate) fn reroute(plan: &Plan, ch: &Chunk, stripe: &Stripe, k: usize) -> Opt
     })
 }
 
-/// Refuses a read whose local range overlaps any other entry's in the same segment.
+/// Refuses a read whose local range overlaps any other entry's in the same segment. The
+/// entries' ranges were checked inside their segments (their ends do not overflow; the
+/// sums saturate all the same).
 fn check_overlaps(entries: &[Entry]) -> Result<()> {
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by(|&a, &b| {
@@ -374,7 +430,8 @@ fn check_overlaps(entries: &[Entry]) -> Result<()> {
         let e = &entries[i];
         if let Some(f) = furthest.filter(|&f| entries[f].local == e.local) {
             let fe = &entries[f];
-            if e.local_offset < fe.local_offset + fe.len {
+            let end = |e: &Entry| e.local_offset.saturating_add(e.len);
+            if e.local_offset < end(fe) {
                 if e.op == Op::Read || fe.op == Op::Read {
                     return Err(Error::Overlap {
                         entry: i,
@@ -382,7 +439,7 @@ fn check_overlaps(entries: &[Entry]) -> Result<()> {
                         segment: e.local.clone(),
                     });
                 }
-                if e.local_offset + e.len <= fe.local_offset + fe.len {
+                if end(e) <= end(fe) {
                     continue;
                 }
             }
@@ -400,6 +457,7 @@ fn assign_rounds(chunks: &mut [Chunk]) -> Result<u16> {
     let mut ends: Vec<u64> = Vec::new();
     let mut segment = None;
     let mut rounds = 1;
+    let too_deep = || Error::BatchTooLarge("writes overlapping 65536 deep".into());
     for c in order {
         if segment != Some(chunks[c].segment) {
             segment = Some(chunks[c].segment);
@@ -412,12 +470,12 @@ fn assign_rounds(chunks: &mut [Chunk]) -> Result<u16> {
                 ends.len() - 1
             }
         };
-        ends[r] = chunks[c].offset + chunks[c].len;
-        chunks[c].round = u16::try_from(r)
-            .map_err(|_| Error::BatchTooLarge("writes overlapping 65536 deep".into()))?;
+        // Inside the segment, as checked: never saturates.
+        ends[r] = chunks[c].offset.saturating_add(chunks[c].len);
+        chunks[c].round = u16::try_from(r).map_err(|_| too_deep())?;
         rounds = rounds.max(r + 1);
     }
-    Ok(rounds as u16)
+    u16::try_from(rounds).map_err(|_| too_deep())
 }
 
 #[cfg(test)]

@@ -290,3 +290,94 @@ fn a_rerouted_chunk_keeps_its_offsets_on_the_other_device() {
     );
     assert!(stripe(lp, rp, |_, _| false, &p.weights).is_none());
 }
+
+/// `batch` checked against a peer whose segment `dst` is `len` bytes at `addr` (its
+/// descriptor is input: any numbers), from a local segment `src` of `local_len` bytes at 0.
+fn against(addr: u64, len: u64, local_len: u64, batch: Batch, chunk: u64) -> Result<Plan> {
+    let at = |addr, s: SegmentDescriptor| SegmentDescriptor {
+        regions: vec![DeviceRegion {
+            addr,
+            ..s.regions[0].clone()
+        }],
+        ..s
+    };
+    let local = [at(0, seg("src", local_len, true, true))];
+    let peer = AgentDescriptor {
+        agent: "b".into(),
+        incarnation: 5,
+        segments: vec![at(addr, seg("dst", len, true, true))],
+    };
+    plan(
+        &batch.entries,
+        "a",
+        |n| local.iter().find(|s| s.name == n),
+        |a| (a == "b").then_some(&peer),
+        chunk,
+        &[1],
+    )
+}
+
+#[test]
+fn a_peer_segment_ending_past_the_address_space_is_refused_not_wrapped() {
+    let past = |e: &Error| matches!(e, Error::Protocol(m) if m.contains("address space"));
+    let w = |offset, len| Batch::new().write("src", 0, "b", "dst", offset, len);
+    // A region near the top whose end wraps: addr + offset + cut would overflow.
+    let got = against(u64::MAX - 4096, 1 << 20, 1 << 20, w(8192, 4096), 4096);
+    assert!(got.as_ref().is_err_and(past), "{got:?}");
+    // A segment claiming the whole address space: offset + len fits its length, but not
+    // added to its address.
+    let got = against(0x10_0000, u64::MAX, 1 << 20, w(u64::MAX - 4096, 4096), 4096);
+    assert!(got.as_ref().is_err_and(past), "{got:?}");
+    // The peer's offset + len overflowing is out of its range.
+    let got = against(0x10_0000, 1 << 20, 1 << 20, w(u64::MAX - 1, 4), 4096);
+    assert!(
+        matches!(got, Err(Error::OutOfRange { side: Side::Remote, offset, len: 4, .. })
+            if offset == u64::MAX - 1),
+        "{got:?}"
+    );
+    // Up to the last page of the address space is fine, chunked and addressed exactly.
+    let top = u64::MAX - (1 << 20);
+    let p = against(top, 1 << 20, 1 << 20, w((1 << 20) - 8192, 8192), 4096).unwrap();
+    let addrs: Vec<u64> = p.chunks.iter().map(|c| c.remote_addr).collect();
+    assert_eq!(addrs, [u64::MAX - 8192, u64::MAX - 4096]);
+}
+
+#[test]
+fn chunk_counts_near_u64_max_are_refused_typed() {
+    let whole = u64::MAX;
+    // A first entry's chunk, then u64::MAX chunks of 1 byte: the count would overflow.
+    let b = Batch::new()
+        .write("src", 0, "b", "dst", 0, 1)
+        .write("src", 0, "b", "dst", 0, whole);
+    let got = against(0, whole, whole, b, 1);
+    assert!(matches!(got, Err(Error::BatchTooLarge(_))), "{got:?}");
+    // Lengths near u64::MAX cut into a few huge chunks: the cuts add up exactly.
+    let b = Batch::new().write("src", 1, "b", "dst", 2, whole - 2);
+    let p = against(0, whole, whole, b, whole / 2).unwrap();
+    let cuts: Vec<(u64, u64, u64)> = p
+        .chunks
+        .iter()
+        .map(|c| (c.offset, c.len, c.remote_addr))
+        .collect();
+    assert_eq!(
+        cuts,
+        [
+            (1, whole / 2, 2),
+            (1 + whole / 2, whole / 2 - 1, 2 + whole / 2)
+        ]
+    );
+}
+
+#[test]
+fn a_peer_listing_many_devices_gives_a_bounded_stripe() {
+    // No device in common: every (local, remote) pair is a rail.
+    let l = [place(0, 0)];
+    let r: Vec<Place> = (1..=300).map(|d| place(d, 0)).collect();
+    let s = stripe(&l, &r, |_, _| true, &[1]).unwrap();
+    assert_eq!(s.rails.len(), MAX_RAILS);
+    assert!(s.cycle.iter().all(|&i| usize::from(i) < s.rails.len()));
+    let used: std::collections::HashSet<u16> = (0..s.cycle.len())
+        .map(|k| s.pick(&l, &r, k).1.device)
+        .collect();
+    assert_eq!(used.len(), MAX_RAILS, "each rail taken once a cycle");
+}

@@ -1,22 +1,68 @@
-//! The control listener: answers peers' requests for the agent's descriptor and
-//! incarnation, makes the agent's side of their queue pairs, and takes their notifications.
+//! The control listener: authenticates each connection, then answers the peer's requests
+//! for the agent's descriptor and incarnation, makes the agent's side of its queue pairs,
+//! and takes its notifications, within the agent's [`Limits`].
 //!
-//! One thread accepts; one thread per connection serves it and holds the queue pairs made
-//! over it, which are destroyed when the connection ends (the peer closed it or died).
+//! One thread accepts and reads each new connection's hello (polling them, so that
+//! connections that send nothing, or half a frame, cost no thread); then one thread per
+//! connection runs the rest of its handshake, serves it and holds the queue pairs made over
+//! it, which are destroyed when the connection ends (the peer closed it or died). Both are
+//! bounded: at most [`Limits::handshakes`] connections wait for their hello and as many
+//! threads are in their handshake (past either, the oldest is dropped), and
+//! [`Limits::connections`] are authenticated.
 
+use crate::auth::MAX_HANDSHAKE_FRAME;
 use crate::batch::{Notification, MAX_NOTIFICATION};
-use crate::error::{Error, Result};
+use crate::channel::{Channel, TooLarge, Waits};
+use crate::error::{Error, Limit, Result};
+use crate::limits::{Counters, Limits};
 use crate::metadata::lock;
 use crate::shared::Shared;
-use crate::wire::{read_frame, write_frame, Reply, Request};
+use crate::wire::{Reply, Request};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use rdma_dmabuf::{Endpoint, QueuePair};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::io::{ErrorKind as Io, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-type Conns = Arc<Mutex<HashMap<u64, TcpStream>>>;
+/// A connection's thread's stack: it decodes small requests and makes queue pairs.
+const STACK: usize = 256 << 10;
+
+/// One open connection, as the listener's table knows it.
+struct Conn {
+    /// A clone of its socket, to end it from another thread.
+    stream: TcpStream,
+    /// Its peer, once authenticated (`None`: in its handshake).
+    peer: Option<String>,
+    /// The queue pairs made over it.
+    qps: u32,
+}
+
+/// Every open connection, by the order they were accepted (the oldest first).
+#[derive(Default)]
+struct Table {
+    next: u64,
+    conns: BTreeMap<u64, Conn>,
+    /// Connections accepted that have not sent their hello yet (held by the accepting
+    /// thread, not here).
+    pending: usize,
+}
+
+impl Table {
+    fn peer_qps(&self, peer: &str) -> u32 {
+        self.conns
+            .values()
+            .filter(|c| c.peer.as_deref() == Some(peer))
+            .map(|c| c.qps)
+            .sum()
+    }
+}
+
+type Conns = Arc<Mutex<Table>>;
 
 /// The running listener; dropping it stops it and ends every connection.
 pub(crate) struct Server {
@@ -49,6 +95,13 @@ impl Server {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// The connections open now and the queue pairs held for them.
+    pub fn gauges(&self) -> (u64, u64) {
+        let t = lock(&self.conns);
+        let qps = t.conns.values().map(|c| u64::from(c.qps)).sum();
+        ((t.conns.len() + t.pending) as u64, qps)
+    }
 }
 
 impl Drop for Server {
@@ -59,81 +112,405 @@ impl Drop for Server {
             wake.set_ip([127, 0, 0, 1].into());
         }
         // A connection wakes the blocking accept, which then sees `stop`.
-        let _ = TcpStream::connect_timeout(&wake, std::time::Duration::from_secs(1));
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        for s in lock(&self.conns).values() {
-            let _ = s.shutdown(Shutdown::Both);
+        for c in lock(&self.conns).conns.values() {
+            let _ = c.stream.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// A connection accepted and not yet handed to a thread: its hello is read here, by the
+/// accepting thread, so that connections that never send one cost no thread.
+struct Pending {
+    stream: TcpStream,
+    /// What arrived of the hello frame so far.
+    buf: Vec<u8>,
+    since: Instant,
+}
+
+impl Pending {
+    /// Reads what is there; `Some(true)` once the hello frame is whole, `None` when the
+    /// connection ended or announced a frame larger than a hello.
+    fn fill(&mut self) -> Option<bool> {
+        let mut chunk = [0u8; 256];
+        loop {
+            match (&self.stream).read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
+                Err(e) if e.kind() == Io::WouldBlock => break,
+                Err(e) if e.kind() == Io::Interrupted => {}
+                Err(_) => return None,
+            }
+            if self.buf.len() > 4 + MAX_HANDSHAKE_FRAME {
+                return None;
+            }
+        }
+        let Some(n) = self.buf.get(..4) else {
+            return Some(false);
+        };
+        let n = u32::from_le_bytes(n.try_into().expect("4 bytes")) as usize;
+        if n > MAX_HANDSHAKE_FRAME || self.buf.len() > 4 + n {
+            return None;
+        }
+        Some(self.buf.len() == 4 + n)
     }
 }
 
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, conns: &Conns) {
-    let mut next = 0u64;
-    for stream in listener.incoming() {
+    let limits = shared.settings.limits;
+    let counters = &shared.counters;
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut backoff: Option<Duration> = None;
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    while !stop.load(Ordering::SeqCst) {
+        shared_pending(conns, pending.len());
+        // Wait for a connection, a pending hello's bytes, or the oldest hello's deadline.
+        let oldest = pending.iter().map(|p| p.since).min();
+        let wait = oldest.map_or(Duration::from_secs(1), |t| {
+            (t + limits.handshake_timeout).saturating_duration_since(Instant::now())
+        });
+        let wait = backoff.unwrap_or(wait).min(Duration::from_secs(1));
+        let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX).max(1);
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(pending.len() + 1);
+        let listen_flags = if backoff.is_some() {
+            PollFlags::empty()
+        } else {
+            PollFlags::POLLIN
+        };
+        fds.push(PollFd::new(listener.as_fd(), listen_flags));
+        fds.extend(
+            pending
+                .iter()
+                .map(|p| PollFd::new(p.stream.as_fd(), PollFlags::POLLIN)),
+        );
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+        let ready: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(true)).collect();
+        drop(fds);
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(stream) = stream else { continue };
-        let _ = stream.set_nodelay(true);
-        next += 1;
-        let id = next;
-        if let Ok(copy) = stream.try_clone() {
-            lock(conns).insert(id, copy);
+        backoff = None;
+        // Hellos that arrived, connections that ended or lied, and deadlines passed (from
+        // the last, so that `swap_remove` moves only entries already seen).
+        for i in (0..pending.len()).rev() {
+            let state = if ready[i + 1] {
+                pending[i].fill()
+            } else {
+                Some(false)
+            };
+            let late = pending[i].since.elapsed() >= limits.handshake_timeout;
+            match state {
+                Some(true) => start_serving(shared, conns, pending.swap_remove(i)),
+                Some(false) if !late => {}
+                _ => {
+                    pending.swap_remove(i);
+                    Counters::bump(&counters.failed_handshakes);
+                }
+            }
         }
-        let conns_for_err = conns.clone();
-        let (shared, conns) = (shared.clone(), conns.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("{}-peer", shared.name))
-            .spawn(move || {
-                serve(&shared, stream);
-                lock(&conns).remove(&id);
+        if !ready[0] {
+            continue;
+        }
+        loop {
+            let stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == Io::WouldBlock => break,
+                Err(e) if e.kind() == Io::Interrupted => continue,
+                Err(_) => {
+                    // Out of file descriptors (EMFILE, ENFILE) or memory: the connection
+                    // stays queued, so accepting again at once would spin. Back off.
+                    Counters::bump(&counters.accept_errors);
+                    backoff = Some(Duration::from_millis(100));
+                    break;
+                }
+            };
+            Counters::bump(&counters.accepted);
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            if pending.len() >= limits.handshakes as usize {
+                // Make room by the oldest: a flood of connections that never authenticate
+                // drops its own, while an honest hello comes within a round trip.
+                let old = (0..pending.len()).min_by_key(|&i| pending[i].since);
+                if let Some(old) = old {
+                    pending.swap_remove(old);
+                }
+                Counters::bump(&counters.handshakes_dropped);
+            }
+            pending.push(Pending {
+                stream,
+                buf: Vec::new(),
+                since: Instant::now(),
             });
-        if spawned.is_err() {
-            lock(&conns_for_err).remove(&id);
         }
     }
 }
 
-/// Serves one connection until it ends; the queue pairs made over it live as long.
-fn serve(shared: &Shared, mut stream: TcpStream) {
+/// Records how many connections wait for their hello (for [`Server::gauges`]).
+fn shared_pending(conns: &Conns, n: usize) {
+    lock(conns).pending = n;
+}
+
+/// Hands a connection whose hello arrived to a thread of its own, which runs the rest of
+/// its handshake and then serves it. At most [`Limits::handshakes`] such threads are still
+/// in their handshake: past it, the oldest is ended.
+fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
+    let limits = shared.settings.limits;
+    if p.stream.set_nonblocking(false).is_err() {
+        return;
+    }
+    let Ok(copy) = p.stream.try_clone() else {
+        return;
+    };
+    let id = {
+        let mut t = lock(conns);
+        let handshaking = t
+            .conns
+            .iter()
+            .filter(|(_, c)| c.peer.is_none())
+            .map(|(&id, _)| id);
+        let handshaking: Vec<u64> = handshaking.collect();
+        if handshaking.len() >= limits.handshakes as usize {
+            if let Some(old) = t.conns.get(&handshaking[0]) {
+                let _ = old.stream.shutdown(Shutdown::Both);
+            }
+            Counters::bump(&shared.counters.handshakes_dropped);
+        }
+        t.next += 1;
+        let id = t.next;
+        let conn = Conn {
+            stream: copy,
+            peer: None,
+            qps: 0,
+        };
+        t.conns.insert(id, conn);
+        id
+    };
+    let hello = p.buf[4..].to_vec();
+    let (shared, conns) = (shared.clone(), conns.clone());
+    let spawned = std::thread::Builder::new()
+        .name(format!("{}-peer", shared.name))
+        .stack_size(STACK)
+        .spawn({
+            let conns = conns.clone();
+            move || {
+                serve(&shared, p.stream, hello, id, &conns);
+                lock(&conns).conns.remove(&id);
+            }
+        });
+    if spawned.is_err() {
+        lock(&conns).conns.remove(&id);
+    }
+}
+
+/// Authenticates one connection, then serves it until it ends; the queue pairs made over
+/// it live as long.
+fn serve(shared: &Shared, stream: TcpStream, hello: Vec<u8>, id: u64, conns: &Conns) {
+    let limits = shared.settings.limits;
+    let counters = &shared.counters;
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(shared.settings.io_timeout));
+    keep_alive(&stream);
+    let handshake = Waits {
+        idle: Some(limits.handshake_timeout),
+        frame: limits.handshake_timeout,
+    };
+    let auth = &shared.settings.auth;
+    let mut ch = match crate::auth::accept(stream, &hello, &shared.name, auth, handshake) {
+        Ok(ch) => ch,
+        Err(r) => {
+            use crate::auth::Refusal as R;
+            Counters::bump(match r {
+                R::Unauthenticated => &counters.unauthenticated,
+                R::BadProof => &counters.bad_proofs,
+                R::Failed => &counters.failed_handshakes,
+            });
+            return;
+        }
+    };
+    Counters::bump(&counters.authenticated);
+    if let Some((limit, detail)) = admit(conns, id, &ch.peer, &limits) {
+        counters.refused(limit);
+        // Answer its first request with the refusal, so that it reads why.
+        let waits = Waits {
+            idle: Some(shared.settings.io_timeout),
+            frame: shared.settings.io_timeout,
+        };
+        if ch.recv(limits.request_bytes as usize, waits).is_ok() {
+            let _ = ch.send(&Reply::Limited { limit, detail }.encode());
+        }
+        return;
+    }
     let mut qps: Vec<QueuePair> = Vec::new();
-    while let Ok(frame) = read_frame(&mut stream) {
+    loop {
+        let waits = Waits {
+            idle: qps.is_empty().then_some(limits.idle_timeout),
+            frame: shared.settings.io_timeout,
+        };
+        let frame = match ch.recv(limits.request_bytes as usize, waits) {
+            Ok(f) => f,
+            Err(e) if matches!(e.kind(), Io::TimedOut | Io::WouldBlock) => {
+                Counters::bump(&counters.idle_closed);
+                return;
+            }
+            Err(e) if TooLarge::is(&e) => {
+                counters.refused(Limit::RequestBytes);
+                let detail = format!("{e}: the connection is closed");
+                let _ = ch.send(
+                    &Reply::Limited {
+                        limit: Limit::RequestBytes,
+                        detail,
+                    }
+                    .encode(),
+                );
+                return;
+            }
+            Err(_) => return,
+        };
         let reply = match Request::decode(&frame) {
-            Ok(req) => answer(shared, req, &mut qps),
+            Ok(req) => answer(shared, &ch, req, &mut qps, conns, id),
             Err(e) => Reply::Refused(e.to_string()),
         };
-        if write_frame(&mut stream, &reply.encode()).is_err() {
-            break;
+        if ch.send(&reply.encode()).is_err() {
+            return;
         }
     }
 }
 
-fn answer(shared: &Shared, req: Request, qps: &mut Vec<QueuePair>) -> Reply {
+/// Admits an authenticated connection within the limits, or says which one refuses it.
+fn admit(conns: &Conns, id: u64, peer: &str, limits: &Limits) -> Option<(Limit, String)> {
+    let mut t = lock(conns);
+    let authenticated = t.conns.values().filter(|c| c.peer.is_some()).count();
+    let of_peer = t
+        .conns
+        .values()
+        .filter(|c| c.peer.as_deref() == Some(peer))
+        .count();
+    if authenticated >= limits.connections as usize {
+        return Some((
+            Limit::Connections,
+            format!(
+                "{authenticated} connections open (at most {})",
+                limits.connections
+            ),
+        ));
+    }
+    if of_peer >= limits.connections_per_peer as usize {
+        return Some((
+            Limit::ConnectionsPerPeer,
+            format!(
+                "{of_peer} connections of {peer:?} open (at most {})",
+                limits.connections_per_peer
+            ),
+        ));
+    }
+    if let Some(c) = t.conns.get_mut(&id) {
+        c.peer = Some(peer.into());
+    }
+    None
+}
+
+fn answer(
+    shared: &Shared,
+    ch: &Channel,
+    req: Request,
+    qps: &mut Vec<QueuePair>,
+    conns: &Conns,
+    id: u64,
+) -> Reply {
     match req {
         Request::Describe => Reply::Descriptor(shared.descriptor().to_bytes()),
         Request::Check => Reply::Incarnation(shared.incarnation),
-        Request::Connect { device, endpoint } => match accept_qp(shared, device, &endpoint) {
-            Ok((qp, mine)) => {
-                qps.push(qp);
-                Reply::Connected(mine)
+        Request::Connect { device, endpoint } => {
+            if let Some((limit, detail)) = qp_room(shared, conns, &ch.peer, qps.len()) {
+                shared.counters.refused(limit);
+                return Reply::Limited { limit, detail };
             }
-            Err(e) => Reply::Refused(e.to_string()),
-        },
-        Request::Notify { from, message } if message.len() <= MAX_NOTIFICATION => {
-            shared.deliver(Notification { from, message });
-            Reply::Noted
+            match accept_qp(shared, device, &endpoint) {
+                Ok((qp, mine)) => {
+                    qps.push(qp);
+                    set_qps(conns, id, qps.len());
+                    Reply::Connected(mine)
+                }
+                Err(e) => Reply::Refused(e.to_string()),
+            }
         }
-        Request::Notify { message, .. } => {
+        Request::Notify { message } if message.len() <= MAX_NOTIFICATION => {
+            let n = Notification {
+                from: ch.peer.clone(),
+                message,
+            };
+            match shared.inbox.deliver(n) {
+                Ok(()) => Reply::Noted,
+                Err(limit) => {
+                    shared.counters.refused(limit);
+                    let l = &shared.settings.limits;
+                    let detail = match limit {
+                        Limit::NotificationsPerSender => format!(
+                            "{} notifications of {:?} queued and not taken",
+                            l.notifications_per_sender, ch.peer
+                        ),
+                        _ => format!("{} notifications queued and not taken", l.notifications),
+                    };
+                    Reply::Limited { limit, detail }
+                }
+            }
+        }
+        Request::Notify { message } => {
             Reply::Refused(Error::NotificationTooLong(message.len()).to_string())
         }
         Request::Release { qpns } => {
             let before = qps.len();
             qps.retain(|q| !qpns.contains(&q.endpoint().qpn));
+            set_qps(conns, id, qps.len());
             Reply::Released((before - qps.len()) as u32)
         }
     }
+}
+
+/// Whether one more queue pair fits this connection's and its peer's bounds.
+fn qp_room(shared: &Shared, conns: &Conns, peer: &str, here: usize) -> Option<(Limit, String)> {
+    let l = &shared.settings.limits;
+    if here >= l.queue_pairs_per_connection as usize {
+        return Some((
+            Limit::QueuePairsPerConnection,
+            format!(
+                "{here} queue pairs on this connection (at most {})",
+                l.queue_pairs_per_connection
+            ),
+        ));
+    }
+    let of_peer = lock(conns).peer_qps(peer);
+    (of_peer >= l.queue_pairs_per_peer).then(|| {
+        (
+            Limit::QueuePairsPerPeer,
+            format!(
+                "{of_peer} queue pairs of {peer:?} (at most {})",
+                l.queue_pairs_per_peer
+            ),
+        )
+    })
+}
+
+fn set_qps(conns: &Conns, id: u64, n: usize) {
+    if let Some(c) = lock(conns).conns.get_mut(&id) {
+        c.qps = n as u32;
+    }
+}
+
+/// Turns on TCP keep-alive with short probes, so that a connection whose peer died
+/// (holding queue pairs, it has no idle timeout) ends within about two minutes.
+fn keep_alive(s: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let _ = setsockopt(s, sockopt::KeepAlive, &true);
+    let _ = setsockopt(s, sockopt::TcpKeepIdle, &60);
+    let _ = setsockopt(s, sockopt::TcpKeepInterval, &10);
+    let _ = setsockopt(s, sockopt::TcpKeepCount, &6);
 }
 
 /// This agent's queue pair on `device`, connected to the peer's `endpoint`.

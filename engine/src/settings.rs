@@ -1,6 +1,8 @@
 //! [`Settings`]: what an agent is given, every field with a finite default.
 
+use crate::auth::Auth;
 use crate::error::{Error, Result};
+use crate::limits::Limits;
 use gpu_rdma_topology::{NicOverride, NICS_ENV};
 use rdma_dmabuf::{CacheLimits, TransportRetry};
 use std::net::SocketAddr;
@@ -80,6 +82,13 @@ pub struct Settings {
     /// (docs/engine.md, "Topology"). `None` (the default): the environment variable
     /// `GPU_RDMA_NICS` in the same syntax, read when the agent starts, or no override.
     pub nics: Option<NicOverride>,
+    /// How control connections are authenticated, both ways (docs/engine.md, "Security").
+    /// Default [`Auth::FromEnvironment`]: the cluster key file named by
+    /// `GPU_RDMA_CLUSTER_KEY_FILE`, or, when `GPU_RDMA_INSECURE_NO_AUTH=1`, none; with
+    /// neither, [`Agent::new`](crate::Agent::new) refuses to start.
+    pub auth: Auth,
+    /// The control listener's bounds on what clients can make the agent hold.
+    pub limits: Limits,
 }
 
 impl Default for Settings {
@@ -97,6 +106,8 @@ impl Default for Settings {
             keep_cuda_registrations: false,
             rail_probe_after: Duration::from_secs(2),
             nics: None,
+            auth: Auth::FromEnvironment,
+            limits: Limits::default(),
         }
     }
 }

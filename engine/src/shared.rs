@@ -1,15 +1,16 @@
 //! What an agent's threads share: its identity, devices, segments, settings, the peers'
 //! descriptors it has fetched, and the notifications it has received.
 
-use crate::batch::Notification;
 use crate::descriptor::AgentDescriptor;
 use crate::devices::Device;
-use crate::metadata::{lock, MetadataService, PeerRecord};
+use crate::inbox::Inbox;
+use crate::limits::Counters;
+use crate::metadata::{lock, Dialer, MetadataService, PeerRecord};
 use crate::segment::Segments;
 use crate::settings::Settings;
 use rdma_dmabuf::QueuePairBuilder;
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 pub(crate) struct Shared {
     pub name: String,
@@ -18,12 +19,17 @@ pub(crate) struct Shared {
     /// Each device's weight in striping (its link rate), by device index.
     pub weights: Vec<u32>,
     pub segments: Segments,
+    /// With [`Settings::auth`] resolved (never `FromEnvironment`).
     pub settings: Settings,
     pub metadata: Arc<dyn MetadataService>,
+    /// How the workers open their control connections.
+    pub dialer: Dialer,
     /// Peers' descriptors, fetched on first use; dropped when a peer goes down or restarts.
     pub peers: Mutex<HashMap<String, PeerRecord>>,
-    pub notifications: Mutex<VecDeque<Notification>>,
-    pub notified: Condvar,
+    /// The notifications received and not yet taken.
+    pub inbox: Inbox,
+    /// What the control listener accepted and refused.
+    pub counters: Counters,
 }
 
 impl Shared {
@@ -51,11 +57,5 @@ impl Shared {
     /// Forgets `agent`'s descriptor: the next transfer to it fetches it again.
     pub fn forget_peer(&self, agent: &str) {
         lock(&self.peers).remove(agent);
-    }
-
-    /// Queues a notification and wakes a waiter.
-    pub fn deliver(&self, n: Notification) {
-        lock(&self.notifications).push_back(n);
-        self.notified.notify_all();
     }
 }

@@ -1,15 +1,14 @@
-//! The control channel's messages: length-prefixed frames over TCP, one reply per request.
-//!
-//! A frame is a u32 length (little-endian, at most [`MAX_FRAME`]) and that many bytes: a tag
-//! and the message's fields.
+//! The control channel's messages, one reply per request, each a frame of the
+//! [`Channel`]: a tag and the message's fields.
 
+use crate::channel::{Channel, Waits};
 use crate::codec::{Reader, Writer};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use rdma_dmabuf::Endpoint;
-use std::io::{Read, Write};
+use std::time::Duration;
 
-/// The largest frame either side accepts.
-const MAX_FRAME: usize = 16 << 20;
+/// The largest reply a client reads (a descriptor of many segments).
+const MAX_REPLY: usize = 16 << 20;
 
 /// What a peer asks of an agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,8 +19,8 @@ pub(crate) enum Request {
     Check,
     /// A queue pair on the agent's device `device`, connected to `endpoint`.
     Connect { device: u16, endpoint: Endpoint },
-    /// A notification for the agent's queue.
-    Notify { from: String, message: Vec<u8> },
+    /// A notification for the agent's queue, from the agent the connection authenticated.
+    Notify { message: Vec<u8> },
     /// Drop the agent's queue pairs of these numbers that were made over this connection
     /// (a rail that failed: its queue pairs are in the error state on both sides).
     Release { qpns: Vec<u32> },
@@ -37,6 +36,11 @@ pub(crate) enum Reply {
     /// How many queue pairs a [`Request::Release`] dropped.
     Released(u32),
     Refused(String),
+    /// Refused at one of the agent's [`Limits`](crate::Limits).
+    Limited {
+        limit: Limit,
+        detail: String,
+    },
 }
 
 impl Request {
@@ -46,7 +50,7 @@ impl Request {
             Request::Describe => w.u8(1),
             Request::Check => w.u8(2),
             Request::Connect { device, endpoint } => w.u8(3).u16(*device).raw(&endpoint.to_bytes()),
-            Request::Notify { from, message } => w.u8(4).str(from).bytes(message),
+            Request::Notify { message } => w.u8(4).bytes(message),
             Request::Release { qpns } => {
                 w.u8(5).u32(qpns.len() as u32);
                 for &q in qpns {
@@ -68,7 +72,6 @@ impl Request {
                 endpoint: endpoint(r.raw(Endpoint::WIRE_LEN)?)?,
             },
             4 => Request::Notify {
-                from: r.str()?,
                 message: r.bytes()?.to_vec(),
             },
             5 => {
@@ -97,6 +100,7 @@ impl Reply {
             Reply::Noted => w.u8(4),
             Reply::Refused(why) => w.u8(5).str(why),
             Reply::Released(n) => w.u8(6).u32(*n),
+            Reply::Limited { limit, detail } => w.u8(7).u8(limit_code(*limit)).str(detail),
         };
         w.0
     }
@@ -110,6 +114,10 @@ impl Reply {
             4 => Reply::Noted,
             5 => Reply::Refused(r.str()?),
             6 => Reply::Released(r.u32()?),
+            7 => Reply::Limited {
+                limit: limit_of(r.u8()?)?,
+                detail: r.str()?,
+            },
             t => return Err(Error::Protocol(format!("unknown reply tag {t}"))),
         };
         r.end()?;
@@ -121,40 +129,56 @@ fn endpoint(b: &[u8]) -> Result<Endpoint> {
     Endpoint::from_bytes(b).map_err(|e| Error::Protocol(e.to_string()))
 }
 
-/// Writes one frame.
-pub(crate) fn write_frame(s: &mut impl Write, payload: &[u8]) -> std::io::Result<()> {
-    let n = u32::try_from(payload.len()).expect("frames are below MAX_FRAME");
-    let mut b = Vec::with_capacity(4 + payload.len());
-    b.extend_from_slice(&n.to_le_bytes());
-    b.extend_from_slice(payload);
-    s.write_all(&b)
+const LIMITS: [Limit; 7] = [
+    Limit::Connections,
+    Limit::ConnectionsPerPeer,
+    Limit::QueuePairsPerConnection,
+    Limit::QueuePairsPerPeer,
+    Limit::NotificationsPerSender,
+    Limit::Notifications,
+    Limit::RequestBytes,
+];
+
+fn limit_code(l: Limit) -> u8 {
+    LIMITS
+        .iter()
+        .position(|&x| x == l)
+        .map_or(u8::MAX, |i| i as u8)
 }
 
-/// Reads one frame (`UnexpectedEof` at a clean end of stream).
-pub(crate) fn read_frame(s: &mut impl Read) -> std::io::Result<Vec<u8>> {
-    let mut n = [0u8; 4];
-    s.read_exact(&mut n)?;
-    let n = u32::from_le_bytes(n) as usize;
-    if n > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a frame of {n} bytes (at most {MAX_FRAME})"),
-        ));
-    }
-    let mut b = vec![0; n];
-    s.read_exact(&mut b)?;
-    Ok(b)
+fn limit_of(code: u8) -> Result<Limit> {
+    LIMITS
+        .get(usize::from(code))
+        .copied()
+        .ok_or_else(|| Error::Protocol(format!("unknown limit {code}")))
 }
 
-/// Sends `req` on `s` and reads the reply (`addr` names the peer in errors).
+/// Sends `req` on `ch` and reads the reply (`addr` names the peer in errors; `timeout`
+/// bounds the wait for it). A refusal at one of the peer's limits is
+/// [`Error::LimitReached`].
 pub(crate) fn call(
-    s: &mut (impl Read + Write),
+    ch: &mut Channel,
     addr: impl std::fmt::Display,
+    timeout: Duration,
     req: &Request,
 ) -> Result<Reply> {
-    write_frame(s, &req.encode()).map_err(|e| Error::io("send a request to", &addr, e))?;
-    let b = read_frame(s).map_err(|e| Error::io("read the reply of", &addr, e))?;
-    Reply::decode(&b)
+    ch.send(&req.encode())
+        .map_err(|e| Error::io("send a request to", &addr, e))?;
+    let waits = Waits {
+        idle: Some(timeout),
+        frame: timeout,
+    };
+    let b = ch
+        .recv(MAX_REPLY, waits)
+        .map_err(|e| Error::io("read the reply of", &addr, e))?;
+    match Reply::decode(&b)? {
+        Reply::Limited { limit, detail } => Err(Error::LimitReached {
+            peer: addr.to_string(),
+            limit,
+            detail,
+        }),
+        r => Ok(r),
+    }
 }
 
 #[cfg(test)]
@@ -167,7 +191,6 @@ mod tests {
             Request::Describe,
             Request::Check,
             Request::Notify {
-                from: "a".into(),
                 message: b"landed".to_vec(),
             },
             Request::Release {
@@ -175,20 +198,21 @@ mod tests {
             },
         ];
         for req in reqs {
-            let mut buf = Vec::new();
-            write_frame(&mut buf, &req.encode()).unwrap();
-            let back = read_frame(&mut buf.as_slice()).unwrap();
-            assert_eq!(Request::decode(&back).unwrap(), req);
+            assert_eq!(Request::decode(&req.encode()).unwrap(), req);
         }
         for rep in [
             Reply::Incarnation(7),
             Reply::Noted,
             Reply::Released(2),
             Reply::Refused("no".into()),
+            Reply::Limited {
+                limit: Limit::QueuePairsPerPeer,
+                detail: "1024".into(),
+            },
         ] {
             assert_eq!(Reply::decode(&rep.encode()).unwrap(), rep);
         }
         assert!(Request::decode(&[9]).is_err());
-        assert!(read_frame(&mut &u32::MAX.to_le_bytes()[..]).is_err());
+        assert!(Reply::decode(&[7, 200, 0, 0, 0, 0]).is_err());
     }
 }

@@ -142,7 +142,7 @@ fn execute(
     {
         for t in &plan.peers {
             let sent = match conns.get_mut(&t.agent) {
-                Some(c) => c.notify(&shared.name, message),
+                Some(c) => c.notify(message),
                 None => Err(Error::ShuttingDown),
             };
             if let Err(e) = sent {
@@ -235,7 +235,7 @@ fn prepare(
     let alive = |mut c: PeerConn| c.check().is_ok_and(|i| i == c.incarnation).then_some(c);
     let mut conn = match conns.remove(agent).and_then(alive) {
         Some(c) => c,
-        None => match PeerConn::open(shared, control) {
+        None => match PeerConn::open(shared, agent, control) {
             Ok(c) => c,
             Err(e) => {
                 lane.down = Some(down(e));

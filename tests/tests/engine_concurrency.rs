@@ -4,7 +4,7 @@
 //! testbed VM.
 
 use gpu_rdma_engine::{
-    Agent, AgentDescriptor, Batch, EmbeddedMetadata, EntryStatus, Error, MetadataService,
+    Agent, AgentDescriptor, Auth, Batch, EmbeddedMetadata, EntryStatus, Error, MetadataService,
     PeerRecord, Settings,
 };
 use integration_tests::engine::{bytes, host, loopback_settings};
@@ -150,7 +150,8 @@ impl MetadataService for Forging {
 fn loopback_a_forged_rkey_is_refused_by_the_nic_and_reported_typed() {
     let tb = Testbed::get();
     let b = Agent::new("b", settings(&tb, 64 << 10)).unwrap();
-    let forging = Forging(EmbeddedMetadata::new(Duration::from_secs(10)));
+    let embedded = EmbeddedMetadata::new("a", &Auth::FromEnvironment, Duration::from_secs(10));
+    let forging = Forging(embedded.unwrap());
     forging.0.add_peer("b", b.address());
     let a = Agent::with_metadata("a", settings(&tb, 64 << 10), Arc::new(forging)).unwrap();
     const LEN: usize = 1 << 20;

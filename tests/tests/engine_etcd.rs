@@ -224,6 +224,66 @@ fn etcd_lost_resolved_peers_keep_working_lookups_fail_typed_and_segments_come_ba
 
 #[test]
 #[ignore = "needs the testbed VM"]
+fn etcd_a_segment_etcd_refuses_fails_register_and_stays_unpublished() {
+    let tb = Testbed::get();
+    let etcd = Etcd::start("refused");
+    let (ma, mb) = (backend(&etcd), backend(&etcd));
+    let (a, b) = (agent(&tb, "a", &ma), agent(&tb, "b", &mb));
+    const LEN: usize = 4096;
+    a.register("ok", host(&pattern(LEN, 5), LEN)).unwrap();
+    // b follows a from here on (its look-up starts a watch).
+    assert_eq!(segments(&mb, "a"), ["ok"]);
+    let lease = ma.lease().expect("a's lease");
+
+    // A key and value of 2 MiB each: past etcd's request limit (--max-request-bytes, 1.5
+    // MiB by default), refused by etcd, not lost on the way.
+    let huge = "x".repeat(2 << 20);
+    match a.register(&huge, host(&[], LEN)) {
+        Err(Error::MetadataRefused { op, detail }) => {
+            eprintln!("refused: {op}: {detail}");
+            assert!(detail.contains("etcd refused"), "{op}: {detail}");
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("a segment etcd refuses was reported registered"),
+    }
+    let names = |d: gpu_rdma_engine::AgentDescriptor| -> Vec<String> {
+        d.segments.into_iter().map(|s| s.name).collect()
+    };
+    assert_eq!(names(a.descriptor()), ["ok"], "deregistered again");
+    assert_eq!(
+        ma.lease(),
+        Some(lease),
+        "taken for a refusal, not a loss of etcd"
+    );
+    assert_eq!(ma.republish_error(), None);
+
+    // Later publications go on; b's watch, which delivers in order, never saw the refused
+    // segment.
+    a.register("after", host(&[], LEN)).unwrap();
+    until(Duration::from_secs(30), "b sees a's next segment", || {
+        segments(&mb, "a").contains(&"after".to_string())
+    });
+    let mut seen = segments(&mb, "a");
+    seen.sort();
+    assert_eq!(seen, ["after", "ok"]);
+    // A new peer reads etcd afresh: the same.
+    let mc = backend(&etcd);
+    let mut read = segments(&mc, "a");
+    read.sort();
+    assert_eq!(read, ["after", "ok"]);
+
+    // The first segment still works.
+    b.register("in", host(&[], LEN)).unwrap();
+    b.transfer(&Batch::new().read("in", 0, "a", "ok", 0, LEN as u64))
+        .unwrap()
+        .wait(WAIT)
+        .expect("b reads a's first segment");
+    assert_eq!(bytes(b.unregister("in").unwrap()), pattern(LEN, 5));
+    assert_eq!(ma.lease(), Some(lease));
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
 fn etcd_descriptor_of_another_version_is_refused_typed() {
     const NEXT: u16 = gpu_rdma_engine::FORMAT_VERSION + 1;
     let etcd = Etcd::start("version");

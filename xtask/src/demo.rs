@@ -78,6 +78,7 @@ pub fn run(paths: &Paths, argv: &[String], print: bool) -> Result<Outcome> {
     let opts = vm::Opts {
         nodes: 2,
         expose: paths.vm_expose(),
+        env: paths.cluster_env()?,
         ..vm::Opts::default()
     };
     let (results, rebooted) = vm::run_past_emulator_fault(paths, argv, &opts, false)?;

@@ -127,6 +127,32 @@ impl Paths {
         vec![self.root.clone(), self.target.clone()]
     }
 
+    /// The environment that gives the engine's agents in the testbed the cluster key
+    /// (`GPU_RDMA_CLUSTER_KEY_FILE`): every agent of every xtask run authenticates, as in a
+    /// real cluster. The key is made once, random, in `target/testbed/cluster.key`
+    /// (mode 0600: the engine refuses a key file others can read).
+    pub fn cluster_env(&self) -> dmabuf_testbed::sh::Result<Vec<(String, String)>> {
+        use std::io::{Read, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.testbed.join("cluster.key");
+        if !path.exists() {
+            std::fs::create_dir_all(&self.testbed)?;
+            let mut key = [0u8; 32];
+            std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)?;
+            writeln!(f, "{hex}")?;
+        }
+        Ok(vec![(
+            "GPU_RDMA_CLUSTER_KEY_FILE".into(),
+            path.to_string_lossy().into_owned(),
+        )])
+    }
+
     /// `cargo` (the one running this xtask), in the workspace root.
     fn cargo(&self) -> std::process::Command {
         let mut c = dmabuf_testbed::programs::cmd("cargo");
@@ -252,6 +278,7 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
         "vm" => {
             let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(rest)?;
             opts.expose = paths.vm_expose();
+            opts.env.extend(paths.cluster_env()?);
             dmabuf_testbed::setup::packages()?;
             let results = dmabuf_testbed::vm::run(&paths, &argv, &opts)?;
             Ok(ExitCode::from(dmabuf_testbed::cli::exit_status(&results)))

@@ -360,6 +360,7 @@ fn run_in_vm(paths: &Paths, set: &VmSet, phase: Phase) -> Result<(Results, bool,
         mode: phase.mode(),
         timeout: Duration::from_secs(3600),
         expose: paths.vm_expose(),
+        env: paths.cluster_env()?,
         ..vm::Opts::default()
     };
     let argv = vec!["sh".to_string(), script.to_string_lossy().into_owned()];

@@ -25,7 +25,7 @@ use crate::descriptor::AgentDescriptor;
 use crate::error::{Error, Result};
 use crate::metadata::{lock, MetadataService, PeerRecord};
 use etcd_client::{Client, ConnectOptions};
-use record::{check_name, metadata};
+use record::{check_name, metadata, Failure};
 use state::{record_of, Inner, Mine};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -192,6 +192,13 @@ impl MetadataService for EtcdMetadata {
     /// another incarnation holds the name) and starts the lease's renewal; later calls put
     /// new or changed segments and delete removed ones. While etcd is lost a later call
     /// only records the descriptor, which is published when etcd answers again.
+    ///
+    /// # Errors
+    /// [`Error::Settings`] for an agent name etcd cannot key, an unspecified control
+    /// address, or another agent than this backend's; the first call's failures (see
+    /// above); and [`Error::Metadata`] when etcd refuses a later call's request itself (a
+    /// value past its request size limit, `--max-request-bytes`, 1.5 MiB by default): the
+    /// published state is then left as it was before the call.
     fn publish(&self, descriptor: &AgentDescriptor, control: SocketAddr) -> Result<()> {
         check_name(&descriptor.agent)?;
         if control.ip().is_unspecified() {
@@ -220,16 +227,26 @@ impl MetadataService for EtcdMetadata {
             mine.agent = Some(d.agent.clone());
             mine.incarnation = d.incarnation;
             mine.control = Some(control);
-            mine.segments = d.segments;
+            let before = std::mem::replace(&mut mine.segments, d.segments);
             if first {
                 if let Err(e) = inner.establish(&mut mine).await {
                     *mine = Mine::default();
                     return Err(e);
                 }
-            } else if mine.lease.is_some() && inner.sync(&mut mine).await.is_err() {
-                // Lost: the renewal task publishes everything again under a new lease.
-                mine.orphan = mine.lease.take();
-                *lock(&inner.lease) = None;
+            } else if mine.lease.is_some() {
+                match inner.sync(&mut mine).await {
+                    Ok(()) => {}
+                    Err(Failure::Lost) => lost(&inner, &mut mine),
+                    Err(Failure::Refused(e)) => {
+                        // etcd answered: the lease is fine. Back to what was published
+                        // before, undoing what this call already put.
+                        mine.segments = before;
+                        if let Err(Failure::Lost) = inner.sync(&mut mine).await {
+                            lost(&inner, &mut mine);
+                        }
+                        return Err(e);
+                    }
+                }
             }
             if !mine.renewing {
                 mine.renewing = true;
@@ -292,6 +309,13 @@ impl MetadataService for EtcdMetadata {
             (Err(e), None) => Err(e),
         }
     }
+}
+
+/// etcd lost during a publication: the renewal task publishes everything again under a new
+/// lease once it answers.
+fn lost(inner: &Inner, mine: &mut Mine) {
+    mine.orphan = mine.lease.take();
+    *lock(&inner.lease) = None;
 }
 
 impl Drop for EtcdMetadata {

@@ -3,6 +3,7 @@
 use crate::codec::{Reader, Writer};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor, FORMAT_VERSION};
 use crate::error::{Error, Result};
+use crate::segment::check_agent_name;
 use std::net::SocketAddr;
 
 /// The first bytes of an agent record; [`FORMAT_VERSION`] follows.
@@ -51,11 +52,48 @@ pub(super) fn metadata(op: &'static str, e: impl std::fmt::Display) -> Error {
     }
 }
 
-/// Refuses an agent name that would not stay inside its own prefix.
+/// How a request to etcd failed.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// etcd answered and refused the request itself (too large, invalid, not permitted, out
+    /// of space): the connection and the lease are fine, nothing of the request was applied,
+    /// and it would be refused again as it is.
+    Refused(Error),
+    /// No answer in time, a broken connection, or a lease etcd no longer knows: etcd is
+    /// lost, and the renewal task publishes again once it answers.
+    Lost,
+}
+
+/// The gRPC status codes (numbered by gRPC's specification) with which etcd refuses a
+/// request itself: `INVALID_ARGUMENT` (3: "etcdserver: request is too large", past
+/// `--max-request-bytes`), `ALREADY_EXISTS` (6), `PERMISSION_DENIED` (7),
+/// `RESOURCE_EXHAUSTED` (8: a message past the server's gRPC limit, "database space
+/// exceeded", "too many requests"), `FAILED_PRECONDITION` (9), `OUT_OF_RANGE` (11),
+/// `UNIMPLEMENTED` (12), `UNAUTHENTICATED` (16). The others (`CANCELLED`, `UNKNOWN`,
+/// `DEADLINE_EXCEEDED`, `NOT_FOUND`: the lease is gone, `ABORTED`, `INTERNAL`,
+/// `UNAVAILABLE`, `DATA_LOSS`) and every transport error are a loss of etcd.
+const REFUSALS: [i32; 8] = [3, 6, 7, 8, 9, 11, 12, 16];
+
+/// `e`, met during `op`, as a refusal or a loss ([`Failure`]).
+pub(super) fn failure(op: &'static str, e: &etcd_client::Error) -> Failure {
+    match e {
+        etcd_client::Error::GRpcStatus(s) if REFUSALS.contains(&i32::from(s.code())) => {
+            Failure::Refused(Error::MetadataRefused {
+                op,
+                detail: format!("etcd refused the request (not retried): {e}"),
+            })
+        }
+        _ => Failure::Lost,
+    }
+}
+
+/// Refuses an agent name that no agent can have ([`check_agent_name`]: empty, control
+/// characters, too long) or that would not stay inside its own prefix (a '/').
 pub(super) fn check_name(agent: &str) -> Result<()> {
-    if agent.is_empty() || agent.contains('/') {
+    check_agent_name(agent)?;
+    if agent.contains('/') {
         return Err(Error::Settings(format!(
-            "agent name {agent:?}: the etcd backend needs a non-empty name without '/'"
+            "agent name {agent:?}: the etcd backend needs a name without '/'"
         )));
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! The etcd backend's state: what this agent publishes and what the watches delivered.
 
-use super::record::{metadata, one_segment, Record};
+use super::record::{failure, metadata, one_segment, Failure, Record};
 use super::EtcdSettings;
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::error::{Error, Result};
@@ -86,6 +86,18 @@ impl Inner {
                 op,
                 format!("no answer in {:?}", self.settings.timeout),
             )),
+        }
+    }
+
+    /// As [`Inner::bounded`], telling etcd's refusal of the request from a loss of etcd.
+    pub(super) async fn attempt<T>(
+        &self,
+        op: &'static str,
+        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> std::result::Result<T, Failure> {
+        match tokio::time::timeout(self.settings.timeout, f).await {
+            Ok(r) => r.map_err(|e| failure(op, &e)),
+            Err(_) => Err(Failure::Lost),
         }
     }
 
@@ -186,8 +198,9 @@ impl Inner {
     }
 
     /// Brings etcd to `mine.segments` under the current lease: puts new or changed
-    /// segments, deletes removed ones.
-    pub(super) async fn sync(&self, mine: &mut Mine) -> Result<()> {
+    /// segments, deletes removed ones; stops at the first failure (`mine.written` tells
+    /// what was done).
+    pub(super) async fn sync(&self, mine: &mut Mine) -> std::result::Result<(), Failure> {
         let agent = mine.agent.clone().expect("an agent");
         let lease = mine.lease.expect("a lease");
         let mut c = self.client.clone();
@@ -197,7 +210,7 @@ impl Inner {
             }
             let v = one_segment(&agent, mine.incarnation, s);
             let opts = Some(PutOptions::new().with_lease(lease));
-            self.bounded(
+            self.attempt(
                 "publish a segment",
                 c.put(self.segment_key(&agent, &s.name), v, opts),
             )
@@ -211,7 +224,7 @@ impl Inner {
             .cloned()
             .collect();
         for n in gone {
-            self.bounded(
+            self.attempt(
                 "remove a segment",
                 c.delete(self.segment_key(&agent, &n), None),
             )

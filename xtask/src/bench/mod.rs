@@ -246,6 +246,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             nodes: p.nodes,
             timeout: Duration::from_secs(limit + 300),
             expose: paths.vm_expose(),
+            env: paths.cluster_env()?,
             ..vm::Opts::default()
         };
         let (results, rebooted) = vm::run_past_emulator_fault(paths, &argv, &opts, false)?;

@@ -477,6 +477,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         nodes: 2,
         timeout: Duration::from_secs(most + 300),
         expose: paths.vm_expose(),
+        env: paths.cluster_env()?,
         ..vm::Opts::default()
     };
     let load_start = loadavg();

@@ -74,6 +74,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         topology: true,
         timeout: Duration::from_secs(3600),
         expose: paths.vm_expose(),
+        env: paths.cluster_env()?,
         ..vm::Opts::default()
     };
     let load_start = loadavg();

@@ -119,6 +119,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         },
         timeout: Duration::from_secs(300 + runs * 150),
         expose: paths.vm_expose(),
+        env: paths.cluster_env()?,
         writable_cwd: true,
         ..vm::Opts::default()
     };

@@ -1,0 +1,263 @@
+//! [`Channel`]: one authenticated control connection: length-prefixed frames over TCP,
+//! sealed with the connection's keys when the cluster has a key.
+//!
+//! A frame is a u32 length (little-endian) and that many bytes. A sealed frame's bytes are
+//! the payload encrypted and authenticated with ChaCha20-Poly1305 under the sender's
+//! direction key, its nonce the count of frames that direction sent before: a frame changed,
+//! dropped, reordered, replayed or injected fails to open, and the connection ends.
+
+use chacha20poly1305::aead::{Aead, KeyInit};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// Each direction's cipher and how many frames it has sealed or opened.
+pub(crate) struct Seal {
+    tx: ChaCha20Poly1305,
+    rx: ChaCha20Poly1305,
+    sent: u64,
+    received: u64,
+}
+
+impl Seal {
+    /// Seals with `tx` what this side sends and opens with `rx` what it receives.
+    pub fn new(tx: &[u8; 32], rx: &[u8; 32]) -> Seal {
+        Seal {
+            tx: ChaCha20Poly1305::new(Key::from_slice(tx)),
+            rx: ChaCha20Poly1305::new(Key::from_slice(rx)),
+            sent: 0,
+            received: 0,
+        }
+    }
+}
+
+fn nonce(n: u64) -> Nonce {
+    let mut b = [0u8; 12];
+    b[4..].copy_from_slice(&n.to_le_bytes());
+    *Nonce::from_slice(&b)
+}
+
+/// How long a read may wait: for a frame to start, and for the rest of it once started.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Waits {
+    /// Until the first byte of a frame (`None`: no bound).
+    pub idle: Option<Duration>,
+    /// From the first byte to the last.
+    pub frame: Duration,
+}
+
+/// A control connection after its handshake.
+pub(crate) struct Channel {
+    stream: TcpStream,
+    /// The other side's name, as the handshake authenticated it (or as it claimed it,
+    /// without authentication).
+    pub peer: String,
+    seal: Option<Seal>,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("peer", &self.peer)
+            .field("sealed", &self.seal.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Channel {
+    pub fn new(stream: TcpStream, peer: String, seal: Option<Seal>) -> Channel {
+        Channel { stream, peer, seal }
+    }
+
+    /// Whether frames are sealed.
+    #[cfg(test)]
+    pub fn sealed(&self) -> bool {
+        self.seal.is_some()
+    }
+
+    /// Sends one frame.
+    pub fn send(&mut self, payload: &[u8]) -> io::Result<()> {
+        match &mut self.seal {
+            None => write_frame(&mut self.stream, payload),
+            Some(s) => {
+                let sealed =
+                    s.tx.encrypt(&nonce(s.sent), payload)
+                        .map_err(|_| io::Error::other("sealing a frame failed"))?;
+                s.sent += 1;
+                write_frame(&mut self.stream, &sealed)
+            }
+        }
+    }
+
+    /// Receives one frame of at most `limit` bytes (payload), waiting as `waits` says.
+    ///
+    /// # Errors
+    /// `InvalidData` for a frame over the limit or one that does not open; `TimedOut` /
+    /// `WouldBlock` when a wait ends; `UnexpectedEof` at the end of the stream.
+    pub fn recv(&mut self, limit: usize, waits: Waits) -> io::Result<Vec<u8>> {
+        // A sealed frame is its payload and a 16-byte tag.
+        let tag = if self.seal.is_some() { 16 } else { 0 };
+        let b = read_frame(&mut self.stream, limit + tag, waits)?;
+        let Some(s) = &mut self.seal else {
+            return Ok(b);
+        };
+        let open = s.rx.decrypt(&nonce(s.received), b.as_slice()).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a frame that does not open with this connection's key (changed, replayed or injected)",
+            )
+        })?;
+        s.received += 1;
+        Ok(open)
+    }
+}
+
+/// A frame longer than the reader takes (the error inside [`read_frame`]'s `InvalidData`).
+#[derive(Debug)]
+pub(crate) struct TooLarge {
+    pub len: usize,
+    pub limit: usize,
+}
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a frame of {} bytes (at most {})", self.len, self.limit)
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+impl TooLarge {
+    /// Whether `e` is a frame over the limit.
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|i| i.is::<TooLarge>())
+    }
+}
+
+/// Writes one frame.
+pub(crate) fn write_frame(s: &mut impl Write, payload: &[u8]) -> io::Result<()> {
+    let n = u32::try_from(payload.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a frame over 4 GiB"))?;
+    let mut b = Vec::with_capacity(4 + payload.len());
+    b.extend_from_slice(&n.to_le_bytes());
+    b.extend_from_slice(payload);
+    s.write_all(&b)
+}
+
+/// Reads one frame of at most `limit` bytes from a socket: its first byte within
+/// `waits.idle`, the rest within `waits.frame` of it (a peer that sends a frame a byte at a
+/// time holds the connection no longer). The buffer grows with what arrives, so a length
+/// that lies allocates nothing.
+pub(crate) fn read_frame(s: &mut TcpStream, limit: usize, waits: Waits) -> io::Result<Vec<u8>> {
+    let mut n = [0u8; 4];
+    s.set_read_timeout(waits.idle.map(nonzero))?;
+    let first = loop {
+        match s.read(&mut n[..1]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => break k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let deadline = Instant::now() + waits.frame;
+    read_until(s, &mut n[first..], deadline)?;
+    let len = u32::from_le_bytes(n) as usize;
+    if len > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            TooLarge { len, limit },
+        ));
+    }
+    let mut b = Vec::with_capacity(len.min(64 << 10));
+    let mut chunk = [0u8; 16 << 10];
+    while b.len() < len {
+        let want = (len - b.len()).min(chunk.len());
+        read_until(s, &mut chunk[..want], deadline)?;
+        b.extend_from_slice(&chunk[..want]);
+    }
+    Ok(b)
+}
+
+/// Fills `buf` by `deadline`.
+fn read_until(s: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "a frame did not arrive whole in time",
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => buf = &mut buf[k..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A timeout the socket accepts (zero means "none" to it).
+fn nonzero(d: Duration) -> Duration {
+    d.max(Duration::from_millis(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
+
+    const WAITS: Waits = Waits {
+        idle: Some(Duration::from_secs(5)),
+        frame: Duration::from_secs(5),
+    };
+
+    #[test]
+    fn sealed_frames_round_trip_and_a_replayed_or_changed_one_is_refused() {
+        let (a, b) = pair();
+        let mut tap = a.try_clone().unwrap();
+        let mut a = Channel::new(a, "b".into(), Some(Seal::new(&[1; 32], &[2; 32])));
+        let mut b = Channel::new(b, "a".into(), Some(Seal::new(&[2; 32], &[1; 32])));
+        a.send(b"one").unwrap();
+        a.send(b"two").unwrap();
+        assert_eq!(b.recv(64, WAITS).unwrap(), b"one");
+        assert_eq!(b.recv(64, WAITS).unwrap(), b"two");
+        // The first frame again, as an eavesdropper would replay it: its nonce is spent.
+        let first = ChaCha20Poly1305::new(Key::from_slice(&[1; 32]))
+            .encrypt(&nonce(0), b"one".as_slice())
+            .unwrap();
+        write_frame(&mut tap, &first).unwrap();
+        let e = b.recv(64, WAITS).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[test]
+    fn a_long_frame_is_refused_before_it_is_read_and_a_slow_one_times_out() {
+        let (mut a, mut b) = pair();
+        a.write_all(&(1u32 << 30).to_le_bytes()).unwrap();
+        let e = read_frame(&mut b, 1024, WAITS).unwrap_err();
+        assert!(TooLarge::is(&e), "{e}");
+        let (mut a, mut b) = pair();
+        a.write_all(&[8, 0, 0, 0, 1]).unwrap();
+        let waits = Waits {
+            idle: Some(Duration::from_secs(5)),
+            frame: Duration::from_millis(200),
+        };
+        let at = Instant::now();
+        let e = read_frame(&mut b, 1024, waits).unwrap_err();
+        assert!(matches!(
+            e.kind(),
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+        ));
+        assert!(at.elapsed() < Duration::from_secs(2));
+    }
+}
