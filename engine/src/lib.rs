@@ -97,7 +97,7 @@ pub use batch::{Batch, Entry, Notification, Op, MAX_NOTIFICATION};
 pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
 pub use error::{Error, ErrorKind, Limit, Result, Side};
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdMetadata, EtcdSettings};
+pub use etcd::{EtcdMetadata, EtcdSettings, EtcdTls, EtcdUser};
 pub use gpu_rdma_topology::{Near, NicOverride, OverrideError, Proximity, Ranked};
 pub use limits::{ControlStats, Limits};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};

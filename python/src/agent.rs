@@ -20,8 +20,9 @@ enum Held {
     /// The object registered (a `HostMemory`, a buffer object, a CUDA tensor's owner); a
     /// buffer's pinned export is held by the segment's `HostBuffer` itself.
     Object(PyObject),
-    /// A DLPack tensor's object (handed back when unregistered) and its unconsumed capsule
-    /// (which keeps the tensor allocated; let go after the memory is deregistered).
+    /// A DLPack tensor's object (handed back when unregistered) and the owner of the tensor
+    /// taken from its capsule (which calls the producer's deleter when dropped; let go after
+    /// the memory is deregistered).
     Tensor(PyObject, PyObject),
     /// A dma-buf from an `int` fd (a duplicate of it): handed back as a new `DmaBuf`.
     Fd,
@@ -106,8 +107,9 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> Result<Option<(u64, u64)>> {
 }
 
 /// A DLPack tensor (one that is not a buffer: a torch tensor, a JAX array) registered in
-/// place: host memory through `HostBuffer::from_foreign` holding the capsule and the
-/// object, CUDA memory as a CUDA range; the segment holds both as well.
+/// place, its capsule consumed: host memory through `HostBuffer::from_foreign` holding the
+/// tensor's owner (which holds the producer object too), CUDA memory as a CUDA range; the
+/// segment holds the object and the owner as well.
 fn dlpack_memory(obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
     let py = obj.py();
     let t = dlpack::tensor(obj)?;
@@ -126,14 +128,14 @@ fn dlpack_memory(obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
                 )
             })?;
             let pin = Pin {
-                _holder: t.capsule.clone_ref(py),
+                _holder: t.owner.clone_ref(py),
                 addr,
                 len: t.len as usize,
             };
             Memory::Host(foreign_buffer(pin)?)
         }
     };
-    Ok((memory, Held::Tensor(obj.clone().unbind(), t.capsule)))
+    Ok((memory, Held::Tensor(obj.clone().unbind(), t.owner)))
 }
 
 impl Agent {
@@ -355,9 +357,10 @@ impl Agent {
                 drop(m);
                 o
             }
-            (Some(Held::Tensor(o, capsule)), m) => {
+            (Some(Held::Tensor(o, owner)), m) => {
+                // Deregistered first: only then may the producer's deleter run.
                 drop(m);
-                drop(capsule);
+                drop(owner);
                 o
             }
             (_, m) => {

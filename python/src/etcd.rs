@@ -8,7 +8,7 @@ use gpu_rdma_engine::{Agent, Settings};
 pub(crate) enum Metadata {
     Embedded,
     #[cfg(feature = "etcd")]
-    Etcd(gpu_rdma_engine::EtcdSettings),
+    Etcd(Box<gpu_rdma_engine::EtcdSettings>),
 }
 
 impl Metadata {
@@ -47,7 +47,7 @@ impl Metadata {
         if let Some(t) = lease_ttl {
             s.lease_ttl = crate::transfer::bound("Agent", t)?;
         }
-        Ok(Metadata::Etcd(s))
+        Ok(Metadata::Etcd(Box::new(s)))
     }
 
     #[cfg(not(feature = "etcd"))]
@@ -65,8 +65,10 @@ impl Metadata {
         match self {
             Metadata::Embedded => Agent::new(name, settings),
             #[cfg(feature = "etcd")]
-            Metadata::Etcd(s) => {
-                let m = gpu_rdma_engine::EtcdMetadata::new(s)?;
+            Metadata::Etcd(mut s) => {
+                // The records are signed and checked as the agent authenticates.
+                s.auth = settings.auth.clone();
+                let m = gpu_rdma_engine::EtcdMetadata::new(*s)?;
                 Agent::with_metadata(name, settings, std::sync::Arc::new(m))
             }
         }

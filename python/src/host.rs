@@ -3,11 +3,19 @@
 //! `HostBuffer::from_foreign` over the pinned bytes; and `HostMemory`, page-aligned memory
 //! a udmabuf can export (a sealed memfd mapped into the process), for segments that are
 //! dma-bufs.
+//!
+//! A buffer is pinned through the C buffer protocol alone (`PyObject_GetBuffer` on the
+//! object itself, writable and C-contiguous): the address and length come from the
+//! `Py_buffer` the object's type filled in, never from a Python-level function (`ctypes`,
+//! `memoryview`) that Python code could rebind to name other memory.
 
 use crate::errors::{Class, Failure, Result};
 use drm_export::{DmaBuf, MemfdPages, Udmabuf};
+use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
 use rdma_dmabuf::HostBuffer;
+use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -24,72 +32,178 @@ pub(crate) struct HostMemory {
     mapping: PyObject,
 }
 
-/// Writable bytes of a Python object, held: for a buffer-protocol object, a ctypes array
-/// made with `from_buffer` holds the object's buffer export (a `Py_buffer`) for as long as
-/// it lives, so a `bytearray` cannot be resized nor its memory freed while the pin is held;
-/// for a DLPack tensor, its unconsumed capsule (the producer frees the tensor only when the
-/// capsule is destroyed).
+/// Writable bytes of a Python object, held: for a buffer-protocol object, a capsule of this
+/// module's own holding the object's buffer export (a `Py_buffer`, released when the capsule
+/// is destroyed), so a `bytearray` cannot be resized nor its memory freed while the pin is
+/// held; for a DLPack tensor, a capsule of this module's own holding the consumed tensor
+/// (its producer's deleter runs when that capsule is destroyed). No Python code can reach
+/// either capsule: they are held only here and by the segment.
 pub(crate) struct Pin {
-    /// What keeps the bytes allocated (released when the pin drops).
+    /// What keeps the bytes allocated (released when the pin drops; without the GIL, pyo3
+    /// defers that to the next time a thread holds it).
     pub _holder: PyObject,
     pub addr: usize,
     pub len: usize,
 }
 
-/// Whether `obj` has the buffer protocol (a `memoryview` of it can be made).
-pub(crate) fn is_buffer(obj: &Bound<'_, PyAny>) -> bool {
-    let view = obj
-        .py()
-        .import("builtins")
-        .and_then(|b| b.getattr("memoryview"))
-        .and_then(|m| m.call1((obj,)));
-    match view {
-        Ok(v) => {
-            let _ = v.call_method0("release");
-            true
+/// CPython's `Py_buffer`, as the C buffer protocol fills it in. Declared here because
+/// pyo3's declaration exists only for the stable ABI of 3.11 and newer, while this module
+/// is built for 3.9's: the layout is the one 3.11 made part of the stable ABI, unchanged
+/// since Python 3.3, and the functions below are exported by every CPython 3.
+#[repr(C)]
+struct RawBuffer {
+    buf: *mut c_void,
+    obj: *mut ffi::PyObject,
+    len: ffi::Py_ssize_t,
+    itemsize: ffi::Py_ssize_t,
+    readonly: c_int,
+    ndim: c_int,
+    format: *mut c_char,
+    shape: *mut ffi::Py_ssize_t,
+    strides: *mut ffi::Py_ssize_t,
+    suboffsets: *mut ffi::Py_ssize_t,
+    internal: *mut c_void,
+}
+
+/// `PyBUF_FULL_RO`: any buffer (strided, indirect, read-only), as `memoryview(obj)` asks.
+const PYBUF_FULL_RO: c_int = 0x0100 | 0x0010 | 0x0008 | 0x0004;
+/// `PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS`: writable bytes, one C-contiguous range.
+const PYBUF_WRITABLE_C_CONTIGUOUS: c_int = 0x0001 | 0x0020 | 0x0010 | 0x0008;
+
+extern "C" {
+    fn PyObject_GetBuffer(obj: *mut ffi::PyObject, view: *mut RawBuffer, flags: c_int) -> c_int;
+    fn PyBuffer_Release(view: *mut RawBuffer);
+    fn PyBuffer_IsContiguous(view: *const RawBuffer, order: c_char) -> c_int;
+}
+
+/// A buffer export (a filled-in `Py_buffer`, boxed so that it never moves: exporters may
+/// keep its address), released exactly once, when dropped.
+struct Export(Box<RawBuffer>);
+
+// SAFETY: the export is a plain C struct the exporter filled in; its pointers are used only
+// under the GIL (read in `pin`, released in `Drop`, which takes the GIL), so which thread
+// holds the value does not matter. It is only ever held inside a Python capsule, whose
+// destructor runs with the GIL.
+#[allow(unsafe_code)]
+unsafe impl Send for Export {}
+
+impl Export {
+    /// `obj`'s buffer with `flags`, or the exporter's refusal (its Python error, taken).
+    #[allow(unsafe_code)] // PyObject_GetBuffer: see the SAFETY comment
+    fn get(obj: &Bound<'_, PyAny>, flags: c_int) -> std::result::Result<Export, PyErr> {
+        let mut view = Box::new(RawBuffer {
+            buf: std::ptr::null_mut(),
+            obj: std::ptr::null_mut(),
+            len: 0,
+            itemsize: 0,
+            readonly: 0,
+            ndim: 0,
+            format: std::ptr::null_mut(),
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            suboffsets: std::ptr::null_mut(),
+            internal: std::ptr::null_mut(),
+        });
+        // SAFETY: `obj` is a live object (a `Bound`: the GIL is held) and `view` a `Py_buffer`
+        // of CPython's layout that outlives the call. On success the exporter filled it in
+        // and took a reference to `obj` (released by `PyBuffer_Release` in `Drop`); on
+        // failure it set a Python error and the view holds nothing to release.
+        let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
         }
-        Err(_) => false,
+        Ok(Export(view))
+    }
+
+    /// Whether the exported bytes are one C-contiguous range.
+    #[allow(unsafe_code)] // PyBuffer_IsContiguous: see the SAFETY comment
+    fn c_contiguous(&self) -> bool {
+        // SAFETY: `self.0` is a view filled in by a successful `PyObject_GetBuffer` and not
+        // yet released; the call reads only its shape, strides and suboffsets.
+        unsafe { PyBuffer_IsContiguous(&*self.0, b'C' as c_char) == 1 }
     }
 }
 
-/// Pins `obj`'s bytes (a writable, C-contiguous buffer).
+impl Drop for Export {
+    #[allow(unsafe_code)] // PyBuffer_Release: see the SAFETY comment
+    fn drop(&mut self) {
+        Python::with_gil(|_| {
+            // SAFETY: `self.0` was filled in by a successful `PyObject_GetBuffer` (an
+            // `Export` is made only then) and is released here once, with the GIL held, at
+            // the address it was filled in at (boxed, never moved).
+            unsafe { PyBuffer_Release(&mut *self.0) }
+        });
+    }
+}
+
+fn refused(why: String) -> Failure {
+    Failure::new(Class::InvalidInput, "register", format!("register: {why}"))
+        .hinted("pass a writable, C-contiguous buffer (numpy array, bytearray, memoryview)")
+}
+
+/// Whether `obj` has the buffer protocol (its type exports a buffer, as for `memoryview`).
+pub(crate) fn is_buffer(obj: &Bound<'_, PyAny>) -> bool {
+    Export::get(obj, PYBUF_FULL_RO).is_ok()
+}
+
+/// Pins `obj`'s bytes (a writable, C-contiguous buffer) through the C buffer protocol:
+/// the export is held by the pin, the address and length are the export's own.
 pub(crate) fn pin(obj: &Bound<'_, PyAny>) -> Result<Pin> {
     let py = obj.py();
-    let refused = |why: String| {
-        Failure::new(Class::InvalidInput, "register", format!("register: {why}"))
-            .hinted("pass a writable, C-contiguous buffer (numpy array, bytearray, memoryview)")
-    };
-    let view = py
-        .import("builtins")
-        .and_then(|b| b.getattr("memoryview"))
-        .and_then(|m| m.call1((obj,)))
-        .map_err(|e| refused(format!("not a buffer: {e}")))?;
-    let len: usize = view
-        .getattr("nbytes")
-        .and_then(|n| n.extract())
-        .map_err(|e| refused(e.to_string()))?;
-    // The view was for the size only: release its export now.
-    let _ = view.call_method0("release");
+    let export = Export::get(obj, PYBUF_WRITABLE_C_CONTIGUOUS).map_err(|e| {
+        // Tell a read-only buffer apart: peers write segments, so it cannot be one.
+        match Export::get(obj, PYBUF_FULL_RO) {
+            Ok(ro) if ro.0.readonly != 0 => refused(format!(
+                "a read-only buffer ({}): peers write segments, so a segment must be writable",
+                type_name(obj)
+            )),
+            Ok(_) => refused(format!(
+                "a writable, C-contiguous buffer is needed ({}): {e}",
+                type_name(obj)
+            )),
+            Err(_) => refused(format!("not a buffer ({}): {e}", type_name(obj))),
+        }
+    })?;
+    let view = &*export.0;
+    if view.readonly != 0 {
+        return Err(refused(format!(
+            "a read-only buffer ({}): peers write segments, so a segment must be writable",
+            type_name(obj)
+        )));
+    }
+    if !view.suboffsets.is_null() || !export.c_contiguous() {
+        return Err(refused(format!(
+            "a buffer that is not one C-contiguous range ({})",
+            type_name(obj)
+        )));
+    }
+    let len = usize::try_from(view.len)
+        .map_err(|_| refused(format!("a buffer of length {}", view.len)))?;
     if len == 0 {
         return Err(refused("an empty buffer".into()));
     }
-    let ctypes = py
-        .import("ctypes")
-        .map_err(|e| refused(format!("ctypes: {e}")))?;
-    let holder = ctypes
-        .getattr("c_char")
-        .and_then(|c| c.call_method1("__mul__", (len,)))
-        .and_then(|t| t.call_method1("from_buffer", (obj,)))
-        .map_err(|e| refused(format!("a writable, C-contiguous buffer is needed: {e}")))?;
-    let addr: usize = ctypes
-        .call_method1("addressof", (&holder,))
-        .and_then(|a| a.extract())
-        .map_err(|e| refused(e.to_string()))?;
+    let addr = view.buf as usize;
+    let holder = PyCapsule::new_with_destructor(
+        py,
+        export,
+        Some(c"gpu_rdma.buffer_export".to_owned()),
+        |export, _| drop(export),
+    )
+    .map_err(|e| refused(e.to_string()))?;
     Ok(Pin {
-        _holder: holder.unbind(),
+        _holder: holder.into_any().unbind(),
         addr,
         len,
     })
+}
+
+/// `obj`'s type's name, for refusals (without running Python code beyond the type's own
+/// `__name__`).
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "an object".into())
 }
 
 /// The pinned bytes as a `HostBuffer` to register in place: the buffer holds the pin (and
@@ -106,15 +220,17 @@ pub(crate) fn foreign_buffer(pin: Pin) -> Result<HostBuffer> {
         )
     })?;
     // SAFETY: `addr..addr + len` are either the bytes of a writable, C-contiguous buffer
-    // export (ctypes' `from_buffer`, held by `pin._holder`): while the export is held the
+    // export whose address and length the object's type filled in (`PyObject_GetBuffer`,
+    // the `Py_buffer` held by `pin._holder` until it drops): while the export is held the
     // object cannot resize or free them (a `bytearray` refuses to resize, an `mmap` to close,
-    // numpy keeps its data); or a contiguous host DLPack tensor whose unconsumed capsule
-    // `pin._holder` holds (its producer frees the tensor only when the capsule is destroyed).
-    // `pin` is the buffer's owner, dropped with it. No Rust reference to the bytes exists
-    // outside the buffer (Python code reaches them through its own objects), and no slice of
-    // them is ever made through it: the buffer goes straight to the engine as a segment,
-    // which gives the CPU no access, and comes back from `unregister` only to be dropped.
-    // What Python code does with the bytes meanwhile races only with the NIC, as in C.
+    // numpy keeps its data); or a contiguous host DLPack tensor this module consumed (its
+    // capsule renamed `used_dltensor`, so no other consumer can take it) whose deleter runs
+    // only when `pin._holder` is destroyed. `pin` is the buffer's owner, dropped with it. No
+    // Rust reference to the bytes exists outside the buffer (Python code reaches them through
+    // its own objects), and no slice of them is ever made through it: the buffer goes
+    // straight to the engine as a segment, which gives the CPU no access, and comes back
+    // from `unregister` only to be dropped. What Python code does with the bytes meanwhile
+    // races only with the NIC, as in C.
     unsafe { HostBuffer::from_foreign(ptr, len, Box::new(pin)) }
         .map_err(|e| Failure::rdma("register", &e))
 }
@@ -129,7 +245,19 @@ impl HostMemory {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&memfd);
         // Python's mmap duplicates the fd: the mapping lives as long as the mmap object.
         let mapping = py.import("mmap")?.getattr("mmap")?.call1((fd, size))?;
-        let base = pin(&mapping)?.addr;
+        // Its address, read from the mapping's own buffer export (released at once: the
+        // mapping lives as long as this object, and segments of it are registered through
+        // the memfd, never through this address).
+        let mapped = pin(&mapping)?;
+        if mapped.len as u64 != size {
+            return Err(Failure::new(
+                Class::Base,
+                "HostMemory",
+                format!("HostMemory: a mapping of {} bytes, not {size}", mapped.len),
+            )
+            .into());
+        }
+        let base = mapped.addr;
         Ok(HostMemory {
             memfd: Arc::new(memfd),
             size,

@@ -15,8 +15,9 @@
 //! * `errors`: the exception hierarchy.
 
 // Unsafe code: only the registration of a pinned buffer in place (`host::foreign_buffer`), the
-// duplicate of an fd number (`memory::from_fd`) and the reading of a DLPack capsule's tensor
-// (`dlpack::read`).
+// C buffer protocol's export and release of a buffer (`host::Export`), the duplicate of an fd
+// number (`memory::from_fd`), and the taking of a DLPack capsule's tensor, its reading and
+// its deleter (`dlpack`).
 #![deny(unsafe_code)]
 
 mod agent;

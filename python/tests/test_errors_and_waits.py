@@ -24,6 +24,15 @@ def test_the_hierarchy() -> None:
     assert e.value.operation == "dmabuf_from_fd"
 
 
+def test_a_bad_agent_name_is_refused_typed() -> None:
+    # Refused before any device is opened: a NUL would otherwise reach a thread's name.
+    for bad in ("a\0b", "", "line\nbreak", "x" * 256):
+        with pytest.raises(gpu_rdma.InvalidInput) as e:
+            gpu_rdma.Agent(bad, bind="127.0.0.1:0")
+        assert e.value.operation == "Agent"
+        assert "agent name" in str(e.value)
+
+
 def test_bad_memory_is_refused_typed(pair: Pair) -> None:
     a, _ = pair
     bad: Any

@@ -1,6 +1,8 @@
 """Segments from each exporter, HostMemory and numpy arrays over it, moved between two
-agents over loopback rxe and read back."""
+agents over loopback rxe and read back; buffers pinned through the C buffer protocol, not
+through Python functions that Python code can rebind."""
 
+import ctypes
 import gc
 from typing import Callable, Tuple
 
@@ -143,3 +145,37 @@ def test_an_int_fd_is_duplicated_and_checked(pair: Pair) -> None:
     back = a.unregister("fd")
     assert isinstance(back, gpu_rdma.DmaBuf) and back.read(0, 3) == b"fd!"
     os.close(mine)  # the caller's fd stayed the caller's
+
+
+def test_a_rebound_ctypes_addressof_moves_no_registration(pair: Pair) -> None:
+    """Pinning takes a buffer's address and length from its buffer export (the C buffer
+    protocol), never from `ctypes`: with `ctypes.addressof` rebound to name an immutable
+    `bytes` object, a `bytes` object is still refused (read-only), and a `bytearray` is
+    registered as its own bytes, so a peer's write lands there and not in the `bytes`."""
+    a, b = pair
+    size = 16 << 10
+    victim = bytes(size)
+    victim_at = ctypes.cast(ctypes.c_char_p(victim), ctypes.c_void_p).value
+    target = bytearray(size)
+    real = ctypes.addressof
+    setattr(ctypes, "addressof", lambda _obj: victim_at)
+    try:
+        with pytest.raises(gpu_rdma.InvalidInput) as e:
+            b.register("ro", victim)
+        assert "read-only" in str(e.value)
+        with pytest.raises(gpu_rdma.InvalidInput):
+            b.register("ro", memoryview(bytearray(size)).toreadonly())
+        assert b.register("d", target) == size
+        mem = gpu_rdma.HostMemory(4096)
+    finally:
+        setattr(ctypes, "addressof", real)
+    data = pattern(size, 41)
+    a.register("s", bytearray(data))
+    a.transfer(gpu_rdma.Batch().write("s", 0, "b", "d", 0, size)).wait(WAIT)
+    assert b.unregister("d") is target
+    assert victim == bytes(size), "a peer wrote an immutable bytes object"
+    assert bytes(target) == data
+    pinned = (ctypes.c_char * 4096).from_buffer(mem.buffer)
+    assert mem.address == ctypes.addressof(pinned)
+    del pinned
+    a.unregister("s")

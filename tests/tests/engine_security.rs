@@ -322,7 +322,7 @@ fn loopback_floods_of_connections_half_frames_queue_pairs_and_notifications_stay
             let mut n = 0u32;
             while !stop.load(Ordering::SeqCst) {
                 if let Ok(mut s) = TcpStream::connect(addr) {
-                    if n % 2 == 0 {
+                    if n.is_multiple_of(2) {
                         let _ = s.write_all(&(16u32 << 20).to_le_bytes());
                     }
                     held.push_back(s);

@@ -18,17 +18,22 @@
 //! thread) and the engine's API stays blocking; every call is bounded by
 //! [`EtcdSettings::timeout`].
 
+mod access;
 mod record;
+mod sign;
 mod state;
 
+use crate::auth::Auth;
 use crate::descriptor::AgentDescriptor;
 use crate::error::{Error, Result};
 use crate::metadata::{lock, MetadataService, PeerRecord};
 use etcd_client::{Client, ConnectOptions};
 use record::{check_name, metadata, Failure};
+use sign::Signing;
 use state::{record_of, Inner, Mine};
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +50,50 @@ pub struct EtcdSettings {
     pub lease_ttl: Duration,
     /// Bounds each connection and request to etcd. Default 2 s.
     pub timeout: Duration,
+    /// How the values are signed and checked (docs/engine.md, "Security"): with a cluster
+    /// key, every value this backend writes carries a proof of the key, and a value without
+    /// one (written straight into etcd by someone who is not an agent) is refused. Give the
+    /// same as the agent's [`Settings::auth`](crate::Settings::auth). Default
+    /// [`Auth::FromEnvironment`], read by [`EtcdMetadata::new`].
+    pub auth: Auth,
+    /// etcd's own authentication: a user and password for etcd's role-based access
+    /// (`etcdctl user add`, `etcdctl auth enable`), so that only the cluster's agents may
+    /// write (or read) the prefix. `None` (the default): the environment variables
+    /// `GPU_RDMA_ETCD_USER` and `GPU_RDMA_ETCD_PASSWORD_FILE` (a file holding the password)
+    /// when set, else none.
+    pub user: Option<EtcdUser>,
+    /// TLS to etcd (`https://` endpoints): its CA and, for etcd's `--client-cert-auth`, this
+    /// client's certificate and key. `None` (the default): the environment variables
+    /// `GPU_RDMA_ETCD_CA`, `GPU_RDMA_ETCD_CERT` and `GPU_RDMA_ETCD_KEY` (PEM files) when
+    /// `GPU_RDMA_ETCD_CA` is set, else plain TCP.
+    pub tls: Option<EtcdTls>,
+}
+
+/// A user of etcd's role-based access control ([`EtcdSettings::user`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdUser {
+    /// The user's name.
+    pub name: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUser")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// TLS to etcd ([`EtcdSettings::tls`]): PEM files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA that signed etcd's server certificate.
+    pub ca: std::path::PathBuf,
+    /// This client's certificate and private key, for an etcd that asks for one
+    /// (`--client-cert-auth`); `None`: none.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl Default for EtcdSettings {
@@ -54,6 +103,9 @@ impl Default for EtcdSettings {
             prefix: "/gpu-rdma".into(),
             lease_ttl: Duration::from_secs(5),
             timeout: Duration::from_secs(2),
+            auth: Auth::FromEnvironment,
+            user: None,
+            tls: None,
         }
     }
 }
@@ -99,11 +151,18 @@ impl EtcdMetadata {
             .enable_all()
             .build()
             .map_err(|e| metadata("start the etcd backend's runtime", e))?;
-        let opts = ConnectOptions::new()
+        let signing = Signing::new(&settings.auth.resolve()?);
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(settings.timeout)
             .with_timeout(settings.timeout)
             .with_keep_alive(settings.timeout, settings.timeout)
             .with_keep_alive_while_idle(true);
+        if let Some(u) = access::user(&settings)? {
+            opts = opts.with_user(u.name, u.password);
+        }
+        if let Some(tls) = access::tls(&settings)? {
+            opts = opts.with_tls(tls);
+        }
         let endpoints = settings.endpoints.clone();
         let timeout = settings.timeout;
         let client = runtime.block_on(async move {
@@ -126,9 +185,17 @@ impl EtcdMetadata {
                 lease: Mutex::default(),
                 republish_error: Mutex::default(),
                 peers: Mutex::default(),
+                signing,
+                refused_values: AtomicU64::new(0),
             }),
             runtime: Some(runtime),
         })
+    }
+
+    /// How many values read from etcd were refused since it started: unsigned, signed with
+    /// another key, moved from another key, or not readable (another format version).
+    pub fn refused_values(&self) -> u64 {
+        self.inner.refused_values.load(Ordering::Relaxed)
     }
 
     /// The settings it was made with.

@@ -1,6 +1,7 @@
 //! The etcd backend's state: what this agent publishes and what the watches delivered.
 
 use super::record::{failure, metadata, one_segment, Failure, Record};
+use super::sign::Signing;
 use super::EtcdSettings;
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::error::{Error, Result};
@@ -12,6 +13,7 @@ use etcd_client::{
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +28,10 @@ pub(super) struct Inner {
     pub(super) republish_error: Mutex<Option<Error>>,
     /// The peers looked up, as the watches last delivered them.
     pub(super) peers: Mutex<HashMap<String, Watched>>,
+    /// How values are signed and checked.
+    pub(super) signing: Signing,
+    /// Values read and refused ([`EtcdMetadata::refused_values`](super::EtcdMetadata::refused_values)).
+    pub(super) refused_values: AtomicU64,
 }
 
 /// This agent's published state.
@@ -117,10 +123,11 @@ impl Inner {
             .await?;
         let lease = granted.id();
         let key = self.record_key(&agent);
+        let value = self.signing.seal(&key, record.to_bytes());
         let put = || Some(PutOptions::new().with_lease(lease));
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), record.to_bytes(), put())])
+            .and_then([TxnOp::put(key.clone(), value.clone(), put())])
             .or_else([TxnOp::get(key.clone(), None)]);
         let done = self.bounded("publish the agent record", c.txn(txn)).await?;
         if !done.succeeded() {
@@ -128,15 +135,14 @@ impl Inner {
                 etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
                 _ => None,
             });
-            let theirs = existing.as_deref().map(Record::from_bytes);
+            let theirs = existing
+                .as_deref()
+                .map(|v| self.signing.open(&key, v).and_then(Record::from_bytes));
             match theirs {
                 Some(Ok(r)) if r.incarnation == mine.incarnation => {
                     // Ours, from an earlier lease: move it to the new one.
-                    self.bounded(
-                        "publish the agent record",
-                        c.put(key.clone(), record.to_bytes(), put()),
-                    )
-                    .await?;
+                    self.bounded("publish the agent record", c.put(key.clone(), value, put()))
+                        .await?;
                 }
                 other => {
                     let _ = c.lease_revoke(lease).await;
@@ -151,12 +157,12 @@ impl Inner {
             }
         }
         for s in &mine.segments {
-            let v = one_segment(&agent, mine.incarnation, s);
-            self.bounded(
-                "publish a segment",
-                c.put(self.segment_key(&agent, &s.name), v, put()),
-            )
-            .await?;
+            let k = self.segment_key(&agent, &s.name);
+            let v = self
+                .signing
+                .seal(&k, one_segment(&agent, mine.incarnation, s));
+            self.bounded("publish a segment", c.put(k, v, put()))
+                .await?;
         }
         // Segment keys of ours that are no longer segments (removed while etcd was lost).
         let listed = self
@@ -208,13 +214,12 @@ impl Inner {
             if mine.written.get(&s.name) == Some(s) {
                 continue;
             }
-            let v = one_segment(&agent, mine.incarnation, s);
+            let k = self.segment_key(&agent, &s.name);
+            let v = self
+                .signing
+                .seal(&k, one_segment(&agent, mine.incarnation, s));
             let opts = Some(PutOptions::new().with_lease(lease));
-            self.attempt(
-                "publish a segment",
-                c.put(self.segment_key(&agent, &s.name), v, opts),
-            )
-            .await?;
+            self.attempt("publish a segment", c.put(k, v, opts)).await?;
             mine.written.insert(s.name.clone(), s.clone());
         }
         let gone: Vec<String> = mine
@@ -317,6 +322,12 @@ impl Inner {
         Ok((w, rev))
     }
 
+    /// Refuses `key`'s value (the peer's look-ups fail with `e` until it changes), counted.
+    fn refuse(&self, w: &mut Watched, key: String, e: Error) {
+        self.refused_values.fetch_add(1, Ordering::Relaxed);
+        w.refused.insert(key, e);
+    }
+
     /// One key's new value (`None`: deleted) into a peer's state.
     pub(super) fn apply(&self, agent: &str, w: &mut Watched, key: &[u8], value: Option<&[u8]>) {
         let key = String::from_utf8_lossy(key).into_owned();
@@ -324,6 +335,10 @@ impl Inner {
             return;
         };
         w.refused.remove(&key);
+        let value = match value.map(|v| self.signing.open(&key, v)).transpose() {
+            Ok(v) => v,
+            Err(e) => return self.refuse(w, key, e),
+        };
         if rest == "agent" {
             match value.map(Record::from_bytes) {
                 None => {
@@ -337,10 +352,10 @@ impl Inner {
                 }
                 Some(Ok(r)) => {
                     let e = Error::Protocol(format!("{key} names agent {:?}", r.agent));
-                    w.refused.insert(key, e);
+                    self.refuse(w, key, e);
                 }
                 Some(Err(e)) => {
-                    w.refused.insert(key, e);
+                    self.refuse(w, key, e);
                 }
             }
         } else if let Some(name) = rest.strip_prefix("segments/") {
@@ -354,15 +369,15 @@ impl Inner {
                         w.segments.insert(name.into(), (d.incarnation, s));
                     } else {
                         let e = Error::Protocol(format!("{key} holds segment {:?}", s.name));
-                        w.refused.insert(key, e);
+                        self.refuse(w, key, e);
                     }
                 }
                 Some(Ok(_)) => {
                     let e = Error::Protocol(format!("{key} is not one segment of {agent:?}"));
-                    w.refused.insert(key, e);
+                    self.refuse(w, key, e);
                 }
                 Some(Err(e)) => {
-                    w.refused.insert(key, e);
+                    self.refuse(w, key, e);
                 }
             }
         }
