@@ -3,8 +3,8 @@
 //! through etcd, keys live under leases, watches follow segments, etcd lost and back.
 
 use gpu_rdma_engine::{
-    Agent, AgentDescriptor, Batch, DeviceRegion, Error, EtcdMetadata, EtcdSettings,
-    MetadataService, SegmentDescriptor, Settings,
+    Agent, AgentDescriptor, Auth, Batch, ClusterKey, DeviceRegion, Error, ErrorKind,
+    EtcdMetadata, EtcdSettings, MetadataService, SegmentDescriptor, Settings,
 };
 use integration_tests::engine::{bytes, host};
 use integration_tests::etcd::Etcd;
@@ -18,11 +18,18 @@ const WAIT: Duration = Duration::from_secs(120);
 const TTL: Duration = Duration::from_secs(2);
 
 fn backend(etcd: &Etcd) -> Arc<EtcdMetadata> {
+    backend_with(etcd, Auth::FromEnvironment)
+}
+
+/// A backend that signs and checks values with `auth` (the harness's cluster key from the
+/// environment, another key, or none).
+fn backend_with(etcd: &Etcd, auth: Auth) -> Arc<EtcdMetadata> {
     let settings = EtcdSettings {
         endpoints: vec![etcd.endpoint()],
         lease_ttl: TTL,
         // A guest under TCG answers slowly.
         timeout: Duration::from_secs(5),
+        auth,
         ..EtcdSettings::default()
     };
     Arc::new(EtcdMetadata::new(settings).expect("connect to etcd"))
@@ -287,7 +294,10 @@ fn etcd_a_segment_etcd_refuses_fails_register_and_stays_unpublished() {
 fn etcd_descriptor_of_another_version_is_refused_typed() {
     const NEXT: u16 = gpu_rdma_engine::FORMAT_VERSION + 1;
     let etcd = Etcd::start("version");
-    let (m1, m2, peer) = (backend(&etcd), backend(&etcd), backend(&etcd));
+    // Unsigned values, so that the test can change their version in place (signed ones
+    // changed so are refused as forged: etcd_values_written_by_others_are_refused...).
+    let open = || backend_with(&etcd, Auth::InsecureNoAuthentication);
+    let (m1, m2, peer) = (open(), open(), open());
     m1.publish(&made_up("rec", 1), CONTROL.parse().unwrap())
         .unwrap();
     m2.publish(&made_up("seg", 2), CONTROL.parse().unwrap())
@@ -319,4 +329,76 @@ fn etcd_descriptor_of_another_version_is_refused_typed() {
             r => panic!("{agent}: {r:?}"),
         }
     }
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn etcd_values_written_by_others_are_refused_typed_and_counted() {
+    let etcd = Etcd::start("forged");
+    let (honest, peer) = (backend(&etcd), backend(&etcd));
+    honest
+        .publish(&made_up("honest", 1), CONTROL.parse().unwrap())
+        .unwrap();
+    assert_eq!(segments(&peer, "honest"), ["kv"]);
+    // An agent of no cluster (unsigned values) and one of another cluster.
+    let open = backend_with(&etcd, Auth::InsecureNoAuthentication);
+    open.publish(&made_up("mallory", 2), CONTROL.parse().unwrap())
+        .unwrap();
+    let other = Auth::ClusterKey(ClusterKey::generate().unwrap());
+    let eve = backend_with(&etcd, other);
+    eve.publish(&made_up("eve", 3), CONTROL.parse().unwrap())
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        // honest's signed values, copied under the keys of a made-up agent "thief".
+        for (from, to) in [
+            (honest.record_key("honest"), honest.record_key("thief")),
+            (
+                honest.segment_key("honest", "kv"),
+                honest.segment_key("thief", "kv"),
+            ),
+        ] {
+            let got = c.get(from, None).await.unwrap();
+            c.put(to, got.kvs()[0].value().to_vec(), None)
+                .await
+                .unwrap();
+        }
+    });
+    for agent in ["mallory", "eve", "thief"] {
+        match peer.lookup(agent) {
+            Err(e @ Error::Authentication { .. }) => {
+                assert_eq!(e.kind(), ErrorKind::Unauthenticated);
+                eprintln!("{agent}: {e}");
+            }
+            r => panic!("{agent}'s forged values gave {r:?}"),
+        }
+    }
+    assert!(peer.refused_values() >= 3, "{}", peer.refused_values());
+    // honest's own values still read, and a backend without the key refuses them.
+    assert_eq!(segments(&peer, "honest"), ["kv"]);
+    assert!(matches!(
+        open.lookup("honest"),
+        Err(Error::Authentication { .. })
+    ));
+    // A value changed in place: one bit of the rkey.
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        let key = honest.segment_key("honest", "kv");
+        let got = c.get(key.clone(), None).await.unwrap();
+        let mut v = got.kvs()[0].value().to_vec();
+        let at = v.len() - 32 - 6;
+        v[at] ^= 1;
+        c.put(key, v, None).await.unwrap();
+    });
+    until(Duration::from_secs(30), "the watch delivers the change", || {
+        matches!(peer.lookup("honest"), Err(Error::Authentication { .. }))
+    });
 }
