@@ -3,8 +3,8 @@
 //! through etcd, keys live under leases, watches follow segments, etcd lost and back.
 
 use gpu_rdma_engine::{
-    Agent, AgentDescriptor, Auth, Batch, ClusterKey, DeviceRegion, Error, ErrorKind,
-    EtcdMetadata, EtcdSettings, MetadataService, SegmentDescriptor, Settings,
+    Agent, AgentDescriptor, Auth, Batch, ClusterKey, DeviceRegion, Error, ErrorKind, EtcdMetadata,
+    EtcdSettings, EtcdUser, MetadataService, SegmentDescriptor, Settings,
 };
 use integration_tests::engine::{bytes, host};
 use integration_tests::etcd::Etcd;
@@ -398,7 +398,74 @@ fn etcd_values_written_by_others_are_refused_typed_and_counted() {
         v[at] ^= 1;
         c.put(key, v, None).await.unwrap();
     });
-    until(Duration::from_secs(30), "the watch delivers the change", || {
-        matches!(peer.lookup("honest"), Err(Error::Authentication { .. }))
+    until(
+        Duration::from_secs(30),
+        "the watch delivers the change",
+        || matches!(peer.lookup("honest"), Err(Error::Authentication { .. })),
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn etcd_with_its_own_authentication_refuses_a_client_without_its_user() {
+    let etcd = Etcd::start("users");
+    let prefix = EtcdSettings::default().prefix;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        c.user_add("root", "root-secret", None).await.unwrap();
+        c.user_grant_role("root", "root").await.unwrap();
+        c.role_add("agents").await.unwrap();
+        let perm = etcd_client::Permission::read_write(prefix.clone()).with_prefix();
+        c.role_grant_permission("agents", perm).await.unwrap();
+        c.user_add("agent", "agent-secret", None).await.unwrap();
+        c.user_grant_role("agent", "agents").await.unwrap();
+        c.auth_enable().await.unwrap();
     });
+    let with_user = |user: Option<EtcdUser>| {
+        EtcdMetadata::new(EtcdSettings {
+            endpoints: vec![etcd.endpoint()],
+            lease_ttl: TTL,
+            timeout: Duration::from_secs(5),
+            user,
+            ..EtcdSettings::default()
+        })
+    };
+    let agent = || {
+        Some(EtcdUser {
+            name: "agent".into(),
+            password: "agent-secret".into(),
+        })
+    };
+    let (a, b) = (with_user(agent()).unwrap(), with_user(agent()).unwrap());
+    a.publish(&made_up("a", 1), CONTROL.parse().unwrap())
+        .unwrap();
+    assert_eq!(segments(&b, "a"), ["kv"]);
+    // Without the user, or with a wrong password: nothing read, nothing written.
+    let wrong = Some(EtcdUser {
+        name: "agent".into(),
+        password: "guess".into(),
+    });
+    for user in [None, wrong] {
+        let shown = format!("{user:?}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("guess"),
+            "{shown}"
+        );
+        match with_user(user) {
+            Err(e) => eprintln!("{shown}: {e}"),
+            Ok(m) => {
+                let r = m.lookup("a");
+                assert!(r.is_err(), "{shown} read the agent: {r:?}");
+                let p = m.publish(&made_up("mallory", 2), CONTROL.parse().unwrap());
+                assert!(p.is_err(), "{shown} published");
+            }
+        }
+    }
+    assert!(matches!(b.lookup("mallory"), Err(Error::UnknownAgent(_))));
 }
