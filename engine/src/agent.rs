@@ -1,7 +1,7 @@
 //! [`Agent`]: one per process; owns the RDMA devices it uses, its segments, its
 //! connections to peers, and the control listener.
 
-use crate::auth::{Auth, INSECURE_ENV};
+use crate::auth::{Auth, Credentials, INSECURE_ENV};
 use crate::batch::{Batch, Notification};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::devices;
@@ -118,6 +118,7 @@ impl Agent {
         settings.nics = settings.resolved_nics()?;
         // Authentication first of what touches the outside: no key, no listener.
         settings.auth = settings.auth.resolve()?;
+        let creds = Arc::new(Credentials::load(&settings.auth, Some(name))?);
         if let Some(field) = settings.limits.zero_field() {
             return Err(Error::Settings(format!("limits.{field} must be above 0")));
         }
@@ -126,7 +127,7 @@ impl Agent {
             TcpListener::bind(settings.bind).map_err(|e| Error::io("bind", settings.bind, e))?;
         let dialer = Dialer {
             me: name.into(),
-            auth: settings.auth.clone(),
+            creds,
             timeout: settings.io_timeout,
         };
         let embedded = Arc::new(EmbeddedMetadata::with_dialer(dialer.clone()));

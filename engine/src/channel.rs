@@ -47,46 +47,91 @@ pub(crate) struct Waits {
     pub frame: Duration,
 }
 
+/// A byte stream over a socket whose read timeout bounds each read.
+pub(crate) trait Wire: Read + Write {
+    /// The socket under it.
+    fn socket(&self) -> &TcpStream;
+}
+
+impl Wire for TcpStream {
+    fn socket(&self) -> &TcpStream {
+        self
+    }
+}
+
+/// A TLS connection over a socket (client or server side).
+pub(crate) type Tls<C> = rustls::StreamOwned<C, TcpStream>;
+
+impl Wire for Tls<rustls::ClientConnection> {
+    fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+impl Wire for Tls<rustls::ServerConnection> {
+    fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+/// How a channel's frames travel.
+pub(crate) enum Link {
+    /// As they are (no authentication).
+    Plain(TcpStream),
+    /// Sealed with the connection's keys (a cluster key).
+    Sealed(TcpStream, Seal),
+    /// Inside mutual TLS, client side.
+    TlsClient(Box<Tls<rustls::ClientConnection>>),
+    /// Inside mutual TLS, server side.
+    TlsServer(Box<Tls<rustls::ServerConnection>>),
+}
+
 /// A control connection after its handshake.
 pub(crate) struct Channel {
-    stream: TcpStream,
+    link: Link,
     /// The other side's name, as the handshake authenticated it (or as it claimed it,
     /// without authentication).
     pub peer: String,
-    seal: Option<Seal>,
 }
 
 impl std::fmt::Debug for Channel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let link = match self.link {
+            Link::Plain(_) => "plain",
+            Link::Sealed(..) => "sealed",
+            Link::TlsClient(_) | Link::TlsServer(_) => "tls",
+        };
         f.debug_struct("Channel")
             .field("peer", &self.peer)
-            .field("sealed", &self.seal.is_some())
-            .finish_non_exhaustive()
+            .field("link", &link)
+            .finish()
     }
 }
 
 impl Channel {
-    pub fn new(stream: TcpStream, peer: String, seal: Option<Seal>) -> Channel {
-        Channel { stream, peer, seal }
+    pub fn new(link: Link, peer: String) -> Channel {
+        Channel { link, peer }
     }
 
-    /// Whether frames are sealed.
+    /// Whether frames are authenticated (sealed or inside TLS).
     #[cfg(test)]
     pub fn sealed(&self) -> bool {
-        self.seal.is_some()
+        !matches!(self.link, Link::Plain(_))
     }
 
     /// Sends one frame.
     pub fn send(&mut self, payload: &[u8]) -> io::Result<()> {
-        match &mut self.seal {
-            None => write_frame(&mut self.stream, payload),
-            Some(s) => {
+        match &mut self.link {
+            Link::Plain(s) => write_frame(s, payload),
+            Link::Sealed(st, s) => {
                 let sealed =
                     s.tx.encrypt(&nonce(s.sent), payload)
                         .map_err(|_| io::Error::other("sealing a frame failed"))?;
                 s.sent += 1;
-                write_frame(&mut self.stream, &sealed)
+                write_frame(st, &sealed)
             }
+            Link::TlsClient(t) => write_frame(t.as_mut(), payload).and_then(|()| t.flush()),
+            Link::TlsServer(t) => write_frame(t.as_mut(), payload).and_then(|()| t.flush()),
         }
     }
 
@@ -96,12 +141,14 @@ impl Channel {
     /// `InvalidData` for a frame over the limit or one that does not open; `TimedOut` /
     /// `WouldBlock` when a wait ends; `UnexpectedEof` at the end of the stream.
     pub fn recv(&mut self, limit: usize, waits: Waits) -> io::Result<Vec<u8>> {
-        // A sealed frame is its payload and a 16-byte tag.
-        let tag = if self.seal.is_some() { 16 } else { 0 };
-        let b = read_frame(&mut self.stream, limit + tag, waits)?;
-        let Some(s) = &mut self.seal else {
-            return Ok(b);
+        let (st, s) = match &mut self.link {
+            Link::Plain(st) => return read_frame(st, limit, waits),
+            Link::TlsClient(t) => return read_frame(t.as_mut(), limit, waits),
+            Link::TlsServer(t) => return read_frame(t.as_mut(), limit, waits),
+            Link::Sealed(st, s) => (st, s),
         };
+        // A sealed frame is its payload and a 16-byte tag.
+        let b = read_frame(st, limit + 16, waits)?;
         let open = s.rx.decrypt(&nonce(s.received), b.as_slice()).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -145,13 +192,17 @@ pub(crate) fn write_frame(s: &mut impl Write, payload: &[u8]) -> io::Result<()> 
     s.write_all(&b)
 }
 
-/// Reads one frame of at most `limit` bytes from a socket: its first byte within
-/// `waits.idle`, the rest within `waits.frame` of it (a peer that sends a frame a byte at a
-/// time holds the connection no longer). The buffer grows with what arrives, so a length
-/// that lies allocates nothing.
-pub(crate) fn read_frame(s: &mut TcpStream, limit: usize, waits: Waits) -> io::Result<Vec<u8>> {
+/// Reads one frame of at most `limit` bytes: its first byte within `waits.idle`, the rest
+/// within `waits.frame` of it (a peer that sends a frame a byte at a time holds the
+/// connection no longer). The buffer grows with what arrives, so a length that lies
+/// allocates nothing.
+pub(crate) fn read_frame(
+    s: &mut (impl Wire + ?Sized),
+    limit: usize,
+    waits: Waits,
+) -> io::Result<Vec<u8>> {
     let mut n = [0u8; 4];
-    s.set_read_timeout(waits.idle.map(nonzero))?;
+    s.socket().set_read_timeout(waits.idle.map(nonzero))?;
     let first = loop {
         match s.read(&mut n[..1]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -180,7 +231,11 @@ pub(crate) fn read_frame(s: &mut TcpStream, limit: usize, waits: Waits) -> io::R
 }
 
 /// Fills `buf` by `deadline`.
-fn read_until(s: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+fn read_until(
+    s: &mut (impl Wire + ?Sized),
+    mut buf: &mut [u8],
+    deadline: Instant,
+) -> io::Result<()> {
     while !buf.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -189,7 +244,7 @@ fn read_until(s: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) -> io::R
                 "a frame did not arrive whole in time",
             ));
         }
-        s.set_read_timeout(Some(left))?;
+        s.socket().set_read_timeout(Some(left))?;
         match s.read(buf) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(k) => buf = &mut buf[k..],
@@ -225,8 +280,8 @@ mod tests {
     fn sealed_frames_round_trip_and_a_replayed_or_changed_one_is_refused() {
         let (a, b) = pair();
         let mut tap = a.try_clone().unwrap();
-        let mut a = Channel::new(a, "b".into(), Some(Seal::new(&[1; 32], &[2; 32])));
-        let mut b = Channel::new(b, "a".into(), Some(Seal::new(&[2; 32], &[1; 32])));
+        let mut a = Channel::new(Link::Sealed(a, Seal::new(&[1; 32], &[2; 32])), "b".into());
+        let mut b = Channel::new(Link::Sealed(b, Seal::new(&[2; 32], &[1; 32])), "a".into());
         a.send(b"one").unwrap();
         a.send(b"two").unwrap();
         assert_eq!(b.recv(64, WAITS).unwrap(), b"one");

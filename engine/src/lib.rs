@@ -92,7 +92,7 @@ mod wire;
 mod worker;
 
 pub use agent::Agent;
-pub use auth::{Auth, ClusterKey, CLUSTER_KEY_ENV, INSECURE_ENV, MIN_KEY_BYTES};
+pub use auth::{Auth, ClusterKey, TlsFiles, CLUSTER_KEY_ENV, INSECURE_ENV, MIN_KEY_BYTES, TLS_ENV};
 pub use batch::{Batch, Entry, Notification, Op, MAX_NOTIFICATION};
 pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
 pub use error::{Error, ErrorKind, Limit, Result, Side};

@@ -1,7 +1,7 @@
 //! [`MetadataService`]: where agents publish their descriptors and find each other's;
 //! [`EmbeddedMetadata`], the default backend, asks each agent directly over TCP.
 
-use crate::auth::Auth;
+use crate::auth::{Auth, Credentials};
 use crate::channel::{Channel, Waits};
 use crate::descriptor::AgentDescriptor;
 use crate::error::{Error, Result};
@@ -77,7 +77,7 @@ impl EmbeddedMetadata {
     pub fn new(me: &str, auth: &Auth, timeout: Duration) -> Result<EmbeddedMetadata> {
         Ok(EmbeddedMetadata::with_dialer(Dialer {
             me: me.into(),
-            auth: auth.resolve()?,
+            creds: std::sync::Arc::new(Credentials::load(&auth.resolve()?, Some(me))?),
             timeout,
         }))
     }
@@ -106,8 +106,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct Dialer {
     /// This agent's name.
     pub me: String,
-    /// Resolved: never [`Auth::FromEnvironment`].
-    pub auth: Auth,
+    /// What this agent proves itself with.
+    pub creds: std::sync::Arc<Credentials>,
     pub timeout: Duration,
 }
 
@@ -126,7 +126,7 @@ impl Dialer {
             idle: Some(self.timeout),
             frame: self.timeout,
         };
-        crate::auth::connect(s, addr, &self.me, &self.auth, expect, waits)
+        crate::auth::connect(s, addr, &self.me, &self.creds, expect, waits)
     }
 
     /// Sends `req` to the peer at `addr` over `ch` and reads its reply.

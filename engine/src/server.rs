@@ -320,8 +320,8 @@ fn serve(shared: &Shared, stream: TcpStream, hello: Vec<u8>, id: u64, conns: &Co
         idle: Some(limits.handshake_timeout),
         frame: limits.handshake_timeout,
     };
-    let auth = &shared.settings.auth;
-    let mut ch = match crate::auth::accept(stream, &hello, &shared.name, auth, handshake) {
+    let creds = &shared.dialer.creds;
+    let mut ch = match crate::auth::accept(stream, &hello, &shared.name, creds, handshake) {
         Ok(ch) => ch,
         Err(r) => {
             use crate::auth::Refusal as R;

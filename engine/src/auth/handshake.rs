@@ -16,8 +16,8 @@
 //! server gives away to whoever connects cannot serve as a client's. The session keys are
 //! HKDF-SHA-256 of the key, salted with that hash, one per direction.
 
-use super::Auth;
-use crate::channel::{read_frame, write_frame, Channel, Seal, Waits};
+use super::Credentials;
+use crate::channel::{read_frame, write_frame, Channel, Link, Seal, Waits};
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
@@ -31,6 +31,7 @@ pub(crate) const CONTROL_VERSION: u16 = 3;
 pub(crate) const MAX_HANDSHAKE_FRAME: usize = 1024;
 const MODE_NONE: u8 = 0;
 const MODE_KEY: u8 = 1;
+const MODE_TLS: u8 = 2;
 
 /// Why a server refused a connection in its handshake (each counted).
 #[derive(Debug)]
@@ -44,11 +45,20 @@ pub(crate) enum Refusal {
     Failed,
 }
 
-fn mode(auth: &Auth) -> u8 {
-    if auth.key().is_some() {
-        MODE_KEY
-    } else {
-        MODE_NONE
+fn mode(creds: &Credentials) -> u8 {
+    match creds {
+        Credentials::None => MODE_NONE,
+        Credentials::Key(_) => MODE_KEY,
+        Credentials::Tls(_) => MODE_TLS,
+    }
+}
+
+fn mode_name(mode: u8) -> &'static str {
+    match mode {
+        MODE_NONE => "no authentication (GPU_RDMA_INSECURE_NO_AUTH)",
+        MODE_KEY => "a cluster key",
+        MODE_TLS => "mutual TLS",
+        _ => "an unknown kind of authentication",
     }
 }
 
@@ -105,7 +115,7 @@ pub(crate) fn connect(
     mut stream: TcpStream,
     addr: impl std::fmt::Display,
     me: &str,
-    auth: &Auth,
+    creds: &Credentials,
     expect: Option<&str>,
     waits: Waits,
 ) -> Result<Channel> {
@@ -118,7 +128,7 @@ pub(crate) fn connect(
     let mut w = Writer::default();
     w.raw(MAGIC)
         .u16(CONTROL_VERSION)
-        .u8(mode(auth))
+        .u8(mode(creds))
         .raw(&mine)
         .str(me);
     let hello = w.0;
@@ -138,22 +148,33 @@ pub(crate) fn connect(
     if let Some(want) = expect.filter(|w| *w != name) {
         return Err(refused(format!("it is agent {name:?}, not {want:?}")));
     }
-    let Some(key) = auth.key() else {
-        r.end()?;
-        if theirs_mode != MODE_NONE {
-            return Err(refused(
-                "it requires a cluster key, and this agent has none".into(),
-            ));
-        }
-        return Ok(Channel::new(stream, name, None));
-    };
-    if theirs_mode != MODE_KEY {
-        return Err(refused(
-            "it runs without authentication (GPU_RDMA_INSECURE_NO_AUTH): this agent, which \
-             has a cluster key, does not talk to it"
-                .into(),
-        ));
+    if theirs_mode != mode(creds) {
+        return Err(refused(format!(
+            "it uses {} and this agent {}: they do not talk",
+            mode_name(theirs_mode),
+            mode_name(mode(creds))
+        )));
     }
+    let key = match creds {
+        Credentials::None => {
+            r.end()?;
+            return Ok(Channel::new(Link::Plain(stream), name));
+        }
+        Credentials::Tls(tls) => {
+            r.end()?;
+            let server = super::tls::dns_name(&name)?;
+            let conn = rustls::ClientConnection::new(tls.client.clone(), server)
+                .map_err(|e| refused(e.to_string()))?;
+            let mut t = rustls::StreamOwned::new(conn, stream);
+            while t.conn.is_handshaking() {
+                t.conn
+                    .complete_io(&mut t.sock)
+                    .map_err(|e| refused(format!("TLS: {e}")))?;
+            }
+            return Ok(Channel::new(Link::TlsClient(Box::new(t)), name));
+        }
+        Credentials::Key(key) => key,
+    };
     let server_proof = r.raw(32)?;
     r.end()?;
     let th = transcript(&hello, &welcome[..head_len]);
@@ -173,7 +194,10 @@ pub(crate) fn connect(
         t => return Err(Error::Protocol(format!("handshake verdict tag {t}"))),
     }
     let (c2s, s2c) = session_keys(key.bytes(), &th);
-    Ok(Channel::new(stream, name, Some(Seal::new(&c2s, &s2c))))
+    Ok(Channel::new(
+        Link::Sealed(stream, Seal::new(&c2s, &s2c)),
+        name,
+    ))
 }
 
 /// The server's side: agent `me` answers a connection whose `hello` frame it has read;
@@ -182,7 +206,7 @@ pub(crate) fn accept(
     mut stream: TcpStream,
     hello: &[u8],
     me: &str,
-    auth: &Auth,
+    creds: &Credentials,
     waits: Waits,
 ) -> std::result::Result<Channel, Refusal> {
     let malformed = |_: Error| Refusal::Failed;
@@ -209,22 +233,58 @@ pub(crate) fn accept(
         reject(&mut stream, e.to_string());
         return Err(malformed(e));
     }
-    if theirs_mode != mode(auth) {
-        let why = match auth.key() {
-            Some(_) => {
+    if theirs_mode != mode(creds) {
+        let why = match creds {
+            Credentials::Key(_) => {
                 "this agent requires the cluster key (Settings::auth, GPU_RDMA_CLUSTER_KEY_FILE)"
             }
-            None => "this agent runs without authentication and serves no agent with a key",
+            Credentials::Tls(_) => {
+                "this agent requires mutual TLS with the cluster's CA (GPU_RDMA_TLS_*)"
+            }
+            Credentials::None => {
+                "this agent runs without authentication and serves no agent that has some"
+            }
         };
         reject(&mut stream, why.into());
         return Err(Refusal::Unauthenticated);
     }
     let mine = challenge().map_err(|_| Refusal::Failed)?;
     let mut w = Writer::default();
-    w.u8(1).u8(mode(auth)).raw(&mine).str(me);
-    let Some(key) = auth.key() else {
-        write_frame(&mut stream, &w.0).map_err(|_| Refusal::Failed)?;
-        return Ok(Channel::new(stream, name, None));
+    w.u8(1).u8(mode(creds)).raw(&mine).str(me);
+    let key = match creds {
+        Credentials::None => {
+            write_frame(&mut stream, &w.0).map_err(|_| Refusal::Failed)?;
+            return Ok(Channel::new(Link::Plain(stream), name));
+        }
+        Credentials::Tls(tls) => {
+            write_frame(&mut stream, &w.0).map_err(|_| Refusal::Failed)?;
+            let _ = stream.set_read_timeout(Some(waits.frame));
+            let conn =
+                rustls::ServerConnection::new(tls.server.clone()).map_err(|_| Refusal::Failed)?;
+            let mut t = rustls::StreamOwned::new(conn, stream);
+            while t.conn.is_handshaking() {
+                if let Err(e) = t.conn.complete_io(&mut t.sock) {
+                    // A certificate refused is a failed proof; a broken connection is not.
+                    let tls_error = e.get_ref().is_some_and(|i| i.is::<rustls::Error>());
+                    return Err(if tls_error {
+                        Refusal::BadProof
+                    } else {
+                        Refusal::Failed
+                    });
+                }
+            }
+            // The client's certificate must name the agent its hello claims.
+            let named = t
+                .conn
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .is_some_and(|c| super::names(c, &name).is_ok());
+            if !named {
+                return Err(Refusal::BadProof);
+            }
+            return Ok(Channel::new(Link::TlsServer(Box::new(t)), name));
+        }
+        Credentials::Key(key) => key,
     };
     let th = transcript(hello, &w.0);
     w.raw(&proof(key.bytes(), b"server", &th));
@@ -237,13 +297,16 @@ pub(crate) fn accept(
     }
     write_frame(&mut stream, &[1]).map_err(|_| Refusal::Failed)?;
     let (c2s, s2c) = session_keys(key.bytes(), &th);
-    Ok(Channel::new(stream, name, Some(Seal::new(&s2c, &c2s))))
+    Ok(Channel::new(
+        Link::Sealed(stream, Seal::new(&s2c, &c2s)),
+        name,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::ClusterKey;
+    use crate::auth::{Auth, ClusterKey};
     use std::net::TcpListener;
     use std::time::Duration;
 
@@ -262,7 +325,7 @@ mod tests {
         let t = std::thread::spawn(move || take(&l, &server));
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let c = connect(s, addr, "cli", &client, Some("srv"), WAITS);
+        let c = connect(s, addr, "cli", &creds(&client), Some("srv"), WAITS);
         (c, t.join().unwrap())
     }
 
@@ -270,7 +333,11 @@ mod tests {
     fn take(l: &TcpListener, auth: &Auth) -> std::result::Result<Channel, Refusal> {
         let mut s = l.accept().unwrap().0;
         let hello = read_frame(&mut s, MAX_HANDSHAKE_FRAME, WAITS).unwrap();
-        accept(s, &hello, "srv", auth, WAITS)
+        accept(s, &hello, "srv", &creds(auth), WAITS)
+    }
+
+    fn creds(auth: &Auth) -> Credentials {
+        Credentials::load(auth, None).unwrap()
     }
 
     fn key() -> Auth {
@@ -343,5 +410,79 @@ mod tests {
         let (first, second) = server.join().unwrap();
         assert!(first);
         assert!(matches!(second, Err(Refusal::BadProof)), "{second:?}");
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+    use crate::auth::test_pki::Ca;
+    use crate::auth::Tls;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    const WAITS: Waits = Waits {
+        idle: Some(Duration::from_secs(5)),
+        frame: Duration::from_secs(5),
+    };
+
+    /// Agent `client` (its hello naming `claims`) connects to agent `server`.
+    fn shake(
+        client: Tls,
+        claims: &str,
+        server: Tls,
+    ) -> (Result<Channel>, std::result::Result<Channel, Refusal>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut s = l.accept().unwrap().0;
+            let hello = read_frame(&mut s, MAX_HANDSHAKE_FRAME, WAITS).unwrap();
+            accept(s, &hello, "srv", &Credentials::Tls(server), WAITS)
+        });
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let c = connect(
+            s,
+            addr,
+            claims,
+            &Credentials::Tls(client),
+            Some("srv"),
+            WAITS,
+        );
+        (c, t.join().unwrap())
+    }
+
+    #[test]
+    fn certificates_of_the_cluster_ca_authenticate_both_names() {
+        let ca = Ca::new("mtls");
+        let load = |n: &str| Tls::load(&ca.agent(n), Some(n)).unwrap();
+        let (c, s) = shake(load("cli"), "cli", load("srv"));
+        let (mut c, mut s) = (c.unwrap(), s.unwrap());
+        assert_eq!((c.peer.as_str(), s.peer.as_str()), ("srv", "cli"));
+        c.send(b"over tls").unwrap();
+        assert_eq!(s.recv(64, WAITS).unwrap(), b"over tls");
+        s.send(b"back").unwrap();
+        assert_eq!(c.recv(64, WAITS).unwrap(), b"back");
+    }
+
+    #[test]
+    fn another_ca_a_borrowed_name_and_a_server_of_another_name_are_refused() {
+        let (ca, other) = (Ca::new("mtls-a"), Ca::new("mtls-b"));
+        let load = |ca: &Ca, n: &str| Tls::load(&ca.agent(n), Some(n)).unwrap();
+        // A client whose certificate another CA signed.
+        let (c, s) = shake(load(&other, "cli"), "cli", load(&ca, "srv"));
+        assert!(c.is_err(), "{c:?}");
+        assert!(matches!(s, Err(Refusal::BadProof)), "{s:?}");
+        // A client of the cluster claiming another agent's name.
+        let (c, s) = shake(load(&ca, "cli"), "a-b", load(&ca, "srv"));
+        assert!(matches!(s, Err(Refusal::BadProof)), "{s:?}");
+        drop(c);
+        // A server whose certificate names another agent than the one it claims.
+        let files = ca.agent("impostor");
+        let tls = Tls::load(&files, None).unwrap();
+        let (c, _) = shake(load(&ca, "cli"), "cli", tls);
+        assert!(matches!(c, Err(Error::Authentication { .. })), "{c:?}");
+        // An agent whose certificate does not name it does not start.
+        assert!(Tls::load(&ca.agent("x"), Some("y")).is_err());
     }
 }

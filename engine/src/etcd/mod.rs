@@ -23,7 +23,7 @@ mod record;
 mod sign;
 mod state;
 
-use crate::auth::Auth;
+use crate::auth::{Auth, Credentials};
 use crate::descriptor::AgentDescriptor;
 use crate::error::{Error, Result};
 use crate::metadata::{lock, MetadataService, PeerRecord};
@@ -151,7 +151,7 @@ impl EtcdMetadata {
             .enable_all()
             .build()
             .map_err(|e| metadata("start the etcd backend's runtime", e))?;
-        let signing = Signing::new(&settings.auth.resolve()?);
+        let signing = Signing::new(Credentials::load(&settings.auth.resolve()?, None)?);
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(settings.timeout)
             .with_timeout(settings.timeout)

@@ -123,7 +123,7 @@ impl Inner {
             .await?;
         let lease = granted.id();
         let key = self.record_key(&agent);
-        let value = self.signing.seal(&key, record.to_bytes());
+        let value = self.signing.seal(&key, &agent, record.to_bytes())?;
         let put = || Some(PutOptions::new().with_lease(lease));
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -135,9 +135,11 @@ impl Inner {
                 etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
                 _ => None,
             });
-            let theirs = existing
-                .as_deref()
-                .map(|v| self.signing.open(&key, v).and_then(Record::from_bytes));
+            let theirs = existing.as_deref().map(|v| {
+                self.signing
+                    .open(&key, &agent, v)
+                    .and_then(Record::from_bytes)
+            });
             match theirs {
                 Some(Ok(r)) if r.incarnation == mine.incarnation => {
                     // Ours, from an earlier lease: move it to the new one.
@@ -158,9 +160,8 @@ impl Inner {
         }
         for s in &mine.segments {
             let k = self.segment_key(&agent, &s.name);
-            let v = self
-                .signing
-                .seal(&k, one_segment(&agent, mine.incarnation, s));
+            let v = one_segment(&agent, mine.incarnation, s);
+            let v = self.signing.seal(&k, &agent, v)?;
             self.bounded("publish a segment", c.put(k, v, put()))
                 .await?;
         }
@@ -215,9 +216,8 @@ impl Inner {
                 continue;
             }
             let k = self.segment_key(&agent, &s.name);
-            let v = self
-                .signing
-                .seal(&k, one_segment(&agent, mine.incarnation, s));
+            let v = one_segment(&agent, mine.incarnation, s);
+            let v = self.signing.seal(&k, &agent, v).map_err(Failure::Refused)?;
             let opts = Some(PutOptions::new().with_lease(lease));
             self.attempt("publish a segment", c.put(k, v, opts)).await?;
             mine.written.insert(s.name.clone(), s.clone());
@@ -335,7 +335,7 @@ impl Inner {
             return;
         };
         w.refused.remove(&key);
-        let value = match value.map(|v| self.signing.open(&key, v)).transpose() {
+        let value = match value.map(|v| self.signing.open(&key, agent, v)).transpose() {
             Ok(v) => v,
             Err(e) => return self.refuse(w, key, e),
         };
