@@ -18,6 +18,9 @@ pub struct Etcd {
     client_host: IpAddr,
     client_port: u16,
     peer_port: u16,
+    /// With TLS: the server's certificate files (clients must present one of the same CA);
+    /// health is then asked on a plain metrics port.
+    tls: Option<(gpu_rdma_engine::TlsFiles, u16)>,
 }
 
 /// A port nobody listens on now.
@@ -51,6 +54,29 @@ impl Etcd {
             client_host: host,
             client_port: port,
             peer_port: free_port(),
+            tls: None,
+        };
+        e.start_again();
+        e
+    }
+
+    /// As [`Etcd::start`], serving clients over TLS with `server`'s certificate (issued for
+    /// 127.0.0.1) and asking each client for a certificate of the same CA
+    /// (`--client-cert-auth`).
+    ///
+    /// # Panics
+    /// If it does not start or answer.
+    pub fn start_tls(tag: &str, server: gpu_rdma_engine::TlsFiles) -> Etcd {
+        let dir = std::env::temp_dir().join(format!("etcd-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create etcd's directory");
+        let mut e = Etcd {
+            child: None,
+            dir,
+            client_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            client_port: free_port(),
+            peer_port: free_port(),
+            tls: Some((server, free_port())),
         };
         e.start_again();
         e
@@ -58,7 +84,8 @@ impl Etcd {
 
     /// The client URL, for [`EtcdSettings::endpoints`](gpu_rdma_engine::EtcdSettings).
     pub fn endpoint(&self) -> String {
-        format!("http://{}:{}", self.client_host, self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.client_host, self.client_port)
     }
 
     /// Starts etcd again on the same data directory and ports (after [`Etcd::stop`]).
@@ -73,7 +100,15 @@ impl Etcd {
             .append(true)
             .open(self.dir.with_extension("log"))
             .expect("etcd's log");
-        let child = Command::new("etcd")
+        let mut cmd = Command::new("etcd");
+        if let Some((files, metrics)) = &self.tls {
+            cmd.arg(format!("--cert-file={}", files.cert.display()))
+                .arg(format!("--key-file={}", files.key.display()))
+                .arg(format!("--trusted-ca-file={}", files.ca.display()))
+                .arg("--client-cert-auth")
+                .arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"));
+        }
+        let child = cmd
             .arg("--name=test")
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
             .arg(format!("--listen-client-urls={}", self.endpoint()))
@@ -110,7 +145,8 @@ impl Etcd {
 
     /// Whether etcd answers `/health` with `"health":"true"`.
     pub fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect((self.client_host, self.client_port)) else {
+        let port = self.tls.as_ref().map_or(self.client_port, |(_, m)| *m);
+        let Ok(mut s) = TcpStream::connect((self.client_host, port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));

@@ -15,6 +15,7 @@ pub mod evil_waker;
 pub mod exporters;
 pub mod injection;
 pub mod oob;
+pub mod pki;
 pub mod process;
 pub mod raw_verbs;
 pub mod roundtrip;

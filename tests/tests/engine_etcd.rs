@@ -1,14 +1,16 @@
 //! The transfer engine's etcd metadata backend, against a real etcd (Debian's etcd-server)
 //! started by each test inside the testbed VM: agents over rxe loopback find each other
-//! through etcd, keys live under leases, watches follow segments, etcd lost and back.
+//! through etcd, keys live under leases, watches follow segments, etcd lost and back; values
+//! signed and checked, etcd's own users and TLS.
 
 use gpu_rdma_engine::{
     Agent, AgentDescriptor, Auth, Batch, ClusterKey, DeviceRegion, Error, ErrorKind, EtcdMetadata,
-    EtcdSettings, EtcdUser, MetadataService, SegmentDescriptor, Settings,
+    EtcdSettings, EtcdTls, EtcdUser, MetadataService, SegmentDescriptor, Settings, TlsFiles,
 };
 use integration_tests::engine::{bytes, host};
 use integration_tests::etcd::Etcd;
 use integration_tests::exporters::Exporter;
+use integration_tests::pki::Ca;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pattern;
 use std::sync::Arc;
@@ -468,4 +470,74 @@ fn etcd_with_its_own_authentication_refuses_a_client_without_its_user() {
         }
     }
     assert!(matches!(b.lookup("mallory"), Err(Error::UnknownAgent(_))));
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn etcd_over_tls_with_client_certificates_and_values_signed_by_their_agents() {
+    let ca = Ca::new("etcd-tls");
+    let etcd = Etcd::start_tls("tls", ca.issue("127.0.0.1"));
+    let backend_as = |files: TlsFiles, identity: bool| {
+        EtcdMetadata::new(EtcdSettings {
+            endpoints: vec![etcd.endpoint()],
+            lease_ttl: TTL,
+            timeout: Duration::from_secs(5),
+            tls: Some(EtcdTls {
+                ca: ca.ca(),
+                identity: identity.then(|| (files.cert.clone(), files.key.clone())),
+            }),
+            auth: Auth::MutualTls(files),
+            ..EtcdSettings::default()
+        })
+    };
+    let (a, b) = (ca.issue("a"), ca.issue("b"));
+    let (ma, mb) = (
+        backend_as(a.clone(), true).unwrap(),
+        backend_as(b.clone(), true).unwrap(),
+    );
+    ma.publish(&made_up("a", 1), CONTROL.parse().unwrap())
+        .unwrap();
+    mb.publish(&made_up("b", 2), CONTROL.parse().unwrap())
+        .unwrap();
+    assert_eq!(segments(&mb, "a"), ["kv"]);
+    // b's certificate does not name a: b cannot publish as a.
+    let e = backend_as(b.clone(), true)
+        .unwrap()
+        .publish(&made_up("a", 3), CONTROL.parse().unwrap())
+        .expect_err("b published as a");
+    assert!(e.to_string().contains("does not name agent \"a\""), "{e}");
+    // No client certificate: etcd refuses the connection.
+    let r = backend_as(b.clone(), false).and_then(|m| m.lookup("a"));
+    assert!(r.is_err(), "etcd served a client without a certificate");
+    // b's own signed values, written under a's keys by a writer of the prefix.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+        let tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&ca.ca())))
+            .identity(etcd_client::Identity::from_pem(read(&b.cert), read(&b.key)));
+        let opts = etcd_client::ConnectOptions::new().with_tls(tls);
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], Some(opts))
+            .await
+            .unwrap();
+        for (from, to) in [
+            (mb.record_key("b"), ma.record_key("a")),
+            (mb.segment_key("b", "kv"), ma.segment_key("a", "kv")),
+        ] {
+            let got = c.get(from, None).await.unwrap();
+            c.put(to, got.kvs()[0].value().to_vec(), None)
+                .await
+                .unwrap();
+        }
+    });
+    let peer = backend_as(ca.issue("c"), true).unwrap();
+    match peer.lookup("a") {
+        Err(e @ Error::Authentication { .. }) => eprintln!("a, rewritten by b: {e}"),
+        r => panic!("values b signed were taken as a's: {r:?}"),
+    }
+    assert!(peer.refused_values() >= 1);
+    assert_eq!(segments(&peer, "b"), ["kv"]);
 }

@@ -1,7 +1,7 @@
 //! The transfer engine against attackers on its control port: clients without the cluster
-//! key, with another cluster's key, replaying a recorded handshake, and floods of
-//! connections, half frames, queue pairs and notifications, while honest agents keep
-//! transferring. Needs the testbed VM (agents over rxe loopback; the harness gives every
+//! key, with another cluster's key, replaying a recorded handshake, agents of another CA
+//! (mutual TLS), and floods of connections, half frames, queue pairs and notifications,
+//! while honest agents keep transferring. Needs the testbed VM (agents over rxe loopback; the harness gives every
 //! agent the cluster key through `GPU_RDMA_CLUSTER_KEY_FILE`).
 //!
 //! The raw clients speak the handshake of docs/engine.md ("Security") byte by byte, as an
@@ -14,6 +14,7 @@ use gpu_rdma_engine::{
 };
 use hmac::{Hmac, Mac};
 use integration_tests::engine::{host, loopback_settings};
+use integration_tests::pki::Ca;
 use integration_tests::process::alone;
 use integration_tests::testbed::Testbed;
 use sha2::{Digest, Sha256};
@@ -370,4 +371,61 @@ fn loopback_floods_of_connections_half_frames_queue_pairs_and_notifications_stay
     assert_eq!(notes.len() as u32, limits.notifications_per_sender + 1);
     assert!(notes.iter().any(|n| n.from == "a"));
     drop(idle);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn loopback_mutual_tls_agents_are_their_certificates_names_and_others_are_refused() {
+    let _alone = alone();
+    let tb = Testbed::get();
+    let (ca, other) = (Ca::new("security"), Ca::new("elsewhere"));
+    let tls = |files| Settings {
+        auth: Auth::MutualTls(files),
+        ..loopback_settings(&tb, 256 << 10)
+    };
+    let b = Agent::new("b", tls(ca.issue("b"))).expect("b");
+    let a = Agent::new("a", tls(ca.issue("a"))).expect("a");
+    a.add_peer("b", b.address());
+    a.register("src", host(&[5; 64], LEN as usize)).unwrap();
+    b.register("dst", host(&[], LEN as usize)).unwrap();
+    let w = Batch::new().write("src", 0, "b", "dst", 0, LEN);
+    a.transfer(&w.notify(b"over tls".to_vec()))
+        .unwrap()
+        .wait(WAIT)
+        .expect("a transfer between agents of the CA");
+    let n = b.wait_notification(WAIT).expect("the batch's notification");
+    assert_eq!(
+        (n.from.as_str(), n.message.as_slice()),
+        ("a", &b"over tls"[..])
+    );
+    // An agent cannot start under a name its certificate does not hold.
+    let e = Agent::new("a", tls(ca.issue("mallory"))).expect_err("a borrowed name");
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let before = b.control_stats();
+    // Another CA's agent, and one with the cluster key instead, are refused both ways.
+    let foreign = Agent::new("c", tls(other.issue("c"))).expect("c");
+    let keyed = Agent::new("d", loopback_settings(&tb, 256 << 10)).expect("d");
+    for x in [&foreign, &keyed] {
+        x.add_peer("b", b.address());
+        let e = x
+            .notify("b", b"let me in")
+            .expect_err("a foreign agent's notification");
+        assert_eq!(e.kind(), ErrorKind::Unauthenticated, "{e}");
+        b.add_peer(x.name(), x.address());
+        let e = b
+            .notify(x.name(), b"hello")
+            .expect_err("b to a foreign agent");
+        assert_eq!(e.kind(), ErrorKind::Unauthenticated, "{e}");
+    }
+    let after = b.control_stats();
+    eprintln!("{after:?}");
+    assert!(
+        after.bad_proofs > before.bad_proofs,
+        "the foreign certificate was not counted"
+    );
+    assert!(
+        after.unauthenticated > before.unauthenticated,
+        "the keyed agent was not counted"
+    );
+    assert!(b.notifications().is_empty());
 }

@@ -194,7 +194,7 @@ impl Tls {
         self.verifier
             .verify_client_cert(ee, rest, UnixTime::now())
             .map_err(|e| format!("a certificate the cluster's CA did not sign: {e}"))?;
-        names(ee, name).map_err(|e| e.to_string())?;
+        names(ee, name).map_err(|_| format!("its certificate does not name agent {name:?}"))?;
         let scheme = SignatureScheme::from(scheme);
         let algs = self
             .provider
