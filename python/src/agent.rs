@@ -8,7 +8,7 @@ use crate::memory::{from_fd, PyDmaBuf};
 use crate::transfer::{bound, Batch, Notification, Transfer};
 use gpu_rdma_engine::{Agent as EngineAgent, Memory, Settings};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyInt};
+use pyo3::types::{PyBool, PyDict, PyInt};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -392,6 +392,42 @@ impl Agent {
                 sender: n.from,
                 message: n.message,
             }))
+    }
+
+    /// Sends `message` (at most `MAX_NOTIFICATION` bytes) to agent `agent` on its own, with
+    /// no transfer; returns once the peer queued it (the GIL released). The peer sees it as
+    /// from this agent: the name its connection authenticated.
+    fn notify(&self, py: Python<'_>, agent: &str, message: &[u8]) -> PyResult<()> {
+        let a = self.engine("notify")?;
+        py.allow_threads(move || a.notify(agent, message))
+            .map_err(|e| Failure::engine("notify", &e).into())
+    }
+
+    /// What the control listener accepted and refused since the agent started (a dict of
+    /// counts: `accepted`, `authenticated`, `unauthenticated`, `bad_proofs`, refusals at
+    /// each limit, `open_connections`, `queue_pairs`, ...).
+    fn control_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.engine("control_stats")?.control_stats();
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("accepted", s.accepted),
+            ("authenticated", s.authenticated),
+            ("unauthenticated", s.unauthenticated),
+            ("bad_proofs", s.bad_proofs),
+            ("failed_handshakes", s.failed_handshakes),
+            ("handshakes_dropped", s.handshakes_dropped),
+            ("connections_refused", s.connections_refused),
+            ("queue_pairs_refused", s.queue_pairs_refused),
+            ("notifications_refused", s.notifications_refused),
+            ("requests_too_large", s.requests_too_large),
+            ("idle_closed", s.idle_closed),
+            ("accept_errors", s.accept_errors),
+            ("open_connections", s.open_connections),
+            ("queue_pairs", s.queue_pairs),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
     }
 
     /// An awaitable of `wait_notification(timeout)`, run in the event loop's executor.

@@ -11,7 +11,7 @@ use std::ffi::{CStr, CString};
 
 /// The classes, made once (`gpu_rdma.Error` first, the others its subclasses), by name and
 /// docstring, in the order of [`Class`].
-const CLASSES: [(&str, &CStr); 7] = [
+const CLASSES: [(&str, &CStr); 9] = [
     (
         "Error",
         c"Every error of gpu_rdma. Attributes: `operation` (what was attempted), `errno` (the \
@@ -43,6 +43,17 @@ const CLASSES: [(&str, &CStr); 7] = [
     (
         "Busy",
         c"A segment is still used by an unfinished transfer: wait for it and try again.",
+    ),
+    (
+        "Unauthenticated",
+        c"Authentication failed: a peer without the cluster's key or certificate, one this \
+         agent's key or certificate does not convince, or an etcd value written by someone \
+         who is not an agent of the cluster (docs/engine.md, \"Security\").",
+    ),
+    (
+        "LimitReached",
+        c"A peer refused a request at one of its limits (connections, queue pairs, \
+         notifications queued and not taken): retry later or with less.",
     ),
 ];
 
@@ -77,6 +88,8 @@ pub(crate) enum Class {
     Timeout,
     NotFound,
     Busy,
+    Unauthenticated,
+    LimitReached,
 }
 
 /// An error on its way to Python: its class, text, operation, errno and hint.
@@ -143,6 +156,8 @@ impl Failure {
             | EngineKind::PeerDown
             | EngineKind::RemoteAccess => Class::PeerLost,
             EngineKind::TimedOut => Class::Timeout,
+            EngineKind::Unauthenticated => Class::Unauthenticated,
+            EngineKind::LimitReached => Class::LimitReached,
             _ => Class::Base,
         };
         let mut errno = None;
