@@ -98,7 +98,7 @@ impl Agent {
         metadata: Option<Arc<dyn MetadataService>>,
     ) -> Result<Agent> {
         // First: the name goes into thread names (a NUL would panic there) and keys.
-        segment::check_agent_name(name)?;
+        crate::names::check_agent_name(name)?;
         if settings.chunk_size == 0 || settings.in_flight == 0 {
             return Err(Error::Settings(
                 "chunk_size and in_flight must be above 0".into(),
@@ -272,7 +272,7 @@ impl Agent {
         memory: Memory,
         near: Option<Near>,
     ) -> Result<SegmentDescriptor> {
-        crate::segment::check_name(name)?;
+        crate::names::check_name(name)?;
         if self.shared.segments.lock().contains_key(name) {
             return Err(Error::SegmentExists(name.into()));
         }

@@ -80,6 +80,7 @@ mod failover;
 mod inbox;
 mod limits;
 mod metadata;
+mod names;
 mod notifier;
 mod peer;
 mod plan;

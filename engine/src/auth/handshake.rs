@@ -229,7 +229,7 @@ pub(crate) fn accept(
         reject(&mut stream, why);
         return Err(Refusal::Failed);
     }
-    if let Err(e) = crate::segment::check_agent_name(&name) {
+    if let Err(e) = crate::names::check_agent_name(&name) {
         reject(&mut stream, e.to_string());
         return Err(malformed(e));
     }

@@ -3,7 +3,7 @@
 use crate::codec::{Reader, Writer};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor, FORMAT_VERSION};
 use crate::error::{Error, Result};
-use crate::segment::check_agent_name;
+use crate::names::check_agent_name;
 use std::net::SocketAddr;
 
 /// The first bytes of an agent record; [`FORMAT_VERSION`] follows.
