@@ -45,32 +45,90 @@ pub(crate) struct Waits {
     pub idle: Option<Duration>,
     /// From the first byte to the last.
     pub frame: Duration,
+    /// A deadline for the whole read, whatever the two above say (a handshake's).
+    pub until: Option<Instant>,
 }
 
-/// A byte stream over a socket whose read timeout bounds each read.
+/// The earlier of two deadlines (`None`: none).
+fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The socket timeout that ends a read by `until`, or `TimedOut` once it has passed.
+fn left(until: Option<Instant>) -> io::Result<Option<Duration>> {
+    let Some(u) = until else {
+        return Ok(None);
+    };
+    let left = u.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "a frame did not arrive whole in time",
+        ));
+    }
+    // A zero timeout means "none" to the socket.
+    Ok(Some(left.max(Duration::from_millis(1))))
+}
+
+/// A TCP socket whose every read ends by a deadline, for TLS: rustls reads the socket as
+/// many times as a record needs, so a bound on each read would not bound the whole.
+pub(crate) struct Socket {
+    stream: TcpStream,
+    until: Option<Instant>,
+}
+
+impl Socket {
+    /// `stream`, each read ending by `until`.
+    pub fn new(stream: TcpStream, until: Option<Instant>) -> Socket {
+        Socket { stream, until }
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(left(self.until)?)?;
+        self.stream.read(b)
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.stream.write(b)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// A byte stream whose reads can be bounded by a deadline.
 pub(crate) trait Wire: Read + Write {
-    /// The socket under it.
-    fn socket(&self) -> &TcpStream;
+    /// Bounds the next reads: each ends by `until` (`None`: no bound), or fails with
+    /// `TimedOut` once it has passed.
+    fn read_by(&mut self, until: Option<Instant>) -> io::Result<()>;
 }
 
 impl Wire for TcpStream {
-    fn socket(&self) -> &TcpStream {
-        self
+    fn read_by(&mut self, until: Option<Instant>) -> io::Result<()> {
+        // One system call per read here: the timeout of each is what is left.
+        self.set_read_timeout(left(until)?)
     }
 }
 
 /// A TLS connection over a socket (client or server side).
-pub(crate) type Tls<C> = rustls::StreamOwned<C, TcpStream>;
+pub(crate) type Tls<C> = rustls::StreamOwned<C, Socket>;
 
-impl Wire for Tls<rustls::ClientConnection> {
-    fn socket(&self) -> &TcpStream {
-        &self.sock
-    }
-}
-
-impl Wire for Tls<rustls::ServerConnection> {
-    fn socket(&self) -> &TcpStream {
-        &self.sock
+impl<C, D> Wire for Tls<C>
+where
+    C: std::ops::DerefMut<Target = rustls::ConnectionCommon<D>>,
+    D: rustls::SideData,
+{
+    fn read_by(&mut self, until: Option<Instant>) -> io::Result<()> {
+        left(until)?;
+        self.sock.until = until;
+        Ok(())
     }
 }
 
@@ -194,15 +252,16 @@ pub(crate) fn write_frame(s: &mut impl Write, payload: &[u8]) -> io::Result<()> 
 
 /// Reads one frame of at most `limit` bytes: its first byte within `waits.idle`, the rest
 /// within `waits.frame` of it (a peer that sends a frame a byte at a time holds the
-/// connection no longer). The buffer grows with what arrives, so a length that lies
-/// allocates nothing.
+/// connection no longer), all by `waits.until`. The buffer grows with what arrives, so a
+/// length that lies allocates nothing.
 pub(crate) fn read_frame(
     s: &mut (impl Wire + ?Sized),
     limit: usize,
     waits: Waits,
 ) -> io::Result<Vec<u8>> {
     let mut n = [0u8; 4];
-    s.socket().set_read_timeout(waits.idle.map(nonzero))?;
+    let start = waits.idle.map(|d| Instant::now() + d);
+    s.read_by(earlier(start, waits.until))?;
     let first = loop {
         match s.read(&mut n[..1]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -211,7 +270,8 @@ pub(crate) fn read_frame(
             Err(e) => return Err(e),
         }
     };
-    let deadline = Instant::now() + waits.frame;
+    let deadline = earlier(Some(Instant::now() + waits.frame), waits.until);
+    let deadline = deadline.unwrap_or_else(Instant::now);
     read_until(s, &mut n[first..], deadline)?;
     let len = u32::from_le_bytes(n) as usize;
     if len > limit {
@@ -237,14 +297,7 @@ fn read_until(
     deadline: Instant,
 ) -> io::Result<()> {
     while !buf.is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "a frame did not arrive whole in time",
-            ));
-        }
-        s.socket().set_read_timeout(Some(left))?;
+        s.read_by(Some(deadline))?;
         match s.read(buf) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(k) => buf = &mut buf[k..],
@@ -253,11 +306,6 @@ fn read_until(
         }
     }
     Ok(())
-}
-
-/// A timeout the socket accepts (zero means "none" to it).
-fn nonzero(d: Duration) -> Duration {
-    d.max(Duration::from_millis(1))
 }
 
 #[cfg(test)]
@@ -274,6 +322,7 @@ mod tests {
     const WAITS: Waits = Waits {
         idle: Some(Duration::from_secs(5)),
         frame: Duration::from_secs(5),
+        until: None,
     };
 
     #[test]
@@ -306,6 +355,7 @@ mod tests {
         let waits = Waits {
             idle: Some(Duration::from_secs(5)),
             frame: Duration::from_millis(200),
+            until: None,
         };
         let at = Instant::now();
         let e = read_frame(&mut b, 1024, waits).unwrap_err();

@@ -250,6 +250,8 @@ pub enum Limit {
     QueuePairsPerConnection,
     /// Queue pairs of one peer ([`Limits::queue_pairs_per_peer`](crate::Limits::queue_pairs_per_peer)).
     QueuePairsPerPeer,
+    /// Queue pairs held for all peers ([`Limits::queue_pairs`](crate::Limits::queue_pairs)).
+    QueuePairs,
     /// Notifications queued from one sender ([`Limits::notifications_per_sender`](crate::Limits::notifications_per_sender)).
     NotificationsPerSender,
     /// Notifications queued in all ([`Limits::notifications`](crate::Limits::notifications)).

@@ -87,6 +87,8 @@ mod plan;
 mod progress;
 mod segment;
 mod server;
+#[cfg(test)]
+mod server_tests;
 mod settings;
 mod shared;
 mod wire;

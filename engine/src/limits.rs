@@ -36,6 +36,9 @@ pub struct Limits {
     pub queue_pairs_per_connection: u32,
     /// Queue pairs of one peer name, over all its connections (default 1,024).
     pub queue_pairs_per_peer: u32,
+    /// Queue pairs held for all peers together (default 4,096: a NIC's memory and the
+    /// kernel's objects are finite, and several names may share one key).
+    pub queue_pairs: u32,
     /// Notifications queued from one sender and not yet taken (default 1,024).
     pub notifications_per_sender: u32,
     /// Notifications queued in all (default 8,192: at most 32 MiB of messages).
@@ -55,6 +58,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(120),
             queue_pairs_per_connection: 256,
             queue_pairs_per_peer: 1024,
+            queue_pairs: 4096,
             notifications_per_sender: 1024,
             notifications: 8192,
             request_bytes: 64 << 10,
@@ -74,6 +78,7 @@ impl Limits {
                 self.queue_pairs_per_connection,
             ),
             ("queue_pairs_per_peer", self.queue_pairs_per_peer),
+            ("queue_pairs", self.queue_pairs),
             ("notifications_per_sender", self.notifications_per_sender),
             ("notifications", self.notifications),
             ("request_bytes", self.request_bytes),
@@ -112,8 +117,8 @@ pub struct ControlStats {
     /// Authenticated connections refused at [`Limits::connections`] or
     /// [`Limits::connections_per_peer`].
     pub connections_refused: u64,
-    /// Queue pairs refused at [`Limits::queue_pairs_per_connection`] or
-    /// [`Limits::queue_pairs_per_peer`].
+    /// Queue pairs refused at [`Limits::queue_pairs_per_connection`],
+    /// [`Limits::queue_pairs_per_peer`] or [`Limits::queue_pairs`].
     pub queue_pairs_refused: u64,
     /// Notifications refused at [`Limits::notifications_per_sender`] or
     /// [`Limits::notifications`].
@@ -157,7 +162,9 @@ impl Counters {
     pub fn refused(&self, limit: Limit) {
         Counters::bump(match limit {
             Limit::Connections | Limit::ConnectionsPerPeer => &self.connections_refused,
-            Limit::QueuePairsPerConnection | Limit::QueuePairsPerPeer => &self.queue_pairs_refused,
+            Limit::QueuePairsPerConnection | Limit::QueuePairsPerPeer | Limit::QueuePairs => {
+                &self.queue_pairs_refused
+            }
             Limit::NotificationsPerSender | Limit::Notifications => &self.notifications_refused,
             Limit::RequestBytes => &self.requests_too_large,
         });

@@ -125,6 +125,7 @@ impl Dialer {
         let waits = Waits {
             idle: Some(self.timeout),
             frame: self.timeout,
+            until: None,
         };
         crate::auth::connect(s, addr, &self.me, &self.creds, expect, waits)
     }

@@ -40,6 +40,8 @@ struct Conn {
     peer: Option<String>,
     /// The queue pairs made over it.
     qps: u32,
+    /// Shut down to make room for newer handshakes; its thread has not ended yet.
+    ended: bool,
 }
 
 /// Every open connection, by the order they were accepted (the oldest first).
@@ -258,7 +260,8 @@ fn shared_pending(conns: &Conns, n: usize) {
 
 /// Hands a connection whose hello arrived to a thread of its own, which runs the rest of
 /// its handshake and then serves it. At most [`Limits::handshakes`] such threads are still
-/// in their handshake: past it, the oldest is ended.
+/// in their handshake: past it, the oldest is ended; and while ended ones have not exited,
+/// at most twice as many threads are (past that, the new connection is dropped).
 fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
     let limits = shared.settings.limits;
     if p.stream.set_nonblocking(false).is_err() {
@@ -269,15 +272,25 @@ fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
     };
     let id = {
         let mut t = lock(conns);
-        let handshaking = t
+        let limit = limits.handshakes as usize;
+        // Threads still in a handshake, those already told to end included (until they
+        // have): never more than twice the limit, however fast hellos come.
+        let threads = t.conns.values().filter(|c| c.peer.is_none()).count();
+        if threads >= 2 * limit {
+            Counters::bump(&shared.counters.handshakes_dropped);
+            return;
+        }
+        let live: Vec<u64> = t
             .conns
             .iter()
-            .filter(|(_, c)| c.peer.is_none())
-            .map(|(&id, _)| id);
-        let handshaking: Vec<u64> = handshaking.collect();
-        if handshaking.len() >= limits.handshakes as usize {
-            if let Some(old) = t.conns.get(&handshaking[0]) {
+            .filter(|(_, c)| c.peer.is_none() && !c.ended)
+            .map(|(&id, _)| id)
+            .collect();
+        // Make room by the oldest: an honest handshake is over in a round trip.
+        for id in live.iter().take((live.len() + 1).saturating_sub(limit)) {
+            if let Some(old) = t.conns.get_mut(id) {
                 let _ = old.stream.shutdown(Shutdown::Both);
+                old.ended = true;
             }
             Counters::bump(&shared.counters.handshakes_dropped);
         }
@@ -287,11 +300,13 @@ fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
             stream: copy,
             peer: None,
             qps: 0,
+            ended: false,
         };
         t.conns.insert(id, conn);
         id
     };
     let hello = p.buf[4..].to_vec();
+    let since = p.since;
     let (shared, conns) = (shared.clone(), conns.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("{}-peer", shared.name))
@@ -299,7 +314,7 @@ fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
         .spawn({
             let conns = conns.clone();
             move || {
-                serve(&shared, p.stream, hello, id, &conns);
+                serve(&shared, p.stream, hello, since, id, &conns);
                 lock(&conns).conns.remove(&id);
             }
         });
@@ -310,15 +325,24 @@ fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
 
 /// Authenticates one connection, then serves it until it ends; the queue pairs made over
 /// it live as long.
-fn serve(shared: &Shared, stream: TcpStream, hello: Vec<u8>, id: u64, conns: &Conns) {
+fn serve(
+    shared: &Shared,
+    stream: TcpStream,
+    hello: Vec<u8>,
+    since: Instant,
+    id: u64,
+    conns: &Conns,
+) {
     let limits = shared.settings.limits;
     let counters = &shared.counters;
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.settings.io_timeout));
     keep_alive(&stream);
+    // The whole handshake within its time from the connection's accept.
     let handshake = Waits {
         idle: Some(limits.handshake_timeout),
         frame: limits.handshake_timeout,
+        until: Some(since + limits.handshake_timeout),
     };
     let creds = &shared.dialer.creds;
     let mut ch = match crate::auth::accept(stream, &hello, &shared.name, creds, handshake) {
@@ -340,6 +364,7 @@ fn serve(shared: &Shared, stream: TcpStream, hello: Vec<u8>, id: u64, conns: &Co
         let waits = Waits {
             idle: Some(shared.settings.io_timeout),
             frame: shared.settings.io_timeout,
+            until: None,
         };
         if ch.recv(limits.request_bytes as usize, waits).is_ok() {
             let _ = ch.send(&Reply::Limited { limit, detail }.encode());
@@ -351,6 +376,7 @@ fn serve(shared: &Shared, stream: TcpStream, hello: Vec<u8>, id: u64, conns: &Co
         let waits = Waits {
             idle: qps.is_empty().then_some(limits.idle_timeout),
             frame: shared.settings.io_timeout,
+            until: None,
         };
         let frame = match ch.recv(limits.request_bytes as usize, waits) {
             Ok(f) => f,
@@ -427,18 +453,20 @@ fn answer(
         Request::Describe => Reply::Descriptor(shared.descriptor().to_bytes()),
         Request::Check => Reply::Incarnation(shared.incarnation),
         Request::Connect { device, endpoint } => {
-            if let Some((limit, detail)) = qp_room(shared, conns, &ch.peer, qps.len()) {
+            if let Some((limit, detail)) = reserve_qp(shared, conns, id, &ch.peer, qps.len()) {
                 shared.counters.refused(limit);
                 return Reply::Limited { limit, detail };
             }
-            match accept_qp(shared, device, &endpoint) {
+            let reply = match accept_qp(shared, device, &endpoint) {
                 Ok((qp, mine)) => {
                     qps.push(qp);
-                    set_qps(conns, id, qps.len());
                     Reply::Connected(mine)
                 }
                 Err(e) => Reply::Refused(e.to_string()),
-            }
+            };
+            // The reservation becomes the count (one more, or none if refused).
+            set_qps(conns, id, qps.len());
+            reply
         }
         Request::Notify { message } if message.len() <= MAX_NOTIFICATION => {
             let n = Notification {
@@ -473,8 +501,16 @@ fn answer(
     }
 }
 
-/// Whether one more queue pair fits this connection's and its peer's bounds.
-fn qp_room(shared: &Shared, conns: &Conns, peer: &str, here: usize) -> Option<(Limit, String)> {
+/// Reserves one more queue pair for connection `id` (holding `here`) if it fits the
+/// connection's, its peer's and the agent's bounds, all under one lock (so concurrent
+/// requests on a peer's connections cannot pass a bound together); else which bound.
+fn reserve_qp(
+    shared: &Shared,
+    conns: &Conns,
+    id: u64,
+    peer: &str,
+    here: usize,
+) -> Option<(Limit, String)> {
     let l = &shared.settings.limits;
     if here >= l.queue_pairs_per_connection as usize {
         return Some((
@@ -485,16 +521,31 @@ fn qp_room(shared: &Shared, conns: &Conns, peer: &str, here: usize) -> Option<(L
             ),
         ));
     }
-    let of_peer = lock(conns).peer_qps(peer);
-    (of_peer >= l.queue_pairs_per_peer).then(|| {
-        (
+    let mut t = lock(conns);
+    let of_peer = t.peer_qps(peer);
+    if of_peer >= l.queue_pairs_per_peer {
+        return Some((
             Limit::QueuePairsPerPeer,
             format!(
                 "{of_peer} queue pairs of {peer:?} (at most {})",
                 l.queue_pairs_per_peer
             ),
-        )
-    })
+        ));
+    }
+    let all: u32 = t.conns.values().map(|c| c.qps).sum();
+    if all >= l.queue_pairs {
+        return Some((
+            Limit::QueuePairs,
+            format!(
+                "{all} queue pairs held for peers (at most {})",
+                l.queue_pairs
+            ),
+        ));
+    }
+    if let Some(c) = t.conns.get_mut(&id) {
+        c.qps += 1;
+    }
+    None
 }
 
 fn set_qps(conns: &Conns, id: u64, n: usize) {

@@ -129,7 +129,8 @@ fn endpoint(b: &[u8]) -> Result<Endpoint> {
     Endpoint::from_bytes(b).map_err(|e| Error::Protocol(e.to_string()))
 }
 
-const LIMITS: [Limit; 7] = [
+/// Each limit's code on the wire is its place here (new ones at the end).
+const LIMITS: [Limit; 8] = [
     Limit::Connections,
     Limit::ConnectionsPerPeer,
     Limit::QueuePairsPerConnection,
@@ -137,6 +138,7 @@ const LIMITS: [Limit; 7] = [
     Limit::NotificationsPerSender,
     Limit::Notifications,
     Limit::RequestBytes,
+    Limit::QueuePairs,
 ];
 
 fn limit_code(l: Limit) -> u8 {
@@ -167,6 +169,7 @@ pub(crate) fn call(
     let waits = Waits {
         idle: Some(timeout),
         frame: timeout,
+        until: None,
     };
     let b = ch
         .recv(MAX_REPLY, waits)

@@ -17,12 +17,13 @@
 //! HKDF-SHA-256 of the key, salted with that hash, one per direction.
 
 use super::Credentials;
-use crate::channel::{read_frame, write_frame, Channel, Link, Seal, Waits};
+use crate::channel::{read_frame, write_frame, Channel, Link, Seal, Socket, Waits};
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use std::net::TcpStream;
+use std::time::Instant;
 
 const MAGIC: &[u8; 4] = b"GRC\0";
 /// The control protocol's version; both sides must speak the same one.
@@ -165,12 +166,15 @@ pub(crate) fn connect(
             let server = super::tls::dns_name(&name)?;
             let conn = rustls::ClientConnection::new(tls.client.clone(), server)
                 .map_err(|e| refused(e.to_string()))?;
-            let mut t = rustls::StreamOwned::new(conn, stream);
+            // The whole TLS handshake by one deadline, however the server trickles bytes.
+            let until = Instant::now() + waits.frame;
+            let mut t = rustls::StreamOwned::new(conn, Socket::new(stream, Some(until)));
             while t.conn.is_handshaking() {
                 t.conn
                     .complete_io(&mut t.sock)
                     .map_err(|e| refused(format!("TLS: {e}")))?;
             }
+            // Later reads wait as each call's `Waits` says.
             return Ok(Channel::new(Link::TlsClient(Box::new(t)), name));
         }
         Credentials::Key(key) => key,
@@ -258,10 +262,12 @@ pub(crate) fn accept(
         }
         Credentials::Tls(tls) => {
             write_frame(&mut stream, &w.0).map_err(|_| Refusal::Failed)?;
-            let _ = stream.set_read_timeout(Some(waits.frame));
             let conn =
                 rustls::ServerConnection::new(tls.server.clone()).map_err(|_| Refusal::Failed)?;
-            let mut t = rustls::StreamOwned::new(conn, stream);
+            // The whole TLS handshake by the handshake's deadline, however the client
+            // trickles its bytes.
+            let until = waits.until.unwrap_or_else(|| Instant::now() + waits.frame);
+            let mut t = rustls::StreamOwned::new(conn, Socket::new(stream, Some(until)));
             while t.conn.is_handshaking() {
                 if let Err(e) = t.conn.complete_io(&mut t.sock) {
                     // A certificate refused is a failed proof; a broken connection is not.
@@ -313,6 +319,7 @@ mod tests {
     const WAITS: Waits = Waits {
         idle: Some(Duration::from_secs(5)),
         frame: Duration::from_secs(5),
+        until: None,
     };
 
     /// Runs a handshake between a client and a server with these settings.
@@ -424,6 +431,7 @@ mod tls_tests {
     const WAITS: Waits = Waits {
         idle: Some(Duration::from_secs(5)),
         frame: Duration::from_secs(5),
+        until: None,
     };
 
     /// Agent `client` (its hello naming `claims`) connects to agent `server`.
@@ -482,7 +490,16 @@ mod tls_tests {
         let tls = Tls::load(&files, None).unwrap();
         let (c, _) = shake(load(&ca, "cli"), "cli", tls);
         assert!(matches!(c, Err(Error::Authentication { .. })), "{c:?}");
-        // An agent whose certificate does not name it does not start.
+        // An agent whose certificate does not name it does not start, nor one that takes
+        // another spelling of its certificate's name.
         assert!(Tls::load(&ca.agent("x"), Some("y")).is_err());
+        for other in ["X", "x."] {
+            assert!(Tls::load(&ca.agent("x"), Some(other)).is_err(), "{other}");
+        }
+        // A client claiming another spelling of its certificate's name.
+        for claims in ["CLI", "cli."] {
+            let (_, s) = shake(load(&ca, "cli"), claims, load(&ca, "srv"));
+            assert!(s.is_err(), "{claims}: {s:?}");
+        }
     }
 }

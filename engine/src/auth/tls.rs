@@ -59,23 +59,30 @@ fn settings(what: String) -> Error {
     Error::Settings(what)
 }
 
-/// `name` as a DNS name, as certificates name agents.
+/// `name` as a DNS name, as certificates name agents: lower case, no trailing dot (DNS
+/// compares names without case and ignores a final dot; agent names are compared byte for
+/// byte, so only one spelling of each is an agent's).
 pub(crate) fn dns_name(name: &str) -> Result<ServerName<'static>> {
+    let canonical = name == name.to_ascii_lowercase() && !name.ends_with('.');
     match ServerName::try_from(name.to_owned()) {
-        Ok(n @ ServerName::DnsName(_)) => Ok(n),
+        Ok(n @ ServerName::DnsName(_)) if canonical => Ok(n),
         _ => Err(settings(format!(
             "agent name {name:?}: with mutual TLS an agent's name is the DNS name its \
-             certificate holds (letters, digits, '-' and '.')"
+             certificate holds (lower-case letters, digits, '-' and '.', no final '.')"
         ))),
     }
 }
 
-/// Refuses unless `cert` is valid for agent `name`.
+/// Refuses unless `cert` is valid for agent `name` and holds it, byte for byte, among its
+/// DNS names (no other case, no wildcard).
 pub(crate) fn names(cert: &CertificateDer<'_>, name: &str) -> Result<()> {
     let ee = webpki::EndEntityCert::try_from(cert)
         .map_err(|e| settings(format!("a certificate that does not parse: {e}")))?;
+    let exact = ee.valid_dns_names().any(|n| n == name);
     ee.verify_is_valid_for_subject_name(&dns_name(name)?)
-        .map_err(|_| settings(format!("the certificate does not name agent {name:?}")))
+        .ok()
+        .filter(|()| exact)
+        .ok_or_else(|| settings(format!("the certificate does not name agent {name:?}")))
 }
 
 impl Tls {

@@ -1,0 +1,114 @@
+//! The control listener against floods, on the host (no device: a listener alone): hellos
+//! that never prove anything, and a TLS handshake trickled a byte at a time.
+
+use crate::auth::{test_pki::Ca, ClusterKey, Credentials, Tls, MAX_HANDSHAKE_FRAME};
+use crate::channel::{read_frame, write_frame, Waits};
+use crate::codec::Writer;
+use crate::inbox::Inbox;
+use crate::limits::{Counters, Limits};
+use crate::metadata::{Dialer, EmbeddedMetadata};
+use crate::server::Server;
+use crate::shared::Shared;
+use crate::{Auth, Settings};
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A listener of agent "srv" with `creds` and `limits`, and no device.
+fn listener(creds: Credentials, auth: Auth, limits: Limits) -> (Server, Arc<Shared>) {
+    let settings = Settings {
+        auth,
+        limits,
+        ..Settings::default()
+    };
+    let dialer = Dialer {
+        me: "srv".into(),
+        creds: Arc::new(creds),
+        timeout: Duration::from_secs(5),
+    };
+    let shared = Arc::new(Shared {
+        name: "srv".into(),
+        incarnation: 1,
+        devices: Vec::new(),
+        weights: Vec::new(),
+        segments: Default::default(),
+        settings,
+        metadata: Arc::new(EmbeddedMetadata::with_dialer(dialer.clone())),
+        dialer,
+        peers: Default::default(),
+        inbox: Inbox::new(1, 1),
+        counters: Counters::default(),
+    });
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    (Server::start(shared.clone(), l).unwrap(), shared)
+}
+
+fn hello(mode: u8) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.raw(b"GRC\0").u16(3).u8(mode).raw(&[5u8; 32]).str("flood");
+    w.0
+}
+
+#[test]
+fn hellos_that_never_prove_hold_a_bounded_number_of_connections() {
+    let key = ClusterKey::from_bytes(&[7; 32]).unwrap();
+    let limits = Limits {
+        handshakes: 8,
+        ..Limits::default()
+    };
+    let (server, shared) = listener(Credentials::Key(key.clone()), Auth::ClusterKey(key), limits);
+    let mut held = Vec::new();
+    let mut peak = 0;
+    for _ in 0..40 {
+        for _ in 0..16 {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            write_frame(&mut s, &hello(1)).unwrap();
+            held.push(s);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        peak = peak.max(server.gauges().0);
+    }
+    let c = shared.counters.snapshot(0, 0);
+    // At most `handshakes` waiting for a hello and twice that in threads.
+    assert!(
+        peak <= 3 * u64::from(limits.handshakes),
+        "{peak} connections held"
+    );
+    assert!(c.handshakes_dropped >= 500, "{c:?}");
+}
+
+#[test]
+fn a_tls_handshake_trickled_a_byte_at_a_time_ends_at_the_handshake_timeout() {
+    let ca = Ca::new("trickle");
+    let files = ca.agent("srv");
+    let tls = Tls::load(&files, Some("srv")).unwrap();
+    let limits = Limits {
+        handshake_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let (server, shared) = listener(Credentials::Tls(tls), Auth::MutualTls(files), limits);
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    write_frame(&mut s, &hello(2)).unwrap();
+    let waits = Waits {
+        idle: Some(Duration::from_secs(5)),
+        frame: Duration::from_secs(5),
+        until: None,
+    };
+    read_frame(&mut s, MAX_HANDSHAKE_FRAME, waits).expect("the welcome");
+    // A TLS record header announcing 16 KiB, then one byte every 200 ms.
+    s.write_all(&[0x16, 0x03, 0x01, 0x40, 0x00]).unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(6) && s.write_all(&[1]).is_ok() {
+        if shared.counters.snapshot(0, 0).failed_handshakes > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = t0.elapsed();
+    assert_eq!(shared.counters.snapshot(0, 0).failed_handshakes, 1);
+    assert!(
+        took < Duration::from_secs(3),
+        "the trickled handshake held on {took:?}"
+    );
+}
