@@ -45,6 +45,15 @@ impl Etcd {
     /// # Panics
     /// If it does not start or answer.
     pub fn start_at(tag: &str, host: IpAddr, port: u16) -> Etcd {
+        Etcd::start_with(tag, host, port, None)
+    }
+
+    fn start_with(
+        tag: &str,
+        host: IpAddr,
+        port: u16,
+        tls: Option<(gpu_rdma_engine::TlsFiles, u16)>,
+    ) -> Etcd {
         let dir = std::env::temp_dir().join(format!("etcd-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create etcd's directory");
@@ -54,7 +63,7 @@ impl Etcd {
             client_host: host,
             client_port: port,
             peer_port: free_port(),
-            tls: None,
+            tls,
         };
         e.start_again();
         e
@@ -67,19 +76,8 @@ impl Etcd {
     /// # Panics
     /// If it does not start or answer.
     pub fn start_tls(tag: &str, server: gpu_rdma_engine::TlsFiles) -> Etcd {
-        let dir = std::env::temp_dir().join(format!("etcd-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create etcd's directory");
-        let mut e = Etcd {
-            child: None,
-            dir,
-            client_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            client_port: free_port(),
-            peer_port: free_port(),
-            tls: Some((server, free_port())),
-        };
-        e.start_again();
-        e
+        let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        Etcd::start_with(tag, local, free_port(), Some((server, free_port())))
     }
 
     /// The client URL, for [`EtcdSettings::endpoints`](gpu_rdma_engine::EtcdSettings).

@@ -63,6 +63,19 @@ fn segments(m: &EtcdMetadata, agent: &str) -> Vec<String> {
     }
 }
 
+/// A runtime and a raw etcd client: what a writer of the prefix who is not an agent uses.
+fn raw_etcd(
+    etcd: &Etcd,
+    opts: Option<etcd_client::ConnectOptions>,
+) -> (tokio::runtime::Runtime, etcd_client::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = rt.block_on(etcd_client::Client::connect([etcd.endpoint()], opts));
+    (rt, c.expect("connect to etcd"))
+}
+
 /// A descriptor of a made-up agent (no RDMA needed to publish it).
 fn made_up(agent: &str, incarnation: u64) -> AgentDescriptor {
     AgentDescriptor {
@@ -304,14 +317,8 @@ fn etcd_descriptor_of_another_version_is_refused_typed() {
         .unwrap();
     m2.publish(&made_up("seg", 2), CONTROL.parse().unwrap())
         .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, mut c) = raw_etcd(&etcd, None);
     rt.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
         // The agent record of "rec", as a writer of the next version would put it.
         let key = m1.record_key("rec");
         let got = c.get(key.clone(), None).await.unwrap();
@@ -350,14 +357,8 @@ fn etcd_values_written_by_others_are_refused_typed_and_counted() {
     let eve = backend_with(&etcd, other);
     eve.publish(&made_up("eve", 3), CONTROL.parse().unwrap())
         .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, mut c) = raw_etcd(&etcd, None);
     rt.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
         // honest's signed values, copied under the keys of a made-up agent "thief".
         for (from, to) in [
             (honest.record_key("honest"), honest.record_key("thief")),
@@ -390,9 +391,6 @@ fn etcd_values_written_by_others_are_refused_typed_and_counted() {
     ));
     // A value changed in place: one bit of the rkey.
     rt.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
         let key = honest.segment_key("honest", "kv");
         let got = c.get(key.clone(), None).await.unwrap();
         let mut v = got.kvs()[0].value().to_vec();
@@ -412,14 +410,8 @@ fn etcd_values_written_by_others_are_refused_typed_and_counted() {
 fn etcd_with_its_own_authentication_refuses_a_client_without_its_user() {
     let etcd = Etcd::start("users");
     let prefix = EtcdSettings::default().prefix;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, mut c) = raw_etcd(&etcd, None);
     rt.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
         c.user_add("root", "root-secret", None).await.unwrap();
         c.user_grant_role("root", "root").await.unwrap();
         c.role_add("agents").await.unwrap();
@@ -510,19 +502,15 @@ fn etcd_over_tls_with_client_certificates_and_values_signed_by_their_agents() {
     let r = backend_as(b.clone(), false).and_then(|m| m.lookup("a"));
     assert!(r.is_err(), "etcd served a client without a certificate");
     // b's own signed values, written under a's keys by a writer of the prefix.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(&ca.ca())))
+        .identity(etcd_client::Identity::from_pem(read(&b.cert), read(&b.key)));
+    let (rt, mut c) = raw_etcd(
+        &etcd,
+        Some(etcd_client::ConnectOptions::new().with_tls(tls)),
+    );
     rt.block_on(async {
-        let read = |p: &std::path::Path| std::fs::read(p).unwrap();
-        let tls = etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(read(&ca.ca())))
-            .identity(etcd_client::Identity::from_pem(read(&b.cert), read(&b.key)));
-        let opts = etcd_client::ConnectOptions::new().with_tls(tls);
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], Some(opts))
-            .await
-            .unwrap();
         for (from, to) in [
             (mb.record_key("b"), ma.record_key("a")),
             (mb.segment_key("b", "kv"), ma.segment_key("a", "kv")),
