@@ -13,73 +13,9 @@
 //! it) as CUDA ranges; others are refused, typed.
 
 use crate::errors::{Class, Failure, Result};
-use pyo3::ffi;
+use crate::sys::dlpack::{self as raw, Contents, Description, Dims, Form, NotTaken, Taken};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use std::ffi::{c_void, CStr};
-use std::ptr::NonNull;
-
-/// `DLDevice`.
-#[repr(C)]
-struct DlDevice {
-    device_type: i32,
-    device_id: i32,
-}
-
-/// `DLDataType`.
-#[repr(C)]
-struct DlDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
-}
-
-/// `DLTensor`.
-#[repr(C)]
-struct DlTensor {
-    data: *mut c_void,
-    device: DlDevice,
-    ndim: i32,
-    dtype: DlDataType,
-    shape: *const i64,
-    strides: *const i64,
-    byte_offset: u64,
-}
-
-/// `DLManagedTensor`: the tensor, the producer's context and its deleter.
-#[repr(C)]
-struct DlManagedTensor {
-    dl_tensor: DlTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
-}
-
-/// `DLPackVersion`.
-#[repr(C)]
-struct DlPackVersion {
-    major: u32,
-    minor: u32,
-}
-
-/// `DLManagedTensorVersioned` (DLPack 1.x): its version, context and deleter lead, at the
-/// places DLPack keeps for every later major version; then the flags and the tensor.
-#[repr(C)]
-struct DlManagedTensorVersioned {
-    version: DlPackVersion,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
-    flags: u64,
-    dl_tensor: DlTensor,
-}
-
-/// `DLPACK_FLAG_BITMASK_READ_ONLY`: the producer allows no writes to the tensor.
-const FLAG_READ_ONLY: u64 = 1;
-
-/// A capsule's names: the producer's, and the one a consumer gives it on taking the tensor.
-const LEGACY: &CStr = c"dltensor";
-const LEGACY_USED: &CStr = c"used_dltensor";
-const VERSIONED: &CStr = c"dltensor_versioned";
-const VERSIONED_USED: &CStr = c"used_dltensor_versioned";
 
 /// Where a tensor's bytes are.
 pub(crate) enum Place {
@@ -99,57 +35,12 @@ pub(crate) struct Tensor {
     pub owner: PyObject,
 }
 
-/// The managed tensor of a capsule this module consumed.
-enum Managed {
-    Legacy(NonNull<DlManagedTensor>),
-    Versioned(NonNull<DlManagedTensorVersioned>),
-}
-
 /// A tensor this module took from its capsule: its producer's deleter is called once, when
-/// this drops (with the GIL held), and the producer object is held until then.
-struct Taken {
-    managed: Managed,
+/// `tensor` drops (with the GIL held, first), and the producer object is held until then.
+struct Held {
+    _tensor: Taken,
     _producer: PyObject,
 }
-
-// SAFETY: the managed tensor is touched only to call its deleter, once, in `Drop`, which
-// holds the GIL whichever thread it runs on (DLPack consumers such as numpy call deleters
-// from any thread that holds the GIL). A `Taken` lives only inside a Python capsule, whose
-// destructor runs with the GIL.
-#[allow(unsafe_code)]
-unsafe impl Send for Taken {}
-
-impl Drop for Taken {
-    #[allow(unsafe_code)] // the producer's deleter: see the SAFETY comments
-    fn drop(&mut self) {
-        Python::with_gil(|_| match self.managed {
-            Managed::Legacy(m) => {
-                // SAFETY: `m` is the DLManagedTensor of a capsule this module renamed
-                // `used_dltensor` (so no other consumer took it, and the producer's capsule
-                // destructor, removed too, does not free it): it stays valid until its
-                // deleter runs, which happens only here, once.
-                let deleter = unsafe { (*m.as_ptr()).deleter };
-                if let Some(d) = deleter {
-                    // SAFETY: DLPack's contract: the consumer calls the deleter once, with
-                    // the managed tensor, when done; the segment over it is deregistered
-                    // (this drops after the memory it was registered as).
-                    unsafe { d(m.as_ptr()) }
-                }
-            }
-            Managed::Versioned(m) => {
-                // SAFETY: as above, for a capsule renamed `used_dltensor_versioned`.
-                let deleter = unsafe { (*m.as_ptr()).deleter };
-                if let Some(d) = deleter {
-                    // SAFETY: as above.
-                    unsafe { d(m.as_ptr()) }
-                }
-            }
-        });
-    }
-}
-
-/// The most dimensions read (DLPack sets no bound; no framework comes near it).
-const MAX_DIMS: usize = 64;
 
 fn refused(why: String) -> Failure {
     Failure::new(
@@ -188,18 +79,19 @@ pub(crate) fn tensor(obj: &Bound<'_, PyAny>) -> Result<Tensor> {
         .call_method0("__dlpack__")
         .map_err(|e| refused(format!("the export failed: {e}")))?;
     // From here until the capsule is renamed, nothing runs Python code (nor releases the
-    // GIL): the check of its name and the taking of its tensor are one step for every other
-    // consumer.
+    // GIL): the check of its name, the reading of its tensor and the taking of it are one
+    // step for every other consumer (and `Offer::take` checks again that the capsule's name
+    // and tensor are the ones read, refusing it otherwise).
     let capsule = capsule
         .downcast_into::<PyCapsule>()
         .map_err(|_| refused("it did not return a capsule".into()))?;
     let name = capsule
         .name()
         .map_err(|_| refused("a capsule whose name cannot be read".into()))?;
-    let versioned = match name {
-        Some(n) if n == LEGACY => false,
-        Some(n) if n == VERSIONED => true,
-        Some(n) if n == LEGACY_USED || n == VERSIONED_USED => {
+    let form = match name {
+        Some(n) if n == Form::Legacy.name() => Form::Legacy,
+        Some(n) if n == Form::Versioned.name() => Form::Versioned,
+        Some(n) if n == Form::Legacy.used() || n == Form::Versioned.used() => {
             return Err(refused(format!(
                 "a capsule named {n:?}: another consumer took this tensor already"
             ))
@@ -211,34 +103,42 @@ pub(crate) fn tensor(obj: &Bound<'_, PyAny>) -> Result<Tensor> {
             )))
         }
     };
-    let (managed, range) = if versioned {
-        let m = pointer(&capsule, VERSIONED)?.cast::<DlManagedTensorVersioned>();
-        (Managed::Versioned(m), read_versioned(m)?)
-    } else {
-        let m = pointer(&capsule, LEGACY)?.cast::<DlManagedTensor>();
-        (Managed::Legacy(m), read_legacy(m)?)
+    let (offer, contents) =
+        raw::read(&capsule, form).ok_or_else(|| refused("a capsule with no tensor".into()))?;
+    let (place, addr, len) = match contents {
+        Contents::Tensor(t) => range(&t)?,
+        Contents::OtherMajor(major) => {
+            return Err(Failure::new(
+                Class::Unsupported,
+                "register",
+                format!("register: __dlpack__: a DLPack {major}.x tensor (gpu_rdma reads 1.x)"),
+            ))
+        }
+        Contents::ReadOnly => {
+            return Err(refused(
+                "a read-only tensor: peers write segments, so a segment must be writable".into(),
+            ))
+        }
     };
-    consume(
-        &capsule,
-        if versioned {
-            VERSIONED_USED
-        } else {
-            LEGACY_USED
-        },
-    )?;
-    // Taken: from here the deleter is this module's to call, once (when `taken` drops).
-    let taken = Taken {
-        managed,
+    // Taken: from here the deleter is this module's to call, once (when `held` drops).
+    let tensor = offer.take().map_err(|e| {
+        refused(match e {
+            NotTaken::Changed => "the capsule changed while it was read".into(),
+            NotTaken::Destructor => "the capsule's destructor could not be changed".into(),
+            NotTaken::Name => "the capsule's name could not be changed".into(),
+        })
+    })?;
+    let held = Held {
+        _tensor: tensor,
         _producer: obj.clone().unbind(),
     };
     let owner = PyCapsule::new_with_destructor(
         py,
-        taken,
+        held,
         Some(c"gpu_rdma.dltensor".to_owned()),
-        |taken, _| drop(taken),
+        |held, _| drop(held),
     )
     .map_err(|e| refused(format!("holding the tensor: {e}")))?;
-    let (place, addr, len) = range;
     Ok(Tensor {
         place,
         addr,
@@ -247,108 +147,22 @@ pub(crate) fn tensor(obj: &Bound<'_, PyAny>) -> Result<Tensor> {
     })
 }
 
-/// The capsule's pointer, checked against its expected name.
-#[allow(unsafe_code)] // PyCapsule_GetPointer: see the SAFETY comment
-fn pointer(capsule: &Bound<'_, PyCapsule>, name: &CStr) -> Result<NonNull<c_void>> {
-    // SAFETY: `capsule` is a live capsule (a `Bound`: the GIL is held) and `name` a C string;
-    // the call reads the capsule's name and pointer, and on a mismatch or a null pointer
-    // sets a Python error and returns null.
-    let p = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr()) };
-    NonNull::new(p).ok_or_else(|| {
-        let _ = PyErr::take(capsule.py());
-        refused("a capsule with no tensor".into())
-    })
-}
-
-/// Takes the tensor from its capsule, as DLPack's consumers do: the capsule's destructor is
-/// removed (so the producer's never frees the tensor, even one that does not check the
-/// name) and the capsule renamed `used` (so no other consumer takes the tensor).
-#[allow(unsafe_code)] // PyCapsule_SetDestructor, PyCapsule_SetName: see the SAFETY comments
-fn consume(capsule: &Bound<'_, PyCapsule>, used: &'static CStr) -> Result<()> {
-    let failed = |what: &str| {
-        let _ = PyErr::take(capsule.py());
-        refused(format!("the capsule's {what} could not be changed"))
+/// The place, address and byte length of a tensor, as read from its capsule; refused: a
+/// device gpu_rdma does not register, a strided (non-contiguous) or empty tensor, elements
+/// of less than a byte, an address of 0.
+fn range(t: &Description) -> Result<(Place, u64, u64)> {
+    let place = place(t.device_type, t.device_id)?;
+    let (shape, strides) = match &t.dims {
+        Dims::OutOfRange => return Err(refused(format!("{} dimensions", t.ndim))),
+        Dims::NoShape => return Err(refused("no shape".into())),
+        Dims::Read { shape, strides } => (shape.as_slice(), strides.as_deref()),
     };
-    // SAFETY: `capsule` is a live capsule (the GIL is held); a null destructor is allowed.
-    // A failure (only for a non-capsule) changes nothing.
-    if unsafe { ffi::PyCapsule_SetDestructor(capsule.as_ptr(), None) } != 0 {
-        return Err(failed("destructor"));
-    }
-    // SAFETY: as above; `used` is a 'static C string, so the name the capsule keeps a
-    // pointer to outlives it. (Were this to fail, the tensor would be leaked, never freed
-    // twice: its capsule has no destructor any more.)
-    if unsafe { ffi::PyCapsule_SetName(capsule.as_ptr(), used.as_ptr()) } != 0 {
-        return Err(failed("name"));
-    }
-    Ok(())
-}
-
-/// The range of a legacy (`"dltensor"`) capsule's tensor, its capsule held by the caller.
-#[allow(unsafe_code)] // reads the producer's DLManagedTensor: see the SAFETY comment
-fn read_legacy(m: NonNull<DlManagedTensor>) -> Result<(Place, u64, u64)> {
-    // SAFETY: a "dltensor" capsule's pointer is a DLManagedTensor, which its producer keeps
-    // valid until its deleter runs: not before a consumer took it (renamed the capsule) and
-    // is done with it, or the unconsumed capsule is destroyed. The caller holds the
-    // capsule, unconsumed, for this whole call, or consumed it itself.
-    read(unsafe { &(*m.as_ptr()).dl_tensor })
-}
-
-/// The range of a DLPack 1.x (`"dltensor_versioned"`) capsule's tensor, its capsule held by
-/// the caller; refused: another major version (whose layout past the deleter is unknown), a
-/// read-only tensor (peers write segments).
-#[allow(unsafe_code)] // reads the producer's DLManagedTensorVersioned: see the SAFETY comments
-fn read_versioned(m: NonNull<DlManagedTensorVersioned>) -> Result<(Place, u64, u64)> {
-    // SAFETY: as in `read_legacy`, for a DLManagedTensorVersioned; its version leads it in
-    // every major version.
-    let major = unsafe { (*m.as_ptr()).version.major };
-    if major != 1 {
-        return Err(Failure::new(
-            Class::Unsupported,
-            "register",
-            format!("register: __dlpack__: a DLPack {major}.x tensor (gpu_rdma reads 1.x)"),
-        ));
-    }
-    // SAFETY: as above; a 1.x tensor has this layout.
-    let flags = unsafe { (*m.as_ptr()).flags };
-    if flags & FLAG_READ_ONLY != 0 {
-        return Err(refused(
-            "a read-only tensor: peers write segments, so a segment must be writable".into(),
-        ));
-    }
-    // SAFETY: as above.
-    read(unsafe { &(*m.as_ptr()).dl_tensor })
-}
-
-/// The place, address and byte length of a tensor, valid for this call.
-#[allow(unsafe_code)] // reads the tensor's shape and strides: see the SAFETY comments
-fn read(t: &DlTensor) -> Result<(Place, u64, u64)> {
-    let place = place(t.device.device_type, t.device.device_id)?;
-    let ndim = usize::try_from(t.ndim)
-        .ok()
-        .filter(|&n| n <= MAX_DIMS)
-        .ok_or_else(|| refused(format!("{} dimensions", t.ndim)))?;
-    if ndim > 0 && t.shape.is_null() {
-        return Err(refused("no shape".into()));
-    }
-    let shape: &[i64] = if ndim == 0 {
-        &[]
-    } else {
-        // SAFETY: DLPack's `shape` is an array of `ndim` int64 (non-null, checked above),
-        // valid as long as the tensor is.
-        unsafe { std::slice::from_raw_parts(t.shape, ndim) }
-    };
-    let strides: Option<&[i64]> = if t.strides.is_null() || ndim == 0 {
-        None
-    } else {
-        // SAFETY: a non-null `strides` is an array of `ndim` int64, valid as long as the
-        // tensor is (null means compact row-major).
-        Some(unsafe { std::slice::from_raw_parts(t.strides, ndim) })
-    };
-    let bits = u64::from(t.dtype.bits) * u64::from(t.dtype.lanes);
+    let ndim = shape.len();
+    let bits = u64::from(t.bits) * u64::from(t.lanes);
     if bits == 0 || bits % 8 != 0 {
         return Err(refused(format!(
             "elements of {bits} bits (type code {}): not whole bytes",
-            t.dtype.code
+            t.code
         )));
     }
     let mut len = bits / 8;
@@ -373,7 +187,8 @@ fn read(t: &DlTensor) -> Result<(Place, u64, u64)> {
             .checked_mul(n as u64)
             .ok_or_else(|| refused("a size past 2^64 bytes".into()))?;
     }
-    let addr = (t.data as u64)
+    let addr = t
+        .data
         .checked_add(t.byte_offset)
         .filter(|&a| a != 0)
         .ok_or_else(|| refused("a tensor at address 0 or past the address space".into()))?;

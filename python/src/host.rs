@@ -10,12 +10,11 @@
 //! `memoryview`) that Python code could rebind to name other memory.
 
 use crate::errors::{Class, Failure, Result};
+use crate::sys::buffer::{BufferExport, Request};
 use drm_export::{DmaBuf, MemfdPages, Udmabuf};
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use rdma_dmabuf::HostBuffer;
-use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -46,96 +45,6 @@ pub(crate) struct Pin {
     pub len: usize,
 }
 
-/// CPython's `Py_buffer`, as the C buffer protocol fills it in. Declared here because
-/// pyo3's declaration exists only for the stable ABI of 3.11 and newer, while this module
-/// is built for 3.9's: the layout is the one 3.11 made part of the stable ABI, unchanged
-/// since Python 3.3, and the functions below are exported by every CPython 3.
-#[repr(C)]
-struct RawBuffer {
-    buf: *mut c_void,
-    obj: *mut ffi::PyObject,
-    len: ffi::Py_ssize_t,
-    itemsize: ffi::Py_ssize_t,
-    readonly: c_int,
-    ndim: c_int,
-    format: *mut c_char,
-    shape: *mut ffi::Py_ssize_t,
-    strides: *mut ffi::Py_ssize_t,
-    suboffsets: *mut ffi::Py_ssize_t,
-    internal: *mut c_void,
-}
-
-/// `PyBUF_FULL_RO`: any buffer (strided, indirect, read-only), as `memoryview(obj)` asks.
-const PYBUF_FULL_RO: c_int = 0x0100 | 0x0010 | 0x0008 | 0x0004;
-/// `PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS`: writable bytes, one C-contiguous range.
-const PYBUF_WRITABLE_C_CONTIGUOUS: c_int = 0x0001 | 0x0020 | 0x0010 | 0x0008;
-
-extern "C" {
-    fn PyObject_GetBuffer(obj: *mut ffi::PyObject, view: *mut RawBuffer, flags: c_int) -> c_int;
-    fn PyBuffer_Release(view: *mut RawBuffer);
-    fn PyBuffer_IsContiguous(view: *const RawBuffer, order: c_char) -> c_int;
-}
-
-/// A buffer export (a filled-in `Py_buffer`, boxed so that it never moves: exporters may
-/// keep its address), released exactly once, when dropped.
-struct Export(Box<RawBuffer>);
-
-// SAFETY: the export is a plain C struct the exporter filled in; its pointers are used only
-// under the GIL (read in `pin`, released in `Drop`, which takes the GIL), so which thread
-// holds the value does not matter. It is only ever held inside a Python capsule, whose
-// destructor runs with the GIL.
-#[allow(unsafe_code)]
-unsafe impl Send for Export {}
-
-impl Export {
-    /// `obj`'s buffer with `flags`, or the exporter's refusal (its Python error, taken).
-    #[allow(unsafe_code)] // PyObject_GetBuffer: see the SAFETY comment
-    fn get(obj: &Bound<'_, PyAny>, flags: c_int) -> std::result::Result<Export, PyErr> {
-        let mut view = Box::new(RawBuffer {
-            buf: std::ptr::null_mut(),
-            obj: std::ptr::null_mut(),
-            len: 0,
-            itemsize: 0,
-            readonly: 0,
-            ndim: 0,
-            format: std::ptr::null_mut(),
-            shape: std::ptr::null_mut(),
-            strides: std::ptr::null_mut(),
-            suboffsets: std::ptr::null_mut(),
-            internal: std::ptr::null_mut(),
-        });
-        // SAFETY: `obj` is a live object (a `Bound`: the GIL is held) and `view` a `Py_buffer`
-        // of CPython's layout that outlives the call. On success the exporter filled it in
-        // and took a reference to `obj` (released by `PyBuffer_Release` in `Drop`); on
-        // failure it set a Python error and the view holds nothing to release.
-        let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
-        if rc != 0 {
-            return Err(PyErr::fetch(obj.py()));
-        }
-        Ok(Export(view))
-    }
-
-    /// Whether the exported bytes are one C-contiguous range.
-    #[allow(unsafe_code)] // PyBuffer_IsContiguous: see the SAFETY comment
-    fn c_contiguous(&self) -> bool {
-        // SAFETY: `self.0` is a view filled in by a successful `PyObject_GetBuffer` and not
-        // yet released; the call reads only its shape, strides and suboffsets.
-        unsafe { PyBuffer_IsContiguous(&*self.0, b'C' as c_char) == 1 }
-    }
-}
-
-impl Drop for Export {
-    #[allow(unsafe_code)] // PyBuffer_Release: see the SAFETY comment
-    fn drop(&mut self) {
-        Python::with_gil(|_| {
-            // SAFETY: `self.0` was filled in by a successful `PyObject_GetBuffer` (an
-            // `Export` is made only then) and is released here once, with the GIL held, at
-            // the address it was filled in at (boxed, never moved).
-            unsafe { PyBuffer_Release(&mut *self.0) }
-        });
-    }
-}
-
 fn refused(why: String) -> Failure {
     Failure::new(Class::InvalidInput, "register", format!("register: {why}"))
         .hinted("pass a writable, C-contiguous buffer (numpy array, bytearray, memoryview)")
@@ -143,17 +52,17 @@ fn refused(why: String) -> Failure {
 
 /// Whether `obj` has the buffer protocol (its type exports a buffer, as for `memoryview`).
 pub(crate) fn is_buffer(obj: &Bound<'_, PyAny>) -> bool {
-    Export::get(obj, PYBUF_FULL_RO).is_ok()
+    BufferExport::get(obj, Request::Any).is_ok()
 }
 
 /// Pins `obj`'s bytes (a writable, C-contiguous buffer) through the C buffer protocol:
 /// the export is held by the pin, the address and length are the export's own.
 pub(crate) fn pin(obj: &Bound<'_, PyAny>) -> Result<Pin> {
     let py = obj.py();
-    let export = Export::get(obj, PYBUF_WRITABLE_C_CONTIGUOUS).map_err(|e| {
+    let export = BufferExport::get(obj, Request::WritableCContiguous).map_err(|e| {
         // Tell a read-only buffer apart: peers write segments, so it cannot be one.
-        match Export::get(obj, PYBUF_FULL_RO) {
-            Ok(ro) if ro.0.readonly != 0 => refused(format!(
+        match BufferExport::get(obj, Request::Any) {
+            Ok(ro) if ro.readonly() => refused(format!(
                 "a read-only buffer ({}): peers write segments, so a segment must be writable",
                 type_name(obj)
             )),
@@ -164,25 +73,24 @@ pub(crate) fn pin(obj: &Bound<'_, PyAny>) -> Result<Pin> {
             Err(_) => refused(format!("not a buffer ({}): {e}", type_name(obj))),
         }
     })?;
-    let view = &*export.0;
-    if view.readonly != 0 {
+    if export.readonly() {
         return Err(refused(format!(
             "a read-only buffer ({}): peers write segments, so a segment must be writable",
             type_name(obj)
         )));
     }
-    if !view.suboffsets.is_null() || !export.c_contiguous() {
+    if export.has_suboffsets() || !export.c_contiguous(py) {
         return Err(refused(format!(
             "a buffer that is not one C-contiguous range ({})",
             type_name(obj)
         )));
     }
-    let len = usize::try_from(view.len)
-        .map_err(|_| refused(format!("a buffer of length {}", view.len)))?;
+    let len = usize::try_from(export.byte_len())
+        .map_err(|_| refused(format!("a buffer of length {}", export.byte_len())))?;
     if len == 0 {
         return Err(refused("an empty buffer".into()));
     }
-    let addr = view.buf as usize;
+    let addr = export.addr();
     let holder = PyCapsule::new_with_destructor(
         py,
         export,

@@ -13,11 +13,13 @@
 //! * `awaiting`: asyncio futures of transfers, settled from the engine on one waiting thread.
 //! * `etcd`: the metadata service an agent starts with (embedded, or etcd).
 //! * `errors`: the exception hierarchy.
+//! * `sys`: the raw layer: CPython's buffer protocol, DLPack capsules, the duplicate of an
+//!   fd number, behind safe functions and owned types.
 
-// Unsafe code: only the registration of a pinned buffer in place (`host::foreign_buffer`), the
-// C buffer protocol's export and release of a buffer (`host::Export`), the duplicate of an fd
-// number (`memory::from_fd`), and the taking of a DLPack capsule's tensor, its reading and
-// its deleter (`dlpack`).
+// Unsafe code: only in the raw layer, `sys` (the C buffer protocol's export and release of a
+// buffer, the reading and taking of a DLPack capsule's tensor and its deleter, the duplicate
+// of an fd number), and the registration of a pinned buffer in place
+// (`host::foreign_buffer`, a call of the public `unsafe fn` `HostBuffer::from_foreign`).
 #![deny(unsafe_code)]
 
 mod agent;
@@ -27,6 +29,7 @@ mod errors;
 mod etcd;
 mod host;
 mod memory;
+mod sys;
 mod transfer;
 
 use pyo3::prelude::*;

@@ -5,7 +5,7 @@ use crate::errors::{Class, Failure, Result};
 use drm_export::{DmaBuf, DmaHeap, DrmDevice, DumbBuffer, NodeKind, Udmabuf};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 /// A dma-buf this process owns. Registering it as a segment moves it into the agent (the
@@ -216,7 +216,6 @@ pub(crate) fn dmabuf_from_fd(fd: i32) -> PyResult<PyDmaBuf> {
 }
 
 /// The dma-buf behind a duplicate of `fd`.
-#[allow(unsafe_code)] // dup of an fd number Python gave: see the SAFETY comments
 pub(crate) fn from_fd(fd: i32) -> Result<DmaBuf> {
     if fd < 0 {
         return Err(Failure::new(
@@ -225,16 +224,7 @@ pub(crate) fn from_fd(fd: i32) -> Result<DmaBuf> {
             format!("fd {fd}: not an fd"),
         ));
     }
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) reads no memory; on an fd number that is not open it
-    // fails with EBADF. It creates a new fd and touches no other.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        return Err(Failure::os(
-            &format!("dmabuf_from_fd: dup of fd {fd}"),
-            &std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: `dup` was just created by fcntl for this call and nothing else owns it.
-    let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+    let owned = crate::sys::fd::dup_cloexec(fd)
+        .map_err(|e| Failure::os(&format!("dmabuf_from_fd: dup of fd {fd}"), &e))?;
     DmaBuf::try_from(owned).map_err(|e| Failure::export("dmabuf_from_fd", &e))
 }

@@ -141,24 +141,16 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
     ),
 ];
 
-/// The Python package: a pinned buffer registered in place, and an fd number duplicated.
-const PYTHON: &[(&str, usize, &str)] = &[
-    (
-        "dlpack.rs",
-        1,
-        "reads the DLManagedTensor of a \"dltensor\" capsule held for the read",
-    ),
-    (
-        "host.rs",
-        1,
-        "HostBuffer::from_foreign over a buffer export the HostBuffer itself holds",
-    ),
-    (
-        "memory.rs",
-        1,
-        "a duplicate of an fd number from Python (fcntl), owned at once",
-    ),
-];
+/// The Python package: a pinned buffer registered in place. Its raw layer (`src/sys/`) holds
+/// CPython's buffer protocol (`PyObject_GetBuffer`, `PyBuffer_Release`), DLPack capsules
+/// (their structs read, their tensor taken and its deleter called) and the duplicate of an
+/// fd number.
+const PYTHON: &[(&str, usize, &str)] = &[(
+    "host.rs",
+    1,
+    "HostBuffer::from_foreign (a public unsafe fn of rdma-dmabuf) over a buffer export or a \
+     taken DLPack tensor that the HostBuffer itself holds",
+)];
 
 #[test]
 fn the_libraries_deny_unsafe_code_outside_their_raw_layer() {
@@ -172,7 +164,7 @@ fn the_libraries_deny_unsafe_code_outside_their_raw_layer() {
         let lib = std::fs::read_to_string(root().join(krate).join("src/lib.rs")).unwrap();
         assert!(lib.contains(lint), "{krate}/src/lib.rs lacks {lint}");
     }
-    for krate in ["drm-export", "rdma-dmabuf", "topology"] {
+    for krate in ["drm-export", "rdma-dmabuf", "python", "topology"] {
         let sys = std::fs::read_to_string(root().join(krate).join("src/sys/mod.rs")).unwrap();
         assert!(
             sys.contains("#![allow(unsafe_code)]"),
