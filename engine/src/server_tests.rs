@@ -1,5 +1,6 @@
 //! The control listener against floods, on the host (no device: a listener alone): hellos
-//! that never prove anything, and a TLS handshake trickled a byte at a time.
+//! that never prove anything, a TLS handshake trickled a byte at a time, and an
+//! authenticated connection that stays silent.
 
 use crate::auth::{test_pki::Ca, ClusterKey, Credentials, Tls, MAX_HANDSHAKE_FRAME};
 use crate::channel::{read_frame, write_frame, Waits};
@@ -111,4 +112,34 @@ fn a_tls_handshake_trickled_a_byte_at_a_time_ends_at_the_handshake_timeout() {
         took < Duration::from_secs(3),
         "the trickled handshake held on {took:?}"
     );
+}
+
+#[test]
+fn an_authenticated_connection_that_stays_silent_is_closed_at_the_idle_timeout() {
+    let key = ClusterKey::from_bytes(&[9; 32]).unwrap();
+    let limits = Limits {
+        idle_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let creds = Credentials::Key(key.clone());
+    let (server, shared) = listener(Credentials::Key(key.clone()), Auth::ClusterKey(key), limits);
+    let s = TcpStream::connect(server.addr()).unwrap();
+    let waits = Waits {
+        idle: Some(Duration::from_secs(5)),
+        frame: Duration::from_secs(5),
+        until: None,
+    };
+    let mut ch = crate::auth::connect(s, server.addr(), "quiet", &creds, Some("srv"), waits)
+        .expect("authenticated");
+    let t0 = Instant::now();
+    // The server closes it: the next read ends, well before our own 5 s.
+    let e = ch
+        .recv(64, waits)
+        .expect_err("a frame from a server with nothing to say");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "{e} after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(shared.counters.snapshot(0, 0).idle_closed, 1);
 }
