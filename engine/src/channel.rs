@@ -260,7 +260,8 @@ pub(crate) fn read_frame(
     waits: Waits,
 ) -> io::Result<Vec<u8>> {
     let mut n = [0u8; 4];
-    let start = waits.idle.map(|d| Instant::now() + d);
+    // A wait too long to be a deadline (Duration::MAX) is none.
+    let start = waits.idle.and_then(|d| Instant::now().checked_add(d));
     s.read_by(earlier(start, waits.until))?;
     let first = loop {
         match s.read(&mut n[..1]) {
@@ -270,8 +271,7 @@ pub(crate) fn read_frame(
             Err(e) => return Err(e),
         }
     };
-    let deadline = earlier(Some(Instant::now() + waits.frame), waits.until);
-    let deadline = deadline.unwrap_or_else(Instant::now);
+    let deadline = earlier(Instant::now().checked_add(waits.frame), waits.until);
     read_until(s, &mut n[first..], deadline)?;
     let len = u32::from_le_bytes(n) as usize;
     if len > limit {
@@ -290,14 +290,14 @@ pub(crate) fn read_frame(
     Ok(b)
 }
 
-/// Fills `buf` by `deadline`.
+/// Fills `buf` by `deadline` (`None`: no bound).
 fn read_until(
     s: &mut (impl Wire + ?Sized),
     mut buf: &mut [u8],
-    deadline: Instant,
+    deadline: Option<Instant>,
 ) -> io::Result<()> {
     while !buf.is_empty() {
-        s.read_by(Some(deadline))?;
+        s.read_by(deadline)?;
         match s.read(buf) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(k) => buf = &mut buf[k..],

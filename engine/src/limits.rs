@@ -11,9 +11,10 @@ use std::time::Duration;
 /// ([`Agent::control_stats`](crate::Agent::control_stats)).
 ///
 /// The defaults serve a cluster of a hundred agents with two workers each with room to
-/// spare; an agent then holds at most about `connections + handshakes` threads (each a 256
-/// KiB stack), `notifications` × 4 KiB of queued notifications, and one request frame per
-/// connection.
+/// spare; an agent then holds at most about `2 × handshakes + connections` threads (each a
+/// 256 KiB stack: handshake threads told to end count until they exit),
+/// `notifications` × 4 KiB of queued notifications, and one request frame per connection.
+/// A duration too long to be a deadline (`Duration::MAX`) means no bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Authenticated connections at once, from all peers (default 256). Past it, a new

@@ -7,8 +7,8 @@
 //! connection runs the rest of its handshake, serves it and holds the queue pairs made over
 //! it, which are destroyed when the connection ends (the peer closed it or died). Both are
 //! bounded: at most [`Limits::handshakes`] connections wait for their hello and as many
-//! threads are in their handshake (past either, the oldest is dropped), and
-//! [`Limits::connections`] are authenticated.
+//! threads are in their handshake (past either, the oldest is dropped; while dropped ones
+//! exit, up to twice as many), and [`Limits::connections`] are authenticated.
 
 use crate::auth::MAX_HANDSHAKE_FRAME;
 use crate::batch::{Notification, MAX_NOTIFICATION};
@@ -174,7 +174,10 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, 
         // Wait for a connection, a pending hello's bytes, or the oldest hello's deadline.
         let oldest = pending.iter().map(|p| p.since).min();
         let wait = oldest.map_or(Duration::from_secs(1), |t| {
-            (t + limits.handshake_timeout).saturating_duration_since(Instant::now())
+            t.checked_add(limits.handshake_timeout)
+                .map_or(Duration::from_secs(1), |d| {
+                    d.saturating_duration_since(Instant::now())
+                })
         });
         let wait = backoff.unwrap_or(wait).min(Duration::from_secs(1));
         let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX).max(1);
@@ -253,6 +256,15 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, 
     }
 }
 
+/// A connection's place in the table, removed when its thread ends.
+struct Entry<'a>(&'a Conns, u64);
+
+impl Drop for Entry<'_> {
+    fn drop(&mut self) {
+        lock(self.0).conns.remove(&self.1);
+    }
+}
+
 /// Records how many connections wait for their hello (for [`Server::gauges`]).
 fn shared_pending(conns: &Conns, n: usize) {
     lock(conns).pending = n;
@@ -314,8 +326,10 @@ fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
         .spawn({
             let conns = conns.clone();
             move || {
+                // Out of the table however the thread ends, a panic's unwinding included:
+                // a stale entry would count against the limits for good.
+                let _entry = Entry(&conns, id);
                 serve(&shared, p.stream, hello, since, id, &conns);
-                lock(&conns).conns.remove(&id);
             }
         });
     if spawned.is_err() {
@@ -342,7 +356,7 @@ fn serve(
     let handshake = Waits {
         idle: Some(limits.handshake_timeout),
         frame: limits.handshake_timeout,
-        until: Some(since + limits.handshake_timeout),
+        until: since.checked_add(limits.handshake_timeout),
     };
     let creds = &shared.dialer.creds;
     let mut ch = match crate::auth::accept(stream, &hello, &shared.name, creds, handshake) {

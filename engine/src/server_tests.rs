@@ -10,6 +10,7 @@ use crate::limits::{Counters, Limits};
 use crate::metadata::{Dialer, EmbeddedMetadata};
 use crate::server::Server;
 use crate::shared::Shared;
+use crate::wire::{Reply, Request};
 use crate::{Auth, Settings};
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -142,4 +143,31 @@ fn an_authenticated_connection_that_stays_silent_is_closed_at_the_idle_timeout()
         t0.elapsed()
     );
     assert_eq!(shared.counters.snapshot(0, 0).idle_closed, 1);
+}
+
+#[test]
+fn waits_too_long_to_be_deadlines_mean_none() {
+    let key = ClusterKey::from_bytes(&[3; 32]).unwrap();
+    let limits = Limits {
+        idle_timeout: Duration::MAX,
+        handshake_timeout: Duration::MAX,
+        ..Limits::default()
+    };
+    let creds = Credentials::Key(key.clone());
+    let (server, shared) = listener(Credentials::Key(key.clone()), Auth::ClusterKey(key), limits);
+    let waits = Waits {
+        idle: Some(Duration::from_secs(5)),
+        frame: Duration::from_secs(5),
+        until: None,
+    };
+    let s = TcpStream::connect(server.addr()).unwrap();
+    let mut ch = crate::auth::connect(s, server.addr(), "c", &creds, Some("srv"), waits).unwrap();
+    let r = crate::wire::call(
+        &mut ch,
+        server.addr(),
+        Duration::from_secs(5),
+        &Request::Check,
+    );
+    assert_eq!(r.unwrap(), Reply::Incarnation(1));
+    assert_eq!(shared.counters.snapshot(0, 0).authenticated, 1);
 }

@@ -167,12 +167,24 @@ pub(crate) fn connect(
             let conn = rustls::ClientConnection::new(tls.client.clone(), server)
                 .map_err(|e| refused(e.to_string()))?;
             // The whole TLS handshake by one deadline, however the server trickles bytes.
-            let until = Instant::now() + waits.frame;
-            let mut t = rustls::StreamOwned::new(conn, Socket::new(stream, Some(until)));
+            let until = Instant::now().checked_add(waits.frame);
+            let mut t = rustls::StreamOwned::new(conn, Socket::new(stream, until));
             while t.conn.is_handshaking() {
                 t.conn
                     .complete_io(&mut t.sock)
                     .map_err(|e| refused(format!("TLS: {e}")))?;
+            }
+            // The CA's verifier matches names as DNS does (any case, wildcards): the
+            // certificate must hold the agent's name byte for byte, as the server checks ours.
+            let named = t
+                .conn
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .is_some_and(|c| super::names(c, &name).is_ok());
+            if !named {
+                return Err(refused(format!(
+                    "its certificate does not name agent {name:?} exactly"
+                )));
             }
             // Later reads wait as each call's `Waits` says.
             return Ok(Channel::new(Link::TlsClient(Box::new(t)), name));
@@ -266,8 +278,10 @@ pub(crate) fn accept(
                 rustls::ServerConnection::new(tls.server.clone()).map_err(|_| Refusal::Failed)?;
             // The whole TLS handshake by the handshake's deadline, however the client
             // trickles its bytes.
-            let until = waits.until.unwrap_or_else(|| Instant::now() + waits.frame);
-            let mut t = rustls::StreamOwned::new(conn, Socket::new(stream, Some(until)));
+            let until = waits
+                .until
+                .or_else(|| Instant::now().checked_add(waits.frame));
+            let mut t = rustls::StreamOwned::new(conn, Socket::new(stream, until));
             while t.conn.is_handshaking() {
                 if let Err(e) = t.conn.complete_io(&mut t.sock) {
                     // A certificate refused is a failed proof; a broken connection is not.
@@ -485,6 +499,10 @@ mod tls_tests {
         let (c, s) = shake(load(&ca, "cli"), "a-b", load(&ca, "srv"));
         assert!(matches!(s, Err(Refusal::BadProof)), "{s:?}");
         drop(c);
+        // A server whose certificate names the agent in another case: DNS would match it.
+        let tls = Tls::load(&ca.agent("SRV"), None).unwrap();
+        let (c, _) = shake(load(&ca, "cli"), "cli", tls);
+        assert!(matches!(c, Err(Error::Authentication { .. })), "{c:?}");
         // A server whose certificate names another agent than the one it claims.
         let files = ca.agent("impostor");
         let tls = Tls::load(&files, None).unwrap();
