@@ -32,6 +32,15 @@
 //!   batch's notification reaches the remote agents ([`Agent::wait_notification`]) once
 //!   every entry has landed.
 //!
+//! # Security
+//! Every control connection is authenticated both ways before anything is served
+//! ([`Settings::auth`]: a [`ClusterKey`], mutual TLS under the cluster's CA ([`TlsFiles`]),
+//! or, said explicitly, none; the default reads the environment and refuses to start
+//! without one), a notification's sender is the name its connection authenticated, and
+//! every resource a client can make an agent hold is bounded ([`Settings::limits`], refusals
+//! [`Error::LimitReached`], counted by [`Agent::control_stats`]). The RDMA fabric itself is
+//! not protected: docs/engine.md, "Security".
+//!
 //! # Soundness
 //! The crate has no `unsafe`. A segment's region is lent to the worker for a batch and split
 //! into owned [`Shard`](rdma_dmabuf::Shard)s, one per chunk, that move into their requests
