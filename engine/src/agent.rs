@@ -388,16 +388,7 @@ impl Agent {
         if message.len() > crate::MAX_NOTIFICATION {
             return Err(Error::NotificationTooLong(message.len()));
         }
-        let cached = lock(&self.shared.peers).get(agent).map(|r| r.control);
-        let control = match cached.filter(|_| !self.shared.metadata.follows_peers()) {
-            Some(c) => c,
-            None => {
-                let r = self.shared.metadata.lookup(agent)?;
-                let control = r.control;
-                lock(&self.shared.peers).insert(agent.into(), r);
-                control
-            }
-        };
+        let control = self.peer_record(agent, false)?.control;
         let sent = self
             .notifier
             .send(&self.shared.dialer, agent, control, message);
@@ -412,28 +403,34 @@ impl Agent {
     /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`, or a
     /// backend that follows its peers itself: always).
     fn peer_records(&self, batch: &Batch, refresh: bool) -> Result<HashMap<String, PeerRecord>> {
-        let refresh = refresh || self.shared.metadata.follows_peers();
         let mut out = HashMap::new();
         for e in &batch.entries {
             if out.contains_key(&e.remote_agent) {
                 continue;
             }
-            let cached = lock(&self.shared.peers).get(&e.remote_agent).cloned();
-            let record = match cached.filter(|_| !refresh) {
-                Some(r) => r,
-                None => match self.shared.metadata.lookup(&e.remote_agent) {
-                    Ok(r) => {
-                        lock(&self.shared.peers).insert(e.remote_agent.clone(), r.clone());
-                        r
-                    }
-                    // Left to the checks, which name the entry.
-                    Err(Error::UnknownAgent(_)) => continue,
-                    Err(err) => return Err(err),
-                },
-            };
-            out.insert(e.remote_agent.clone(), record);
+            match self.peer_record(&e.remote_agent, refresh) {
+                Ok(r) => {
+                    out.insert(e.remote_agent.clone(), r);
+                }
+                // Left to the checks, which name the entry.
+                Err(Error::UnknownAgent(_)) => {}
+                Err(err) => return Err(err),
+            }
         }
         Ok(out)
+    }
+
+    /// `agent`'s record: cached, or fetched (`refresh`, or a backend that follows its peers
+    /// itself: always) and cached.
+    fn peer_record(&self, agent: &str, refresh: bool) -> Result<PeerRecord> {
+        let refresh = refresh || self.shared.metadata.follows_peers();
+        let cached = lock(&self.shared.peers).get(agent).cloned();
+        if let Some(r) = cached.filter(|_| !refresh) {
+            return Ok(r);
+        }
+        let r = self.shared.metadata.lookup(agent)?;
+        lock(&self.shared.peers).insert(agent.into(), r.clone());
+        Ok(r)
     }
 
     /// Checks every entry of `batch` against this agent's segments and the remote agents'

@@ -45,8 +45,8 @@ impl Notifier {
         self.keep(agent, control, ch, answered)
     }
 
-    /// Keeps the connection for the next notification when the peer answered, and reads
-    /// its answer.
+    /// Keeps the connection for the next notification when the peer answered (its queue
+    /// full is an answer too: the connection stays good), and reads its answer.
     fn keep(
         &self,
         agent: &str,
@@ -54,15 +54,12 @@ impl Notifier {
         ch: Channel,
         answered: Result<Reply>,
     ) -> Result<()> {
-        let answered = answered?;
-        lock(&self.links)
-            .entry(agent.into())
-            .or_insert((control, ch));
-        match answered {
-            Reply::Noted => Ok(()),
-            Reply::Refused(why) => Err(Error::Protocol(format!("notification refused: {why}"))),
-            other => Err(Error::Protocol(format!("{other:?} to Notify"))),
+        if matches!(answered, Ok(_) | Err(Error::LimitReached { .. })) {
+            lock(&self.links)
+                .entry(agent.into())
+                .or_insert((control, ch));
         }
+        answered?.noted()
     }
 
     /// Forgets the connection to `agent` (it went down or restarted).

@@ -142,10 +142,6 @@ impl PeerConn {
         let req = Request::Notify {
             message: message.to_vec(),
         };
-        match self.call(&req)? {
-            Reply::Noted => Ok(()),
-            Reply::Refused(why) => Err(Error::Protocol(format!("notification refused: {why}"))),
-            other => Err(Error::Protocol(format!("{other:?} to Notify"))),
-        }
+        self.call(&req)?.noted()
     }
 }

@@ -84,8 +84,9 @@ pub struct Settings {
     pub nics: Option<NicOverride>,
     /// How control connections are authenticated, both ways (docs/engine.md, "Security").
     /// Default [`Auth::FromEnvironment`]: the cluster key file named by
-    /// `GPU_RDMA_CLUSTER_KEY_FILE`, or, when `GPU_RDMA_INSECURE_NO_AUTH=1`, none; with
-    /// neither, [`Agent::new`](crate::Agent::new) refuses to start.
+    /// `GPU_RDMA_CLUSTER_KEY_FILE`, or mutual TLS with the files named by `GPU_RDMA_TLS_CA`,
+    /// `GPU_RDMA_TLS_CERT` and `GPU_RDMA_TLS_KEY`, or, when `GPU_RDMA_INSECURE_NO_AUTH=1`,
+    /// none; with none of them, [`Agent::new`](crate::Agent::new) refuses to start.
     pub auth: Auth,
     /// The control listener's bounds on what clients can make the agent hold.
     pub limits: Limits,

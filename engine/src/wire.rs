@@ -91,6 +91,15 @@ impl Request {
 }
 
 impl Reply {
+    /// This reply to a `Notify`: `Ok` when the peer queued it.
+    pub fn noted(self) -> Result<()> {
+        match self {
+            Reply::Noted => Ok(()),
+            Reply::Refused(why) => Err(Error::Protocol(format!("notification refused: {why}"))),
+            other => Err(Error::Protocol(format!("{other:?} to Notify"))),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {

@@ -147,10 +147,10 @@ impl Paths {
                 .open(&path)?;
             writeln!(f, "{hex}")?;
         }
-        Ok(vec![(
-            "GPU_RDMA_CLUSTER_KEY_FILE".into(),
-            path.to_string_lossy().into_owned(),
-        )])
+        let Some(shown) = path.to_str() else {
+            dmabuf_testbed::fail!("{}: the key file's path is not UTF-8", path.display())
+        };
+        Ok(vec![("GPU_RDMA_CLUSTER_KEY_FILE".into(), shown.to_owned())])
     }
 
     /// `cargo` (the one running this xtask), in the workspace root.

@@ -330,31 +330,41 @@ mod tests {
     use std::net::TcpListener;
     use std::time::Duration;
 
-    const WAITS: Waits = Waits {
+    pub(super) const WAITS: Waits = Waits {
         idle: Some(Duration::from_secs(5)),
         frame: Duration::from_secs(5),
         until: None,
     };
 
-    /// Runs a handshake between a client and a server with these settings.
-    fn shake(
-        client: Auth,
-        server: Auth,
+    /// Agent "cli" (its hello naming `claims`) connects to agent "srv" with these
+    /// credentials: both sides' outcomes.
+    pub(super) fn shake_as(
+        client: Credentials,
+        claims: &str,
+        server: Credentials,
     ) -> (Result<Channel>, std::result::Result<Channel, Refusal>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || take(&l, &server));
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let c = connect(s, addr, "cli", &creds(&client), Some("srv"), WAITS);
+        let c = connect(s, addr, claims, &client, Some("srv"), WAITS);
         (c, t.join().unwrap())
     }
 
+    /// A handshake between a client and a server with these settings.
+    fn shake(
+        client: Auth,
+        server: Auth,
+    ) -> (Result<Channel>, std::result::Result<Channel, Refusal>) {
+        shake_as(creds(&client), "cli", creds(&server))
+    }
+
     /// The next connection's hello, read as the listener does, and the server's handshake.
-    fn take(l: &TcpListener, auth: &Auth) -> std::result::Result<Channel, Refusal> {
+    fn take(l: &TcpListener, creds: &Credentials) -> std::result::Result<Channel, Refusal> {
         let mut s = l.accept().unwrap().0;
         let hello = read_frame(&mut s, MAX_HANDSHAKE_FRAME, WAITS).unwrap();
-        accept(s, &hello, "srv", &creds(auth), WAITS)
+        accept(s, &hello, "srv", creds, WAITS)
     }
 
     fn creds(auth: &Auth) -> Credentials {
@@ -406,8 +416,8 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let server = std::thread::spawn(move || {
-            let first = take(&l, &key()).is_ok();
-            (first, take(&l, &key()))
+            let first = take(&l, &creds(&key())).is_ok();
+            (first, take(&l, &creds(&key())))
         });
         let mine = [3u8; 32];
         let mut w = Writer::default();
@@ -436,42 +446,18 @@ mod tests {
 
 #[cfg(test)]
 mod tls_tests {
+    use super::tests::{shake_as, WAITS};
     use super::*;
     use crate::auth::test_pki::Ca;
     use crate::auth::Tls;
-    use std::net::TcpListener;
-    use std::time::Duration;
 
-    const WAITS: Waits = Waits {
-        idle: Some(Duration::from_secs(5)),
-        frame: Duration::from_secs(5),
-        until: None,
-    };
-
-    /// Agent `client` (its hello naming `claims`) connects to agent `server`.
+    /// Agent "cli" (its hello naming `claims`) connects to agent "srv".
     fn shake(
         client: Tls,
         claims: &str,
         server: Tls,
     ) -> (Result<Channel>, std::result::Result<Channel, Refusal>) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let t = std::thread::spawn(move || {
-            let mut s = l.accept().unwrap().0;
-            let hello = read_frame(&mut s, MAX_HANDSHAKE_FRAME, WAITS).unwrap();
-            accept(s, &hello, "srv", &Credentials::Tls(server), WAITS)
-        });
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let c = connect(
-            s,
-            addr,
-            claims,
-            &Credentials::Tls(client),
-            Some("srv"),
-            WAITS,
-        );
-        (c, t.join().unwrap())
+        shake_as(Credentials::Tls(client), claims, Credentials::Tls(server))
     }
 
     #[test]

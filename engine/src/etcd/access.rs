@@ -10,8 +10,17 @@ use std::path::{Path, PathBuf};
 /// The user named by `GPU_RDMA_ETCD_USER`, whose password is in the file named by this.
 pub const PASSWORD_FILE_ENV: &str = "GPU_RDMA_ETCD_PASSWORD_FILE";
 
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
+/// Variable `name` (unset or empty: `None`); a value that is not UTF-8 is refused, never
+/// taken for unset.
+fn var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v).filter(|v| !v.is_empty())),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Settings(format!(
+            "{name}={}: not UTF-8",
+            v.to_string_lossy()
+        ))),
+    }
 }
 
 /// [`EtcdSettings::user`], or the one in the environment.
@@ -19,10 +28,10 @@ pub(super) fn user(s: &EtcdSettings) -> Result<Option<EtcdUser>> {
     if let Some(u) = &s.user {
         return Ok(Some(u.clone()));
     }
-    let Some(name) = var("GPU_RDMA_ETCD_USER") else {
+    let Some(name) = var("GPU_RDMA_ETCD_USER")? else {
         return Ok(None);
     };
-    let Some(file) = var(PASSWORD_FILE_ENV) else {
+    let Some(file) = var(PASSWORD_FILE_ENV)? else {
         return Err(Error::Settings(format!(
             "GPU_RDMA_ETCD_USER={name} without {PASSWORD_FILE_ENV} (a file holding the password)"
         )));
@@ -40,10 +49,10 @@ pub(super) fn tls(s: &EtcdSettings) -> Result<Option<TlsOptions>> {
     let tls = match &s.tls {
         Some(t) => t.clone(),
         None => {
-            let Some(ca) = var("GPU_RDMA_ETCD_CA") else {
+            let Some(ca) = var("GPU_RDMA_ETCD_CA")? else {
                 return Ok(None);
             };
-            let identity = match (var("GPU_RDMA_ETCD_CERT"), var("GPU_RDMA_ETCD_KEY")) {
+            let identity = match (var("GPU_RDMA_ETCD_CERT")?, var("GPU_RDMA_ETCD_KEY")?) {
                 (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
                 (None, None) => None,
                 _ => {

@@ -263,7 +263,7 @@ impl MetadataService for EtcdMetadata {
     /// # Errors
     /// [`Error::Settings`] for an agent name etcd cannot key, an unspecified control
     /// address, or another agent than this backend's; the first call's failures (see
-    /// above); and [`Error::Metadata`] when etcd refuses a later call's request itself (a
+    /// above); and [`Error::MetadataRefused`] when etcd refuses a later call's request itself (a
     /// value past its request size limit, `--max-request-bytes`, 1.5 MiB by default): the
     /// published state is then left as it was before the call.
     fn publish(&self, descriptor: &AgentDescriptor, control: SocketAddr) -> Result<()> {
