@@ -1,6 +1,7 @@
 //! [`Agent`]: one per process; owns the RDMA devices it uses, its segments, its
 //! connections to peers, and the control listener.
 
+use crate::address::resolve;
 use crate::auth::{Auth, Credentials, INSECURE_ENV};
 use crate::batch::{Batch, Notification};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
@@ -210,6 +211,22 @@ impl Agent {
     pub fn add_peer(&self, agent: &str, control: SocketAddr) {
         self.embedded.add_peer(agent, control);
         self.shared.forget_peer(agent);
+    }
+
+    /// Finds the peer listening at `control` by address alone (Mooncake's P2P handshake: a
+    /// session id `host:port` is a control address), names it to the embedded metadata
+    /// service as [`Agent::add_peer`] does, and returns its name (the one its connection
+    /// authenticated). Under another metadata service the name is only what batches use:
+    /// look-ups still go to that service.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when nothing answers at `control` within [`Settings::io_timeout`],
+    /// [`Error::Authentication`], [`Error::Protocol`], [`Error::IncompatibleVersion`].
+    pub fn add_peer_at(&self, control: SocketAddr) -> Result<String> {
+        let r = self.embedded.discover(control)?;
+        let name = r.descriptor.agent.clone();
+        lock(&self.shared.peers).insert(name.clone(), r);
+        Ok(name)
     }
 
     /// Registers `memory` (a [`DmaBuf`](rdma_dmabuf::DmaBuf), a
@@ -440,7 +457,8 @@ impl Agent {
     ///
     /// # Errors
     /// Before anything is posted: [`Error::EmptyBatch`], [`Error::ZeroLength`],
-    /// [`Error::UnknownSegment`], [`Error::UnknownAgent`], [`Error::OutOfRange`],
+    /// [`Error::UnknownSegment`], [`Error::NoSegmentAt`] (an address no segment holds),
+    /// [`Error::UnknownAgent`], [`Error::OutOfRange`],
     /// [`Error::Access`], [`Error::Overlap`] (a read's local range overlapping another
     /// entry's), [`Error::NotificationTooLong`], [`Error::BatchTooLarge`]; the metadata
     /// service's errors ([`Error::IncompatibleVersion`], [`Error::Io`]). Failures after
@@ -451,14 +469,19 @@ impl Agent {
         let mut refreshed = false;
         let plan = loop {
             let mut table = self.shared.segments.lock();
-            let checked = plan(
-                &batch.entries,
-                &self.shared.name,
-                |n| table.get(n).map(|s| &s.desc),
-                |a| records.get(a).map(|r| &r.descriptor),
-                self.shared.settings.chunk_size,
-                &self.shared.weights,
-            );
+            let descriptor = |a: &str| records.get(a).map(|r| &r.descriptor);
+            let local = table.values().map(|s| &s.desc);
+            let me = &self.shared.name;
+            let checked = resolve(&batch.entries, me, local, descriptor).and_then(|entries| {
+                plan(
+                    &entries,
+                    me,
+                    |n| table.get(n).map(|s| &s.desc),
+                    descriptor,
+                    self.shared.settings.chunk_size,
+                    &self.shared.weights,
+                )
+            });
             match checked {
                 Ok(p) => {
                     for name in &p.segments {
@@ -528,7 +551,9 @@ impl Agent {
 fn stale(e: &Error, me: &str) -> bool {
     match e {
         Error::UnknownSegment { agent, .. } => agent != me,
-        Error::OutOfRange { side, .. } | Error::Access { side, .. } => *side == Side::Remote,
+        Error::OutOfRange { side, .. }
+        | Error::Access { side, .. }
+        | Error::NoSegmentAt { side, .. } => *side == Side::Remote,
         _ => false,
     }
 }

@@ -17,6 +17,13 @@ pub enum Op {
 
 /// One transfer: `len` bytes between `local` at `local_offset` and `remote_segment` of
 /// `remote_agent` at `remote_offset`.
+///
+/// A side may name memory by address instead ([`Batch::write_at`], [`Batch::read_at`]):
+/// its segment name is then empty ([`BY_ADDRESS`]; no segment has that name) and its offset
+/// is the address, resolved when the batch is checked to the segment whose
+/// [`base`](crate::SegmentDescriptor::base) range holds the whole entry (this agent's
+/// segments for `local`, the remote agent's descriptor for `remote_segment`), or refused
+/// with [`Error::NoSegmentAt`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     /// Write or read.
@@ -33,6 +40,17 @@ pub struct Entry {
     pub remote_offset: u64,
     /// How many bytes.
     pub len: u64,
+}
+
+/// The segment name of an entry's side that names memory by address (its offset is the
+/// address): see [`Entry`].
+pub const BY_ADDRESS: &str = "";
+
+impl Entry {
+    /// Whether either side names memory by address ([`BY_ADDRESS`]).
+    pub fn by_address(&self) -> bool {
+        self.local == BY_ADDRESS || self.remote_segment == BY_ADDRESS
+    }
 }
 
 /// Entries and an optional notification for the remote agents.
@@ -78,6 +96,21 @@ impl Batch {
     ) -> Batch {
         let (remote, at) = ((remote_agent, remote_segment), remote_offset);
         self.entry(Op::Read, (local, local_offset), remote, at, len)
+    }
+
+    /// Adds a write of the `len` bytes at `local_addr` (inside a segment of this agent that
+    /// has a base address: host or CUDA memory) to `remote_addr` of `remote_agent` (inside
+    /// one of its segments): Mooncake's way of naming memory. See [`Entry`].
+    pub fn write_at(self, local_addr: u64, remote_agent: &str, remote_addr: u64, len: u64) -> Batch {
+        let remote = (remote_agent, BY_ADDRESS);
+        self.entry(Op::Write, (BY_ADDRESS, local_addr), remote, remote_addr, len)
+    }
+
+    /// Adds a read of the `len` bytes at `remote_addr` of `remote_agent` into `local_addr`.
+    /// See [`Batch::write_at`].
+    pub fn read_at(self, local_addr: u64, remote_agent: &str, remote_addr: u64, len: u64) -> Batch {
+        let remote = (remote_agent, BY_ADDRESS);
+        self.entry(Op::Read, (BY_ADDRESS, local_addr), remote, remote_addr, len)
     }
 
     /// Adds an entry: `op` between `local` (segment, offset) and `remote` (agent, segment)

@@ -5,10 +5,21 @@ use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 
 /// The descriptor format this engine writes and the only one it reads.
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 
 /// The first bytes of an encoded [`AgentDescriptor`]; the format version follows.
 const MAGIC: &[u8; 4] = b"GRE\0";
+
+/// The flag of a segment's access byte that says a base address follows.
+const BASE: u8 = 4;
+
+fn base_bit(base: Option<u64>) -> u8 {
+    if base.is_some() {
+        BASE
+    } else {
+        0
+    }
+}
 
 /// A segment's registration on one of its agent's devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,12 +48,29 @@ pub struct SegmentDescriptor {
     pub name: String,
     /// Its length in bytes.
     pub len: u64,
+    /// The address of its first byte in its agent's process, for memory that has one (host
+    /// memory: its virtual address; CUDA memory: its device pointer), `None` for a dma-buf.
+    /// Peers name memory by address with [`Batch::write_at`](crate::Batch::write_at) and
+    /// [`Batch::read_at`](crate::Batch::read_at): an address resolves to the segment whose
+    /// `[base, base + len)` holds the whole range.
+    pub base: Option<u64>,
     /// Whether peers may RDMA-read it.
     pub remote_read: bool,
     /// Whether peers may RDMA-write it.
     pub remote_write: bool,
     /// Its registrations, one per device it is registered on.
     pub regions: Vec<DeviceRegion>,
+}
+
+impl SegmentDescriptor {
+    /// Whether `[addr, addr + len)` lies inside the segment's `[base, base + len)` (never for
+    /// a segment without a base address, a range of length 0 or one that wraps).
+    pub fn holds(&self, addr: u64, len: u64) -> bool {
+        let (Some(base), Some(end)) = (self.base, addr.checked_add(len)) else {
+            return false;
+        };
+        len > 0 && addr >= base && end <= base.saturating_add(self.len)
+    }
 }
 
 /// An agent and its segments: what the metadata service publishes.
@@ -63,8 +91,14 @@ impl AgentDescriptor {
         self.segments.iter().find(|s| s.name == name)
     }
 
+    /// The segment whose `[base, base + len)` holds all of `[addr, addr + len)`, if any.
+    pub fn segment_at(&self, addr: u64, len: u64) -> Option<&SegmentDescriptor> {
+        self.segments.iter().find(|s| s.holds(addr, len))
+    }
+
     /// The wire form: magic `GRE\0`, [`FORMAT_VERSION`] (u16), then the fields,
-    /// little-endian, strings and lists with a u32 length.
+    /// little-endian, strings and lists with a u32 length; a segment's base address (a u64)
+    /// follows its access byte when that byte's bit 2 is set.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.raw(MAGIC).u16(FORMAT_VERSION);
@@ -72,7 +106,10 @@ impl AgentDescriptor {
         w.u32(self.segments.len() as u32);
         for s in &self.segments {
             w.str(&s.name).u64(s.len);
-            w.u8(u8::from(s.remote_read) | u8::from(s.remote_write) << 1);
+            w.u8(u8::from(s.remote_read) | u8::from(s.remote_write) << 1 | base_bit(s.base));
+            if let Some(b) = s.base {
+                w.u64(b);
+            }
             w.u32(s.regions.len() as u32);
             for r in &s.regions {
                 w.u16(r.device).str(&r.device_name).raw(&r.gid);
@@ -100,9 +137,21 @@ impl AgentDescriptor {
             let name = r.str()?;
             let len = r.u64()?;
             let access = r.u8()?;
-            if access > 3 {
+            if access > 7 {
                 return Err(Error::Protocol(format!("access bits {access:#x}")));
             }
+            let base = if access & BASE != 0 {
+                let b = r.u64()?;
+                if b.checked_add(len).is_none() {
+                    return Err(Error::Protocol(format!(
+                        "segment {name:?}: {len} bytes at base {b:#x} end past the end of the \
+                         address space"
+                    )));
+                }
+                Some(b)
+            } else {
+                None
+            };
             let m = r.u32()?;
             let mut regions = Vec::new();
             for _ in 0..m {
@@ -133,6 +182,7 @@ impl AgentDescriptor {
             segments.push(SegmentDescriptor {
                 name,
                 len,
+                base,
                 remote_read: access & 1 != 0,
                 remote_write: access & 2 != 0,
                 regions,
@@ -158,6 +208,7 @@ mod tests {
             segments: vec![SegmentDescriptor {
                 name: "kv".into(),
                 len: 1 << 20,
+                base: Some(0x7f00_0000_0000),
                 remote_read: true,
                 remote_write: false,
                 regions: vec![DeviceRegion {
@@ -231,6 +282,29 @@ mod tests {
         d.segments[0].len = 4096;
         d.segments[0].regions[0].addr = u64::MAX - 4096;
         assert_eq!(AgentDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
+    }
+
+    #[test]
+    fn a_base_address_round_trips_and_holds_only_whole_ranges() {
+        let mut d = sample();
+        let s = &d.segments[0];
+        let base = 0x7f00_0000_0000;
+        assert!(s.holds(base, 1 << 20));
+        assert!(s.holds(base + 10, 100));
+        assert!(!s.holds(base - 1, 2), "starts before");
+        assert!(!s.holds(base + (1 << 20) - 1, 2), "ends after");
+        assert!(!s.holds(base, 0), "length 0");
+        assert!(!s.holds(u64::MAX - 1, 4), "wraps");
+        assert_eq!(d.segment_at(base + 4096, 4096).map(|s| &*s.name), Some("kv"));
+        d.segments[0].base = None;
+        assert!(!d.segments[0].holds(base, 1));
+        assert_eq!(AgentDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
+        let mut far = sample();
+        far.segments[0].base = Some(u64::MAX - 10);
+        assert!(matches!(
+            AgentDescriptor::from_bytes(&far.to_bytes()),
+            Err(Error::Protocol(m)) if m.contains("base")
+        ));
     }
 
     #[test]

@@ -71,6 +71,22 @@ pub enum Error {
         /// The segment's name.
         segment: String,
     },
+    /// An entry names memory by address ([`Batch::write_at`](crate::Batch::write_at)) that no
+    /// segment of the agent holds whole: never registered, unregistered since, only partly
+    /// registered, or a range that wraps around the address space.
+    #[error("entry {entry}: no segment of agent {agent:?} holds {len} bytes at {addr:#x} ({side:?} side)")]
+    NoSegmentAt {
+        /// The entry's index in the batch.
+        entry: usize,
+        /// Which side.
+        side: Side,
+        /// The agent asked (this one for the local side).
+        agent: String,
+        /// The address.
+        addr: u64,
+        /// The entry's length.
+        len: u64,
+    },
     /// The segment is used by a transfer that has not finished.
     #[error("segment {segment:?} is used by {users} unfinished transfer(s)")]
     SegmentBusy {
@@ -328,7 +344,9 @@ impl Error {
             | E::BatchTooLarge(_)
             | E::NotificationTooLong(_)
             | E::MetadataRefused { .. } => ErrorKind::InvalidInput,
-            E::UnknownAgent(_) | E::UnknownSegment { .. } => ErrorKind::NotFound,
+            E::UnknownAgent(_) | E::UnknownSegment { .. } | E::NoSegmentAt { .. } => {
+                ErrorKind::NotFound
+            }
             E::SegmentBusy { .. } => ErrorKind::Busy,
             E::CudaRange { .. } => ErrorKind::InvalidInput,
             E::NoDevice(_) => ErrorKind::NoDevice,

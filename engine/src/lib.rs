@@ -72,6 +72,7 @@
 //! round at a time (a segment's regions are lent together to one worker).
 #![forbid(unsafe_code)]
 
+mod address;
 mod agent;
 mod auth;
 #[cfg(feature = "tokio")]
@@ -105,7 +106,7 @@ mod worker;
 
 pub use agent::Agent;
 pub use auth::{Auth, ClusterKey, TlsFiles, CLUSTER_KEY_ENV, INSECURE_ENV, MIN_KEY_BYTES, TLS_ENV};
-pub use batch::{Batch, Entry, Notification, Op, MAX_NOTIFICATION};
+pub use batch::{Batch, Entry, Notification, Op, BY_ADDRESS, MAX_NOTIFICATION};
 pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
 pub use error::{Error, ErrorKind, Limit, Result, Side};
 #[cfg(feature = "etcd")]

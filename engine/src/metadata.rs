@@ -93,6 +93,39 @@ impl EmbeddedMetadata {
     pub fn add_peer(&self, agent: &str, control: SocketAddr) {
         lock(&self.peers).insert(agent.into(), control);
     }
+
+    /// Asks the agent listening at `control` for its descriptor, whatever its name, and
+    /// names it with that address (a peer found by address alone: Mooncake's P2P
+    /// handshake). The name is the one its connection authenticated.
+    ///
+    /// # Errors
+    /// As a look-up: [`Error::Io`], [`Error::Authentication`], [`Error::Protocol`] for an
+    /// answer that is not a descriptor of the authenticated agent.
+    pub fn discover(&self, control: SocketAddr) -> Result<PeerRecord> {
+        let r = self.describe(control, None)?;
+        self.add_peer(&r.descriptor.agent, control);
+        Ok(r)
+    }
+
+    /// The descriptor of the agent at `control` (which must be `expect` when given).
+    fn describe(&self, control: SocketAddr, expect: Option<&str>) -> Result<PeerRecord> {
+        let mut ch = self.dialer.dial(control, expect)?;
+        let descriptor = match self.dialer.call(&mut ch, control, &Request::Describe)? {
+            Reply::Descriptor(b) => AgentDescriptor::from_bytes(&b)?,
+            other => return Err(Error::Protocol(format!("{other:?} to Describe"))),
+        };
+        let agent = expect.unwrap_or(&ch.peer);
+        if descriptor.agent != agent {
+            return Err(Error::Protocol(format!(
+                "{control} is agent {:?}, not {agent:?}",
+                descriptor.agent
+            )));
+        }
+        Ok(PeerRecord {
+            descriptor,
+            control,
+        })
+    }
 }
 
 /// Locks a mutex whose data stays consistent through a panic (every update is one step).
@@ -150,20 +183,6 @@ impl MetadataService for EmbeddedMetadata {
         let control = *lock(&self.peers)
             .get(agent)
             .ok_or_else(|| Error::UnknownAgent(agent.into()))?;
-        let mut ch = self.dialer.dial(control, Some(agent))?;
-        let descriptor = match self.dialer.call(&mut ch, control, &Request::Describe)? {
-            Reply::Descriptor(b) => AgentDescriptor::from_bytes(&b)?,
-            other => return Err(Error::Protocol(format!("{other:?} to Describe"))),
-        };
-        if descriptor.agent != agent {
-            return Err(Error::Protocol(format!(
-                "{control} is agent {:?}, not {agent:?}",
-                descriptor.agent
-            )));
-        }
-        Ok(PeerRecord {
-            descriptor,
-            control,
-        })
+        self.describe(control, Some(agent))
     }
 }

@@ -8,6 +8,7 @@ fn seg(name: &str, len: u64, read: bool, write: bool) -> SegmentDescriptor {
     SegmentDescriptor {
         name: name.into(),
         len,
+        base: None,
         remote_read: read,
         remote_write: write,
         regions: vec![DeviceRegion {

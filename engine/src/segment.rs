@@ -143,6 +143,16 @@ impl Region {
         }
     }
 
+    /// The address of the memory's first byte in this process, for memory that has one: a
+    /// host buffer's virtual address (its regions' iova), a CUDA range's device pointer.
+    fn base(&self) -> Option<u64> {
+        match self {
+            Region::DmaBuf(_) => None,
+            Region::Host(rs) => rs.iter().flatten().next().map(MemoryRegion::addr),
+            Region::Cuda { ptr, .. } => Some(*ptr),
+        }
+    }
+
     /// Whether it has a region on device `device` (at home, not lent).
     pub fn has_device(&self, device: usize) -> bool {
         match self {
@@ -284,6 +294,7 @@ pub(crate) fn describe(
     SegmentDescriptor {
         name: name.into(),
         len: remotes.first().map_or(0, |r| r.2),
+        base: region.base(),
         remote_read: true,
         remote_write: true,
         regions: remotes

@@ -84,6 +84,7 @@ fn made_up(agent: &str, incarnation: u64) -> AgentDescriptor {
         segments: vec![SegmentDescriptor {
             name: "kv".into(),
             len: 4096,
+            base: Some(0x1000),
             remote_read: true,
             remote_write: true,
             regions: vec![DeviceRegion {
