@@ -24,9 +24,12 @@ impl<'a> Bases<'a> {
     fn find(&self, addr: u64, len: u64) -> Option<(&'a str, u64)> {
         let below = self.0.partition_point(|&(b, _)| b <= addr);
         let near = below.checked_sub(1).map(|i| self.0[i].1);
-        let s = near
-            .filter(|s| s.holds(addr, len))
-            .or_else(|| self.0[..below].iter().map(|&(_, s)| s).find(|s| s.holds(addr, len)))?;
+        let s = near.filter(|s| s.holds(addr, len)).or_else(|| {
+            self.0[..below]
+                .iter()
+                .map(|&(_, s)| s)
+                .find(|s| s.holds(addr, len))
+        })?;
         Some((&s.name, addr - s.base?))
     }
 }
@@ -112,13 +115,18 @@ mod tests {
 
     fn run(batch: &Batch, local: &[SegmentDescriptor]) -> Result<Vec<Entry>> {
         let p = peer();
-        resolve(&batch.entries, "me", local.iter(), |a| (a == "p").then_some(&p))
-            .map(Cow::into_owned)
+        resolve(&batch.entries, "me", local.iter(), |a| {
+            (a == "p").then_some(&p)
+        })
+        .map(Cow::into_owned)
     }
 
     #[test]
     fn addresses_resolve_to_segments_and_offsets_both_sides() {
-        let local = [seg("l1", Some(0x5000), 0x3000), seg("l0", Some(0x1000), 0x1000)];
+        let local = [
+            seg("l1", Some(0x5000), 0x3000),
+            seg("l0", Some(0x1000), 0x1000),
+        ];
         let b = Batch::new()
             .write_at(0x5010, "p", 0x20_100, 0x10)
             .read_at(0x1000, "p", 0x10_000, 0x1000)
@@ -153,7 +161,12 @@ mod tests {
         for (l, r, len, side) in cases {
             let b = Batch::new().write_at(l, "p", r, len);
             match run(&b, &local) {
-                Err(Error::NoSegmentAt { entry: 0, side: s, addr, .. }) => {
+                Err(Error::NoSegmentAt {
+                    entry: 0,
+                    side: s,
+                    addr,
+                    ..
+                }) => {
                     assert_eq!(s, side, "{l:#x} {r:#x} {len}");
                     assert_eq!(addr, if side == Side::Local { l } else { r });
                 }

@@ -101,9 +101,21 @@ impl Batch {
     /// Adds a write of the `len` bytes at `local_addr` (inside a segment of this agent that
     /// has a base address: host or CUDA memory) to `remote_addr` of `remote_agent` (inside
     /// one of its segments): Mooncake's way of naming memory. See [`Entry`].
-    pub fn write_at(self, local_addr: u64, remote_agent: &str, remote_addr: u64, len: u64) -> Batch {
+    pub fn write_at(
+        self,
+        local_addr: u64,
+        remote_agent: &str,
+        remote_addr: u64,
+        len: u64,
+    ) -> Batch {
         let remote = (remote_agent, BY_ADDRESS);
-        self.entry(Op::Write, (BY_ADDRESS, local_addr), remote, remote_addr, len)
+        self.entry(
+            Op::Write,
+            (BY_ADDRESS, local_addr),
+            remote,
+            remote_addr,
+            len,
+        )
     }
 
     /// Adds a read of the `len` bytes at `remote_addr` of `remote_agent` into `local_addr`.

@@ -295,7 +295,10 @@ mod tests {
         assert!(!s.holds(base + (1 << 20) - 1, 2), "ends after");
         assert!(!s.holds(base, 0), "length 0");
         assert!(!s.holds(u64::MAX - 1, 4), "wraps");
-        assert_eq!(d.segment_at(base + 4096, 4096).map(|s| &*s.name), Some("kv"));
+        assert_eq!(
+            d.segment_at(base + 4096, 4096).map(|s| &*s.name),
+            Some("kv")
+        );
         d.segments[0].base = None;
         assert!(!d.segments[0].holds(base, 1));
         assert_eq!(AgentDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);

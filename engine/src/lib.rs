@@ -87,6 +87,7 @@ mod error;
 mod etcd;
 mod exec;
 mod failover;
+mod http_meta;
 mod inbox;
 mod limits;
 mod metadata;
@@ -101,6 +102,7 @@ mod server;
 mod server_tests;
 mod settings;
 mod shared;
+mod signed;
 mod wire;
 mod worker;
 
@@ -112,6 +114,7 @@ pub use error::{Error, ErrorKind, Limit, Result, Side};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdMetadata, EtcdSettings, EtcdTls, EtcdUser};
 pub use gpu_rdma_topology::{Near, NicOverride, OverrideError, Proximity, Ranked};
+pub use http_meta::{HttpMetadata, MetadataServer, HTTP_PREFIX};
 pub use limits::{ControlStats, Limits};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};
 pub use progress::{EntryStatus, Transfer};

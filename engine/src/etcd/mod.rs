@@ -20,16 +20,15 @@
 
 mod access;
 mod record;
-mod sign;
 mod state;
 
 use crate::auth::{Auth, Credentials};
 use crate::descriptor::AgentDescriptor;
 use crate::error::{Error, Result};
 use crate::metadata::{lock, MetadataService, PeerRecord};
+use crate::signed::Signing;
 use etcd_client::{Client, ConnectOptions};
 use record::{check_name, metadata, Failure};
-use sign::Signing;
 use state::{record_of, Inner, Mine};
 use std::future::Future;
 use std::net::SocketAddr;

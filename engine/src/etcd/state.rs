@@ -1,12 +1,12 @@
 //! The etcd backend's state: what this agent publishes and what the watches delivered.
 
 use super::record::{failure, metadata, one_segment, Failure, Record};
-use super::sign::Signing;
 use super::EtcdSettings;
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::metadata::lock;
 use crate::metadata::PeerRecord;
+use crate::signed::Signing;
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };

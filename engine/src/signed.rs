@@ -1,10 +1,10 @@
-//! Signed etcd values: every value the backend writes carries a proof that an agent of the
-//! cluster wrote it under that key, and every value it reads must carry one, so that a
-//! writer of the prefix who is not an agent cannot stand in for one (docs/engine.md,
-//! "Security").
+//! Signed metadata values (the etcd and HTTP backends): every value a backend writes carries
+//! a proof that an agent of the cluster wrote it under that key, and every value it reads
+//! must carry one, so that a writer of the store who is not an agent cannot stand in for one
+//! (docs/engine.md, "Security").
 //!
 //! A signed value is `GRS\0`, a kind, the value (u32 length and bytes) and the proof, over
-//! the etcd key and the value (so a value moved to another key, another agent's or another
+//! the store's key and the value (so a value moved to another key, another agent's or another
 //! segment's, fails):
 //! * kind 1, a cluster key: HMAC-SHA-256 under a key derived from the cluster key for etcd
 //!   alone (any agent of the cluster could have written it);
@@ -26,11 +26,11 @@ const KIND_KEY: u8 = 1;
 const KIND_TLS: u8 = 2;
 
 /// How this backend signs what it writes and checks what it reads.
-pub(super) enum Signing {
+pub(crate) enum Signing {
     /// No authentication: values are written and read as they are; a signed value is
     /// refused (it belongs to a cluster with a key).
     None,
-    /// The cluster key's etcd key.
+    /// The key derived from the cluster key for metadata values.
     Key(Zeroizing<[u8; 32]>),
     /// This agent's TLS key, certificate and the cluster's CA.
     Tls(Box<Tls>),
@@ -62,39 +62,39 @@ impl Signing {
         }
     }
 
-    fn tag(key: &[u8; 32], etcd_key: &str, value: &[u8]) -> Hmac<Sha256> {
+    fn tag(key: &[u8; 32], store_key: &str, value: &[u8]) -> Hmac<Sha256> {
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("any key length");
-        m.update(&(etcd_key.len() as u64).to_le_bytes());
-        m.update(etcd_key.as_bytes());
+        m.update(&(store_key.len() as u64).to_le_bytes());
+        m.update(store_key.as_bytes());
         m.update(value);
         m
     }
 
     /// What a TLS signature covers.
-    fn message(etcd_key: &str, value: &[u8]) -> Vec<u8> {
+    fn message(store_key: &str, value: &[u8]) -> Vec<u8> {
         let mut m = b"gpu-rdma etcd records v1 ".to_vec();
-        m.extend_from_slice(&(etcd_key.len() as u64).to_le_bytes());
-        m.extend_from_slice(etcd_key.as_bytes());
+        m.extend_from_slice(&(store_key.len() as u64).to_le_bytes());
+        m.extend_from_slice(store_key.as_bytes());
         m.extend_from_slice(value);
         m
     }
 
-    /// `value` as agent `agent` writes it under `etcd_key`.
+    /// `value` as agent `agent` writes it under `store_key`.
     ///
     /// # Errors
     /// With TLS: [`Error::Settings`] when this agent's certificate does not name `agent`, or
     /// its key fails to sign.
-    pub fn seal(&self, etcd_key: &str, agent: &str, value: Vec<u8>) -> Result<Vec<u8>> {
+    pub fn seal(&self, store_key: &str, agent: &str, value: Vec<u8>) -> Result<Vec<u8>> {
         let mut w = Writer::default();
         match self {
             Signing::None => return Ok(value),
             Signing::Key(k) => {
-                let tag = Signing::tag(k, etcd_key, &value).finalize().into_bytes();
+                let tag = Signing::tag(k, store_key, &value).finalize().into_bytes();
                 w.raw(MAGIC).u8(KIND_KEY).bytes(&value).raw(&tag);
             }
             Signing::Tls(t) => {
                 crate::auth::names(&t.chain()[0], agent)?;
-                let (scheme, sig) = t.sign(&Signing::message(etcd_key, &value))?;
+                let (scheme, sig) = t.sign(&Signing::message(store_key, &value))?;
                 w.raw(MAGIC)
                     .u8(KIND_TLS)
                     .bytes(&value)
@@ -109,15 +109,15 @@ impl Signing {
         Ok(w.0)
     }
 
-    /// The value `stored` under `etcd_key` holds, once its proof is checked.
+    /// The value `stored` under `store_key` holds, once its proof is checked.
     ///
     /// # Errors
     /// [`Error::Authentication`] for a value without a proof, or whose proof fails (written
     /// by someone without the cluster's key, or moved from another key), or a signed value
     /// read without a key.
-    pub fn open<'a>(&self, etcd_key: &str, agent: &str, stored: &'a [u8]) -> Result<&'a [u8]> {
+    pub fn open<'a>(&self, store_key: &str, agent: &str, stored: &'a [u8]) -> Result<&'a [u8]> {
         let refused = |detail: &str| Error::Authentication {
-            peer: format!("etcd key {etcd_key}"),
+            peer: format!("metadata key {store_key}"),
             detail: detail.into(),
         };
         let signed = stored.starts_with(MAGIC);
@@ -143,7 +143,7 @@ impl Signing {
             (Signing::Key(k), KIND_KEY) => {
                 let tag = r.raw(32)?;
                 r.end()?;
-                Signing::tag(k, etcd_key, value)
+                Signing::tag(k, store_key, value)
                     .verify_slice(tag)
                     .map_err(|_| {
                         refused(
@@ -161,7 +161,7 @@ impl Signing {
                     chain.push(CertificateDer::from(r.bytes()?));
                 }
                 r.end()?;
-                let msg = Signing::message(etcd_key, value);
+                let msg = Signing::message(store_key, value);
                 t.verify(&chain, agent, &msg, scheme, sig)
                     .map_err(|why| refused(&format!("not written by agent {agent:?}: {why}")))?;
             }
