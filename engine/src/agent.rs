@@ -417,6 +417,15 @@ impl Agent {
         sent
     }
 
+    /// Agent `agent`'s current descriptor, fetched from the metadata service (its segments'
+    /// names, lengths and base addresses: what [`Batch::write_at`] resolves against).
+    ///
+    /// # Errors
+    /// [`Error::UnknownAgent`] and the metadata service's errors.
+    pub fn peer_descriptor(&self, agent: &str) -> Result<AgentDescriptor> {
+        self.peer_record(agent, true).map(|r| r.descriptor)
+    }
+
     /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`, or a
     /// backend that follows its peers itself: always).
     fn peer_records(&self, batch: &Batch, refresh: bool) -> Result<HashMap<String, PeerRecord>> {

@@ -48,7 +48,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn address(op: &str, text: &str) -> Result<SocketAddr> {
+pub(crate) fn address(op: &str, text: &str) -> Result<SocketAddr> {
     text.parse().map_err(|e| {
         Failure::new(
             Class::InvalidInput,
@@ -214,7 +214,7 @@ impl Agent {
     #[new]
     #[pyo3(signature = (name, devices = None, bind = "0.0.0.0:0", chunk_size = None,
         in_flight = None, queue_pairs = None, workers = None, io_timeout = None, etcd = None,
-        etcd_prefix = None, etcd_lease_ttl = None))]
+        etcd_prefix = None, etcd_lease_ttl = None, metadata_server = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -229,6 +229,7 @@ impl Agent {
         etcd: Option<Vec<String>>,
         etcd_prefix: Option<String>,
         etcd_lease_ttl: Option<f64>,
+        metadata_server: Option<String>,
     ) -> PyResult<Agent> {
         let mut s = Settings::default();
         s.devices = devices;
@@ -240,7 +241,8 @@ impl Agent {
         if let Some(t) = io_timeout {
             s.io_timeout = bound("Agent", t)?;
         }
-        let metadata = crate::etcd::Metadata::new(etcd, etcd_prefix, etcd_lease_ttl)?;
+        let metadata =
+            crate::etcd::Metadata::new(etcd, etcd_prefix, etcd_lease_ttl, metadata_server)?;
         let name = name.to_string();
         let agent = py
             .allow_threads(move || metadata.start(&name, s))
@@ -301,6 +303,57 @@ impl Agent {
         self.check_free(name)?;
         let (memory, held) = self.memory(name, memory)?;
         self.insert(py, name, memory, held)
+    }
+
+    /// Finds the agent listening at `address` (`"ip:port"`) by its address alone, names it
+    /// as `add_peer` does, and returns its name (Mooncake's P2P handshake).
+    fn add_peer_at(&self, py: Python<'_>, address: &str) -> PyResult<String> {
+        let addr = self::address("add_peer_at", address)?;
+        let agent = self.engine("add_peer_at")?;
+        py.allow_threads(move || agent.add_peer_at(addr))
+            .map_err(|e| Failure::engine("add_peer_at", &e).into())
+    }
+
+    /// Registers the `size` bytes at `address` of this process's memory as segment `name`
+    /// (peers name them by address: `Batch.write_at`); returns `size`. `location`: `"*"`
+    /// (CUDA device memory if the driver knows the address, else host memory), `"cpu"`, or
+    /// `"cuda:N"`. The caller promises, as with Mooncake's `register_memory`, that the
+    /// memory stays allocated until `unregister`: the engine cannot tell. The segment holds
+    /// `owner` until then.
+    #[pyo3(signature = (name, address, size, location = "*", owner = None))]
+    fn register_address(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        address: u64,
+        size: u64,
+        location: &str,
+        owner: Option<PyObject>,
+    ) -> PyResult<u64> {
+        self.engine("register_address")?;
+        self.check_free(name)?;
+        let memory = crate::by_address::memory(py, address, size, location)?;
+        let owner = owner.unwrap_or_else(|| py.None());
+        self.insert(py, name, memory, Held::Object(owner))
+    }
+
+    /// The segments of this agent (`agent=None`) or of agent `agent` (asked of the metadata
+    /// service): `(name, base address or None, length)` each, in name order. A segment has
+    /// a base address when registered from host or CUDA memory.
+    #[pyo3(signature = (agent = None))]
+    fn describe(
+        &self,
+        py: Python<'_>,
+        agent: Option<&str>,
+    ) -> PyResult<Vec<(String, Option<u64>, u64)>> {
+        let a = self.engine("describe")?;
+        let d = match agent {
+            None => a.descriptor(),
+            Some(peer) => py
+                .allow_threads(move || a.peer_descriptor(peer))
+                .map_err(|e| Failure::engine("describe", &e))?,
+        };
+        Ok(crate::by_address::table(&d))
     }
 
     /// Registers `[ptr, ptr + size)` of GPU `device`'s memory (a tensor's `data_ptr()` and

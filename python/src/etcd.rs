@@ -1,5 +1,5 @@
-//! The metadata service an `Agent` starts with: the embedded one, or etcd (with the cargo
-//! feature `etcd`).
+//! The metadata service an `Agent` starts with: the embedded one, a server of Mooncake's
+//! HTTP metadata protocol, or etcd (with the cargo feature `etcd`).
 
 use crate::errors::{Class, Failure, Result};
 use gpu_rdma_engine::{Agent, Settings};
@@ -7,17 +7,31 @@ use gpu_rdma_engine::{Agent, Settings};
 /// Which metadata service, with its settings.
 pub(crate) enum Metadata {
     Embedded,
+    /// A server of Mooncake's HTTP metadata protocol, by URL.
+    Http(String),
     #[cfg(feature = "etcd")]
     Etcd(Box<gpu_rdma_engine::EtcdSettings>),
 }
 
 impl Metadata {
-    /// From `Agent(...)`'s keywords: etcd when `endpoints` is given.
+    /// From `Agent(...)`'s keywords: etcd when `endpoints` is given, an HTTP metadata server
+    /// when `http` is (not both).
     pub fn new(
         endpoints: Option<Vec<String>>,
         prefix: Option<String>,
         lease_ttl: Option<f64>,
+        http: Option<String>,
     ) -> Result<Metadata> {
+        if let Some(url) = http {
+            if endpoints.is_some() || prefix.is_some() || lease_ttl.is_some() {
+                return Err(Failure::new(
+                    Class::InvalidInput,
+                    "Agent",
+                    "Agent: metadata_server and etcd name two metadata services: give one",
+                ));
+            }
+            return Ok(Metadata::Http(url));
+        }
         let Some(endpoints) = endpoints else {
             if prefix.is_some() || lease_ttl.is_some() {
                 return Err(Failure::new(
@@ -64,6 +78,11 @@ impl Metadata {
     pub fn start(self, name: &str, settings: Settings) -> gpu_rdma_engine::Result<Agent> {
         match self {
             Metadata::Embedded => Agent::new(name, settings),
+            Metadata::Http(url) => {
+                let m =
+                    gpu_rdma_engine::HttpMetadata::new(&url, &settings.auth, settings.io_timeout)?;
+                Agent::with_metadata(name, settings, std::sync::Arc::new(m))
+            }
             #[cfg(feature = "etcd")]
             Metadata::Etcd(mut s) => {
                 // The records are signed and checked as the agent authenticates.

@@ -143,6 +143,33 @@ pub(crate) fn foreign_buffer(pin: Pin) -> Result<HostBuffer> {
         .map_err(|e| Failure::rdma("register", &e))
 }
 
+/// `len` bytes at `addr` of this process's memory, registered by address: the caller's
+/// promise that they stay allocated while registered (`Agent.register_address`).
+#[allow(unsafe_code)] // HostBuffer::from_foreign: see the SAFETY comment
+pub(crate) fn address_buffer(addr: u64, len: u64) -> Result<HostBuffer> {
+    let refused = |why: String| {
+        Failure::new(
+            Class::InvalidInput,
+            "register_address",
+            format!("register_address: {why}"),
+        )
+    };
+    let ptr = usize::try_from(addr)
+        .ok()
+        .and_then(|a| NonNull::new(a as *mut u8))
+        .ok_or_else(|| refused(format!("address {addr:#x}")))?;
+    let len = usize::try_from(len).map_err(|_| refused(format!("{len} bytes")))?;
+    // SAFETY: `Agent.register_address`'s documented contract, the caller's as in Mooncake's
+    // `register_memory`: `addr..addr + len` is memory of this process that stays allocated
+    // until the segment is unregistered. No Rust reference to it exists (Python reaches it
+    // through its own objects or ctypes), and none is made through this buffer: it goes
+    // straight to the engine as a segment, which gives the CPU no access, and comes back
+    // from `unregister` only to be dropped (the owner is `()`: nothing is freed). Memory that
+    // is not mapped is refused by the kernel's registration (EFAULT), not touched.
+    unsafe { HostBuffer::from_foreign(ptr, len, Box::new(())) }
+        .map_err(|e| Failure::rdma("register_address", &e))
+}
+
 #[pymethods]
 impl HostMemory {
     /// `size` bytes (a multiple of the page size), zero-filled.

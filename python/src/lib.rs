@@ -11,7 +11,9 @@
 //! * `transfer`: `Batch`, `Transfer` (bounded waits with the GIL released, asyncio
 //!   awaitables), `Notification`.
 //! * `awaiting`: asyncio futures of transfers, settled from the engine on one waiting thread.
-//! * `etcd`: the metadata service an agent starts with (embedded, or etcd).
+//! * `etcd`: the metadata service an agent starts with (embedded, HTTP, or etcd).
+//! * `by_address`: memory registered by address (Mooncake's way), segment tables, and
+//!   `MetadataServer`.
 //! * `errors`: the exception hierarchy.
 //! * `sys`: the raw layer: CPython's buffer protocol, DLPack capsules, the duplicate of an
 //!   fd number, behind safe functions and owned types.
@@ -19,11 +21,13 @@
 // Unsafe code: only in the raw layer, `sys` (the C buffer protocol's export and release of a
 // buffer, the reading and taking of a DLPack capsule's tensor and its deleter, the duplicate
 // of an fd number), and the registration of a pinned buffer in place
-// (`host::foreign_buffer`, a call of the public `unsafe fn` `HostBuffer::from_foreign`).
+// (`host::foreign_buffer`) or by address (`host::address_buffer`), calls of the public
+// `unsafe fn` `HostBuffer::from_foreign`.
 #![deny(unsafe_code)]
 
 mod agent;
 mod awaiting;
+mod by_address;
 mod dlpack;
 mod errors;
 mod etcd;
@@ -45,6 +49,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transfer::Batch>()?;
     m.add_class::<transfer::Transfer>()?;
     m.add_class::<transfer::Notification>()?;
+    m.add_class::<by_address::MetadataServer>()?;
     m.add_function(wrap_pyfunction!(memory::udmabuf, m)?)?;
     m.add_function(wrap_pyfunction!(memory::dma_heap, m)?)?;
     m.add_function(wrap_pyfunction!(memory::vgem, m)?)?;

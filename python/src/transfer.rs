@@ -79,6 +79,36 @@ impl Batch {
         })
     }
 
+    /// Adds an RDMA write of `length` bytes at address `local_address` (inside a segment of
+    /// this agent registered from host or CUDA memory) to `remote_address` of agent `peer`
+    /// (inside one of its segments): Mooncake's way of naming memory. An address no segment
+    /// holds whole is refused with `NotFound` when the batch is submitted.
+    fn write_at<'py>(
+        slf: PyRefMut<'py, Self>,
+        local_address: u64,
+        peer: &str,
+        remote_address: u64,
+        length: u64,
+    ) -> PyRefMut<'py, Self> {
+        push(slf, |b| {
+            b.write_at(local_address, peer, remote_address, length)
+        })
+    }
+
+    /// Adds an RDMA read of `length` bytes at `remote_address` of agent `peer` into
+    /// `local_address` (see `write_at`).
+    fn read_at<'py>(
+        slf: PyRefMut<'py, Self>,
+        local_address: u64,
+        peer: &str,
+        remote_address: u64,
+        length: u64,
+    ) -> PyRefMut<'py, Self> {
+        push(slf, |b| {
+            b.read_at(local_address, peer, remote_address, length)
+        })
+    }
+
     /// Sends `message` (at most 4096 bytes) to every peer of the batch once all its
     /// entries have landed.
     fn notify<'py>(slf: PyRefMut<'py, Self>, message: &[u8]) -> PyRefMut<'py, Self> {

@@ -93,7 +93,7 @@ fn pytest_suite_passes_on_loopback_rxe() {
         T,
     );
     println!("{}", text(&out));
-    all_passed(&out, 36);
+    all_passed(&out, 48);
 }
 
 /// mypy --strict over the stubs, the tests and the example (the stubs stand for the module).
@@ -136,5 +136,33 @@ mod two_node {
         println!("{t}");
         assert!(out.status.success(), "{role}:\n{t}");
         assert!(t.contains("RESULT ok blocks=32"), "{role}:\n{t}");
+    }
+
+    /// Mooncake's API between the nodes (python/examples/mooncake_pair.py): found by
+    /// address, then through an HTTP metadata server on the server node.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_mooncake_api_moves_blocks_found_by_address_and_over_http() {
+        let tb = Testbed::get();
+        for metadata in ["p2p", "http"] {
+            let role = if tb.is_server() {
+                "target"
+            } else {
+                "initiator"
+            };
+            let mut args = vec!["examples/mooncake_pair.py", role, "--host", &tb.local_addr];
+            args.extend(["--device", &tb.device, "--metadata", metadata]);
+            if !tb.is_server() {
+                args.extend(["--peer", &tb.peer_addr]);
+            }
+            let out = wait(spawn(&mut python(&args)), T, role);
+            let t = text(&out);
+            println!("{t}");
+            assert!(out.status.success(), "{role} ({metadata}):\n{t}");
+            assert!(
+                t.contains("RESULT ok blocks=100"),
+                "{role} ({metadata}):\n{t}"
+            );
+        }
     }
 }

@@ -39,15 +39,7 @@ fn stage_profile(paths: &Paths, release: bool) -> Result<PathBuf> {
     let out = paths.target.join(profile).join("python");
     let pkg = out.join("gpu_rdma");
     std::fs::create_dir_all(&pkg).map_err(|e| format!("create {}: {e}", pkg.display()))?;
-    let src = paths.root.join("python/gpu_rdma");
-    let entries = std::fs::read_dir(&src).map_err(|e| format!("read {}: {e}", src.display()))?;
-    for entry in entries {
-        let path = entry.map_err(|e| e.to_string())?.path();
-        if path.is_file() {
-            let to = pkg.join(path.file_name().expect("a file has a name"));
-            std::fs::copy(&path, &to).map_err(|e| format!("copy {}: {e}", path.display()))?;
-        }
-    }
+    copy_tree(&paths.root.join("python/gpu_rdma"), &pkg)?;
     let lib = paths.target.join(profile).join("libgpu_rdma_native.so");
     let to = pkg.join("_native.abi3.so");
     // Replaced, not overwritten: a Python process may have the old file mapped.
@@ -55,4 +47,22 @@ fn stage_profile(paths: &Paths, release: bool) -> Result<PathBuf> {
     std::fs::copy(&lib, &to).map_err(|e| format!("copy {}: {e}", lib.display()))?;
     step.done();
     Ok(out)
+}
+
+/// Copies the package's sources under `src` into `dst`, folders included (the `mooncake`
+/// compatibility package under `_compat/`), leaving out Python's byte-code caches.
+fn copy_tree(src: &std::path::Path, dst: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
+    let entries = std::fs::read_dir(src).map_err(|e| format!("read {}: {e}", src.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let name = path.file_name().expect("an entry has a name");
+        if path.is_dir() && name != "__pycache__" {
+            copy_tree(&path, &dst.join(name))?;
+        } else if path.is_file() {
+            let to = dst.join(name);
+            std::fs::copy(&path, &to).map_err(|e| format!("copy {}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
 }
