@@ -7,7 +7,8 @@ them back, checks them, and tells the target the digest of what it wrote.
                    --peer 10.0.0.1
 
 `--metadata http`: the target also serves an HTTP metadata server (gpu_rdma.MetadataServer)
-on port 18_811, and both engines find each other through it. Prints `RESULT ok` on success.
+on port 18_811, and both engines find each other through it; `--metadata http://...`: both
+use that server (Mooncake's own, say). Prints `RESULT ok` on success.
 """
 
 import argparse
@@ -41,22 +42,30 @@ def target(args: argparse.Namespace) -> None:
     if args.metadata == "http":
         server = gpu_rdma.MetadataServer(f"{args.host}:{HTTP_PORT}")
         metadata = server.url
+    elif args.metadata.startswith("http://"):
+        metadata = args.metadata
     e = start(f"{args.host}:{PORT}", metadata, args.device)
     buf = e.allocate_managed_buffer(SIZE)
     assert buf, e.last_error()
     print(f"target ready at {args.host}:{PORT}, buffer at {buf:#x}", flush=True)
     end = time.monotonic() + DEADLINE
     notes: List[TransferNotify] = []
-    while not notes:
-        assert time.monotonic() < end, "no notification from the initiator"
-        notes = e.get_notifies()
-        time.sleep(0.05)
+
+    def wait_for(prefix: str) -> TransferNotify:
+        while True:
+            for n in notes:
+                if n.msg.startswith(prefix):
+                    return n
+            assert time.monotonic() < end, f"no {prefix!r} notification from the initiator"
+            notes.extend(e.get_notifies())
+            time.sleep(0.05)
+
+    done = wait_for("done ")
     digest = hashlib.sha256(e.read_bytes_from_buffer(buf, BLOCKS * BLOCK)).hexdigest()
-    assert notes[0].msg == f"done {digest}", (notes[0].msg, digest)
-    print(f"RESULT ok blocks={BLOCKS} from={notes[0].name}", flush=True)
-    # Stay up while the initiator finishes its reads (it says so once more).
-    while time.monotonic() < end and not e.get_notifies():
-        time.sleep(0.05)
+    assert done.msg == f"done {digest}", (done.msg, digest)
+    print(f"RESULT ok blocks={BLOCKS} from={done.name}", flush=True)
+    # Stay up until the initiator is finished with this buffer.
+    wait_for("bye")
     agent = e.get_engine()
     if agent is not None:
         agent.close()
@@ -68,6 +77,8 @@ def initiator(args: argparse.Namespace) -> None:
     metadata = "P2PHANDSHAKE"
     if args.metadata == "http":
         metadata = f"http://{args.peer}:{HTTP_PORT}/metadata"
+    elif args.metadata.startswith("http://"):
+        metadata = args.metadata
     session = f"{args.peer}:{PORT}"
     e = start(args.host, metadata, args.device)
     end = time.monotonic() + DEADLINE
@@ -112,7 +123,7 @@ def main() -> None:
     p.add_argument("role", choices=["target", "initiator"])
     p.add_argument("--host", required=True, help="this node's address")
     p.add_argument("--device", required=True, help="RDMA device")
-    p.add_argument("--metadata", choices=["p2p", "http"], default="p2p")
+    p.add_argument("--metadata", default="p2p", help="p2p, http, or a metadata server's URL")
     p.add_argument("--peer", help="the target's address (initiator)")
     args = p.parse_args()
     if args.role == "target":

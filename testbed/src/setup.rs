@@ -149,6 +149,12 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "type-checks the gpu_rdma package's stubs, tests and example",
     ),
     (
+        "python3-aiohttp",
+        "aiohttp: Mooncake's own HTTP metadata server (the pinned wheel's \
+         mooncake.http_metadata_server), which the engine's HTTP metadata backend is tested \
+         against",
+    ),
+    (
         "libnuma1",
         "a library of Mooncake's transfer_engine_bench (crate::wheels; VM)",
     ),

@@ -14,6 +14,7 @@ pub mod etcd;
 pub mod evil_waker;
 pub mod exporters;
 pub mod injection;
+pub mod mooncake;
 pub mod oob;
 pub mod pki;
 pub mod process;

@@ -112,6 +112,7 @@ fn the_stubs_type_check_the_tests_and_the_example() {
 /// Tests of the two-node testbed: `cargo xtask test` runs this module on both nodes.
 mod two_node {
     use super::*;
+    use integration_tests::mooncake::MooncakeServer;
 
     const PORT: u16 = 18_800;
 
@@ -139,12 +140,23 @@ mod two_node {
     }
 
     /// Mooncake's API between the nodes (python/examples/mooncake_pair.py): found by
-    /// address, then through an HTTP metadata server on the server node.
+    /// address, through our HTTP metadata server, and through Mooncake's own (the pinned
+    /// wheel's, on the server node).
     #[test]
     #[ignore = "needs the testbed VM"]
     fn two_node_mooncake_api_moves_blocks_found_by_address_and_over_http() {
         let tb = Testbed::get();
-        for metadata in ["p2p", "http"] {
+        let node_a = if tb.is_server() {
+            &tb.local_addr
+        } else {
+            &tb.peer_addr
+        };
+        let theirs = format!("http://{node_a}:{MOONCAKE_PORT}/metadata");
+        for metadata in ["p2p", "http", theirs.as_str()] {
+            let _server = (tb.is_server() && metadata == theirs).then(|| {
+                let at = format!("{}:{MOONCAKE_PORT}", tb.local_addr);
+                MooncakeServer::start(at.parse().expect("an address"))
+            });
             let role = if tb.is_server() {
                 "target"
             } else {
@@ -165,4 +177,7 @@ mod two_node {
             );
         }
     }
+
+    /// Where node a runs Mooncake's HTTP metadata server.
+    const MOONCAKE_PORT: u16 = 18_812;
 }

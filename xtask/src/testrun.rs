@@ -59,6 +59,8 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     }
     let started = Instant::now();
     setup::packages()?;
+    // Mooncake's wheel: its HTTP metadata server is a peer of the engine's tests.
+    dmabuf_testbed::wheels::fetch_all(paths)?;
     if !host_only {
         let k = kernel::fetch(paths)?;
         initramfs::build(paths, &k)?;
