@@ -18,6 +18,8 @@ pub const RUN_OPTIONS: &str =
       --mode patched|stock  rxe and rdma-core with kernel-patches/ (default: dma-buf regions
                             work) or Debian's own
       --timeout SECS        stop and fail after SECS (default 1800)
+      --memory MIB          guest memory per VM in MiB (default 2048; 512 or more, and all
+                            the VMs together within the host's memory less 1 GiB)
       --package PKG         a Debian package the guest needs (repeatable); see the README
       --verbose             the accelerator's whole story in the header (why not KVM, in
                             QEMU's words), not its one-line summary
@@ -38,7 +40,15 @@ pub fn parse_run_args(args: &[String]) -> Result<(Opts, Vec<String>)> {
                 if argv.is_empty() {
                     break;
                 }
+                check_memory(&opts)?;
                 return Ok((opts, argv));
+            }
+            "--memory" => {
+                opts.mem_mib = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n >= 512)
+                    .ok_or("--memory takes MiB, 512 or more")?
             }
             "--nodes" => {
                 opts.nodes = it
@@ -79,11 +89,37 @@ pub fn parse_run_args(args: &[String]) -> Result<(Opts, Vec<String>)> {
                 // No `--`: the rest is the command.
                 let mut argv = vec![a.clone()];
                 argv.extend(it.cloned());
+                check_memory(&opts)?;
                 return Ok((opts, argv));
             }
         }
     }
     fail!("no command given: run [options] -- <command> [args...]")
+}
+
+/// Refuses guests that together ask for more than the host's memory less 1 GiB (QEMU would
+/// start them and the host's OOM killer end one mid-run).
+fn check_memory(opts: &Opts) -> Result<()> {
+    let Some(total) = host_memory_mib() else {
+        return Ok(());
+    };
+    let want = u64::from(opts.mem_mib) * u64::from(opts.nodes);
+    if want + 1024 > total {
+        fail!(
+            "--memory {}: {} VM(s) would take {want} MiB of this host's {total} MiB (leave 1 GiB)",
+            opts.mem_mib,
+            opts.nodes
+        );
+    }
+    Ok(())
+}
+
+/// The host's memory in MiB (`MemTotal` of /proc/meminfo), if it tells.
+fn host_memory_mib() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 /// Whether the arguments ask for help: the first is `--help` or `-h`.
@@ -125,6 +161,19 @@ mod tests {
         assert_eq!(argv, ["ls", "-l"]);
         let (o, _) = parse_run_args(&args("--nodes 2 --nics 4 --topology -- true")).unwrap();
         assert!(o.topology && o.nics == 4);
+        assert_eq!(o.mem_mib, 2048, "the default guest memory");
+        let (o, _) = parse_run_args(&args("--memory 4096 -- true")).unwrap();
+        assert_eq!(o.mem_mib, 4096);
+        assert!(
+            parse_run_args(&args("--memory 100 -- true")).is_err(),
+            "too little"
+        );
+        assert!(parse_run_args(&args("--memory lots -- true")).is_err());
+        let huge = parse_run_args(&args("--nodes 2 --memory 4000000 -- true"));
+        assert!(
+            huge.is_err_and(|e| e.to_string().contains("host")),
+            "more than the host has"
+        );
         let (o, _) = parse_run_args(&args("-- true")).unwrap();
         assert!(
             !o.verbose,

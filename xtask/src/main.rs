@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod miri;
+mod mooncake;
 mod packaging;
 mod phase;
 mod python;
@@ -79,6 +80,12 @@ cargo xtask <command>
   wheel [--debug]       the Python package as a wheel (cp39-abi3) in target/release/wheels
                         (no maturin needed; `pip install ./python` builds one with maturin)
   rdma-core-tests       rdma-core's own test suite on the patched and the stock rxe, compared
+  mooncake-tests [opts] Mooncake's own transfer-engine tests (fetched at their pinned tag,
+                        never committed) in the two-node testbed against our mooncake.engine
+      --source DIR        a Mooncake checkout (or a folder with the two files) instead of
+                          downloading them
+      --engine E          ours (default), mooncake (the pinned wheel's), or both
+      --metadata M        p2p, ours, mooncake (whose HTTP metadata server), or all (default)
 ";
 
 /// Where things live.
@@ -293,6 +300,7 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
         "demo" => demo::main(&paths),
         "soak" => soak::main(&paths, rest),
         "rdma-core-tests" => rdmacore::main(&paths),
+        "mooncake-tests" => mooncake::main(&paths, rest),
         "bench" => {
             dmabuf_testbed::setup::packages()?;
             bench::main(&paths, rest)

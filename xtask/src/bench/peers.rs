@@ -14,7 +14,7 @@
 //! them again from that file).
 
 use super::peers_plan::{cells, limit, parse_args, plan_text, steps, Cell, Request, Step};
-use super::peers_plan::{ENGINES, MAX_BATCH, METADATA, OPERATIONS};
+use super::peers_plan::{Client, ALL_OPERATIONS, ENGINES, MAX_BATCH, METADATA};
 use super::results::{Failure, Spread};
 use super::{loadavg, plot, table};
 use crate::{script, Paths};
@@ -24,6 +24,7 @@ use dmabuf_testbed::{fail, programs, vm, wheels};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -185,15 +186,19 @@ fn lat(x: &(f64, f64)) -> f64 {
 /// The terminal table: a row per cell.
 pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request) -> String {
     let by = by_cell(steps, samples);
+    let by_whom = match req.client {
+        Client::Programs => "Mooncake's transfer_engine_bench and ours",
+        Client::Python => "one Python client over TransferEngine's API, with each engine",
+    };
     let mut t = format!(
-        "ours against Mooncake's transfer engine, two nodes (emulated wire), {} s per run: \
-         median (min-max) of {} rounds; ratios ours/Mooncake of the medians \
+        "ours against Mooncake's transfer engine ({by_whom}), two nodes (emulated wire), {} s \
+         per run: median (min-max) of {} rounds; ratios ours/Mooncake of the medians \
          (~: the rounds' ratios fall on both sides of 1)\n",
         req.duration, req.rounds
     );
     let _ = writeln!(
         t,
-        "{:<4} {:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+        "{:<4} {:<11} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
         "meta",
         "op",
         "block",
@@ -215,7 +220,7 @@ pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request)
         };
         let _ = writeln!(
             t,
-            "{:<4} {:<6} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
+            "{:<4} {:<11} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
             c.meta,
             c.op,
             table::size(c.block),
@@ -331,9 +336,13 @@ pub fn document(
                           "threads": c.threads})
     };
     json!({
-        "what": "cargo xtask bench --peers: the transfer engine (ours) against Mooncake's \
-                 transfer_engine_bench, two nodes; each cell's metadata: p2p (the P2P \
-                 handshake) or etcd (an etcd on node a)",
+        "what": "cargo xtask bench --peers: the transfer engine (ours) against Mooncake's, \
+                 two nodes; each cell's metadata: p2p (the P2P handshake) or etcd (an etcd on \
+                 node a)",
+        "client": match req.client {
+            Client::Programs => "transfer_engine_bench and engine_peer_bench",
+            Client::Python => "python/examples/mooncake_bench.py over each mooncake.engine",
+        },
         "metadata": req.metadata,
         "max_batch_bytes": MAX_BATCH,
         "mooncake": {"wheel": wheels::MOONCAKE.name, "version": wheels::MOONCAKE.version,
@@ -365,8 +374,10 @@ pub fn from_json(doc: &Value) -> Result<(Vec<Cell>, Vec<Step>, Vec<Sample>)> {
     let (mut cells, mut steps, mut samples) = (Vec::new(), Vec::new(), Vec::new());
     let word = |v: &Value, of: &[&'static str]| of.iter().copied().find(|w| v == *w);
     for c in doc["cells"].as_array().into_iter().flatten() {
-        let (Some(meta), Some(op)) = (word(&c["metadata"], &METADATA), word(&c["op"], &OPERATIONS))
-        else {
+        let (Some(meta), Some(op)) = (
+            word(&c["metadata"], &METADATA),
+            word(&c["op"], &ALL_OPERATIONS),
+        ) else {
             fail!("a cell without a known metadata mode and operation: {c}")
         };
         let n = |k: &str| {
@@ -446,7 +457,10 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let out = paths.target.join("bench");
     std::fs::create_dir_all(&out)?;
     let plan_file = out.join("plan-peers.txt");
-    std::fs::write(&plan_file, plan_text(&cells, &steps, req.duration))?;
+    std::fs::write(
+        &plan_file,
+        plan_text(&cells, &steps, req.duration, req.client),
+    )?;
     let script_file = paths.testbed.join("peers.sh");
     programs::write_script(&script_file, script::PEERS)?;
     for c in &skipped {
@@ -464,10 +478,32 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         req.duration,
         plan_file.display()
     ));
-    let argv: Vec<String> = [&script_file, &plan_file, &mooncake, &ours]
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
+    // The Python client's script, and the PYTHONPATHs under which `mooncake` is Mooncake's
+    // (the wheel) or ours (the compatibility package before the staged gpu_rdma).
+    let client = paths.root.join("python/examples/mooncake_bench.py");
+    let (theirs_py, ours_py) = if req.client == Client::Python {
+        let staged = crate::python::stage_release(paths)?;
+        let compat = staged.join("gpu_rdma/_compat");
+        let wheel = wheels::MOONCAKE.fetch(paths)?;
+        (
+            wheel,
+            format!("{}:{}", compat.display(), staged.display()).into(),
+        )
+    } else {
+        (PathBuf::new(), PathBuf::new())
+    };
+    let argv: Vec<String> = [
+        &script_file,
+        &plan_file,
+        &mooncake,
+        &ours,
+        &client,
+        &theirs_py,
+        &ours_py,
+    ]
+    .iter()
+    .map(|p| p.display().to_string())
+    .collect();
     let argv = [vec!["sh".to_string()], argv].concat();
     let most: u64 = steps
         .iter()

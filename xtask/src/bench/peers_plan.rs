@@ -15,6 +15,11 @@ pub const BATCHES: [u64; 2] = [1, 128];
 pub const THREADS: [u64; 2] = [1, 4];
 /// Operations without `--ops`.
 pub const OPERATIONS: [&str; 2] = ["write", "read"];
+/// Every operation: the Python client (`--client python`) also submits batches and waits
+/// for them (`write-async`, `read-async`).
+pub const ALL_OPERATIONS: [&str; 4] = ["write", "read", "write-async", "read-async"];
+/// Block sizes of the Python client without `--sizes`: 4 KiB, 64 KiB, 1 MiB.
+pub const PY_BLOCKS: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
 /// The metadata modes: the P2P handshake (the initiator is given the target's address) and
 /// an etcd on node a that both engines publish in and look up.
 pub const METADATA: [&str; 2] = ["p2p", "etcd"];
@@ -83,6 +88,26 @@ impl Cell {
 /// The two engines, in the order of odd rounds.
 pub const ENGINES: [&str; 2] = ["mooncake", "ours"];
 
+/// Which programs drive the engines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Client {
+    /// Mooncake's `transfer_engine_bench` and our twin, `engine_peer_bench`.
+    Programs,
+    /// One Python script over `TransferEngine`'s API (python/examples/mooncake_bench.py),
+    /// with Mooncake's `mooncake.engine` or ours.
+    Python,
+}
+
+impl Client {
+    /// The word of engine `e` in the plan `peers.sh` reads.
+    pub fn engine_word(self, e: usize) -> String {
+        match self {
+            Client::Programs => ENGINES[e].to_string(),
+            Client::Python => format!("py-{}", ENGINES[e]),
+        }
+    }
+}
+
 /// What `--peers` was asked.
 #[derive(Debug, PartialEq)]
 pub struct Request {
@@ -100,6 +125,8 @@ pub struct Request {
     pub rounds: u32,
     /// Seconds per run.
     pub duration: u32,
+    /// Which programs drive the engines (`--client programs|python`).
+    pub client: Client,
 }
 
 /// A list of counts from 1 to `most`, like `1,128`.
@@ -147,7 +174,9 @@ pub fn parse_args(args: &[String]) -> Result<Request> {
         metadata: vec![METADATA[0]],
         rounds: 3,
         duration: 5,
+        client: Client::Programs,
     };
+    let (mut sized, mut opped) = (false, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |what: &str| {
@@ -157,10 +186,23 @@ pub fn parse_args(args: &[String]) -> Result<Request> {
         };
         let count = |v: &str, most: u32| v.parse::<u32>().ok().filter(|n| (1..=most).contains(n));
         match a.as_str() {
-            "--sizes" => r.sizes = plan::parse_sizes(&value("a list like 64K,1M")?)?,
+            "--sizes" => {
+                r.sizes = plan::parse_sizes(&value("a list like 64K,1M")?)?;
+                sized = true;
+            }
+            "--client" => {
+                r.client = match value("programs or python")?.as_str() {
+                    "programs" => Client::Programs,
+                    "python" => Client::Python,
+                    v => fail!("--client {v:?}: programs or python"),
+                }
+            }
             "--batches" => r.batches = counts(a, &value("a list like 1,128")?, 1024)?,
             "--threads" => r.threads = counts(a, &value("a list like 1,4")?, 16)?,
-            "--ops" => r.ops = words(a, &value("a list like write,read")?, &OPERATIONS)?,
+            "--ops" => {
+                r.ops = words(a, &value("a list like write,read")?, &ALL_OPERATIONS)?;
+                opped = true;
+            }
             "--metadata" => {
                 let v = value("p2p, etcd or both")?;
                 r.metadata = if v == "both" {
@@ -186,9 +228,21 @@ pub fn parse_args(args: &[String]) -> Result<Request> {
             other => fail!(
                 "unknown option of bench --peers {other:?} (--sizes 64K,1M, --batches 1,128, \
                  --threads 1,4, --ops write,read, --metadata p2p|etcd|both, --rounds N, \
-                 --duration S)"
+                 --duration S, --client programs|python)"
             ),
         }
+    }
+    if r.client == Client::Python {
+        if !sized {
+            r.sizes = PY_BLOCKS.to_vec();
+        }
+        if !opped {
+            r.ops = ALL_OPERATIONS.to_vec();
+        }
+    } else if let Some(op) = r.ops.iter().find(|o| o.ends_with("-async")) {
+        fail!(
+            "--ops {op}: only the Python client submits batches asynchronously (--client python)"
+        );
     }
     Ok(r)
 }
@@ -257,7 +311,7 @@ pub fn limit(duration: u32, c: &Cell) -> u64 {
 }
 
 /// The plan `peers.sh` runs (its header says the format).
-pub fn plan_text(cells: &[Cell], steps: &[Step], duration: u32) -> String {
+pub fn plan_text(cells: &[Cell], steps: &[Step], duration: u32, client: Client) -> String {
     let mut t =
         String::from("# ID N LIMIT ENGINE META OPERATION BLOCK BATCH THREADS DURATION BUFFER\n");
     for (n, s) in steps.iter().enumerate() {
@@ -267,7 +321,7 @@ pub fn plan_text(cells: &[Cell], steps: &[Step], duration: u32) -> String {
             "{} {n} {} {} {} {} {} {} {} {duration} {}",
             s.id,
             limit(duration, c),
-            ENGINES[s.engine],
+            client.engine_word(s.engine),
             c.meta,
             c.op,
             c.block,

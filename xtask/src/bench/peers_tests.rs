@@ -70,7 +70,7 @@ fn cells_too_large_for_a_guest_are_left_out_and_rounds_alternate() {
             "p2p-write-4K-b1-t1-mooncake-r2"
         ]
     );
-    let plan = plan_text(&cells[..1], &s, 5);
+    let plan = plan_text(&cells[..1], &s, 5, Client::Programs);
     assert!(plan.contains("\np2p-write-4K-b1-t1-ours-r2 2 95 ours p2p write 4096 1 1 5 1048576\n"));
     // A second per MiB of a batch: 128 x 1 MiB.
     let big = Cell {
@@ -162,4 +162,32 @@ Test completed: duration 5.00, batch count 9, throughput 11.00 MiB/s
         report(&[cell], &s, &samples, &req)
     );
     assert_eq!(doc["cells"][0]["ratio_mibps"]["within_noise"], json!(false));
+}
+
+#[test]
+fn the_python_client_has_its_own_defaults_and_alone_submits_asynchronously() {
+    use super::super::peers_plan::PY_BLOCKS;
+    let r = parse_args(&words("--client python")).unwrap();
+    assert_eq!(r.client, Client::Python);
+    assert_eq!(r.sizes, PY_BLOCKS.to_vec());
+    assert_eq!(r.ops, ALL_OPERATIONS.to_vec());
+    let r = parse_args(&words("--client python --sizes 64K --ops read-async")).unwrap();
+    assert_eq!((r.sizes, r.ops), (vec![64 << 10], vec!["read-async"]));
+    assert!(
+        parse_args(&words("--ops write-async")).is_err(),
+        "the programs cannot"
+    );
+    assert!(parse_args(&words("--client ruby")).is_err());
+    let (cells, _) = cells(
+        &parse_args(&words(
+            "--client python --sizes 4K --batches 1 --threads 1 --ops write",
+        ))
+        .unwrap(),
+    );
+    let s = steps(&cells, 1);
+    let plan = plan_text(&cells, &s, 5, Client::Python);
+    assert!(
+        plan.contains(" py-mooncake p2p write ") && plan.contains(" py-ours p2p write "),
+        "{plan}"
+    );
 }

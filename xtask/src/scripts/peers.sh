@@ -1,7 +1,10 @@
 # cargo xtask bench --peers, on both nodes of the two-node testbed: runs a plan of steps in
 # order, each a target on node a and an initiator on node b, of Mooncake's
 # transfer_engine_bench ($2, from its wheel in the cache) or the engine's twin,
-# engine_peer_bench ($3). Both take the same parameters and metadata service. META p2p: the
+# engine_peer_bench ($3); or (ENGINE py-mooncake, py-ours) one Python client over
+# TransferEngine's API ($4, python/examples/mooncake_bench.py) with Mooncake's mooncake.engine
+# (PYTHONPATH $5, the wheel) or ours (PYTHONPATH $6). All take the same parameters and
+# metadata service. META p2p: the
 # P2P handshake: node a's target prints `listening on IP:PORT`, which node b's initiator is
 # given as its segment. META etcd: node a starts an etcd (Debian's etcd-server) on its address
 # at port 2379 before the first step when the plan has such steps; both engines publish in it
@@ -10,7 +13,8 @@
 #
 # Plan lines (words; `#` starts a comment line):
 #   ID N LIMIT ENGINE META OPERATION BLOCK BATCH THREADS DURATION BUFFER
-# N: the step's number (its ports: 17000+N, 27000+N, 37000+N); ENGINE: mooncake or ours;
+# N: the step's number (its ports: 17000+N, 27000+N, 37000+N); ENGINE: mooncake, ours,
+# py-mooncake or py-ours;
 # META: p2p or etcd; LIMIT (seconds): bounds the target's start and the initiator's run each.
 #
 # Node a: for each step, starts the target, writes its address into `ready-ID` in its run
@@ -20,7 +24,7 @@
 # timed out; `ready`: the target never listened; S: the initiator's wall time), then writes
 # `done-ID` in its own run folder.
 set -u
-PLAN=$1 MOONCAKE=$2 OURS=$3
+PLAN=$1 MOONCAKE=$2 OURS=$3 PYCLIENT=$4 PY_MOONCAKE=$5 PY_OURS=$6
 D=$RDMA_DEVICE
 ETCD_PORT=2379
 if [ "$NODE" = a ]; then
@@ -75,6 +79,11 @@ start_etcd() {
     done
 }
 
+# The PYTHONPATH of Python engine $1 (py-mooncake or py-ours).
+pypath() {
+    if [ "$1" = py-mooncake ]; then echo "$PY_MOONCAKE"; else echo "$PY_OURS"; fi
+}
+
 # Node a: starts step $1's target (number $2, engine $3, buffer $4, metadata mode $6),
 # bounded by $5 seconds for its start; writes its segment (or `none`) into ready-$1.
 target() {
@@ -82,6 +91,12 @@ target() {
     log=/tmp/target-$id.log
     : > "$log"
     case $engine in
+    py-*)
+        name=$LOCAL_ADDR:$((17000 + num))
+        PYTHONPATH=$(pypath "$engine") PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 "$PYCLIENT" \
+            --mode target --metadata_server "$(server "$meta")" --local_server_name "$name" \
+            --device_name "$D" --buffer_size "$buffer" > "$log" 2>&1 &
+        ;;
     mooncake)
         name=$LOCAL_ADDR:$((17000 + num))
         "$MOONCAKE" --mode=target --metadata_server="$(server "$meta")" \
@@ -130,6 +145,14 @@ initiator() {
     buffer=$1 limit=$2 meta=$3
     log=/tmp/initiator-$id.log
     case $engine in
+    py-*)
+        PYTHONPATH=$(pypath "$engine") PYTHONDONTWRITEBYTECODE=1 timeout "$limit" \
+            /usr/bin/python3 "$PYCLIENT" --mode initiator --metadata_server "$(server "$meta")" \
+            --local_server_name "$LOCAL_ADDR:$((37000 + num))" --segment_id "$seg" \
+            --device_name "$D" --buffer_size "$buffer" --operation "$op" \
+            --block_size "$block" --batch_size "$batch" --threads "$threads" \
+            --duration "$secs" > "$log" 2>&1
+        ;;
     mooncake)
         timeout "$limit" "$MOONCAKE" --mode=initiator --metadata_server="$(server "$meta")" \
             --local_server_name="$LOCAL_ADDR:$((37000 + num))" --segment_id="$seg" \

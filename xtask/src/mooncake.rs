@@ -1,0 +1,223 @@
+//! `cargo xtask mooncake-tests`: Mooncake's own transfer-engine tests
+//! (`mooncake-wheel/tests/transfer_engine_target.py` and `transfer_engine_initiator_test.py`,
+//! pinned by tag and SHA-256) run unchanged in the two-node testbed over patched rxe
+//! (`PROTOCOL=rdma`), the target on node a and the initiator on node b, against our
+//! `mooncake.engine` (gpu_rdma's compatibility package) or Mooncake's own (the pinned wheel),
+//! with peers found by address (`P2PHANDSHAKE`), through our HTTP metadata server or through
+//! Mooncake's. The tests are fetched at run time (or read from a Mooncake checkout) into
+//! `target/mooncake-tests`, never committed: they are Mooncake's code.
+
+use crate::Paths;
+use dmabuf_testbed::sh::{self, Result};
+use dmabuf_testbed::ui::{info, Step};
+use dmabuf_testbed::{fail, programs, vm, wheels};
+use std::path::{Path, PathBuf};
+
+/// The tag whose tests are run: the files are the same from it through Mooncake's main
+/// branch of August 2026 (the pinned wheel is 0.3.13.post1).
+pub const TAG: &str = "v0.3.12.post1";
+
+/// The files, each with its SHA-256.
+const FILES: [(&str, &str); 2] = [
+    (
+        "transfer_engine_target.py",
+        "e610527887bd47dcd93b094ea3769920fc342f06bc6cd08ea55921c68eb6ef48",
+    ),
+    (
+        "transfer_engine_initiator_test.py",
+        "ed9ed0a67b8aa9282c0c876938ae9c399b8bcd0c3a2c356c6023815d51163118",
+    ),
+];
+
+/// Guest memory per node: Mooncake's own engine reserves a large buffer pool.
+const MEMORY_MIB: &str = "4096";
+
+const USAGE: &str = "cargo xtask mooncake-tests [--source DIR] [--engine ours|mooncake|both] \
+                     [--metadata p2p|ours|mooncake|all]";
+
+/// Fetches each file (or copies it from `source`: a Mooncake checkout or a folder holding
+/// the files) into `dir` and checks its SHA-256.
+const FETCH: &str = r#"
+import hashlib, os, sys, urllib.request
+tag, dir, source = sys.argv[1], sys.argv[2], sys.argv[3]
+for pair in sys.argv[4:]:
+    name, want = pair.split("=")
+    if source:
+        cands = [os.path.join(source, name), os.path.join(source, "mooncake-wheel/tests", name)]
+        found = [c for c in cands if os.path.isfile(c)]
+        if not found:
+            sys.exit(f"{source} has no {name} (nor mooncake-wheel/tests/{name})")
+        data = open(found[0], "rb").read()
+    else:
+        url = f"https://raw.githubusercontent.com/kvcache-ai/Mooncake/{tag}/mooncake-wheel/tests/{name}"
+        try:
+            data = urllib.request.urlopen(url, timeout=60).read()
+        except OSError as e:
+            sys.exit(f"{url}: {e} (no network? pass --source with a Mooncake checkout at {tag})")
+    got = hashlib.sha256(data).hexdigest()
+    if got != want:
+        sys.exit(f"{name}: SHA-256 {got}, expected {want} (Mooncake's {tag})")
+    open(os.path.join(dir, name), "wb").write(data)
+"#;
+
+/// Runs on both nodes: node a the target (and a metadata server), node b the initiator's
+/// unittest run, which reports its status back to node a.
+const RUN: &str = r#"set -u
+T="$MC_TESTS"
+export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PROTOCOL=rdma
+if [ "$NODE" = a ]; then A="$LOCAL_ADDR"; else A="$PEER_ADDR"; fi
+if [ -n "$MC_SERVER_PATH" ]; then
+  export MC_METADATA_SERVER="http://$A:18900/metadata"
+else
+  export MC_METADATA_SERVER=P2PHANDSHAKE
+fi
+export TARGET_SERVER_NAME="$A:12345"
+cd /tmp
+if [ "$NODE" = a ]; then
+  if [ -n "$MC_SERVER_PATH" ]; then
+    PYTHONPATH="$MC_SERVER_PATH" /usr/bin/python3 -m mooncake.http_metadata_server --host "$A" --port 18900 --log-level WARNING &
+    srv=$!
+  fi
+  PYTHONPATH="$MC_ENGINE_PATH" timeout 1500 /usr/bin/python3 "$T/transfer_engine_target.py" > /tmp/target.log 2>&1 &
+  tgt=$!
+  n=0
+  until grep -q "ready at" /tmp/target.log; do
+    n=$((n + 1))
+    if [ "$n" -gt 600 ]; then cat /tmp/target.log; echo "the target never got ready"; exit 1; fi
+    sleep 0.5
+  done
+  cat /tmp/target.log
+  /usr/bin/python3 -c "
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('$A', 12399)); s.listen(2); s.settimeout(1500)
+s.accept()[0].close()
+c = s.accept()[0]; print('initiator:', c.recv(64).decode())"
+  kill "$tgt"
+  if [ -n "$MC_SERVER_PATH" ]; then kill "$srv"; fi
+else
+  export INITIATOR_SERVER_NAME="$LOCAL_ADDR:12347"
+  tell() {
+    /usr/bin/python3 -c "
+import socket, sys, time
+for _ in range(1200):
+    try:
+        socket.create_connection(('$A', 12399), 5).send(sys.argv[1].encode()); break
+    except OSError: time.sleep(0.5)
+else: sys.exit('node a never listened')" "$1"
+  }
+  tell ready
+  cd "$T"
+  PYTHONPATH="$MC_ENGINE_PATH" timeout 1500 /usr/bin/python3 -m unittest -v transfer_engine_initiator_test
+  rc=$?
+  tell "rc=$rc"
+  exit "$rc"
+fi
+"#;
+
+/// Which engines and metadata services a run covers.
+struct Plan {
+    source: Option<PathBuf>,
+    engines: Vec<&'static str>,
+    metadata: Vec<&'static str>,
+}
+
+fn parse(args: &[String]) -> Result<Plan> {
+    let mut plan = Plan {
+        source: None,
+        engines: vec!["ours"],
+        metadata: vec!["p2p", "ours", "mooncake"],
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().map(String::as_str);
+        match (a.as_str(), v) {
+            ("--source", Some(d)) => plan.source = Some(PathBuf::from(d)),
+            ("--engine", Some("ours")) => plan.engines = vec!["ours"],
+            ("--engine", Some("mooncake")) => plan.engines = vec!["mooncake"],
+            ("--engine", Some("both")) => plan.engines = vec!["ours", "mooncake"],
+            ("--metadata", Some("all")) => plan.metadata = vec!["p2p", "ours", "mooncake"],
+            ("--metadata", Some(m @ ("p2p" | "ours" | "mooncake"))) => {
+                plan.metadata = vec![["p2p", "ours", "mooncake"]
+                    .into_iter()
+                    .find(|x| *x == m)
+                    .expect("matched above")]
+            }
+            _ => fail!("usage: {USAGE}"),
+        }
+    }
+    Ok(plan)
+}
+
+/// The PYTHONPATH under which `mooncake` is `engine`'s: ours (the compatibility package
+/// before the staged gpu_rdma) or the wheel's.
+fn python_path(python: &Path, wheel: &Path, engine: &str) -> String {
+    match engine {
+        "ours" => format!(
+            "{}:{}",
+            python.join("gpu_rdma/_compat").display(),
+            python.display()
+        ),
+        _ => wheel.display().to_string(),
+    }
+}
+
+/// The command.
+pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
+    let plan = parse(args)?;
+    dmabuf_testbed::setup::packages()?;
+    let wheel = wheels::MOONCAKE.fetch(paths)?;
+    let python = crate::python::stage(paths)?;
+    let dir = paths.target.join("mooncake-tests");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let step = Step::start(format!("Mooncake's tests at {TAG}"));
+    let mut fetch = programs::cmd("/usr/bin/python3");
+    fetch.arg("-c").arg(FETCH).arg(TAG).arg(&dir);
+    fetch.arg(plan.source.as_deref().unwrap_or(Path::new("")));
+    fetch.args(FILES.iter().map(|(n, h)| format!("{n}={h}")));
+    sh::run(&mut fetch)?;
+    step.done();
+    let script = dir.join("run.sh");
+    programs::write_script(&script, RUN)?;
+    let mut failed = Vec::new();
+    for engine in &plan.engines {
+        for metadata in &plan.metadata {
+            info(format!(
+                "Mooncake's tests: engine {engine}, metadata {metadata}"
+            ));
+            let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(&[
+                "--nodes".into(),
+                "2".into(),
+                "--memory".into(),
+                MEMORY_MIB.into(),
+                "--".into(),
+                "sh".into(),
+                script.display().to_string(),
+            ])?;
+            opts.expose = paths.vm_expose();
+            opts.env.extend(paths.cluster_env()?);
+            let server = match *metadata {
+                "p2p" => String::new(),
+                "ours" => python_path(&python, &wheel, "ours"),
+                _ => wheel.display().to_string(),
+            };
+            opts.env.extend([
+                ("MC_TESTS".to_string(), dir.display().to_string()),
+                (
+                    "MC_ENGINE_PATH".to_string(),
+                    python_path(&python, &wheel, engine),
+                ),
+                ("MC_SERVER_PATH".to_string(), server),
+            ]);
+            let results = vm::run(paths, &argv, &opts)?;
+            if dmabuf_testbed::cli::exit_status(&results) != 0 {
+                failed.push(format!("{engine}/{metadata}"));
+            }
+        }
+    }
+    if !failed.is_empty() {
+        fail!("Mooncake's tests failed: {}", failed.join(", "));
+    }
+    info("Mooncake's tests passed in every run");
+    Ok(std::process::ExitCode::SUCCESS)
+}
