@@ -64,12 +64,8 @@ pub(crate) fn resolve<'e, 'd>(
             addr,
             len: e.len,
         };
-        if e.local == BY_ADDRESS {
-            let (name, offset) = mine
-                .find(e.local_offset, e.len)
-                .ok_or_else(|| missing(Side::Local, me, e.local_offset))?;
-            (e.local, e.local_offset) = (name.into(), offset);
-        }
+        // The remote side first: an unknown agent is the likelier mistake, and the one
+        // Mooncake's callers expect to hear of.
         if e.remote_segment == BY_ADDRESS {
             if !theirs.contains_key(e.remote_agent.as_str()) {
                 let d = remote(&e.remote_agent)
@@ -80,6 +76,12 @@ pub(crate) fn resolve<'e, 'd>(
                 .find(e.remote_offset, e.len)
                 .ok_or_else(|| missing(Side::Remote, &e.remote_agent, e.remote_offset))?;
             (e.remote_segment, e.remote_offset) = (name.into(), offset);
+        }
+        if e.local == BY_ADDRESS {
+            let (name, offset) = mine
+                .find(e.local_offset, e.len)
+                .ok_or_else(|| missing(Side::Local, me, e.local_offset))?;
+            (e.local, e.local_offset) = (name.into(), offset);
         }
     }
     Ok(Cow::Owned(out))

@@ -29,11 +29,12 @@ const FILES: [(&str, &str); 2] = [
     ),
 ];
 
-/// Guest memory per node: Mooncake's own engine reserves a large buffer pool.
-const MEMORY_MIB: &str = "4096";
+/// Guest memory per node without `--memory`: Mooncake's own engine registers a 2 GiB buffer
+/// pool, which the default 2 GiB guests cannot pin.
+const MEMORY_MIB: &str = "8192";
 
 const USAGE: &str = "cargo xtask mooncake-tests [--source DIR] [--engine ours|mooncake|both] \
-                     [--metadata p2p|ours|mooncake|all]";
+                     [--metadata p2p|ours|mooncake|all] [--memory MIB]";
 
 /// Fetches each file (or copies it from `source`: a Mooncake checkout or a folder holding
 /// the files) into `dir` and checks its SHA-256.
@@ -77,13 +78,24 @@ if [ "$NODE" = a ]; then
   if [ -n "$MC_SERVER_PATH" ]; then
     PYTHONPATH="$MC_SERVER_PATH" /usr/bin/python3 -m mooncake.http_metadata_server --host "$A" --port 18900 --log-level WARNING &
     srv=$!
+    /usr/bin/python3 -c "
+import socket, sys, time
+for _ in range(600):
+    try:
+        socket.create_connection(('$A', 18900), 1).close(); break
+    except OSError: time.sleep(0.2)
+else: sys.exit('the metadata server never listened')" || exit 1
   fi
   PYTHONPATH="$MC_ENGINE_PATH" timeout 1500 /usr/bin/python3 "$T/transfer_engine_target.py" > /tmp/target.log 2>&1 &
   tgt=$!
   n=0
   until grep -q "ready at" /tmp/target.log; do
     n=$((n + 1))
-    if [ "$n" -gt 600 ]; then cat /tmp/target.log; echo "the target never got ready"; exit 1; fi
+    if [ "$n" -gt 600 ] || ! kill -0 "$tgt" 2>/dev/null; then
+      cat /tmp/target.log
+      echo "the target never got ready"
+      exit 1
+    fi
     sleep 0.5
   done
   cat /tmp/target.log
@@ -118,6 +130,7 @@ fi
 /// Which engines and metadata services a run covers.
 struct Plan {
     source: Option<PathBuf>,
+    memory: String,
     engines: Vec<&'static str>,
     metadata: Vec<&'static str>,
 }
@@ -125,6 +138,7 @@ struct Plan {
 fn parse(args: &[String]) -> Result<Plan> {
     let mut plan = Plan {
         source: None,
+        memory: MEMORY_MIB.into(),
         engines: vec!["ours"],
         metadata: vec!["p2p", "ours", "mooncake"],
     };
@@ -133,6 +147,7 @@ fn parse(args: &[String]) -> Result<Plan> {
         let v = it.next().map(String::as_str);
         match (a.as_str(), v) {
             ("--source", Some(d)) => plan.source = Some(PathBuf::from(d)),
+            ("--memory", Some(m)) => plan.memory = m.into(),
             ("--engine", Some("ours")) => plan.engines = vec!["ours"],
             ("--engine", Some("mooncake")) => plan.engines = vec!["mooncake"],
             ("--engine", Some("both")) => plan.engines = vec!["ours", "mooncake"],
@@ -189,7 +204,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
                 "--nodes".into(),
                 "2".into(),
                 "--memory".into(),
-                MEMORY_MIB.into(),
+                plan.memory.clone(),
                 "--".into(),
                 "sh".into(),
                 script.display().to_string(),
