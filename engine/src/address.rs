@@ -2,34 +2,45 @@
 //! resolved to a segment and an offset against the segments' base addresses, before the
 //! batch is planned.
 
-use crate::batch::{Entry, BY_ADDRESS};
+use crate::batch::{Entry, Op, BY_ADDRESS};
 use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::error::{Error, Result, Side};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// Segments with a base address, sorted by it, for look-ups by address.
-struct Bases<'a>(Vec<(u64, &'a SegmentDescriptor)>);
+/// Segments with a base address, sorted by it, for look-ups by address; with, for each
+/// position, the segment of the furthest end among those up to it.
+struct Bases<'a> {
+    sorted: Vec<(u64, &'a SegmentDescriptor)>,
+    furthest: Vec<usize>,
+}
 
 impl<'a> Bases<'a> {
     fn new(segments: impl Iterator<Item = &'a SegmentDescriptor>) -> Bases<'a> {
-        let mut v: Vec<_> = segments.filter_map(|s| Some((s.base?, s))).collect();
-        v.sort_unstable_by_key(|&(b, _)| b);
-        Bases(v)
+        let mut sorted: Vec<_> = segments.filter_map(|s| Some((s.base?, s))).collect();
+        sorted.sort_unstable_by_key(|&(b, _)| b);
+        let end = |s: &SegmentDescriptor| s.base.map_or(0, |b| b.saturating_add(s.len));
+        let mut furthest: Vec<usize> = Vec::with_capacity(sorted.len());
+        for (i, &(_, s)) in sorted.iter().enumerate() {
+            let best = match furthest.last() {
+                Some(&j) if end(sorted[j].1) >= end(s) => j,
+                _ => i,
+            };
+            furthest.push(best);
+        }
+        Bases { sorted, furthest }
     }
 
-    /// The segment holding all of `[addr, addr + len)` and the offset of `addr` in it: the
-    /// one of the greatest base at or below `addr` when it holds the range, else (segments
-    /// that overlap) any that does.
+    /// The segment holding all of `[addr, addr + len)` and the offset of `addr` in it, in
+    /// O(log segments): the one of the greatest base at or below `addr` when it holds the
+    /// range, else (segments that overlap) the one reaching furthest among those starting
+    /// at or below `addr`, if it does.
     fn find(&self, addr: u64, len: u64) -> Option<(&'a str, u64)> {
-        let below = self.0.partition_point(|&(b, _)| b <= addr);
-        let near = below.checked_sub(1).map(|i| self.0[i].1);
-        let s = near.filter(|s| s.holds(addr, len)).or_else(|| {
-            self.0[..below]
-                .iter()
-                .map(|&(_, s)| s)
-                .find(|s| s.holds(addr, len))
-        })?;
+        let below = self.sorted.partition_point(|&(b, _)| b <= addr);
+        let last = below.checked_sub(1)?;
+        let near = self.sorted[last].1;
+        let far = self.sorted[self.furthest[last]].1;
+        let s = [near, far].into_iter().find(|s| s.holds(addr, len))?;
         Some((&s.name, addr - s.base?))
     }
 }
@@ -51,7 +62,7 @@ pub(crate) fn resolve<'e, 'd>(
         return Ok(Cow::Borrowed(entries));
     }
     let mine = Bases::new(local);
-    let mut theirs: HashMap<&str, Bases<'d>> = HashMap::new();
+    let mut theirs: HashMap<String, Bases<'d>> = HashMap::new();
     let mut out = entries.to_vec();
     for (i, e) in out.iter_mut().enumerate() {
         if e.len == 0 {
@@ -70,7 +81,7 @@ pub(crate) fn resolve<'e, 'd>(
             if !theirs.contains_key(e.remote_agent.as_str()) {
                 let d = remote(&e.remote_agent)
                     .ok_or_else(|| Error::UnknownAgent(e.remote_agent.clone()))?;
-                theirs.insert(&d.agent, Bases::new(d.segments.iter()));
+                theirs.insert(e.remote_agent.clone(), Bases::new(d.segments.iter()));
             }
             let (name, offset) = theirs[e.remote_agent.as_str()]
                 .find(e.remote_offset, e.len)
@@ -84,7 +95,45 @@ pub(crate) fn resolve<'e, 'd>(
             (e.local, e.local_offset) = (name.into(), offset);
         }
     }
+    check_overlaps(&out, &mine)?;
     Ok(Cow::Owned(out))
+}
+
+/// Refuses a read whose local memory overlaps another entry's, between segments: segments
+/// registered by address may overlap (two ranges of one buffer), where the plan's check,
+/// which compares offsets within one segment, does not see it.
+fn check_overlaps(entries: &[Entry], mine: &Bases<'_>) -> Result<()> {
+    if !entries.iter().any(|e| e.op == Op::Read) {
+        return Ok(());
+    }
+    let bases: HashMap<&str, u64> = mine.sorted.iter().map(|&(b, s)| (&*s.name, b)).collect();
+    // (start, end, entry) of each entry's local memory, where its segment has an address.
+    let mut spans: Vec<(u64, u64, usize)> = entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            let start = bases.get(e.local.as_str())?.checked_add(e.local_offset)?;
+            Some((start, start.checked_add(e.len)?, i))
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut furthest: Option<(u64, usize)> = None;
+    for &(start, end, i) in &spans {
+        if let Some((f_end, f)) = furthest {
+            let read = entries[i].op == Op::Read || entries[f].op == Op::Read;
+            if start < f_end && read && entries[i].local != entries[f].local {
+                return Err(Error::Overlap {
+                    entry: i.max(f),
+                    other: i.min(f),
+                    segment: entries[i].local.clone(),
+                });
+            }
+        }
+        if furthest.is_none_or(|(f_end, _)| end > f_end) {
+            furthest = Some((end, i));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -177,6 +226,64 @@ mod tests {
         }
         let b = Batch::new().write_at(0x1000, "q", 0x10_000, 1);
         assert_eq!(run(&b, &local), Err(Error::UnknownAgent("q".into())));
+    }
+
+    #[test]
+    fn a_peer_descriptor_named_otherwise_is_refused_not_a_panic() {
+        let b = Batch::new().write_at(0x1000, "p", 0x10_000, 1);
+        let local = [seg("l", Some(0x1000), 0x1000)];
+        let mut other = peer();
+        other.agent = "someone-else".into();
+        let r = resolve(&b.entries, "me", local.iter(), |_| Some(&other));
+        let e = r.unwrap().into_owned();
+        assert_eq!(e[0].remote_segment, "a", "looked up by the entry's name");
+    }
+
+    #[test]
+    fn reads_overlapping_across_segments_are_refused() {
+        let local = [
+            seg("small", Some(0x1000), 0x2000),
+            seg("big", Some(0x2000), 0x10_000),
+        ];
+        // [0x1800, 0x2800) resolves to small, [0x2400, 0x2500) to big: they overlap.
+        let b = Batch::new()
+            .read_at(0x1800, "p", 0x10_000, 0x1000)
+            .read_at(0x2400, "p", 0x20_000, 0x100);
+        match run(&b, &local) {
+            Err(Error::Overlap {
+                entry: 1, other: 0, ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        // Writes may overlap (the NIC only reads them); disjoint reads are fine.
+        let w = Batch::new()
+            .write_at(0x1800, "p", 0x10_000, 0x1000)
+            .write_at(0x2400, "p", 0x20_000, 0x100);
+        assert!(run(&w, &local).is_ok());
+        let d = Batch::new()
+            .read_at(0x1000, "p", 0x10_000, 0x100)
+            .read_at(0x5000, "p", 0x20_000, 0x100);
+        assert!(run(&d, &local).is_ok());
+    }
+
+    #[test]
+    fn a_look_up_among_many_overlapping_segments_stays_logarithmic() {
+        // One big segment first, then many small ones above its base: every address
+        // past the small ones' ends is held by the big one alone.
+        let mut local = vec![seg("big", Some(0), 1 << 40)];
+        local.extend((1..20_000u64).map(|i| seg(&format!("s{i}"), Some(i << 12), 16)));
+        let mut b = Batch::new();
+        for i in 1..20_000u64 {
+            b = b.write_at((i << 12) + 64, "p", 0x10_000, 8);
+        }
+        let start = std::time::Instant::now();
+        let e = run(&b, &local).unwrap();
+        assert!(e.iter().all(|e| e.local == "big"));
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]

@@ -455,6 +455,13 @@ impl Agent {
             return Ok(r);
         }
         let r = self.shared.metadata.lookup(agent)?;
+        // A backend's answer is input: a record of another agent would be keyed wrongly.
+        if r.descriptor.agent != agent {
+            return Err(Error::Protocol(format!(
+                "the metadata service answered agent {:?} for {agent:?}",
+                r.descriptor.agent
+            )));
+        }
         lock(&self.shared.peers).insert(agent.into(), r.clone());
         Ok(r)
     }

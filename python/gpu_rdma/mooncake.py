@@ -23,9 +23,11 @@ import enum
 import json
 import mmap
 import os
+import re
 import socket
 import sys
 import threading
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._native import Agent, Batch, Error, Transfer
@@ -68,18 +70,26 @@ def compat_path() -> str:
 
 
 def _timeout(total_bytes: int) -> float:
-    """Mooncake's bound on a synchronous transfer: MC_TRANSFER_TIMEOUT s + 1 s per GiB."""
+    """Mooncake's bound on a synchronous transfer: MC_TRANSFER_TIMEOUT whole seconds (30 if
+    unset or not a number, at least 5, as Mooncake reads it) + 1 s per GiB."""
     try:
-        base = float(os.environ.get("MC_TRANSFER_TIMEOUT", "30"))
+        base = max(5, int(os.environ.get("MC_TRANSFER_TIMEOUT", "30")))
     except ValueError:
-        base = 30.0
-    return max(base, 0.001) + total_bytes / float(1 << 30)
+        base = 30
+    return min(base + total_bytes / float(1 << 30), 1e9)
+
+
+def _u64(x: object) -> bool:
+    """Whether ``x`` is an int in [0, 2^64) (no bool, no float)."""
+    return type(x) is int and 0 <= x < 1 << 64
 
 
 def _code(e: Error) -> int:
     """Mooncake's negative code for a gpu_rdma error."""
-    if e.kind in ("NotFound",):
-        return ERR_ADDRESS_NOT_REGISTERED if "holds" in str(e) else ERR_METADATA
+    if e.kind == "NotFound":
+        # The engine's NoSegmentAt, whose text starts so (its format is the engine's own).
+        unregistered = re.match(r"entry \d+: no segment of agent ", str(e)) is not None
+        return ERR_ADDRESS_NOT_REGISTERED if unregistered else ERR_METADATA
     if e.kind in ("Unavailable", "Incompatible", "Unauthenticated"):
         return ERR_METADATA
     if e.kind == "TimedOut":
@@ -112,10 +122,12 @@ class TransferEngine:
         self._p2p = False
         self._name = ""
         self._lock = threading.Lock()
-        # address -> (segment name, length, managed buffer or None)
-        self._buffers: Dict[int, Tuple[str, int, Optional[_Managed]]] = {}
+        # address -> (segment name, length, managed buffer or None, host memory); a name of
+        # "" while its registration is under way
+        self._buffers: Dict[int, Tuple[str, int, Optional[_Managed], bool]] = {}
         self._sessions: Dict[str, str] = {}
-        self._batches: Dict[int, Tuple[Transfer, float]] = {}
+        # batch id -> (transfer, its bound in seconds, when it was submitted)
+        self._batches: Dict[int, Tuple[Transfer, float, float]] = {}
         self._next_batch = 1
         self._next_segment = 0
         self._last_error: Optional[Error] = None
@@ -229,16 +241,26 @@ class TransferEngine:
         op = "register_memory"
         try:
             agent = self._engine(op)
-            if length <= 0 or addr <= 0:
-                raise _invalid(op, f"{length} bytes at {addr:#x}")
+            if not (_u64(addr) and _u64(length)) or addr == 0 or length == 0:
+                raise _invalid(op, f"{length!r} bytes at {addr!r}")
+            if addr + length > 1 << 64:
+                raise _invalid(op, f"{length} bytes at {addr:#x} wrap the address space")
+            if not isinstance(location, str):
+                raise _invalid(op, f"location {location!r}")
             with self._lock:
                 if addr in self._buffers:
                     raise _invalid(op, f"{addr:#x} is already registered")
                 name = f"mc{self._next_segment:012d}"
                 self._next_segment += 1
-            agent.register_address(name, addr, length, location, managed)
+                self._buffers[addr] = ("", length, managed, False)  # reserved
+            try:
+                found = agent.register_address(name, addr, length, location, managed)
+            except Error:
+                with self._lock:
+                    del self._buffers[addr]
+                raise
             with self._lock:
-                self._buffers[addr] = (name, length, managed)
+                self._buffers[addr] = (name, length, managed, found == "cpu")
         except Error as e:
             return self._fail(e, -1)
         self._last_error = None
@@ -254,8 +276,8 @@ class TransferEngine:
         op = "unregister_memory"
         with self._lock:
             held = self._buffers.get(buffer_addr)
-        if held is None or self._agent is None:
-            return self._refuse(op, f"nothing registered at {buffer_addr:#x}", -1)
+        if held is None or not held[0] or self._agent is None:
+            return self._refuse(op, f"nothing registered at {buffer_addr!r}", -1)
         try:
             self._agent.unregister(held[0])
         except Error as e:
@@ -271,10 +293,15 @@ class TransferEngine:
         """Registers each range; stops at the first failure (its code), 0 if all are."""
         if len(buffer_addresses) != len(capacities):
             return self._refuse("batch_register_memory", "lists of different lengths")
+        done: List[int] = []
         for a, c in zip(buffer_addresses, capacities):
             rc = self.register_memory(a, c, location)
             if rc != 0:
+                # All or none: those registered already go again.
+                for d in done:
+                    self.unregister_memory(d)
                 return rc
+            done.append(a)
         return 0
 
     def batch_unregister_memory(self, buffer_addresses: Sequence[int]) -> int:
@@ -287,12 +314,12 @@ class TransferEngine:
     def allocate_managed_buffer(self, length: int) -> int:
         """Allocates and registers ``length`` bytes of host memory; its address, 0 on
         failure."""
-        if length <= 0:
-            self._refuse("allocate_managed_buffer", f"{length} bytes")
+        if not _u64(length) or length == 0 or length >= 1 << 63:
+            self._refuse("allocate_managed_buffer", f"{length!r} bytes")
             return 0
         try:
             m = _Managed(length)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, OverflowError) as e:
             self._refuse("allocate_managed_buffer", str(e))
             return 0
         if self._register(m.address, length, "cpu", m) != 0:
@@ -305,35 +332,54 @@ class TransferEngine:
         with self._lock:
             held = self._buffers.get(buffer_addr)
         if held is None or held[2] is None:
-            return self._refuse("free_managed_buffer", f"no managed buffer at {buffer_addr:#x}", -1)
+            return self._refuse("free_managed_buffer", f"no managed buffer at {buffer_addr!r}", -1)
         rc = self.unregister_memory(buffer_addr)
         if rc == 0:
             held[2].close()
         return rc
 
-    def _inside(self, addr: int, length: int) -> bool:
-        with self._lock:
-            return any(
-                a <= addr and addr + length <= a + n for a, (_, n, _) in self._buffers.items()
-            )
+    def _host_range(self, addr: object, length: object) -> bool:
+        """Whether ``[addr, addr + length)`` lies in host memory registered with this engine
+        (call with the lock held)."""
+        if not (_u64(addr) and _u64(length)):
+            return False
+        assert isinstance(addr, int) and isinstance(length, int)
+        return any(
+            host and name and a <= addr and addr + length <= a + n
+            for a, (name, n, _, host) in self._buffers.items()
+        )
 
-    def write_bytes_to_buffer(self, dest_address: int, src: bytes, length: int) -> int:
-        """Copies ``length`` bytes of ``src`` to ``dest_address``, which must lie inside
-        memory registered with this engine (-1 otherwise: nothing is written)."""
-        if length < 0 or length > len(src) or not self._inside(dest_address, length):
-            return self._refuse(
-                "write_bytes_to_buffer", f"{length} bytes at {dest_address:#x}", -1
-            )
-        ctypes.memmove(dest_address, src, length)
+    def write_bytes_to_buffer(self, dest_address: int, src: object, length: int) -> int:
+        """Copies the first ``length`` bytes of ``src`` (bytes-like, or a ``str`` as UTF-8)
+        to ``dest_address``, which must lie in host memory registered with this engine; -1
+        otherwise, nothing written. The copy holds the engine's lock, so the memory cannot
+        be unregistered or freed under it."""
+        op = "write_bytes_to_buffer"
+        try:
+            data = memoryview(src.encode() if isinstance(src, str) else src).cast("B")  # type: ignore[arg-type]
+        except (TypeError, ValueError) as e:
+            return self._refuse(op, f"source: {e}", -1)
+        if not _u64(length) or length > data.nbytes:
+            return self._refuse(op, f"{length!r} bytes of a {data.nbytes}-byte source", -1)
+        with self._lock:
+            if not self._host_range(dest_address, length):
+                return self._refuse(
+                    op, f"{length} bytes at {dest_address!r}: not in registered host memory", -1
+                )
+            ctypes.memmove(dest_address, bytes(data[:length]), length)
         return 0
 
     def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:
-        """The ``length`` bytes at ``source_address`` (inside registered memory; empty
-        bytes otherwise)."""
-        if length < 0 or not self._inside(source_address, length):
-            self._refuse("read_bytes_from_buffer", f"{length} bytes at {source_address:#x}")
-            return b""
-        return ctypes.string_at(source_address, length)
+        """The ``length`` bytes at ``source_address``, which must lie in host memory
+        registered with this engine (empty bytes otherwise)."""
+        with self._lock:
+            if not self._host_range(source_address, length):
+                self._refuse(
+                    "read_bytes_from_buffer",
+                    f"{length!r} bytes at {source_address!r}: not in registered host memory",
+                )
+                return b""
+            return ctypes.string_at(source_address, length)
 
     # --- peers ---------------------------------------------------------------------------
 
@@ -413,22 +459,24 @@ class TransferEngine:
         lengths: Sequence[int],
         opcode: int,
         notify: Optional[TransferNotify] = None,
-    ) -> Tuple[Transfer, float]:
+    ) -> Tuple[Transfer, float, float]:
         if not (len(buffers) == len(peer_addresses) == len(lengths)) or not buffers:
             raise _invalid(op, "buffers, peer addresses and lengths: lists of one length, not empty")
+        if type(opcode) is not TransferOpcode and opcode not in (0, 1):
+            raise _invalid(op, f"opcode {opcode!r}: TransferOpcode.Read or TransferOpcode.Write")
         agent = self._engine(op)
         peer = self._peer(target)
         batch = Batch()
         add = batch.write_at if opcode == TransferOpcode.Write else batch.read_at
         total = 0
         for b, p, n in zip(buffers, peer_addresses, lengths):
-            if b < 0 or p < 0 or n < 0 or b + n >= 1 << 64 or p + n >= 1 << 64:
-                raise _invalid(op, f"{n} bytes at {b:#x} -> {p:#x}: outside the address space")
+            if not (_u64(b) and _u64(p) and _u64(n)) or b + n > 1 << 64 or p + n > 1 << 64:
+                raise _invalid(op, f"{n!r} bytes at {b!r} -> {p!r}: outside the address space")
             add(b, peer, p, n)
             total += n
         if notify is not None:
             batch.notify(notify.msg.encode())
-        return agent.transfer(batch), _timeout(total)
+        return agent.transfer(batch), _timeout(total), time.monotonic()
 
     def _sync(
         self,
@@ -441,7 +489,7 @@ class TransferEngine:
         notify: Optional[TransferNotify] = None,
     ) -> int:
         try:
-            t, bound = self._submit(op, target, buffers, peer_addresses, lengths, opcode, notify)
+            t, bound, _ = self._submit(op, target, buffers, peer_addresses, lengths, opcode, notify)
             t.wait(bound)
         except Error as e:
             return self._fail(e)
@@ -556,7 +604,7 @@ class TransferEngine:
         return self._async("transfer_submit_write", target_hostname, [buffer],
                            [peer_buffer_address], [length], TransferOpcode.Write)
 
-    def _take(self, batch_id: int) -> Optional[Tuple[Transfer, float]]:
+    def _take(self, batch_id: int) -> Optional[Tuple[Transfer, float, float]]:
         with self._lock:
             return self._batches.get(batch_id)
 
@@ -568,13 +616,14 @@ class TransferEngine:
         """Waits for every batch (each bounded as a synchronous transfer is); 0 if all
         succeeded, the first failure's code otherwise. Each id is spent."""
         rc = 0
-        for bid in batch_ids:
+        for bid in dict.fromkeys(batch_ids):
             held = self._take(bid)
             if held is None:
                 rc = rc or self._refuse("get_batch_transfer_status", f"unknown batch id {bid}")
                 continue
             try:
-                held[0].wait(held[1])
+                left = held[1] - (time.monotonic() - held[2])
+                held[0].wait(max(left, 0.0))
             except Error as e:
                 rc = rc or self._fail(e)
             self._forget(bid)
@@ -590,7 +639,7 @@ class TransferEngine:
             return self._refuse("transfer_check_status", f"unknown batch id {batch_id}", -1)
         t = held[0]
         if not t.done:
-            return 0
+            return -2 if time.monotonic() - held[2] > held[1] else 0
         self._forget(batch_id)
         try:
             t.wait(0.0)

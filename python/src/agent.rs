@@ -315,7 +315,8 @@ impl Agent {
     }
 
     /// Registers the `size` bytes at `address` of this process's memory as segment `name`
-    /// (peers name them by address: `Batch.write_at`); returns `size`. `location`: `"*"`
+    /// (peers name them by address: `Batch.write_at`); returns where the memory is, `"cpu"`
+    /// or `"cuda:N"`. `location`: `"*"`
     /// (CUDA device memory if the driver knows the address, else host memory), `"cpu"`, or
     /// `"cuda:N"`. The caller promises, as with Mooncake's `register_memory`, that the
     /// memory stays allocated until `unregister`: the engine cannot tell. The segment holds
@@ -329,12 +330,13 @@ impl Agent {
         size: u64,
         location: &str,
         owner: Option<PyObject>,
-    ) -> PyResult<u64> {
+    ) -> PyResult<String> {
         self.engine("register_address")?;
         self.check_free(name)?;
-        let memory = crate::by_address::memory(py, address, size, location)?;
+        let (memory, found) = crate::by_address::memory(py, address, size, location)?;
         let owner = owner.unwrap_or_else(|| py.None());
-        self.insert(py, name, memory, Held::Object(owner))
+        self.insert(py, name, memory, Held::Object(owner))?;
+        Ok(found)
     }
 
     /// The segments of this agent (`agent=None`) or of agent `agent` (asked of the metadata

@@ -15,7 +15,7 @@ const MAX_GPUS: i32 = 16;
 /// The GPU `location` names (`"cuda:N"`), or for the wildcard `"*"` (and `"cpu..."`: none)
 /// the GPU whose device memory `addr` is, if the CUDA driver knows it; `None` for host
 /// memory.
-fn cuda_of(addr: u64, location: &str) -> Result<Option<Arc<CudaDevice>>> {
+fn cuda_of(addr: u64, location: &str) -> Result<Option<(Arc<CudaDevice>, i32)>> {
     let op = "register_address";
     if let Some(n) = location.strip_prefix("cuda:") {
         let ordinal: i32 = n.parse().map_err(|_| {
@@ -27,7 +27,7 @@ fn cuda_of(addr: u64, location: &str) -> Result<Option<Arc<CudaDevice>>> {
             .hinted("\"*\" (found from the address), \"cpu\", or \"cuda:<ordinal>\"")
         })?;
         let d = CudaDevice::open(ordinal).map_err(|e| Failure::export(op, &e))?;
-        return Ok(Some(d));
+        return Ok(Some((d, ordinal)));
     }
     if location != "*" && !location.is_empty() {
         return Ok(None);
@@ -38,21 +38,30 @@ fn cuda_of(addr: u64, location: &str) -> Result<Option<Arc<CudaDevice>>> {
             break;
         };
         if d.pointer_info(addr).is_ok() {
-            return Ok(Some(d));
+            return Ok(Some((d, ordinal)));
         }
     }
     Ok(None)
 }
 
-/// The engine's memory for `size` bytes at `addr` in `location` (see `cuda_of`).
-pub(crate) fn memory(py: Python<'_>, addr: u64, size: u64, location: &str) -> Result<Memory> {
+/// The engine's memory for `size` bytes at `addr` in `location` (see `cuda_of`), and where
+/// it is: `"cpu"` or `"cuda:N"`.
+pub(crate) fn memory(
+    py: Python<'_>,
+    addr: u64,
+    size: u64,
+    location: &str,
+) -> Result<(Memory, String)> {
     match py.allow_threads(|| cuda_of(addr, location))? {
-        Some(device) => Ok(Memory::Cuda {
-            device,
-            ptr: addr,
-            len: size,
-        }),
-        None => Ok(Memory::Host(address_buffer(addr, size)?)),
+        Some((device, ordinal)) => Ok((
+            Memory::Cuda {
+                device,
+                ptr: addr,
+                len: size,
+            },
+            format!("cuda:{ordinal}"),
+        )),
+        None => Ok((Memory::Host(address_buffer(addr, size)?), "cpu".into())),
     }
 }
 

@@ -176,6 +176,25 @@ def test_bad_input_gives_negative_codes_and_typed_reasons(pair: Pair) -> None:
     assert target.read_bytes_from_buffer(dst, MIB) == before, "no bytes landed anywhere"
     assert initiator.register_memory(0, 4096) < 0
     assert initiator.register_memory(src, 0) < 0
+    assert initiator.register_memory(src, 1 << 64) < 0, "no OverflowError"
+    assert initiator.allocate_managed_buffer(1 << 70) == 0
+    # An opcode that is neither Read nor Write moves nothing.
+    assert initiator.transfer_sync(session, src, dst, 16, 2) < 0
+    assert initiator.transfer_sync(session, src, dst, 16, "Write") < 0  # type: ignore[arg-type]
+    # A str is copied as UTF-8; a source too short, or not bytes, is refused.
+    assert initiator.write_bytes_to_buffer(src, "h\u00e9llo", 6) == 0
+    assert initiator.read_bytes_from_buffer(src, 6) == "h\u00e9llo".encode()
+    assert initiator.write_bytes_to_buffer(src, b"ab", 3) == -1
+    assert initiator.write_bytes_to_buffer(src, 12, 1) == -1
+    # A batch registration that fails half way leaves nothing registered.
+    blocks = [ctypes.create_string_buffer(4096) for _ in range(2)]
+    addrs = [ctypes.addressof(blocks[0]), ctypes.addressof(blocks[1]), 0]
+    assert initiator.batch_register_memory(addrs, [4096, 4096, 4096]) < 0
+    assert initiator.register_memory(addrs[0], 4096) == 0, "rolled back"
+    assert initiator.unregister_memory(addrs[0]) == 0
+    # The same batch id twice is waited for once.
+    bid = initiator.batch_transfer_async_write(session, [src], [dst], [64])
+    assert bid != 0 and initiator.get_batch_transfer_status([bid, bid]) == 0
 
 
 def test_a_peer_that_went_away_fails_within_its_bound(pair: Pair) -> None:

@@ -131,6 +131,8 @@ fi
 struct Plan {
     source: Option<PathBuf>,
     memory: String,
+    /// Whether `--metadata` was given (else Mooncake's engine skips P2P: see `main`).
+    chosen: bool,
     engines: Vec<&'static str>,
     metadata: Vec<&'static str>,
 }
@@ -139,6 +141,7 @@ fn parse(args: &[String]) -> Result<Plan> {
     let mut plan = Plan {
         source: None,
         memory: MEMORY_MIB.into(),
+        chosen: false,
         engines: vec!["ours"],
         metadata: vec!["p2p", "ours", "mooncake"],
     };
@@ -151,12 +154,16 @@ fn parse(args: &[String]) -> Result<Plan> {
             ("--engine", Some("ours")) => plan.engines = vec!["ours"],
             ("--engine", Some("mooncake")) => plan.engines = vec!["mooncake"],
             ("--engine", Some("both")) => plan.engines = vec!["ours", "mooncake"],
-            ("--metadata", Some("all")) => plan.metadata = vec!["p2p", "ours", "mooncake"],
+            ("--metadata", Some("all")) => {
+                plan.metadata = vec!["p2p", "ours", "mooncake"];
+                plan.chosen = true;
+            }
             ("--metadata", Some(m @ ("p2p" | "ours" | "mooncake"))) => {
                 plan.metadata = vec![["p2p", "ours", "mooncake"]
                     .into_iter()
                     .find(|x| *x == m)
-                    .expect("matched above")]
+                    .expect("matched above")];
+                plan.chosen = true;
             }
             _ => fail!("usage: {USAGE}"),
         }
@@ -197,6 +204,15 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
     let mut failed = Vec::new();
     for engine in &plan.engines {
         for metadata in &plan.metadata {
+            if *engine == "mooncake" && *metadata == "p2p" && !plan.chosen {
+                info(
+                    "Mooncake's tests: engine mooncake, metadata p2p left out: under \
+                     P2PHANDSHAKE Mooncake's engine listens on a port of its own choosing, not \
+                     TARGET_SERVER_NAME's, so its tests fail against it (--metadata p2p runs \
+                     it anyway)",
+                );
+                continue;
+            }
             info(format!(
                 "Mooncake's tests: engine {engine}, metadata {metadata}"
             ));

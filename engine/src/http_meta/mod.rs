@@ -104,6 +104,13 @@ impl HttpMetadata {
 
     fn key(&self, agent: &str) -> Result<String> {
         check_agent_name(agent)?;
+        // Servers trim keys (Mooncake's does, ours too): "x " would be "x"'s key.
+        if agent.trim() != agent {
+            return Err(Error::Settings(format!(
+                "agent name {agent:?}: the HTTP metadata backend needs a name without leading \
+                 or trailing whitespace (its server trims keys)"
+            )));
+        }
         Ok(format!("{}{agent}", self.prefix))
     }
 

@@ -6,6 +6,7 @@ use crate::metadata::lock;
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use tiny_http::{Method, Request, Response};
@@ -16,16 +17,36 @@ pub const MAX_VALUE: usize = 64 << 20;
 /// The most keys stored (a PUT of one more is answered 507).
 pub const MAX_KEYS: usize = 1 << 20;
 
+/// The most bytes of values stored in all (a PUT past it is answered 507).
+pub const MAX_BYTES: usize = 1 << 30;
+
+/// The most PUT bodies read at once, each on its own thread (one more is answered 503), so
+/// that a client that sends its body slowly holds one of them, not the server.
+pub const MAX_UPLOADS: usize = 16;
+
+/// The values, and their bytes in all.
+#[derive(Default)]
+struct Store {
+    map: HashMap<String, Vec<u8>>,
+    bytes: usize,
+}
+
 /// A server of Mooncake's HTTP metadata protocol (see [`HttpMetadata`](crate::HttpMetadata))
 /// at `http://<addr>/metadata`, in memory, answering as Mooncake's own server does:
 /// `GET` 200 with the value or 404, `PUT` 200 (400 for a second value of a key holding
 /// `rpc_meta`, which Mooncake's engines keep unique), `DELETE` 200 or 404, 400 without a
 /// key, 405 for other methods. Values are at most [`MAX_VALUE`] bytes (413), keys at most
-/// [`MAX_KEYS`] (507). It runs until dropped.
+/// [`MAX_KEYS`] and values at most [`MAX_BYTES`] in all (507); at most [`MAX_UPLOADS`] PUT
+/// bodies are read at once (503). It runs until dropped.
+///
+/// Like Mooncake's, it is meant for the cluster's own network: anyone who reaches it can
+/// store and delete values (agents refuse values no agent of the cluster signed, so the
+/// harm is to availability), and each connection holds a thread of the HTTP library while
+/// open.
 pub struct MetadataServer {
     http: Arc<tiny_http::Server>,
     addr: SocketAddr,
-    store: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    store: Arc<Mutex<Store>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -50,13 +71,14 @@ impl MetadataServer {
         })?;
         let addr = http.server_addr().to_ip().unwrap_or(bind);
         let http = Arc::new(http);
-        let store = Arc::new(Mutex::new(HashMap::new()));
+        let store = Arc::new(Mutex::new(Store::default()));
         let (h, s) = (http.clone(), store.clone());
+        let uploads = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("http-metadata".into())
             .spawn(move || {
                 for req in h.incoming_requests() {
-                    serve(&s, req);
+                    dispatch(&s, &uploads, req);
                 }
             })
             .map_err(|e| Error::io("start the HTTP metadata server's thread on", addr, e))?;
@@ -80,7 +102,7 @@ impl MetadataServer {
 
     /// How many keys it holds.
     pub fn len(&self) -> usize {
-        lock(&self.store).len()
+        lock(&self.store).map.len()
     }
 
     /// Whether it holds no key.
@@ -113,7 +135,29 @@ fn answer(req: Request, status: u16, body: impl Into<Vec<u8>>) {
     let _ = req.respond(r);
 }
 
-fn serve(store: &Mutex<HashMap<String, Vec<u8>>>, mut req: Request) {
+/// Serves `req`: a PUT on a thread of its own (its body may come slowly), the rest here.
+fn dispatch(store: &Arc<Mutex<Store>>, uploads: &Arc<AtomicUsize>, req: Request) {
+    if *req.method() != Method::Put {
+        return serve(store, req);
+    }
+    if uploads.fetch_add(1, Ordering::AcqRel) >= MAX_UPLOADS {
+        uploads.fetch_sub(1, Ordering::AcqRel);
+        return answer(req, 503, "too many uploads at once");
+    }
+    let (s, u) = (store.clone(), uploads.clone());
+    let spawned = std::thread::Builder::new()
+        .name("http-metadata-put".into())
+        .spawn(move || {
+            serve(&s, req);
+            u.fetch_sub(1, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        // The request went with the closure: its client sees the connection close.
+        uploads.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn serve(store: &Mutex<Store>, mut req: Request) {
     if req.url().split('?').next() != Some("/metadata") {
         return answer(req, 404, "not found");
     }
@@ -122,7 +166,7 @@ fn serve(store: &Mutex<HashMap<String, Vec<u8>>>, mut req: Request) {
         _ => return answer(req, 400, "metadata key is required"),
     };
     match req.method() {
-        Method::Get => match lock(store).get(&key).cloned() {
+        Method::Get => match lock(store).map.get(&key).cloned() {
             Some(v) => answer(req, 200, v),
             None => answer(req, 404, "metadata not found"),
         },
@@ -141,23 +185,43 @@ fn serve(store: &Mutex<HashMap<String, Vec<u8>>>, mut req: Request) {
             if value.len() > MAX_VALUE {
                 return answer(req, 413, "metadata value too large");
             }
-            let mut s = lock(store);
-            if key.contains("rpc_meta") && s.contains_key(&key) {
-                drop(s);
-                return answer(req, 400, "Duplicate rpc_meta key not allowed");
+            let refusal = put(&mut lock(store), key, value);
+            match refusal {
+                None => answer(req, 200, "metadata updated"),
+                Some((status, why)) => answer(req, status, why),
             }
-            if !s.contains_key(&key) && s.len() >= MAX_KEYS {
-                drop(s);
-                return answer(req, 507, "metadata server full");
-            }
-            s.insert(key, value);
-            drop(s);
-            answer(req, 200, "metadata updated")
         }
-        Method::Delete => match lock(store).remove(&key) {
-            Some(_) => answer(req, 200, "metadata deleted"),
-            None => answer(req, 404, "metadata not found"),
-        },
+        Method::Delete => {
+            let mut s = lock(store);
+            match s.map.remove(&key) {
+                Some(v) => {
+                    s.bytes -= v.len();
+                    drop(s);
+                    answer(req, 200, "metadata deleted")
+                }
+                None => {
+                    drop(s);
+                    answer(req, 404, "metadata not found")
+                }
+            }
+        }
         _ => answer(req, 405, "Method not allowed"),
     }
+}
+
+/// Stores `value` under `key`, or the status and text that refuse it.
+fn put(s: &mut Store, key: String, value: Vec<u8>) -> Option<(u16, &'static str)> {
+    let old = s.map.get(&key).map_or(0, Vec::len);
+    if key.contains("rpc_meta") && s.map.contains_key(&key) {
+        return Some((400, "Duplicate rpc_meta key not allowed"));
+    }
+    if !s.map.contains_key(&key) && s.map.len() >= MAX_KEYS {
+        return Some((507, "metadata server full (keys)"));
+    }
+    if s.bytes - old + value.len() > MAX_BYTES {
+        return Some((507, "metadata server full (bytes)"));
+    }
+    s.bytes = s.bytes - old + value.len();
+    s.map.insert(key, value);
+    None
 }

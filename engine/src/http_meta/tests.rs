@@ -177,6 +177,10 @@ fn an_unreachable_server_fails_typed_within_the_timeout() {
         .publish(&made_up("x"), "10.0.0.1:1".parse().unwrap())
         .unwrap_err();
     assert!(matches!(e, Error::Metadata { .. }), "{e:?}");
+    assert!(
+        matches!(m.lookup("x "), Err(Error::Settings(_))),
+        "trimmed by servers"
+    );
     assert!(matches!(
         HttpMetadata::new("https://x/metadata", &keyed(1), T),
         Err(Error::Settings(_))
@@ -184,4 +188,29 @@ fn an_unreachable_server_fails_typed_within_the_timeout() {
     let m = HttpMetadata::new(&url, &keyed(1), T).unwrap();
     let unspecified = m.publish(&made_up("x"), "0.0.0.0:1".parse().unwrap());
     assert!(matches!(unspecified, Err(Error::Settings(_))));
+}
+
+#[test]
+fn a_slow_upload_does_not_stall_the_server() {
+    use std::io::Write;
+    let server = MetadataServer::start(local()).unwrap();
+    // A PUT that promises a megabyte and sends two bytes, then waits.
+    let mut slow = std::net::TcpStream::connect(server.addr()).unwrap();
+    write!(
+        slow,
+        "PUT /metadata?key=slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nab"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let m = HttpMetadata::new(&server.url(), &keyed(1), T).unwrap();
+    let start = std::time::Instant::now();
+    m.publish(&made_up("fast"), "10.0.0.1:1".parse().unwrap())
+        .unwrap();
+    assert_eq!(m.lookup("fast").unwrap().descriptor, made_up("fast"));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(slow);
 }

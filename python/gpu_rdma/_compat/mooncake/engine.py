@@ -2,4 +2,8 @@
 
 from gpu_rdma.mooncake import TransferEngine, TransferNotify, TransferOpcode
 
-__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode"]
+# Mooncake's module exports the opcode's values too.
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+__all__ = ["Read", "TransferEngine", "TransferNotify", "TransferOpcode", "Write"]

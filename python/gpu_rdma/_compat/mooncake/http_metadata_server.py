@@ -4,6 +4,7 @@ of Mooncake's own; it serves until interrupted (SIGINT or SIGTERM)."""
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 from typing import List, Optional
@@ -21,8 +22,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with MetadataServer(f"{args.host}:{args.port}") as server:
-        print(f"HTTP metadata server at {server.url}", flush=True)
+    host = socket.gethostbyname(args.host)
+    with MetadataServer(f"{host}:{args.port}") as server:
+        if host == "0.0.0.0":
+            print(
+                f"HTTP metadata server at {server.url} (every address: agents name it "
+                f"http://<this host's address>:{args.port}/metadata)",
+                flush=True,
+            )
+        else:
+            print(f"HTTP metadata server at {server.url}", flush=True)
         while not stop.wait(1.0):
             pass
     return 0
