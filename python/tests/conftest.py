@@ -2,6 +2,8 @@
 by tests/tests/python_package.rs; outside it they fail, never skip."""
 
 import os
+import subprocess
+import tempfile
 from typing import Iterator, Tuple
 
 import pytest
@@ -35,3 +37,32 @@ def pair() -> Iterator[Tuple[gpu_rdma.Agent, gpu_rdma.Agent]]:
 def pattern(size: int, seed: int) -> bytes:
     """`size` bytes that differ with `seed` and with the position."""
     return bytes(((i * 131 + seed * 17 + (i >> 12)) & 0xFF) for i in range(size))
+
+
+CLIENT, PEER = 23790, 23800
+
+
+@pytest.fixture
+def etcd() -> Iterator[str]:
+    """An etcd on loopback; its client URL."""
+    url, peer = f"http://127.0.0.1:{CLIENT}", f"http://127.0.0.1:{PEER}"
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.Popen(
+            [
+                "etcd",
+                "--name=py",
+                f"--data-dir={os.path.join(d, 'data')}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=py={peer}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(30)

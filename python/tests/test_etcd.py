@@ -1,43 +1,11 @@
 """Agents that find each other through etcd (Debian's etcd-server, started here) alone."""
 
-import os
-import subprocess
-import tempfile
 import time
-from typing import Iterator
 
 import pytest
 
 import gpu_rdma
 from conftest import pattern, vm_env
-
-CLIENT, PEER = 23790, 23800
-
-
-@pytest.fixture
-def etcd() -> Iterator[str]:
-    """An etcd on loopback; its client URL."""
-    url, peer = f"http://127.0.0.1:{CLIENT}", f"http://127.0.0.1:{PEER}"
-    with tempfile.TemporaryDirectory() as d:
-        proc = subprocess.Popen(
-            [
-                "etcd",
-                "--name=py",
-                f"--data-dir={os.path.join(d, 'data')}",
-                f"--listen-client-urls={url}",
-                f"--advertise-client-urls={url}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=py={peer}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(30)
 
 
 def agent(name: str, url: str) -> gpu_rdma.Agent:

@@ -262,3 +262,27 @@ def test_the_mooncake_package_and_its_metadata_server_are_ours() -> None:
     finally:
         server.terminate()
         assert server.wait(10) == 0
+
+
+def test_peers_found_through_etcd(etcd: str) -> None:
+    """Mooncake's etcd form of the metadata string (`host:port`, no scheme)."""
+    where = etcd.removeprefix("http://")
+    deadline = time.monotonic() + 60
+    while True:  # until etcd answers
+        target = TransferEngine()
+        if target.initialize("127.0.0.1:17670", where, "rdma", vm_env("RDMA_DEVICE")) == 0:
+            break
+        assert time.monotonic() < deadline, target.last_error()
+        time.sleep(0.5)
+    initiator = started("127.0.0.1:17671", f"etcd://{where}")
+    dst = target.allocate_managed_buffer(MIB)
+    src = initiator.allocate_managed_buffer(MIB)
+    assert initiator.get_first_buffer_address("127.0.0.1:17670") == dst
+    data = pattern(4096, 21)
+    initiator.write_bytes_to_buffer(src, data, len(data))
+    assert initiator.transfer_sync_write("127.0.0.1:17670", src, dst + 8192, len(data)) == 0
+    assert target.read_bytes_from_buffer(dst + 8192, len(data)) == data
+    for e in (initiator, target):
+        agent = e.get_engine()
+        assert agent is not None
+        agent.close()
