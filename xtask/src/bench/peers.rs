@@ -511,6 +511,12 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         .sum();
     let opts = vm::Opts {
         nodes: 2,
+        // Mooncake's Python engine registers a 2 GiB pool at its first buffer.
+        mem_mib: if req.client == Client::Python {
+            8192
+        } else {
+            vm::Opts::default().mem_mib
+        },
         timeout: Duration::from_secs(most + 300),
         expose: paths.vm_expose(),
         env: paths.cluster_env()?,

@@ -173,7 +173,7 @@ initiator() {
     grep -E 'Test completed|RESULT|error|timeout|^[EF][0-9]{4} ' "$log" | tail -n 12
     if [ $rc != 0 ]; then
         echo "peers.sh: step $id: the initiator ended with $rc; its log ends:"
-        tail -n 15 "$log"
+        tail -n 25 "$log"
     fi
     return $rc
 }
