@@ -12,17 +12,17 @@ use std::thread::JoinHandle;
 use tiny_http::{Method, Request, Response};
 
 /// The largest value stored (a larger PUT is answered 413).
-pub const MAX_VALUE: usize = 64 << 20;
+pub(crate) const MAX_VALUE: usize = 64 << 20;
 
 /// The most keys stored (a PUT of one more is answered 507).
-pub const MAX_KEYS: usize = 1 << 20;
+pub(crate) const MAX_KEYS: usize = 1 << 20;
 
 /// The most bytes of values stored in all (a PUT past it is answered 507).
-pub const MAX_BYTES: usize = 1 << 30;
+pub(crate) const MAX_BYTES: usize = 1 << 30;
 
 /// The most PUT bodies read at once, each on its own thread (one more is answered 503), so
 /// that a client that sends its body slowly holds one of them, not the server.
-pub const MAX_UPLOADS: usize = 16;
+pub(crate) const MAX_UPLOADS: usize = 16;
 
 /// The values, and their bytes in all.
 #[derive(Default)]
@@ -35,9 +35,9 @@ struct Store {
 /// at `http://<addr>/metadata`, in memory, answering as Mooncake's own server does:
 /// `GET` 200 with the value or 404, `PUT` 200 (400 for a second value of a key holding
 /// `rpc_meta`, which Mooncake's engines keep unique), `DELETE` 200 or 404, 400 without a
-/// key, 405 for other methods. Values are at most [`MAX_VALUE`] bytes (413), keys at most
-/// [`MAX_KEYS`] and values at most [`MAX_BYTES`] in all (507); at most [`MAX_UPLOADS`] PUT
-/// bodies are read at once (503). It runs until dropped.
+/// key, 405 for other methods. Values are at most 64 MiB (413), keys at most 2^20 and values
+/// at most 1 GiB in all (507); at most 16 PUT bodies are read at once, each on its own
+/// thread (503 past them). It runs until dropped.
 ///
 /// Like Mooncake's, it is meant for the cluster's own network: anyone who reaches it can
 /// store and delete values (agents refuse values no agent of the cluster signed, so the
