@@ -5,12 +5,11 @@ use crate::dlpack;
 use crate::errors::{Class, Failure, Result};
 use crate::host::{foreign_buffer, is_buffer, pin, HostMemory, Pin};
 use crate::memory::{from_fd, PyDmaBuf};
-use crate::transfer::{bound, Batch, Notification, Transfer};
+use crate::transfer::{address, bound, Batch, Notification, Transfer};
 use gpu_rdma_engine::{Agent as EngineAgent, Memory, Settings};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What a registered segment holds on the Python side.
@@ -46,17 +45,6 @@ pub(crate) struct Agent {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub(crate) fn address(op: &str, text: &str) -> Result<SocketAddr> {
-    text.parse().map_err(|e| {
-        Failure::new(
-            Class::InvalidInput,
-            op,
-            format!("{op}: address {text:?}: {e}"),
-        )
-        .hinted("an IP address and port, such as \"10.0.0.2:18700\"")
-    })
 }
 
 /// GPU `ordinal`, opened with the GIL released.
@@ -286,7 +274,7 @@ impl Agent {
 
     /// Names peer `name` and its control address `"ip:port"`.
     fn add_peer(&self, name: &str, address: &str) -> PyResult<()> {
-        let addr = self::address("add_peer", address)?;
+        let addr = crate::transfer::address("add_peer", address)?;
         self.engine("add_peer")?.add_peer(name, addr);
         Ok(())
     }
@@ -308,7 +296,7 @@ impl Agent {
     /// Finds the agent listening at `address` (`"ip:port"`) by its address alone, names it
     /// as `add_peer` does, and returns its name (Mooncake's P2P handshake).
     fn add_peer_at(&self, py: Python<'_>, address: &str) -> PyResult<String> {
-        let addr = self::address("add_peer_at", address)?;
+        let addr = crate::transfer::address("add_peer_at", address)?;
         let agent = self.engine("add_peer_at")?;
         py.allow_threads(move || agent.add_peer_at(addr))
             .map_err(|e| Failure::engine("add_peer_at", &e).into())

@@ -92,7 +92,7 @@ impl MetadataServer {
     #[new]
     #[pyo3(signature = (bind = "0.0.0.0:8080"))]
     fn new(bind: &str) -> PyResult<MetadataServer> {
-        let addr = crate::agent::address("MetadataServer", bind)?;
+        let addr = crate::transfer::address("MetadataServer", bind)?;
         let s = gpu_rdma_engine::MetadataServer::start(addr)
             .map_err(|e| Failure::engine("MetadataServer", &e))?;
         Ok(MetadataServer {

@@ -4,6 +4,7 @@
 use crate::errors::{Class, Failure, Result};
 use gpu_rdma_engine::{Batch as EngineBatch, EntryStatus, Transfer as EngineTransfer};
 use pyo3::prelude::*;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,18 @@ pub(crate) fn bound(op: &str, seconds: f64) -> Result<Duration> {
             op,
             format!("{op}: a timeout of {seconds} s (a finite number of seconds, 0 or more)"),
         )
+    })
+}
+
+/// A socket address (`"ip:port"`) from an argument of `op`.
+pub(crate) fn address(op: &str, text: &str) -> Result<SocketAddr> {
+    text.parse().map_err(|e| {
+        Failure::new(
+            Class::InvalidInput,
+            op,
+            format!("{op}: address {text:?}: {e}"),
+        )
+        .hinted("an IP address and port, such as \"10.0.0.2:18700\"")
     })
 }
 

@@ -141,15 +141,16 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
     ),
 ];
 
-/// The Python package: a pinned buffer registered in place. Its raw layer (`src/sys/`) holds
+/// The Python package: a pinned buffer registered in place, and memory registered by address. Its raw layer (`src/sys/`) holds
 /// CPython's buffer protocol (`PyObject_GetBuffer`, `PyBuffer_Release`), DLPack capsules
 /// (their structs read, their tensor taken and its deleter called) and the duplicate of an
 /// fd number.
 const PYTHON: &[(&str, usize, &str)] = &[(
     "host.rs",
-    1,
+    2,
     "HostBuffer::from_foreign (a public unsafe fn of rdma-dmabuf) over a buffer export or a \
-     taken DLPack tensor that the HostBuffer itself holds",
+     taken DLPack tensor that the HostBuffer itself holds; and over an address the caller of \
+     Agent.register_address promises stays allocated (Mooncake's register_memory)",
 )];
 
 #[test]
