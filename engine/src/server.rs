@@ -165,8 +165,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, 
     let limits = shared.settings.limits;
     let counters = &shared.counters;
     let mut pending: Vec<Pending> = Vec::new();
-    // Which of the polled descriptors are ready: the listener, then each pending hello.
-    let mut ready: Vec<bool> = Vec::with_capacity(1);
+    let mut ready: Vec<bool> = Vec::with_capacity(1); // the listener, then each hello
     let mut backoff: Option<Duration> = None;
     if listener.set_nonblocking(true).is_err() {
         return;
@@ -190,8 +189,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, 
         };
         ready.clear();
         if pending.is_empty() {
-            // The idle case, once a second: no allocation (the process's allocation count
-            // is measured across batches, tests/tests/engine_alloc.rs).
+            // Idle, once a second: no allocation (tests/tests/engine_alloc.rs counts them).
             let mut one = [PollFd::new(listener.as_fd(), listen_flags)];
             let _ = poll(&mut one, PollTimeout::from(ms));
             ready.push(one[0].any().unwrap_or(true));
