@@ -70,12 +70,16 @@ def compat_path() -> str:
 
 
 def _timeout(total_bytes: int) -> float:
-    """Mooncake's bound on a synchronous transfer: MC_TRANSFER_TIMEOUT whole seconds (30 if
-    unset or not a number, at least 5, as Mooncake reads it) + 1 s per GiB."""
+    """Mooncake's bound on a synchronous transfer: MC_TRANSFER_TIMEOUT whole seconds (30 when
+    unset, at least 5, as Mooncake reads it) + 1 s per GiB. A value that is not a whole
+    number is refused (InvalidInput), never taken for unset."""
+    text = os.environ.get("MC_TRANSFER_TIMEOUT", "30")
     try:
-        base = max(5, int(os.environ.get("MC_TRANSFER_TIMEOUT", "30")))
+        base = max(5, int(text))
     except ValueError:
-        base = 30
+        raise _invalid(
+            "transfer", f"MC_TRANSFER_TIMEOUT={text!r}: a whole number of seconds"
+        ) from None
     return min(base + total_bytes / float(1 << 30), 1e9)
 
 
@@ -476,7 +480,8 @@ class TransferEngine:
             total += n
         if notify is not None:
             batch.notify(notify.msg.encode())
-        return agent.transfer(batch), _timeout(total), time.monotonic()
+        bound = _timeout(total)  # before submitting: a bad bound moves nothing
+        return agent.transfer(batch), bound, time.monotonic()
 
     def _sync(
         self,

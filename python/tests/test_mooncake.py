@@ -192,6 +192,14 @@ def test_bad_input_gives_negative_codes_and_typed_reasons(pair: Pair) -> None:
     assert initiator.batch_register_memory(addrs, [4096, 4096, 4096]) < 0
     assert initiator.register_memory(addrs[0], 4096) == 0, "rolled back"
     assert initiator.unregister_memory(addrs[0]) == 0
+    # An unreadable MC_TRANSFER_TIMEOUT is refused before anything moves.
+    os.environ["MC_TRANSFER_TIMEOUT"] = "soon"
+    try:
+        assert initiator.transfer_sync_write(session, src, dst, 16) < 0
+        err = initiator.last_error()
+        assert err is not None and "MC_TRANSFER_TIMEOUT" in str(err)
+    finally:
+        del os.environ["MC_TRANSFER_TIMEOUT"]
     # The same batch id twice is waited for once.
     bid = initiator.batch_transfer_async_write(session, [src], [dst], [64])
     assert bid != 0 and initiator.get_batch_transfer_status([bid, bid]) == 0
