@@ -145,7 +145,8 @@ class TransferEngine:
 
     def _fail(self, e: Error, code: Optional[int] = None) -> int:
         self._last_error = e
-        if os.environ.get("GPU_RDMA_MOONCAKE_QUIET") != "1":
+        # Set (to anything but "" or "0"): quiet.
+        if os.environ.get("GPU_RDMA_MOONCAKE_QUIET", "") in ("", "0"):
             print(f"gpu_rdma.mooncake: {e}", file=sys.stderr)
         return _code(e) if code is None else code
 
