@@ -30,12 +30,12 @@ use std::time::Duration;
 
 /// A transfer engine's agent. See the crate's documentation.
 pub struct Agent {
-    shared: Arc<Shared>,
-    embedded: Arc<EmbeddedMetadata>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) embedded: Arc<EmbeddedMetadata>,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
     server: Option<Server>,
-    notifier: Notifier,
+    pub(crate) notifier: Notifier,
 }
 
 impl std::fmt::Debug for Agent {
@@ -480,6 +480,7 @@ impl Agent {
     /// service's errors ([`Error::IncompatibleVersion`], [`Error::Io`]). Failures after
     /// that are reported per entry by the [`Transfer`].
     pub fn transfer(&self, batch: &Batch) -> Result<Transfer> {
+        let started = std::time::Instant::now();
         batch.check_notification()?;
         let mut records = self.peer_records(batch, false)?;
         let mut refreshed = false;
@@ -519,13 +520,14 @@ impl Agent {
             .iter()
             .map(|t| records[&t.agent].control)
             .collect();
-        let progress = Progress::new(&plan.chunks_per_entry);
+        let progress = Progress::new(&plan.chunks_per_entry, started);
         let job = Job {
             plan,
             controls,
             progress: progress.clone(),
             notification: batch.notification.clone(),
         };
+        progress.submitted();
         let refused = match &self.jobs {
             Some(jobs) => jobs.send(job).err().map(|e| e.0.plan),
             None => Some(job.plan),

@@ -78,6 +78,7 @@ mod auth;
 #[cfg(feature = "tokio")]
 mod awaiting;
 mod batch;
+mod card;
 mod channel;
 mod codec;
 mod descriptor;
@@ -109,6 +110,7 @@ mod worker;
 pub use agent::Agent;
 pub use auth::{Auth, ClusterKey, TlsFiles, CLUSTER_KEY_ENV, INSECURE_ENV, MIN_KEY_BYTES, TLS_ENV};
 pub use batch::{Batch, Entry, Notification, Op, BY_ADDRESS, MAX_NOTIFICATION};
+pub use card::{Card, CARD_VERSION};
 pub use descriptor::{AgentDescriptor, DeviceRegion, SegmentDescriptor, FORMAT_VERSION};
 pub use error::{Error, ErrorKind, Limit, Result, Side};
 #[cfg(feature = "etcd")]
@@ -117,6 +119,6 @@ pub use gpu_rdma_topology::{Near, NicOverride, OverrideError, Proximity, Ranked}
 pub use http_meta::{HttpMetadata, MetadataServer, HTTP_PREFIX};
 pub use limits::{ControlStats, Limits};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};
-pub use progress::{EntryStatus, Transfer};
+pub use progress::{EntryStatus, Timing, Transfer};
 pub use segment::Memory;
 pub use settings::Settings;

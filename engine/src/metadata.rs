@@ -64,7 +64,7 @@ pub trait MetadataService: Send + Sync {
 /// over an authenticated control connection.
 #[derive(Debug)]
 pub struct EmbeddedMetadata {
-    peers: Mutex<HashMap<String, SocketAddr>>,
+    pub(crate) peers: Mutex<HashMap<String, SocketAddr>>,
     dialer: Dialer,
 }
 

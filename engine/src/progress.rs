@@ -4,7 +4,19 @@ use crate::error::{Error, Result};
 use crate::metadata::lock;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::Waker;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+/// When a batch was submitted, planned and finished ([`Transfer::timing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// The wall-clock time [`Agent::transfer`](crate::Agent::transfer) was called.
+    pub started: SystemTime,
+    /// How long `transfer` took to check and plan the batch and hand it to the worker.
+    pub submitted: Duration,
+    /// How long from the call until the worker was done with the batch (every completion in,
+    /// the notification delivered or failed); `None` while it is not.
+    pub finished: Option<Duration>,
+}
 
 /// Where an entry of a batch stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +39,9 @@ struct State {
     notification: Option<Error>,
     /// Tasks awaiting the batch, woken by [`Progress::finish`].
     wakers: Vec<Waker>,
+    /// Since `started`: when the batch was handed to the worker, when it finished.
+    submitted: Duration,
+    finished_after: Option<Duration>,
 }
 
 impl State {
@@ -49,17 +64,27 @@ impl State {
 pub(crate) struct Progress {
     state: Mutex<State>,
     finished: Condvar,
+    started: Instant,
+    started_wall: SystemTime,
 }
 
 impl Progress {
-    pub fn new(chunks_per_entry: &[u32]) -> Arc<Progress> {
+    /// A batch's progress; `started` is when its [`Agent::transfer`](crate::Agent::transfer)
+    /// was called.
+    pub fn new(chunks_per_entry: &[u32], started: Instant) -> Arc<Progress> {
         Arc::new(Progress {
+            started,
+            started_wall: SystemTime::now()
+                .checked_sub(started.elapsed())
+                .unwrap_or_else(SystemTime::now),
             state: Mutex::new(State {
                 status: vec![EntryStatus::Pending; chunks_per_entry.len()],
                 left: chunks_per_entry.to_vec(),
                 finished: false,
                 notification: None,
                 wakers: Vec::new(),
+                submitted: Duration::ZERO,
+                finished_after: None,
             }),
             finished: Condvar::new(),
         })
@@ -102,12 +127,18 @@ impl Progress {
         }
         s.notification = notification;
         s.finished = true;
+        s.finished_after = Some(self.started.elapsed());
         let wakers = std::mem::take(&mut s.wakers);
         drop(s);
         self.finished.notify_all();
         for w in wakers {
             w.wake();
         }
+    }
+
+    /// The batch is planned and about to go to the worker.
+    pub fn submitted(&self) {
+        lock(&self.state).submitted = self.started.elapsed();
     }
 
     /// The batch's result if it has finished; otherwise `waker` is kept (once per task) to
@@ -149,6 +180,17 @@ impl Transfer {
     /// notification, if any, delivered or failed.
     pub fn is_finished(&self) -> bool {
         lock(&self.progress.state).finished
+    }
+
+    /// When the batch was submitted and planned, and when it finished (the engine's own
+    /// clock: NIXL's transfer telemetry).
+    pub fn timing(&self) -> Timing {
+        let s = lock(&self.progress.state);
+        Timing {
+            started: self.progress.started_wall,
+            submitted: s.submitted,
+            finished: s.finished_after,
+        }
     }
 
     /// Why the batch's notification was not delivered (`None`: delivered, not asked for,

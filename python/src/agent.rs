@@ -279,6 +279,33 @@ impl Agent {
         Ok(())
     }
 
+    /// This agent's card (bytes): its control address as peers reach it and its
+    /// descriptor, versioned. Hand it to a peer out of band; the peer loads it with
+    /// `add_peer_card` (NIXL's agent metadata).
+    fn card<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let c = self
+            .engine("card")?
+            .card()
+            .map_err(|e| Failure::engine("card", &e))?;
+        Ok(pyo3::types::PyBytes::new(py, &c))
+    }
+
+    /// Loads a peer's card (`card`), names the peer as `add_peer` does and returns its
+    /// name. A card of another format version, or bytes that are not a whole card, raise
+    /// `Incompatible`.
+    fn add_peer_card(&self, card: &[u8]) -> PyResult<String> {
+        self.engine("add_peer_card")?
+            .add_peer_card(card)
+            .map_err(|e| Failure::engine("add_peer_card", &e).into())
+    }
+
+    /// Forgets peer `name` (its address, cached descriptor and notification connection):
+    /// batches naming it fail with `NotFound` until it is named again.
+    fn remove_peer(&self, name: &str) -> PyResult<()> {
+        self.engine("remove_peer")?.remove_peer(name);
+        Ok(())
+    }
+
     /// Registers `memory` whole as segment `name`, readable and writable by peers; returns
     /// its length. `memory`: a `DmaBuf` (moved into the segment until `unregister`), a
     /// `HostMemory`, a writable buffer over a `HostMemory`'s whole pages (a numpy array, a

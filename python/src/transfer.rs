@@ -51,6 +51,39 @@ fn push<'py>(
     slf
 }
 
+/// The batch with `add(local, peer, remote, length)` applied per index of three lists of
+/// one length.
+fn many<'py>(
+    mut slf: PyRefMut<'py, Batch>,
+    op: &str,
+    local: &[u64],
+    peer: &str,
+    remote: &[u64],
+    lengths: &[u64],
+    add: fn(EngineBatch, u64, &str, u64, u64) -> EngineBatch,
+) -> PyResult<PyRefMut<'py, Batch>> {
+    if local.len() != remote.len() || local.len() != lengths.len() {
+        return Err(Failure::new(
+            Class::InvalidInput,
+            op,
+            format!(
+                "{op}: {} local addresses, {} remote addresses and {} lengths (one each per \
+                 entry)",
+                local.len(),
+                remote.len(),
+                lengths.len()
+            ),
+        )
+        .into());
+    }
+    let mut b = std::mem::take(&mut slf.inner);
+    for ((&l, &r), &n) in local.iter().zip(remote).zip(lengths) {
+        b = add(b, l, peer, r, n);
+    }
+    slf.inner = b;
+    Ok(slf)
+}
+
 #[pymethods]
 impl Batch {
     #[new]
@@ -122,6 +155,45 @@ impl Batch {
         })
     }
 
+    /// Adds one `write_at` per index of the three lists (local addresses, remote
+    /// addresses, lengths: sequences of one length), in one call.
+    fn write_many_at<'py>(
+        slf: PyRefMut<'py, Self>,
+        local_addresses: Vec<u64>,
+        peer: &str,
+        remote_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+    ) -> PyResult<PyRefMut<'py, Self>> {
+        many(
+            slf,
+            "write_many_at",
+            &local_addresses,
+            peer,
+            &remote_addresses,
+            &lengths,
+            EngineBatch::write_at,
+        )
+    }
+
+    /// Adds one `read_at` per index of the three lists, in one call (see `write_many_at`).
+    fn read_many_at<'py>(
+        slf: PyRefMut<'py, Self>,
+        local_addresses: Vec<u64>,
+        peer: &str,
+        remote_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+    ) -> PyResult<PyRefMut<'py, Self>> {
+        many(
+            slf,
+            "read_many_at",
+            &local_addresses,
+            peer,
+            &remote_addresses,
+            &lengths,
+            EngineBatch::read_at,
+        )
+    }
+
     /// Sends `message` (at most 4096 bytes) to every peer of the batch once all its
     /// entries have landed.
     fn notify<'py>(slf: PyRefMut<'py, Self>, message: &[u8]) -> PyRefMut<'py, Self> {
@@ -168,6 +240,20 @@ impl Transfer {
     #[getter]
     fn done(&self) -> bool {
         self.inner.is_finished()
+    }
+
+    /// The engine's clock for this batch: `(started, submitted, finished)`, the first the
+    /// wall-clock time `transfer` was called (microseconds since the epoch), the others
+    /// microseconds since then, rounded up: when it was planned and handed to the worker,
+    /// and when the worker was done with it (`None` while it is not).
+    fn timing(&self) -> (u64, u64, Option<u64>) {
+        let t = self.inner.timing();
+        let us = |d: Duration| u64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(u64::MAX);
+        let epoch = t
+            .started
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        (epoch, us(t.submitted), t.finished.map(us))
     }
 
     /// Each entry's state: `"pending"`, `"done"` or `"failed: <error>"`.

@@ -1,0 +1,434 @@
+"""``nixlAgent``: the agent of NIXL's binding layer, over a :class:`gpu_rdma.Agent`.
+
+What maps to what:
+
+- a registered range is a segment named by address (``Agent.register_address``); its name
+  carries its NIXL memory type, so peers check a descriptor's type against the remote
+  memory as NIXL does;
+- a descriptor pair of a transfer is a ``write_at``/``read_at`` entry of one batch, posted
+  again at each ``postXferReq``; its notification is the batch's;
+- agent metadata is the agent's card (``Agent.card``): its control address and its
+  versioned descriptor. Loading one names the peer; the descriptor transfers use is the one
+  the peer gives over an authenticated connection;
+- the metadata listener is the agent's control port: ``fetchRemoteMD`` asks the agent
+  there for its descriptor, ``sendLocalMD`` and ``invalidateLocalMD`` reach it with a
+  notification that this layer consumes (it never reaches ``getNotifs``);
+- telemetry is the engine's own clock of each batch (``Transfer.timing``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from gpu_rdma import Agent, Error
+
+from ._descs import MOVABLE, nixl_mem_t, nixlRegDList, nixlXferDList
+from ._xfer import XferMixin, _Prepped, _Request
+from ._status import (
+    nixl_status_t,
+    nixlBackendError,
+    nixlInvalidParamError,
+    nixlMismatchError,
+    nixlNotFoundError,
+    nixlNotSupportedError,
+    raise_from,
+)
+
+#: The name NIXL's calls give for "this agent, the initiator's side".
+NIXL_INIT_AGENT = ""
+
+#: This engine's backend name; "UCX" (NIXL's default) names it too, so that callers that
+#: ask for UCX run unchanged.
+BACKENDS = ("GPU_RDMA", "UCX")
+
+#: What NIXL's backends report they move.
+MEM_TYPES = ["DRAM_SEG", "VRAM_SEG"]
+
+#: The first bytes of a notification this layer sends to itself across agents (a card
+#: pushed by ``sendLocalMD``, a goodbye of ``invalidateLocalMD``); never delivered to the
+#: program.
+_CARD = b"\x00gpu_rdma.nixl:card\x00"
+_FORGET = b"\x00gpu_rdma.nixl:forget\x00"
+
+_TRUE = ("y", "yes", "on", "1", "true", "enable")
+_FALSE = ("n", "no", "off", "0", "false", "disable")
+
+
+def _name(agent: Union[str, bytes]) -> str:
+    """An agent name given as NIXL's callers give it (str, or the bytes NIXL returns)."""
+    return agent.decode() if isinstance(agent, (bytes, bytearray)) else str(agent)
+
+
+def _bytes(msg: Union[str, bytes]) -> bytes:
+    return msg.encode() if isinstance(msg, str) else bytes(msg)
+
+
+def _telemetry(config_says: bool) -> bool:
+    """NIXL's rule: ``NIXL_TELEMETRY_ENABLE``, when set, wins over the agent's config."""
+    v = os.environ.get("NIXL_TELEMETRY_ENABLE")
+    if v is None:
+        return config_says
+    if v.strip().lower() in _TRUE:
+        return True
+    if v.strip().lower() in _FALSE:
+        return False
+    raise nixlInvalidParamError(f"NIXL_TELEMETRY_ENABLE={v!r}: y or n")
+
+
+def _segment(mem: nixl_mem_t, dev: int, n: int) -> str:
+    kind = "dram" if mem == nixl_mem_t.DRAM_SEG else f"vram{dev}"
+    return f"nixl.{kind}.{n}"
+
+
+def _mem_of(segment: str) -> Optional[nixl_mem_t]:
+    """The NIXL memory type of a peer's segment, from its name (None: not one of ours)."""
+    parts = segment.split(".")
+    if len(parts) != 3 or parts[0] != "nixl":
+        return None
+    return nixl_mem_t.DRAM_SEG if parts[1] == "dram" else nixl_mem_t.VRAM_SEG
+
+
+class nixlAgent(XferMixin):
+    """NIXL's binding-level agent (``nixl._bindings.nixlAgent``) over a gpu_rdma agent."""
+
+    def __init__(self, name: Union[str, bytes], config: Any) -> None:
+        name = _name(name)
+        if not name:
+            raise ValueError("Agent needs a non-empty name")
+        self.config = config
+        self._telemetry = _telemetry(bool(config.captureTelemetry))
+        port = int(config.listenPort) if config.useListenThread else 0
+        host = os.environ.get("GPU_RDMA_NIXL_BIND", "0.0.0.0")
+        try:
+            self._agent = Agent(name, bind=f"{host}:{port}")
+        except Error as e:
+            raise_from(e, f"agent {name!r}")
+        self.name = name
+        self._lock = threading.Lock()
+        self._backends: Dict[int, str] = {}
+        self._next = 1
+        # registered ranges: (type, address, length, device) -> segment names
+        self._regs: Dict[Tuple[nixl_mem_t, int, int, int], List[str]] = {}
+        self._seg = 0
+        self._remotes: Set[str] = set()
+        self._tables: Dict[str, List[Tuple[str, Optional[int], int]]] = {}
+        self._dlists: Dict[int, _Prepped] = {}
+        self._reqs: Dict[int, _Request] = {}
+        self._notifs: Dict[str, List[bytes]] = {}
+        self._addresses: Dict[str, str] = {}  # "ip:port" -> the agent there
+
+    # --- plugins and backends -------------------------------------------------------------
+
+    def getAvailPlugins(self) -> List[str]:
+        return list(BACKENDS)
+
+    def getPluginParams(self, plugin: str) -> Tuple[Dict[str, str], List[str]]:
+        if plugin not in BACKENDS:
+            raise nixlNotFoundError(f"plugin {plugin!r}: gpu_rdma provides {list(BACKENDS)}")
+        return {}, list(MEM_TYPES)
+
+    def createBackend(self, plugin: str, params: Dict[str, str]) -> int:
+        if plugin not in BACKENDS:
+            raise nixlNotFoundError(f"backend {plugin!r}: gpu_rdma provides {list(BACKENDS)}")
+        with self._lock:
+            if plugin in self._backends.values():
+                raise nixlInvalidParamError(f"backend {plugin!r} already created")
+            h = self._next
+            self._next += 1
+            self._backends[h] = plugin
+        return h
+
+    def getBackendParams(self, backend: int) -> Tuple[Dict[str, str], List[str]]:
+        if backend not in self._backends:
+            raise nixlNotFoundError(f"backend handle {backend!r}")
+        return {}, list(MEM_TYPES)
+
+    def _usable(self, op: str) -> None:
+        if not self._backends:
+            raise nixlNotFoundError(
+                f"{op}: no backend was created (nixl_agent_config(backends=['UCX']) or "
+                "create_backend('UCX'): gpu_rdma serves both names)"
+            )
+
+    # --- memory ---------------------------------------------------------------------------
+
+    def registerMem(self, descs: nixlRegDList, backends: Sequence[int] = ()) -> nixl_status_t:
+        self._usable("registerMem")
+        if not isinstance(descs, nixlRegDList):
+            raise nixlInvalidParamError("registerMem: a nixlRegDList")
+        mem = descs.getType()
+        if mem not in MOVABLE:
+            raise nixlNotSupportedError(f"registerMem: {mem.name}: gpu_rdma moves DRAM and VRAM")
+        done: List[Tuple[Tuple[nixl_mem_t, int, int, int], str]] = []
+        try:
+            for addr, length, dev, _meta in descs:
+                if length == 0:
+                    raise nixlInvalidParamError(f"registerMem: 0 bytes at {addr:#x}")
+                with self._lock:
+                    seg = _segment(mem, dev, self._seg)
+                    self._seg += 1
+                location = "cpu" if mem == nixl_mem_t.DRAM_SEG else f"cuda:{dev}"
+                try:
+                    found = self._agent.register_address(seg, addr, length, location)
+                except Error as e:
+                    raise_from(e, f"registerMem: {length} bytes at {addr:#x}")
+                key = (mem, addr, length, dev)
+                done.append((key, seg))
+                with self._lock:
+                    self._regs.setdefault(key, []).append(seg)
+                if found != location:
+                    raise nixlInvalidParamError(
+                        f"registerMem: {length} bytes at {addr:#x} are {found} memory, "
+                        f"not {mem.name}"
+                    )
+        except BaseException:
+            for key, seg in done:
+                self._drop(key, seg)
+            raise
+        return nixl_status_t.NIXL_SUCCESS
+
+    def _drop(self, key: Tuple[nixl_mem_t, int, int, int], seg: str) -> None:
+        with self._lock:
+            segs = self._regs.get(key, [])
+            if seg in segs:
+                segs.remove(seg)
+            if not segs:
+                self._regs.pop(key, None)
+        try:
+            self._agent.unregister(seg)
+        except Error:
+            pass
+
+    def deregisterMem(self, descs: nixlRegDList, backends: Sequence[int] = ()) -> nixl_status_t:
+        if not isinstance(descs, nixlRegDList):
+            raise nixlInvalidParamError("deregisterMem: a nixlRegDList")
+        mem = descs.getType()
+        with self._lock:
+            keys = [(mem, a, n, d) for a, n, d, _m in descs]
+            missing = [k for k in keys if not self._regs.get(k)]
+        if missing:
+            _, a, n, _ = missing[0]
+            raise nixlNotFoundError(f"deregisterMem: {n} bytes at {a:#x} are not registered")
+        for k in keys:
+            with self._lock:
+                segs = self._regs.get(k, [])
+                seg = segs[-1] if segs else None
+            if seg is None:
+                continue
+            try:
+                self._agent.unregister(seg)
+            except Error as e:
+                raise_from(e, f"deregisterMem: {k[2]} bytes at {k[1]:#x}")
+            with self._lock:
+                segs.remove(seg)
+                if not segs:
+                    del self._regs[k]
+        return nixl_status_t.NIXL_SUCCESS
+
+    def queryMem(self, descs: nixlRegDList, backend: int) -> List[Optional[Dict[str, str]]]:
+        raise nixlNotSupportedError("queryMem: gpu_rdma has no storage to query")
+
+    def _local_holds(self, mem: nixl_mem_t, addr: int, length: int) -> bool:
+        with self._lock:
+            return any(
+                k[0] == mem and k[1] <= addr and addr + length <= k[1] + k[2] for k in self._regs
+            )
+
+    # --- peers and metadata ---------------------------------------------------------------
+
+    def getLocalMD(self) -> bytes:
+        try:
+            return self._agent.card()
+        except Error as e:
+            raise_from(e, "getLocalMD")
+
+    def getLocalPartialMD(self, descs: Any, inc_conn_info: bool, backends: Sequence[int]) -> bytes:
+        # A card always carries the connection and the whole descriptor: a superset.
+        return self.getLocalMD()
+
+    def loadRemoteMD(self, metadata: bytes) -> bytes:
+        try:
+            name = self._agent.add_peer_card(bytes(metadata))
+        except Error as e:
+            raise nixlMismatchError(f"loadRemoteMD: {e}", e) from e
+        with self._lock:
+            self._remotes.add(name)
+            self._tables.pop(name, None)
+        return name.encode()
+
+    def invalidateRemoteMD(self, agent: Union[str, bytes]) -> nixl_status_t:
+        name = _name(agent)
+        with self._lock:
+            self._remotes.discard(name)
+            self._tables.pop(name, None)
+        if name != self.name:
+            self._agent.remove_peer(name)
+        return nixl_status_t.NIXL_SUCCESS
+
+    def _known(self, op: str, agent: str) -> None:
+        self._pump()
+        if agent == self.name:
+            with self._lock:
+                fresh = agent not in self._remotes
+                self._remotes.add(agent)
+            if fresh:  # a loopback transfer: the agent is its own peer
+                self._agent.add_peer_card(self._agent.card())
+            return
+        with self._lock:
+            if agent in self._remotes:
+                return
+        raise nixlNotFoundError(f"{op}: metadata for remote agent {agent!r} not found")
+
+    def checkRemoteMD(self, agent: Union[str, bytes], descs: nixlXferDList) -> nixl_status_t:
+        name = _name(agent)
+        self._pump()
+        with self._lock:
+            if name not in self._remotes:
+                return nixl_status_t.NIXL_ERR_NOT_FOUND
+        try:
+            self._remote_check("checkRemoteMD", name, descs)
+        except (nixlNotFoundError, nixlBackendError):
+            return nixl_status_t.NIXL_ERR_NOT_FOUND
+        return nixl_status_t.NIXL_SUCCESS
+
+    def _table(self, agent: str, refresh: bool) -> List[Tuple[str, Optional[int], int]]:
+        with self._lock:
+            t = None if refresh else self._tables.get(agent)
+        if t is None:
+            try:
+                t = self._agent.describe(agent)
+            except Error as e:
+                raise_from(e, f"metadata of {agent!r}")
+            with self._lock:
+                self._tables[agent] = t
+        return t
+
+    def _remote_check(self, op: str, agent: str, descs: nixlXferDList) -> None:
+        """Each descriptor lies in memory of its type the agent registered; the agent's
+        descriptor is fetched again once before a descriptor is refused."""
+        mem = descs.getType()
+        if agent == self.name:
+            bad = [d for d in descs if not self._local_holds(mem, d[0], d[1])]
+            if bad:
+                raise nixlNotFoundError(f"{op}: {bad[0][1]} bytes at {bad[0][0]:#x} are not registered {mem.name} of {agent!r}")
+            return
+        for refresh in (False, True):
+            table = self._table(agent, refresh)
+            bad = [
+                d
+                for d in descs
+                if not any(
+                    base is not None
+                    and _mem_of(seg) == mem
+                    and base <= d[0]
+                    and d[0] + d[1] <= base + n
+                    for seg, base, n in table
+                )
+            ]
+            if not bad:
+                return
+        raise nixlNotFoundError(
+            f"{op}: {bad[0][1]} bytes at {bad[0][0]:#x} are not registered {mem.name} memory of "
+            f"{agent!r}"
+        )
+
+    def _pump(self) -> None:
+        """Takes the notifications the engine holds: this layer's own are acted on, the
+        program's are kept by sender for ``getNotifs``."""
+        while True:
+            n = self._agent.wait_notification(0.0)
+            if n is None:
+                return
+            msg = n.message
+            if msg.startswith(_CARD):
+                try:
+                    named = self._agent.add_peer_card(msg[len(_CARD):])
+                except Error:
+                    continue
+                if named == n.sender:  # a card of the agent its connection authenticated
+                    with self._lock:
+                        self._remotes.add(named)
+                        self._tables.pop(named, None)
+                continue
+            if msg == _FORGET:
+                with self._lock:
+                    self._remotes.discard(n.sender)
+                    self._tables.pop(n.sender, None)
+                self._agent.remove_peer(n.sender)
+                continue
+            with self._lock:
+                self._notifs.setdefault(n.sender, []).append(msg)
+
+    def _at(self, op: str, ip: str, port: int) -> str:
+        """The agent listening at ``ip:port``, asked once and remembered."""
+        if not ip:
+            raise nixlNotSupportedError(
+                f"{op}: no address given, and gpu_rdma's NIXL layer has no central metadata "
+                "server: exchange get_agent_metadata() out of band, or give the peer's IP"
+            )
+        where = f"{ip}:{port}"
+        with self._lock:
+            known = self._addresses.get(where)
+        if known is not None:
+            return known
+        try:
+            name = self._agent.add_peer_at(where)
+        except Error as e:
+            raise_from(e, f"{op}: the agent at {where}")
+        with self._lock:
+            self._addresses[where] = name
+        return name
+
+    def fetchRemoteMD(self, agent: Union[str, bytes], ip: str = "", port: int = 0, label: str = "") -> nixl_status_t:
+        name = _name(agent)
+        found = self._at("fetchRemoteMD", ip, port)
+        if found != name:
+            raise nixlMismatchError(f"fetchRemoteMD: the agent at {ip}:{port} is {found!r}, not {name!r}")
+        with self._lock:
+            self._remotes.add(name)
+            self._tables.pop(name, None)
+        return nixl_status_t.NIXL_SUCCESS
+
+    def sendLocalMD(self, ip: str = "", port: int = 0) -> nixl_status_t:
+        peer = self._at("sendLocalMD", ip, port)
+        try:
+            self._agent.notify(peer, _CARD + self.getLocalMD())
+        except Error as e:
+            raise_from(e, f"sendLocalMD to {peer!r}")
+        return nixl_status_t.NIXL_SUCCESS
+
+    def sendLocalPartialMD(self, descs: Any, inc_conn_info: bool, backends: Sequence[int], ip: str = "", port: int = 0, label: str = "") -> nixl_status_t:
+        return self.sendLocalMD(ip, port)
+
+    def invalidateLocalMD(self, ip: str = "", port: int = 0) -> nixl_status_t:
+        peer = self._at("invalidateLocalMD", ip, port)
+        try:
+            self._agent.notify(peer, _FORGET)
+        except Error as e:
+            raise_from(e, f"invalidateLocalMD at {peer!r}")
+        return nixl_status_t.NIXL_SUCCESS
+
+    def makeConnection(self, agent: Union[str, bytes], backends: Sequence[int] = ()) -> nixl_status_t:
+        self._known("makeConnection", _name(agent))
+        return nixl_status_t.NIXL_SUCCESS
+
+    # --- notifications --------------------------------------------------------------------
+
+    def genNotif(self, agent: Union[str, bytes], msg: Union[str, bytes], backend: Optional[int] = None) -> nixl_status_t:
+        name = _name(agent)
+        self._known("genNotif", name)
+        try:
+            self._agent.notify(name, _bytes(msg))
+        except Error as e:
+            raise_from(e, f"genNotif to {name!r}")
+        return nixl_status_t.NIXL_SUCCESS
+
+    def getNotifs(self, notifs: Dict[str, List[bytes]], backends: Sequence[int] = ()) -> Dict[str, List[bytes]]:
+        self._pump()
+        with self._lock:
+            new, self._notifs = self._notifs, {}
+        for sender, msgs in new.items():
+            notifs.setdefault(sender, []).extend(msgs)
+        return notifs

@@ -1,0 +1,283 @@
+"""Transfer requests of ``nixlAgent``: prepared lists, requests made from them or from two
+lists, their posts, states, telemetry and release."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from gpu_rdma import Agent, Batch, Error
+
+from ._descs import nixl_mem_t, nixlXferDList
+from ._status import (
+    nixl_status_t,
+    nixlInvalidParamError,
+    nixlNoTelemetryError,
+    nixlNotFoundError,
+    nixlRepostActiveError,
+    raise_from,
+)
+
+
+class nixl_xfer_op_t(int):
+    """NIXL's transfer operations (an int, as NIXL's enum compares)."""
+
+    names = {0: "NIXL_READ", 1: "NIXL_WRITE"}
+
+    def __repr__(self) -> str:
+        return f"nixl_xfer_op_t.{self.names.get(int(self), int(self))}"
+
+
+NIXL_READ = nixl_xfer_op_t(0)
+NIXL_WRITE = nixl_xfer_op_t(1)
+
+#: The cost estimate's method: gpu_rdma gives none.
+NIXL_COST_ANALYTICAL_BACKEND = 0
+NIXL_COST_UNKNOWN = -1
+
+
+class nixlXferTelemetry:
+    """A transfer's telemetry: microseconds (``startTime`` since the epoch) and bytes."""
+
+    def __init__(self, start: int, post: int, xfer: int, total: int, count: int) -> None:
+        self.startTime = start
+        self.postDuration = post
+        self.xferDuration = xfer
+        self.totalBytes = total
+        self.descCount = count
+
+    def __repr__(self) -> str:
+        return (
+            f"nixlXferTelemetry(startTime={self.startTime}, postDuration={self.postDuration}, "
+            f"xferDuration={self.xferDuration}, totalBytes={self.totalBytes}, "
+            f"descCount={self.descCount})"
+        )
+
+
+class _Prepped:
+    """A prepared descriptor list: whose memory (``""``: the initiator's own) and which."""
+
+    def __init__(self, agent: str, descs: nixlXferDList) -> None:
+        self.agent = agent
+        self.descs = descs
+
+
+class _Request:
+    """A transfer request: the entries of one batch, built again at each post."""
+
+    def __init__(self, write: bool, peer: str, pairs: Sequence[Tuple[int, int, int]], notif: bytes) -> None:
+        self.write = write
+        self.peer = peer
+        self.local = [p[0] for p in pairs]
+        self.remote = [p[1] for p in pairs]
+        self.lengths = [p[2] for p in pairs]
+        self.notif = notif
+        self.transfer: Optional[Any] = None
+
+    def batch(self, notif: bytes) -> Batch:
+        b = Batch()
+        add = b.write_many_at if self.write else b.read_many_at
+        add(self.local, self.peer, self.remote, self.lengths)
+        if notif:
+            b.notify(notif)
+        return b
+
+
+def _op(op: Any) -> bool:
+    """True for a write, False for a read."""
+    if int(op) == int(NIXL_WRITE):
+        return True
+    if int(op) == int(NIXL_READ):
+        return False
+    raise nixlInvalidParamError(f"operation {op!r}: NIXL_READ or NIXL_WRITE")
+
+
+def _indices(what: str, idx: Any, n: int) -> List[int]:
+    out = [int(i) for i in idx]
+    for at, i in enumerate(out):
+        if not 0 <= i < n:
+            raise nixlInvalidParamError(f"makeXferReq: {what} index out of range at index {at} with value {i}")
+    return out
+
+
+class XferMixin:
+    """The transfer calls of ``nixlAgent`` (its state is declared here for them)."""
+
+    name: str
+    _agent: Agent
+    _lock: threading.Lock
+    _next: int
+    _backends: Dict[int, str]
+    _telemetry: bool
+    _dlists: Dict[int, _Prepped]
+    _reqs: Dict[int, _Request]
+
+    # What nixlAgent defines.
+    def _usable(self, op: str) -> None:
+        raise NotImplementedError
+
+    def _known(self, op: str, agent: str) -> None:
+        raise NotImplementedError
+
+    def _local_holds(self, mem: nixl_mem_t, addr: int, length: int) -> bool:
+        raise NotImplementedError
+
+    def _remote_check(self, op: str, agent: str, descs: nixlXferDList) -> None:
+        raise NotImplementedError
+
+    def _handle(self) -> int:
+        with self._lock:
+            h = self._next
+            self._next += 1
+        return h
+
+    def _local_check(self, op: str, descs: nixlXferDList) -> None:
+        mem = descs.getType()
+        for a, n, _d in descs:
+            if not self._local_holds(mem, a, n):
+                raise nixlNotFoundError(f"{op}: {n} bytes at {a:#x} are not registered {mem.name} memory of this agent")
+
+    def prepXferDlist(self, *args: Any) -> int:
+        """``(descs, backends)`` for this agent's side, ``(agent, descs, backends)`` for a
+        remote's (or this agent's name: a loopback's remote side)."""
+        if len(args) >= 1 and isinstance(args[0], nixlXferDList):
+            agent, descs = "", args[0]
+        elif len(args) >= 2:
+            agent = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+            descs = args[1]
+        else:
+            raise TypeError("prepXferDlist(descs, backends) or prepXferDlist(agent, descs, backends)")
+        if not isinstance(descs, nixlXferDList):
+            raise nixlInvalidParamError("prepXferDlist: a nixlXferDList")
+        self._usable("prepXferDlist")
+        if agent == "":
+            self._local_check("prepXferDlist", descs)
+        else:
+            self._known("prepXferDlist", agent)
+            self._remote_check("prepXferDlist", agent, descs)
+        h = self._handle()
+        with self._lock:
+            self._dlists[h] = _Prepped(agent, nixlXferDList(descs.getType(), list(descs)))
+        return h
+
+    def releasedDlistH(self, handle: int) -> nixl_status_t:
+        with self._lock:
+            if self._dlists.pop(int(handle), None) is None:
+                raise nixlNotFoundError(f"releasedDlistH: no descriptor list {int(handle):#x}")
+        return nixl_status_t.NIXL_SUCCESS
+
+    def _new(self, write: bool, peer: str, pairs: List[Tuple[int, int, int]], notif: Union[str, bytes]) -> int:
+        for at, (_l, _r, n) in enumerate(pairs):
+            if n == 0:
+                raise nixlInvalidParamError(f"descriptor {at} has 0 bytes")
+        h = self._handle()
+        msg = notif.encode() if isinstance(notif, str) else bytes(notif)
+        with self._lock:
+            self._reqs[h] = _Request(write, peer, pairs, msg)
+        return h
+
+    def makeXferReq(
+        self, op: Any, local: int, local_idx: Any, remote: int, remote_idx: Any,
+        notif: Union[str, bytes] = b"", backends: Sequence[int] = (), skip_desc_merge: bool = False,
+    ) -> int:
+        write = _op(op)
+        with self._lock:
+            lside = self._dlists.get(int(local))
+            rside = self._dlists.get(int(remote))
+        if lside is None or rside is None or lside.agent != "" or rside.agent == "":
+            raise nixlInvalidParamError("makeXferReq: invalid sides (local must be local, remote must be remote)")
+        li = list(local_idx)
+        ri = list(remote_idx)
+        if len(li) != len(ri):
+            raise nixlInvalidParamError(f"makeXferReq: different number of indices for local ({len(li)}), remote ({len(ri)})")
+        lsel = _indices("local", li, lside.descs.descCount())
+        rsel = _indices("remote", ri, rside.descs.descCount())
+        pairs = []
+        for at, (i, j) in enumerate(zip(lsel, rsel)):
+            ld, rd = lside.descs[i], rside.descs[j]
+            if ld[1] != rd[1]:
+                raise nixlInvalidParamError(f"makeXferReq: length mismatch at index {at} ({ld[1]} and {rd[1]} bytes)")
+            pairs.append((ld[0], rd[0], ld[1]))
+        return self._new(write, rside.agent, pairs, notif)
+
+    def createXferReq(
+        self, op: Any, local: nixlXferDList, remote: nixlXferDList, agent: Union[str, bytes],
+        notif: Union[str, bytes] = b"", backends: Sequence[int] = (),
+    ) -> int:
+        write = _op(op)
+        peer = agent.decode() if isinstance(agent, bytes) else str(agent)
+        if not isinstance(local, nixlXferDList) or not isinstance(remote, nixlXferDList):
+            raise nixlInvalidParamError("createXferReq: two nixlXferDLists")
+        if local.descCount() != remote.descCount():
+            raise nixlInvalidParamError(
+                f"createXferReq: different descriptor list sizes (local={local.descCount()}, remote={remote.descCount()})"
+            )
+        pairs = []
+        for at, (ld, rd) in enumerate(zip(local, remote)):
+            if ld[1] != rd[1]:
+                raise nixlInvalidParamError(f"createXferReq: length mismatch at index {at} ({ld[1]} and {rd[1]} bytes)")
+            pairs.append((ld[0], rd[0], ld[1]))
+        self._usable("createXferReq")
+        self._known("createXferReq", peer)
+        self._local_check("createXferReq", local)
+        self._remote_check("createXferReq", peer, remote)
+        return self._new(write, peer, pairs, notif)
+
+    def _req(self, op: str, handle: int) -> _Request:
+        with self._lock:
+            r = self._reqs.get(int(handle))
+        if r is None:
+            raise nixlNotFoundError(f"{op}: no transfer request {int(handle):#x} (released?)")
+        return r
+
+    def postXferReq(self, handle: int, notif: Union[str, bytes] = b"") -> nixl_status_t:
+        r = self._req("postXferReq", handle)
+        if r.transfer is not None and not r.transfer.done:
+            raise nixlRepostActiveError("postXferReq: the request's previous post is in flight")
+        msg = notif.encode() if isinstance(notif, str) else bytes(notif)
+        if r.peer == self.name:
+            self._known("postXferReq", r.peer)
+        try:
+            r.transfer = self._agent.transfer(r.batch(msg or r.notif))
+        except Error as e:
+            raise_from(e, "postXferReq")
+        return self.getXferStatus(handle)
+
+    def getXferStatus(self, handle: int) -> nixl_status_t:
+        r = self._req("getXferStatus", handle)
+        t = r.transfer
+        if t is None:
+            raise nixlInvalidParamError("getXferStatus: the request was never posted")
+        if not t.done:
+            return nixl_status_t.NIXL_IN_PROG
+        try:
+            t.wait(0.0)
+        except Error as e:
+            raise_from(e, "transfer")
+        return nixl_status_t.NIXL_SUCCESS
+
+    def getXferTelemetry(self, handle: int) -> nixlXferTelemetry:
+        if not self._telemetry:
+            raise nixlNoTelemetryError("getXferTelemetry: telemetry is off (NIXL_TELEMETRY_ENABLE or capture_telemetry)")
+        r = self._req("getXferTelemetry", handle)
+        if r.transfer is None:
+            raise nixlInvalidParamError("getXferTelemetry: the request was never posted")
+        start, posted, finished = r.transfer.timing()
+        return nixlXferTelemetry(start, posted, finished or 0, sum(r.lengths), len(r.lengths))
+
+    def queryXferBackend(self, handle: int) -> int:
+        self._req("queryXferBackend", handle)
+        with self._lock:
+            return min(self._backends)
+
+    def estimateXferCost(self, handle: int) -> Tuple[int, int, int]:
+        self._req("estimateXferCost", handle)
+        return 0, 0, NIXL_COST_UNKNOWN
+
+    def releaseXferReq(self, handle: int) -> nixl_status_t:
+        """Forgets the request. A post still in flight is not cancelled: its bytes may
+        still land (gpu_rdma's batches cannot be withdrawn from the NIC)."""
+        with self._lock:
+            if self._reqs.pop(int(handle), None) is None:
+                raise nixlNotFoundError(f"releaseXferReq: no transfer request {int(handle):#x}")
+        return nixl_status_t.NIXL_SUCCESS
