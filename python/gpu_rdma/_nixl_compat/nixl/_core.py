@@ -19,6 +19,7 @@ What maps to what:
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
@@ -50,6 +51,9 @@ MEM_TYPES = ["DRAM_SEG", "VRAM_SEG"]
 #: pushed by ``sendLocalMD``, a goodbye of ``invalidateLocalMD``); never delivered to the
 #: program.
 _CARD = b"\x00gpu_rdma.nixl:card\x00"
+#: The first bytes of partial metadata: the ranges it publishes, then the card.
+_PARTIAL = b"\x00gpu_rdma.nixl:partial\x00"
+_RANGE = struct.Struct("<BQQ")
 _FORGET = b"\x00gpu_rdma.nixl:forget\x00"
 
 _TRUE = ("y", "yes", "on", "1", "true", "enable")
@@ -117,7 +121,9 @@ class nixlAgent(XferMixin):
         self._dlists: Dict[int, _Prepped] = {}
         self._reqs: Dict[int, _Request] = {}
         self._notifs: Dict[str, List[bytes]] = {}
-        self._addresses: Dict[str, str] = {}  # "ip:port" -> the agent there
+        # What each peer's metadata published: None for all its memory (a whole card),
+        # else the ranges its partial metadata named: (type, address, length).
+        self._published: Dict[str, Optional[Set[Tuple[int, int, int]]]] = {}
 
     # --- plugins and backends -------------------------------------------------------------
 
@@ -245,24 +251,52 @@ class nixlAgent(XferMixin):
             raise_from(e, "getLocalMD")
 
     def getLocalPartialMD(self, descs: Any, inc_conn_info: bool, backends: Sequence[int]) -> bytes:
-        # A card always carries the connection and the whole descriptor: a superset.
-        return self.getLocalMD()
+        """Metadata that publishes only ``descs`` (a peer that loads it can reach no other
+        range of this agent until more is published), with the card (the connection is
+        always included)."""
+        ranges = [] if descs is None else [(int(descs.getType()), d[0], d[1]) for d in descs]
+        head = struct.pack("<I", len(ranges)) + b"".join(_RANGE.pack(*r) for r in ranges)
+        return _PARTIAL + head + self.getLocalMD()
 
-    def loadRemoteMD(self, metadata: bytes) -> bytes:
+    def _load(self, blob: bytes) -> str:
+        """Loads metadata (a card, or partial metadata); returns the agent's name."""
+        ranges: Optional[Set[Tuple[int, int, int]]] = None
+        if blob.startswith(_PARTIAL):
+            at = len(_PARTIAL)
+            if len(blob) < at + 4:
+                raise nixlMismatchError("loadRemoteMD: partial metadata cut short")
+            (n,) = struct.unpack_from("<I", blob, at)
+            at += 4
+            if len(blob) < at + n * _RANGE.size:
+                raise nixlMismatchError("loadRemoteMD: partial metadata cut short")
+            ranges = set()
+            for i in range(n):
+                m, a, length = _RANGE.unpack_from(blob, at + i * _RANGE.size)
+                ranges.add((int(m), int(a), int(length)))
+            blob = blob[at + n * _RANGE.size :]
         try:
-            name = self._agent.add_peer_card(bytes(metadata))
+            name = self._agent.add_peer_card(bytes(blob))
         except Error as e:
             raise nixlMismatchError(f"loadRemoteMD: {e}", e) from e
         with self._lock:
             self._remotes.add(name)
             self._tables.pop(name, None)
-        return name.encode()
+            had = self._published.get(name, set())
+            if ranges is None or had is None and name in self._published:
+                self._published[name] = None
+            else:
+                self._published[name] = (had or set()) | ranges
+        return name
+
+    def loadRemoteMD(self, metadata: bytes) -> bytes:
+        return self._load(bytes(metadata)).encode()
 
     def invalidateRemoteMD(self, agent: Union[str, bytes]) -> nixl_status_t:
         name = _name(agent)
         with self._lock:
             self._remotes.discard(name)
             self._tables.pop(name, None)
+            self._published.pop(name, None)
         if name != self.name:
             self._agent.remove_peer(name)
         return nixl_status_t.NIXL_SUCCESS
@@ -314,6 +348,19 @@ class nixlAgent(XferMixin):
             if bad:
                 raise nixlNotFoundError(f"{op}: {bad[0][1]} bytes at {bad[0][0]:#x} are not registered {mem.name} of {agent!r}")
             return
+        with self._lock:
+            published = self._published.get(agent)
+        if published is not None:
+            hidden = [
+                d
+                for d in descs
+                if not any(m == mem and a <= d[0] and d[0] + d[1] <= a + n for m, a, n in published)
+            ]
+            if hidden:
+                raise nixlNotFoundError(
+                    f"{op}: {hidden[0][1]} bytes at {hidden[0][0]:#x}: {agent!r}'s metadata "
+                    "loaded so far does not publish them"
+                )
         for refresh in (False, True):
             table = self._table(agent, refresh)
             bad = [
@@ -343,43 +390,43 @@ class nixlAgent(XferMixin):
                 return
             msg = n.message
             if msg.startswith(_CARD):
+                # Metadata of the agent the connection authenticated, not of another.
                 try:
-                    named = self._agent.add_peer_card(msg[len(_CARD):])
-                except Error:
-                    continue
-                if named == n.sender:  # a card of the agent its connection authenticated
-                    with self._lock:
-                        self._remotes.add(named)
-                        self._tables.pop(named, None)
+                    if self._peek_name(msg[len(_CARD) :]) == n.sender:
+                        self._load(msg[len(_CARD) :])
+                except (Error, nixlMismatchError, struct.error, UnicodeDecodeError):
+                    pass  # not metadata this agent can load: dropped
                 continue
             if msg == _FORGET:
-                with self._lock:
-                    self._remotes.discard(n.sender)
-                    self._tables.pop(n.sender, None)
-                self._agent.remove_peer(n.sender)
+                self.invalidateRemoteMD(n.sender)
                 continue
             with self._lock:
                 self._notifs.setdefault(n.sender, []).append(msg)
 
+    @staticmethod
+    def _peek_name(blob: bytes) -> str:
+        """The agent a card (or partial metadata) names, read without loading it."""
+        if blob.startswith(_PARTIAL):
+            (n,) = struct.unpack_from("<I", blob, len(_PARTIAL))
+            blob = blob[len(_PARTIAL) + 4 + n * _RANGE.size :]
+        # The card: magic, version, the address (u32 length), the descriptor (u32 length):
+        # magic, version, then the agent's name (u32 length).
+        (alen,) = struct.unpack_from("<I", blob, 6)
+        at = 10 + alen + 4 + 6
+        (nlen,) = struct.unpack_from("<I", blob, at)
+        return blob[at + 4 : at + 4 + nlen].decode()
+
     def _at(self, op: str, ip: str, port: int) -> str:
-        """The agent listening at ``ip:port``, asked once and remembered."""
+        """The agent listening at ``ip:port`` (asked each time: it may have restarted)."""
         if not ip:
             raise nixlNotSupportedError(
                 f"{op}: no address given, and gpu_rdma's NIXL layer has no central metadata "
                 "server: exchange get_agent_metadata() out of band, or give the peer's IP"
             )
-        where = f"{ip}:{port}"
-        with self._lock:
-            known = self._addresses.get(where)
-        if known is not None:
-            return known
         try:
-            name = self._agent.add_peer_at(where)
+            return self._agent.add_peer_at(f"{ip}:{port}")
         except Error as e:
-            raise_from(e, f"{op}: the agent at {where}")
-        with self._lock:
-            self._addresses[where] = name
-        return name
+            raise_from(e, f"{op}: the agent at {ip}:{port}")
 
     def fetchRemoteMD(self, agent: Union[str, bytes], ip: str = "", port: int = 0, label: str = "") -> nixl_status_t:
         name = _name(agent)
@@ -400,7 +447,13 @@ class nixlAgent(XferMixin):
         return nixl_status_t.NIXL_SUCCESS
 
     def sendLocalPartialMD(self, descs: Any, inc_conn_info: bool, backends: Sequence[int], ip: str = "", port: int = 0, label: str = "") -> nixl_status_t:
-        return self.sendLocalMD(ip, port)
+        peer = self._at("sendLocalPartialMD", ip, port)
+        blob = self.getLocalPartialMD(descs, inc_conn_info, backends)
+        try:
+            self._agent.notify(peer, _CARD + blob)
+        except Error as e:
+            raise_from(e, f"sendLocalPartialMD to {peer!r}")
+        return nixl_status_t.NIXL_SUCCESS
 
     def invalidateLocalMD(self, ip: str = "", port: int = 0) -> nixl_status_t:
         peer = self._at("invalidateLocalMD", ip, port)
