@@ -178,6 +178,25 @@ mod two_node {
         }
     }
 
+    /// NIXL's agent API between the nodes (python/examples/nixl_pair.py): metadata through
+    /// the target's listener, prepared lists, reads by shuffled block index, writes back,
+    /// notifications.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_nixl_api_reads_and_writes_blocks_by_index() {
+        let tb = Testbed::get();
+        let role = if tb.is_server() { "target" } else { "initiator" };
+        let mut args = vec!["examples/nixl_pair.py", role, "--host", &tb.local_addr];
+        if !tb.is_server() {
+            args.extend(["--peer", &tb.peer_addr]);
+        }
+        let out = wait(spawn(&mut python(&args)), T, role);
+        let t = text(&out);
+        println!("{t}");
+        assert!(out.status.success(), "{role}:\n{t}");
+        assert!(t.contains("RESULT ok blocks=64"), "{role}:\n{t}");
+    }
+
     /// Where node a runs Mooncake's HTTP metadata server.
     const MOONCAKE_PORT: u16 = 18_812;
 }
