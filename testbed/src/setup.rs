@@ -155,6 +155,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
          against",
     ),
     (
+        "python3-torch",
+        "torch (CPU): NIXL's own Python tests and examples import it (cargo xtask nixl-tests), \
+         and the gpu_rdma package's NIXL tests register CPU tensors",
+    ),
+    (
         "libnuma1",
         "a library of Mooncake's transfer_engine_bench (crate::wheels; VM)",
     ),

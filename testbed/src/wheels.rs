@@ -37,6 +37,31 @@ pub const MOONCAKE: Wheel = Wheel {
     why: "transfer_engine_bench, the peer of cargo xtask bench --peers",
 };
 
+/// NIXL's compiled package for CUDA 12 (its UCX backend, UCX and rdma-core bundled; it runs
+/// on host memory without CUDA): the peer of our `nixl` package in `cargo xtask nixl-tests
+/// --engine nixl` and `cargo xtask bench --peers --client nixl`. Fetched when first used.
+pub const NIXL_CU12: Wheel = Wheel {
+    name: "nixl-cu12",
+    version: "1.4.0",
+    url: "https://files.pythonhosted.org/packages/bc/44/\
+          51d2fcc119c93bd5289c7e3172ae398225f37f7b1d88d61c142a2342cc4e/\
+          nixl_cu12-1.4.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+    sha256: "4eaf0fc54a291fa04ffc786c82211b9504311b6729a08a5678649f88f0c0d205",
+    why: "NIXL's agent with its UCX backend, the peer of our nixl package",
+};
+
+/// NIXL's `nixl` package: it finds `nixl_cu12` and names it `nixl` (`nixl._api`,
+/// `nixl._bindings`, ...).
+pub const NIXL: Wheel = Wheel {
+    name: "nixl",
+    version: "1.4.0",
+    url: "https://files.pythonhosted.org/packages/d8/3d/\
+          4bdcf8a39bce60e97bc92bf2c14af67d387373c907c06966fdca60bebf5d/\
+          nixl-1.4.0-py3-none-any.whl",
+    sha256: "aad5065c46ead71c96f485785a2cb6ef782b5a32cc6450aa7eff1735012d16c2",
+    why: "the nixl name over nixl-cu12",
+};
+
 /// Every wheel `cargo xtask setup` unpacks.
 pub const WHEELS: &[&Wheel] = &[&MOONCAKE];
 
@@ -139,7 +164,7 @@ mod tests {
 
     #[test]
     fn wheels_are_pinned_by_version_and_hash() {
-        for w in WHEELS {
+        for w in WHEELS.iter().copied().chain([&NIXL_CU12, &NIXL]) {
             assert_eq!(w.sha256.len(), 64, "{}", w.name);
             assert!(w.sha256.bytes().all(|b| b.is_ascii_hexdigit()));
             let file = w.url.rsplit('/').next().unwrap();

@@ -185,7 +185,11 @@ mod two_node {
     #[ignore = "needs the testbed VM"]
     fn two_node_nixl_api_reads_and_writes_blocks_by_index() {
         let tb = Testbed::get();
-        let role = if tb.is_server() { "target" } else { "initiator" };
+        let role = if tb.is_server() {
+            "target"
+        } else {
+            "initiator"
+        };
         let mut args = vec!["examples/nixl_pair.py", role, "--host", &tb.local_addr];
         if !tb.is_server() {
             args.extend(["--peer", &tb.peer_addr]);

@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod miri;
 mod mooncake;
+mod nixl;
 mod packaging;
 mod phase;
 mod python;
@@ -86,6 +87,10 @@ cargo xtask <command>
                           downloading them
       --engine E          ours (default), mooncake (the pinned wheel's), or both
       --metadata M        p2p, ours, mooncake (whose HTTP metadata server), or all (default)
+  nixl-tests [opts]     NIXL's own Python tests and two-peer examples (fetched at their pinned
+                        tag, never committed) in the testbed against our nixl package
+      --source DIR        a NIXL checkout instead of downloading them
+      --engine E          ours (default), nixl (the pinned wheel's, UCX backend), or both
 ";
 
 /// Where things live.
@@ -301,6 +306,7 @@ fn dispatch(args: &[String]) -> dmabuf_testbed::sh::Result<ExitCode> {
         "soak" => soak::main(&paths, rest),
         "rdma-core-tests" => rdmacore::main(&paths),
         "mooncake-tests" => mooncake::main(&paths, rest),
+        "nixl-tests" => nixl::main(&paths, rest),
         "bench" => {
             dmabuf_testbed::setup::packages()?;
             bench::main(&paths, rest)
