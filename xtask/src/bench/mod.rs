@@ -25,6 +25,7 @@ mod gates;
 mod ins;
 mod json;
 mod metric;
+mod nixl_peers;
 mod peers;
 mod peers_plan;
 mod plan;
@@ -160,6 +161,13 @@ impl Request {
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     match args.split_first().map(|(a, r)| (a.as_str(), r)) {
         Some(("--rails", rest)) => return rails::main(paths, rest),
+        Some(("--peers", rest))
+            if rest
+                .windows(2)
+                .any(|w| w[0] == "--client" && w[1] == "nixl") =>
+        {
+            return nixl_peers::main(paths, rest)
+        }
         Some(("--peers", rest)) => return peers::main(paths, rest),
         Some(("--sched-trace", rest)) => return sched::main(paths, rest),
         _ => {}
