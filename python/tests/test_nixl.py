@@ -7,6 +7,7 @@ each refusal is NIXL's exception with our typed reason, and no byte lands anywhe
 import importlib
 import os
 import pickle
+import subprocess
 import sys
 import time
 import uuid
@@ -117,6 +118,23 @@ def test_prepared_lists_by_index_and_reposts(pair: Pair) -> None:
     a.release_xfer_handle(h)
     a.release_dlist_handle(mine)
     a.release_dlist_handle(theirs)
+    # NIXL 1.5's compressed lists (vLLM 0.33 on): rows of (address, length, device, stride,
+    # count), indices over the blocks they expand to.
+    y[:] = np.arange(n * block, dtype=np.uint32).astype(np.uint8)
+    half = n // 2 * block
+    strided = np.array([[ya, block, 0, block, n // 2], [ya + half, block, 0, block, n // 2]], dtype=np.uint64)
+    with pytest.raises(ValueError):
+        a.prep_xfer_dlist(b.name, strided)
+    theirs5 = a.prep_xfer_dlist(b.name, strided, mem_type="DRAM")
+    mine5 = a.prep_xfer_dlist("NIXL_INIT_AGENT", np.array([[xa, block, 0, block, n]], dtype=np.uint64), mem_type="DRAM")
+    h5 = a.make_prepped_xfer("READ", mine5, np.arange(n), theirs5, np.arange(n)[::-1].copy())
+    a.transfer(h5)
+    wait_done(a, h5)
+    for i in range(n):
+        j = n - 1 - i
+        assert bytes(x[i * block : (i + 1) * block]) == bytes(y[j * block : (j + 1) * block])
+    with pytest.raises(bindings.nixlInvalidParamError):
+        a.make_prepped_xfer("READ", mine5, [n], theirs5, [0])
 
 
 def test_tensors_and_row_lists_are_descriptors(pair: Pair) -> None:
@@ -322,7 +340,7 @@ def test_bad_input_is_refused_as_nixl_refuses_it_and_moves_nothing(pair: Pair) -
     assert bytes(x) == before_x and bytes(y) == before_y
 
 
-def test_a_repost_while_the_last_post_is_in_flight_is_refused(pair: Pair) -> None:
+def test_a_repost_or_release_while_the_last_post_is_in_flight_is_refused(pair: Pair) -> None:
     a, b = pair
     size = 32 << 20
     x, y = buffers(a, b, size)
@@ -335,8 +353,15 @@ def test_a_repost_while_the_last_post_is_in_flight_is_refused(pair: Pair) -> Non
     assert a.transfer(h) == "PROC"
     with pytest.raises(bindings.nixlRepostActiveError):
         a.transfer(h)
+    # The NIC may still write: the handle is not released (NIXL's answer when it cannot
+    # cancel), and stays usable.
+    with pytest.raises(bindings.nixlNotAllowedError):
+        a.release_xfer_handle(h)
     wait_done(a, h, 300.0)
     assert bytes(x[-4096:]) == bytes(y[-4096:])
+    a.release_xfer_handle(h)
+    with pytest.raises(bindings.nixlNotFoundError):
+        a.check_xfer_state(h)
 
 
 def test_descriptor_lists_convert_pickle_and_refuse_as_nixl_does() -> None:
@@ -359,3 +384,23 @@ def test_descriptor_lists_convert_pickle_and_refuse_as_nixl_does() -> None:
     with pytest.raises(ValueError):
         api.nixl_agent("")
     assert os.environ.get("NIXL_TELEMETRY_ENABLE") is None
+
+
+def test_the_printed_path_makes_nixl_ours_in_a_new_process() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gpu_rdma.nixl", "path"], capture_output=True, text=True, check=True
+    )
+    path = out.stdout.strip()
+    assert path == nixl_compat.compat_path()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([path, env.get("PYTHONPATH", "")])
+    code = (
+        "import nixl, nixl._api, nixl._bindings, nixl._utils, nixl.logging\n"
+        "from nixl._bindings import nixlXferTelemetry, nixlNotFoundError\n"
+        "from nixl import nixl_agent, nixl_agent_config\n"
+        "print(nixl.__file__)"
+    )
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.strip().startswith(path), got.stdout
+    bad = subprocess.run([sys.executable, "-m", "gpu_rdma.nixl"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr

@@ -236,3 +236,56 @@ fn loopback_dead_peer_fails_its_entries_and_others_keep_working() {
     t.wait(WAIT).expect("b still works");
     assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 7));
 }
+
+/// Cards (`Agent::card`, `add_peer_card`): a peer named by its card alone; its own card
+/// makes an agent its own peer; other versions and cut cards refused, typed; `remove_peer`
+/// forgets; and a batch's timing is the engine's clock of it.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_card_names_a_peer_an_own_card_loops_back_and_remove_peer_forgets() {
+    let tb = Testbed::get();
+    let (a, b) = (agent(&tb, "a", 256 << 10), agent(&tb, "b", 256 << 10));
+    let p = pattern(BLOCK as usize, 5);
+    b.register("src", host(&p, BLOCK as usize)).unwrap();
+    a.register("dst", host(&[], 2 * BLOCK as usize)).unwrap();
+    let read = Batch::new().read("dst", 0, "b", "src", 0, BLOCK);
+    let unknown = a.transfer(&read).expect_err("b is not known yet");
+    assert_eq!(unknown.kind(), ErrorKind::NotFound, "{unknown}");
+
+    let card = b.card().expect("a card");
+    assert_eq!(a.add_peer_card(&card).expect("loaded"), "b");
+    let before = std::time::SystemTime::now();
+    let t = a.transfer(&read).expect("accepted");
+    t.wait(WAIT).expect("read");
+    let timing = t.timing();
+    let finished = timing.finished.expect("finished");
+    assert!(timing.submitted <= finished, "{timing:?}");
+    assert!(timing.started + Duration::from_secs(1) >= before, "{timing:?}");
+    assert!(timing.started <= std::time::SystemTime::now());
+
+    let mut other = card.clone();
+    other[4] ^= 0x80; // the card's format version
+    assert!(matches!(
+        a.add_peer_card(&other),
+        Err(Error::IncompatibleVersion { .. })
+    ));
+    for cut in [0, 4, 6, card.len() / 2, card.len() - 1] {
+        assert!(
+            matches!(a.add_peer_card(&card[..cut]), Err(Error::Protocol(_))),
+            "{cut} bytes"
+        );
+    }
+
+    // Its own card: a's second half from its first, through the NIC.
+    assert_eq!(a.add_peer_card(&a.card().unwrap()).unwrap(), "a");
+    let own = Batch::new().write("dst", 0, "a", "dst", BLOCK, BLOCK);
+    a.transfer(&own).expect("accepted").wait(WAIT).expect("loopback");
+
+    a.remove_peer("b");
+    a.remove_peer("b"); // twice: nothing
+    let gone = a.transfer(&read).expect_err("b is forgotten");
+    assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
+    let dst = bytes(a.unregister("dst").unwrap());
+    assert!(dst[..BLOCK as usize] == p[..], "the read landed");
+    assert!(dst[BLOCK as usize..] == p[..], "the loopback write landed");
+}

@@ -5,6 +5,7 @@ mod demo;
 mod miri;
 mod mooncake;
 mod nixl;
+mod pinned;
 mod packaging;
 mod phase;
 mod python;

@@ -7,27 +7,29 @@
 //! Mooncake's. The tests are fetched at run time (or read from a Mooncake checkout) into
 //! `target/mooncake-tests`, never committed: they are Mooncake's code.
 
+use crate::pinned::{boot, passed, Pinned};
 use crate::Paths;
-use dmabuf_testbed::sh::{self, Result};
-use dmabuf_testbed::ui::{info, Step};
-use dmabuf_testbed::{fail, programs, vm, wheels};
+use dmabuf_testbed::sh::Result;
+use dmabuf_testbed::ui::info;
+use dmabuf_testbed::{fail, programs, wheels};
 use std::path::{Path, PathBuf};
 
-/// The tag whose tests are run: the files are the same from it through Mooncake's main
-/// branch of August 2026 (the pinned wheel is 0.3.13.post1).
-pub const TAG: &str = "v0.3.12.post1";
-
-/// The files, each with its SHA-256.
-const FILES: [(&str, &str); 2] = [
-    (
-        "transfer_engine_target.py",
-        "e610527887bd47dcd93b094ea3769920fc342f06bc6cd08ea55921c68eb6ef48",
-    ),
-    (
-        "transfer_engine_initiator_test.py",
-        "ed9ed0a67b8aa9282c0c876938ae9c399b8bcd0c3a2c356c6023815d51163118",
-    ),
-];
+/// Mooncake's two test files at the tag whose tests are run: the files are the same from it
+/// through Mooncake's main branch of August 2026 (the pinned wheel is 0.3.13.post1).
+const MOONCAKE_FILES: Pinned = Pinned {
+    repo: "kvcache-ai/Mooncake",
+    tag: "v0.3.12.post1",
+    files: &[
+        (
+            "mooncake-wheel/tests/transfer_engine_target.py",
+            "e610527887bd47dcd93b094ea3769920fc342f06bc6cd08ea55921c68eb6ef48",
+        ),
+        (
+            "mooncake-wheel/tests/transfer_engine_initiator_test.py",
+            "ed9ed0a67b8aa9282c0c876938ae9c399b8bcd0c3a2c356c6023815d51163118",
+        ),
+    ],
+};
 
 /// Guest memory per node without `--memory`: Mooncake's own engine registers a 2 GiB buffer
 /// pool, which the default 2 GiB guests cannot pin.
@@ -35,31 +37,6 @@ const MEMORY_MIB: &str = "8192";
 
 const USAGE: &str = "cargo xtask mooncake-tests [--source DIR] [--engine ours|mooncake|both] \
                      [--metadata p2p|ours|mooncake|all] [--memory MIB]";
-
-/// Fetches each file (or copies it from `source`: a Mooncake checkout or a folder holding
-/// the files) into `dir` and checks its SHA-256.
-const FETCH: &str = r#"
-import hashlib, os, sys, urllib.request
-tag, dir, source = sys.argv[1], sys.argv[2], sys.argv[3]
-for pair in sys.argv[4:]:
-    name, want = pair.split("=")
-    if source:
-        cands = [os.path.join(source, name), os.path.join(source, "mooncake-wheel/tests", name)]
-        found = [c for c in cands if os.path.isfile(c)]
-        if not found:
-            sys.exit(f"{source} has no {name} (nor mooncake-wheel/tests/{name})")
-        data = open(found[0], "rb").read()
-    else:
-        url = f"https://raw.githubusercontent.com/kvcache-ai/Mooncake/{tag}/mooncake-wheel/tests/{name}"
-        try:
-            data = urllib.request.urlopen(url, timeout=60).read()
-        except OSError as e:
-            sys.exit(f"{url}: {e} (no network? pass --source with a Mooncake checkout at {tag})")
-    got = hashlib.sha256(data).hexdigest()
-    if got != want:
-        sys.exit(f"{name}: SHA-256 {got}, expected {want} (Mooncake's {tag})")
-    open(os.path.join(dir, name), "wb").write(data)
-"#;
 
 /// Runs on both nodes: node a the target (and a metadata server), node b the initiator's
 /// unittest run, which reports its status back to node a.
@@ -191,14 +168,8 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
     let wheel = wheels::MOONCAKE.fetch(paths)?;
     let python = crate::python::stage(paths)?;
     let dir = paths.target.join("mooncake-tests");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let step = Step::start(format!("Mooncake's tests at {TAG}"));
-    let mut fetch = programs::cmd("/usr/bin/python3");
-    fetch.arg("-c").arg(FETCH).arg(TAG).arg(&dir);
-    fetch.arg(plan.source.as_deref().unwrap_or(Path::new("")));
-    fetch.args(FILES.iter().map(|(n, h)| format!("{n}={h}")));
-    sh::run(&mut fetch)?;
-    step.done();
+    MOONCAKE_FILES.fetch(&dir, plan.source.as_deref())?;
+    let tests = dir.join("mooncake-wheel/tests");
     let script = dir.join("run.sh");
     programs::write_script(&script, RUN)?;
     let mut failed = Vec::new();
@@ -216,32 +187,20 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
             info(format!(
                 "Mooncake's tests: engine {engine}, metadata {metadata}"
             ));
-            let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(&[
-                "--nodes".into(),
-                "2".into(),
-                "--memory".into(),
-                plan.memory.clone(),
-                "--".into(),
-                "sh".into(),
-                script.display().to_string(),
-            ])?;
-            opts.expose = paths.vm_expose();
-            opts.env.extend(paths.cluster_env()?);
             let server = match *metadata {
                 "p2p" => String::new(),
                 "ours" => python_path(&python, &wheel, "ours"),
                 _ => wheel.display().to_string(),
             };
-            opts.env.extend([
-                ("MC_TESTS".to_string(), dir.display().to_string()),
+            let env = [
+                ("MC_TESTS".to_string(), tests.display().to_string()),
                 (
                     "MC_ENGINE_PATH".to_string(),
                     python_path(&python, &wheel, engine),
                 ),
                 ("MC_SERVER_PATH".to_string(), server),
-            ]);
-            let results = vm::run(paths, &argv, &opts)?;
-            if dmabuf_testbed::cli::exit_status(&results) != 0 {
+            ];
+            if !passed(&boot(paths, &script, 2, Some(&plan.memory), &env)?) {
                 failed.push(format!("{engine}/{metadata}"));
             }
         }

@@ -6,66 +6,42 @@
 //! the initiator on node b. The files are fetched at run time (or read from a NIXL checkout)
 //! into `target/nixl-tests`, never committed: they are NIXL's code.
 
+use crate::pinned::{boot, passed, Pinned};
 use crate::Paths;
 use dmabuf_testbed::sh::{self, Result};
-use dmabuf_testbed::ui::{info, Step};
-use dmabuf_testbed::{fail, programs, vm, wheels};
+use dmabuf_testbed::ui::info;
+use dmabuf_testbed::{fail, programs, wheels};
 use std::path::{Path, PathBuf};
 
-/// The tag whose files are run: the pinned wheel's version (nixl-cu12 1.4.0).
-pub const TAG: &str = "v1.4.0";
-
-/// The files, by their path in NIXL's repository, each with its SHA-256.
-const FILES: [(&str, &str); 5] = [
-    (
-        "test/python/conftest.py",
-        "43ee6b3194deba7c7cb19ed2509198be2325621e2ba92da4b0edfa2cefc21311",
-    ),
-    (
-        "test/python/test_nixl_api.py",
-        "351a3740a6e8735842a0d5c1c87f4dee7dfcdd4ee658b2bd91d6bff72e1d1e73",
-    ),
-    (
-        "examples/python/basic_two_peers.py",
-        "df9e3b63b7b6438209ed72bd2d77bb0626644043079b84601cc5b7173236d26a",
-    ),
-    (
-        "examples/python/expanded_two_peers.py",
-        "693b7fbd279c5ecf9ece3fee7edd81099a07aaf92e2e0c7f120a1b50c13ff86d",
-    ),
-    (
-        "examples/python/partial_md_example.py",
-        "9ab8d1fd40b8ee92cb1dc293e96a2f08350b52a4459eb816dd86304bfa3ff954",
-    ),
-];
+/// NIXL's files at the pinned wheel's version (nixl-cu12 1.4.0), each with its SHA-256.
+const NIXL_FILES: Pinned = Pinned {
+    repo: "ai-dynamo/nixl",
+    tag: "v1.4.0",
+    files: &[
+        (
+            "test/python/conftest.py",
+            "43ee6b3194deba7c7cb19ed2509198be2325621e2ba92da4b0edfa2cefc21311",
+        ),
+        (
+            "test/python/test_nixl_api.py",
+            "351a3740a6e8735842a0d5c1c87f4dee7dfcdd4ee658b2bd91d6bff72e1d1e73",
+        ),
+        (
+            "examples/python/basic_two_peers.py",
+            "df9e3b63b7b6438209ed72bd2d77bb0626644043079b84601cc5b7173236d26a",
+        ),
+        (
+            "examples/python/expanded_two_peers.py",
+            "693b7fbd279c5ecf9ece3fee7edd81099a07aaf92e2e0c7f120a1b50c13ff86d",
+        ),
+        (
+            "examples/python/partial_md_example.py",
+            "9ab8d1fd40b8ee92cb1dc293e96a2f08350b52a4459eb816dd86304bfa3ff954",
+        ),
+    ],
+};
 
 const USAGE: &str = "cargo xtask nixl-tests [--source DIR] [--engine ours|nixl|both]";
-
-/// Fetches each file (or copies it from `source`, a NIXL checkout) under `dir` at its path
-/// and checks its SHA-256.
-const FETCH: &str = r#"
-import hashlib, os, sys, urllib.request
-tag, dir, source = sys.argv[1], sys.argv[2], sys.argv[3]
-for pair in sys.argv[4:]:
-    path, want = pair.split("=")
-    if source:
-        try:
-            data = open(os.path.join(source, path), "rb").read()
-        except OSError as e:
-            sys.exit(f"{source}: {e}")
-    else:
-        url = f"https://raw.githubusercontent.com/ai-dynamo/nixl/{tag}/{path}"
-        try:
-            data = urllib.request.urlopen(url, timeout=60).read()
-        except OSError as e:
-            sys.exit(f"{url}: {e} (no network? pass --source with a NIXL checkout at {tag})")
-    got = hashlib.sha256(data).hexdigest()
-    if got != want:
-        sys.exit(f"{path}: SHA-256 {got}, expected {want} (NIXL's {tag})")
-    out = os.path.join(dir, path)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    open(out, "wb").write(data)
-"#;
 
 /// NIXL's examples call `torch.set_default_device("cpu")`, which torch 2 added; Debian 12's
 /// torch is 1.13. Put first on `PYTHONPATH`, this adds it for the CPU (already torch 1's
@@ -164,36 +140,13 @@ fn python_path(paths: &Paths, python: &Path, shim: &Path, engine: &str) -> Resul
     Ok(format!("{}:{engine_path}", shim.display()))
 }
 
-/// Runs `script` on `nodes` nodes with `nixl` being `engine`'s; whether it passed.
-fn run(paths: &Paths, script: &Path, nodes: &str, env: &[(String, String)]) -> Result<bool> {
-    let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(&[
-        "--nodes".into(),
-        nodes.into(),
-        "--".into(),
-        "sh".into(),
-        script.display().to_string(),
-    ])?;
-    opts.expose = paths.vm_expose();
-    opts.env.extend(paths.cluster_env()?);
-    opts.env.extend(env.iter().cloned());
-    let results = vm::run(paths, &argv, &opts)?;
-    Ok(dmabuf_testbed::cli::exit_status(&results) == 0)
-}
-
 /// The command.
 pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
     let plan = parse(args)?;
     dmabuf_testbed::setup::packages()?;
     let python = crate::python::stage(paths)?;
     let dir = paths.target.join("nixl-tests");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let step = Step::start(format!("NIXL's Python tests and examples at {TAG}"));
-    let mut fetch = programs::cmd("/usr/bin/python3");
-    fetch.arg("-c").arg(FETCH).arg(TAG).arg(&dir);
-    fetch.arg(plan.source.as_deref().unwrap_or(Path::new("")));
-    fetch.args(FILES.iter().map(|(n, h)| format!("{n}={h}")));
-    sh::run(&mut fetch)?;
-    step.done();
+    NIXL_FILES.fetch(&dir, plan.source.as_deref())?;
     let shim = dir.join("torch-cpu-default");
     std::fs::create_dir_all(&shim).map_err(|e| format!("create {}: {e}", shim.display()))?;
     sh::write(&shim.join("sitecustomize.py"), TORCH_CPU_DEFAULT)?;
@@ -212,13 +165,13 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
         info(format!(
             "NIXL's test_nixl_api.py and partial_md_example.py: engine {engine}"
         ));
-        if !run(paths, &one, "1", &env)? {
+        if !passed(&boot(paths, &one, 1, None, &env)?) {
             failed.push(format!("{engine}: one node"));
         }
         info(format!(
             "NIXL's two-peer examples on two nodes: engine {engine}"
         ));
-        if !run(paths, &two, "2", &env)? {
+        if !passed(&boot(paths, &two, 2, None, &env)?) {
             failed.push(format!("{engine}: two nodes"));
         }
     }

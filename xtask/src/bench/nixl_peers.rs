@@ -8,7 +8,7 @@
 use crate::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::info;
-use dmabuf_testbed::{fail, programs, vm, wheels};
+use dmabuf_testbed::{fail, programs, wheels};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -149,31 +149,22 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     std::fs::create_dir_all(&out)?;
     let script = out.join("nixl-peers.sh");
     programs::write_script(&script, RUN)?;
-    let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(&[
-        "--nodes".into(),
-        "2".into(),
-        "--".into(),
-        "sh".into(),
-        script.display().to_string(),
-    ])?;
-    opts.expose = paths.vm_expose();
-    opts.env.extend(paths.cluster_env()?);
     let client = paths.root.join("python/examples/nixl_bench.py");
-    opts.env.extend([
+    let env = [
         ("ROUNDS".to_string(), req.rounds.to_string()),
         ("DURATION".to_string(), req.duration.to_string()),
         ("BUFFER".to_string(), (128u64 << 20).to_string()),
         ("CLIENT".to_string(), client.display().to_string()),
         ("OURS_PATH".to_string(), ours_path),
         ("NIXL_PATH".to_string(), nixl_path),
-    ]);
+    ];
     info(format!(
         "ours against NIXL {} (UCX), one client over NIXL's agent API, {} rounds of {} s per cell",
         wheels::NIXL_CU12.version,
         req.rounds,
         req.duration
     ));
-    let results = vm::run(paths, &argv, &opts)?;
+    let results = crate::pinned::boot(paths, &script, 2, None, &env)?;
     let b = results
         .iter()
         .find(|r| r.node == 'b')

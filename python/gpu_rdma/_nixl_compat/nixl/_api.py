@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _bindings as nixlBind
+from ._descs import expand_strided
 from .logging import get_logger
 
 logger = get_logger(__name__)
@@ -84,12 +85,18 @@ class _Handle:
             self._free()
             self._released = True
 
+    def _free_later(self) -> None:
+        """Frees the handle once its agent can (best effort, when collected)."""
+
     def __del__(self) -> None:
         if not getattr(self, "_released", True):
             try:
                 self.release()
             except Exception:
-                pass
+                try:
+                    self._free_later()
+                except Exception:
+                    pass
 
 
 class nixl_prepped_dlist_handle(_Handle):
@@ -108,6 +115,10 @@ class nixl_xfer_handle(_Handle):
 
     def _free(self) -> None:
         self._agent.releaseXferReq(self._handle)
+
+    def _free_later(self) -> None:
+        # Its post is in flight: the agent drops it once done.
+        self._agent.releaseXferReqWhenDone(self._handle)
 
 
 class nixl_backend_handle(int):
@@ -235,6 +246,11 @@ class nixl_agent:
     # --- transfers ------------------------------------------------------------------------
 
     def prep_xfer_dlist(self, agent_name: str, xfer_list: Any, mem_type: Optional[str] = None, backends: Sequence[str] = ()) -> nixl_prepped_dlist_handle:
+        if isinstance(xfer_list, np.ndarray) and xfer_list.ndim == 2 and xfer_list.shape[1] == 5:
+            # NIXL 1.5's compressed list: (address, length, device, stride, count) rows.
+            if mem_type is None:
+                raise ValueError("Please specify a mem type for strided descriptors")
+            xfer_list = expand_strided(xfer_list)
         descs = self.get_xfer_descs(xfer_list, mem_type)
         hs = self._handles(backends)
         if agent_name in ("NIXL_INIT_AGENT", "", b""):

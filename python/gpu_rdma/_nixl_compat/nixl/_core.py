@@ -25,11 +25,10 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from gpu_rdma import Agent, Error
 
-from ._descs import MOVABLE, nixl_mem_t, nixlRegDList, nixlXferDList
+from ._descs import MOVABLE, first_outside, nixl_mem_t, nixlRegDList, nixlXferDList
 from ._xfer import XferMixin, _Prepped, _Request
 from ._status import (
     nixl_status_t,
-    nixlBackendError,
     nixlInvalidParamError,
     nixlMismatchError,
     nixlNotFoundError,
@@ -120,6 +119,7 @@ class nixlAgent(XferMixin):
         self._tables: Dict[str, List[Tuple[str, Optional[int], int]]] = {}
         self._dlists: Dict[int, _Prepped] = {}
         self._reqs: Dict[int, _Request] = {}
+        self._doomed: Set[int] = set()  # released while in flight: dropped once done
         self._notifs: Dict[str, List[bytes]] = {}
         # What each peer's metadata published: None for all its memory (a whole card),
         # else the ranges its partial metadata named: (type, address, length).
@@ -236,11 +236,9 @@ class nixlAgent(XferMixin):
     def queryMem(self, descs: nixlRegDList, backend: int) -> List[Optional[Dict[str, str]]]:
         raise nixlNotSupportedError("queryMem: gpu_rdma has no storage to query")
 
-    def _local_holds(self, mem: nixl_mem_t, addr: int, length: int) -> bool:
+    def _local_ranges(self, mem: nixl_mem_t) -> List[Tuple[int, int]]:
         with self._lock:
-            return any(
-                k[0] == mem and k[1] <= addr and addr + length <= k[1] + k[2] for k in self._regs
-            )
+            return [(k[1], k[2]) for k in self._regs if k[0] == mem]
 
     # --- peers and metadata ---------------------------------------------------------------
 
@@ -321,9 +319,11 @@ class nixlAgent(XferMixin):
         with self._lock:
             if name not in self._remotes:
                 return nixl_status_t.NIXL_ERR_NOT_FOUND
+        if descs is None or descs.isEmpty():
+            return nixl_status_t.NIXL_SUCCESS  # the metadata is loaded: nothing to ask
         try:
             self._remote_check("checkRemoteMD", name, descs)
-        except (nixlNotFoundError, nixlBackendError):
+        except Exception:  # noqa: BLE001 - a peer that cannot answer has no such memory here
             return nixl_status_t.NIXL_ERR_NOT_FOUND
         return nixl_status_t.NIXL_SUCCESS
 
@@ -340,45 +340,37 @@ class nixlAgent(XferMixin):
         return t
 
     def _remote_check(self, op: str, agent: str, descs: nixlXferDList) -> None:
-        """Each descriptor lies in memory of its type the agent registered; the agent's
-        descriptor is fetched again once before a descriptor is refused."""
+        """Each descriptor lies in memory of its type the agent registered (and published,
+        if its metadata was partial); the agent's descriptor is fetched again once before a
+        descriptor is refused."""
         mem = descs.getType()
         if agent == self.name:
-            bad = [d for d in descs if not self._local_holds(mem, d[0], d[1])]
-            if bad:
-                raise nixlNotFoundError(f"{op}: {bad[0][1]} bytes at {bad[0][0]:#x} are not registered {mem.name} of {agent!r}")
+            bad = first_outside(self._local_ranges(mem), descs)
+            if bad is not None:
+                a, n, _ = descs[bad]
+                raise nixlNotFoundError(f"{op}: {n} bytes at {a:#x} are not registered {mem.name} memory of {agent!r}")
             return
         with self._lock:
             published = self._published.get(agent)
         if published is not None:
-            hidden = [
-                d
-                for d in descs
-                if not any(m == mem and a <= d[0] and d[0] + d[1] <= a + n for m, a, n in published)
-            ]
-            if hidden:
+            bad = first_outside([(a, n) for m, a, n in published if m == mem], descs)
+            if bad is not None:
+                a, n, _ = descs[bad]
                 raise nixlNotFoundError(
-                    f"{op}: {hidden[0][1]} bytes at {hidden[0][0]:#x}: {agent!r}'s metadata "
-                    "loaded so far does not publish them"
+                    f"{op}: {n} bytes at {a:#x}: {agent!r}'s metadata loaded so far does not "
+                    "publish them"
                 )
+        bad = None
         for refresh in (False, True):
             table = self._table(agent, refresh)
-            bad = [
-                d
-                for d in descs
-                if not any(
-                    base is not None
-                    and _mem_of(seg) == mem
-                    and base <= d[0]
-                    and d[0] + d[1] <= base + n
-                    for seg, base, n in table
-                )
-            ]
-            if not bad:
+            held = [(base, n) for seg, base, n in table if base is not None and _mem_of(seg) == mem]
+            bad = first_outside(held, descs)
+            if bad is None:
                 return
+        assert bad is not None
+        a, n, _ = descs[bad]
         raise nixlNotFoundError(
-            f"{op}: {bad[0][1]} bytes at {bad[0][0]:#x} are not registered {mem.name} memory of "
-            f"{agent!r}"
+            f"{op}: {n} bytes at {a:#x} are not registered {mem.name} memory of {agent!r}"
         )
 
     def _pump(self) -> None:

@@ -8,11 +8,14 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from gpu_rdma import Agent, Batch, Error
 
-from ._descs import nixl_mem_t, nixlXferDList
+import numpy as np
+
+from ._descs import first_outside, nixl_mem_t, nixlXferDList
 from ._status import (
     nixl_status_t,
     nixlInvalidParamError,
     nixlNoTelemetryError,
+    nixlNotAllowedError,
     nixlNotFoundError,
     nixlRepostActiveError,
     raise_from,
@@ -65,7 +68,7 @@ class _Prepped:
 class _Request:
     """A transfer request: the entries of one batch, built again at each post."""
 
-    def __init__(self, write: bool, peer: str, pairs: Sequence[Tuple[int, int, int]], notif: bytes) -> None:
+    def __init__(self, write: bool, peer: str, pairs: Sequence[Sequence[int]], notif: bytes) -> None:
         self.write = write
         self.peer = peer
         self.local = [p[0] for p in pairs]
@@ -92,11 +95,13 @@ def _op(op: Any) -> bool:
     raise nixlInvalidParamError(f"operation {op!r}: NIXL_READ or NIXL_WRITE")
 
 
-def _indices(what: str, idx: Any, n: int) -> List[int]:
-    out = [int(i) for i in idx]
-    for at, i in enumerate(out):
-        if not 0 <= i < n:
-            raise nixlInvalidParamError(f"makeXferReq: {what} index out of range at index {at} with value {i}")
+def _indices(what: str, idx: Any, n: int) -> Any:
+    """The indices as an int64 array, each in ``0..n``."""
+    out = np.asarray(idx, dtype=np.int64).reshape(-1)
+    bad = np.flatnonzero((out < 0) | (out >= n))
+    if bad.size:
+        at = int(bad[0])
+        raise nixlInvalidParamError(f"makeXferReq: {what} index out of range at index {at} with value {int(out[at])}")
     return out
 
 
@@ -111,6 +116,7 @@ class XferMixin:
     _telemetry: bool
     _dlists: Dict[int, _Prepped]
     _reqs: Dict[int, _Request]
+    _doomed: Set[int]
 
     # What nixlAgent defines.
     def _usable(self, op: str) -> None:
@@ -119,7 +125,7 @@ class XferMixin:
     def _known(self, op: str, agent: str) -> None:
         raise NotImplementedError
 
-    def _local_holds(self, mem: nixl_mem_t, addr: int, length: int) -> bool:
+    def _local_ranges(self, mem: nixl_mem_t) -> List[Tuple[int, int]]:
         raise NotImplementedError
 
     def _remote_check(self, op: str, agent: str, descs: nixlXferDList) -> None:
@@ -133,9 +139,10 @@ class XferMixin:
 
     def _local_check(self, op: str, descs: nixlXferDList) -> None:
         mem = descs.getType()
-        for a, n, _d in descs:
-            if not self._local_holds(mem, a, n):
-                raise nixlNotFoundError(f"{op}: {n} bytes at {a:#x} are not registered {mem.name} memory of this agent")
+        bad = first_outside(self._local_ranges(mem), descs)
+        if bad is not None:
+            a, n, _d = descs[bad]
+            raise nixlNotFoundError(f"{op}: {n} bytes at {a:#x} are not registered {mem.name} memory of this agent")
 
     def prepXferDlist(self, *args: Any) -> int:
         """``(descs, backends)`` for this agent's side, ``(agent, descs, backends)`` for a
@@ -166,10 +173,28 @@ class XferMixin:
                 raise nixlNotFoundError(f"releasedDlistH: no descriptor list {int(handle):#x}")
         return nixl_status_t.NIXL_SUCCESS
 
-    def _new(self, write: bool, peer: str, pairs: List[Tuple[int, int, int]], notif: Union[str, bytes]) -> int:
-        for at, (_l, _r, n) in enumerate(pairs):
-            if n == 0:
-                raise nixlInvalidParamError(f"descriptor {at} has 0 bytes")
+    def releaseXferReqWhenDone(self, handle: int) -> None:
+        """Releases the request now, or, while its post is in flight, once it is done (a
+        handle collected before its transfer finished)."""
+        try:
+            self.releaseXferReq(handle)
+        except nixlNotAllowedError:
+            with self._lock:
+                self._doomed.add(int(handle))
+
+    def _sweep(self) -> None:
+        """Drops the requests released while in flight whose posts are done."""
+        with self._lock:
+            done = [h for h in self._doomed if (r := self._reqs.get(h)) is None or r.transfer is None or r.transfer.done]
+            for h in done:
+                self._doomed.discard(h)
+                self._reqs.pop(h, None)
+
+    def _new(self, write: bool, peer: str, pairs: List[List[int]], notif: Union[str, bytes]) -> int:
+        self._sweep()
+        zero = next((at for at, p in enumerate(pairs) if p[2] == 0), None)
+        if zero is not None:
+            raise nixlInvalidParamError(f"descriptor {zero} has 0 bytes")
         h = self._handle()
         msg = notif.encode() if isinstance(notif, str) else bytes(notif)
         with self._lock:
@@ -192,12 +217,12 @@ class XferMixin:
             raise nixlInvalidParamError(f"makeXferReq: different number of indices for local ({len(li)}), remote ({len(ri)})")
         lsel = _indices("local", li, lside.descs.descCount())
         rsel = _indices("remote", ri, rside.descs.descCount())
-        pairs = []
-        for at, (i, j) in enumerate(zip(lsel, rsel)):
-            ld, rd = lside.descs[i], rside.descs[j]
-            if ld[1] != rd[1]:
-                raise nixlInvalidParamError(f"makeXferReq: length mismatch at index {at} ({ld[1]} and {rd[1]} bytes)")
-            pairs.append((ld[0], rd[0], ld[1]))
+        la, ra = lside.descs.array()[lsel], rside.descs.array()[rsel]
+        differ = np.flatnonzero(la[:, 1] != ra[:, 1])
+        if differ.size:
+            at = int(differ[0])
+            raise nixlInvalidParamError(f"makeXferReq: length mismatch at index {at} ({int(la[at, 1])} and {int(ra[at, 1])} bytes)")
+        pairs = np.stack([la[:, 0], ra[:, 0], la[:, 1]], axis=1).tolist()
         return self._new(write, rside.agent, pairs, notif)
 
     def createXferReq(
@@ -212,11 +237,12 @@ class XferMixin:
             raise nixlInvalidParamError(
                 f"createXferReq: different descriptor list sizes (local={local.descCount()}, remote={remote.descCount()})"
             )
-        pairs = []
-        for at, (ld, rd) in enumerate(zip(local, remote)):
-            if ld[1] != rd[1]:
-                raise nixlInvalidParamError(f"createXferReq: length mismatch at index {at} ({ld[1]} and {rd[1]} bytes)")
-            pairs.append((ld[0], rd[0], ld[1]))
+        la, ra = local.array(), remote.array()
+        differ = np.flatnonzero(la[:, 1] != ra[:, 1])
+        if differ.size:
+            at = int(differ[0])
+            raise nixlInvalidParamError(f"createXferReq: length mismatch at index {at} ({int(la[at, 1])} and {int(ra[at, 1])} bytes)")
+        pairs = np.stack([la[:, 0], ra[:, 0], la[:, 1]], axis=1).tolist()
         self._usable("createXferReq")
         self._known("createXferReq", peer)
         self._local_check("createXferReq", local)
@@ -275,9 +301,17 @@ class XferMixin:
         return 0, 0, NIXL_COST_UNKNOWN
 
     def releaseXferReq(self, handle: int) -> nixl_status_t:
-        """Forgets the request. A post still in flight is not cancelled: its bytes may
-        still land (gpu_rdma's batches cannot be withdrawn from the NIC)."""
+        """Forgets the request once its last post is done. One still in flight cannot be
+        withdrawn from the NIC, so it is refused (the handle stays valid, as NIXL's when it
+        cannot cancel): the caller keeps the memory until ``"DONE"``, then releases."""
         with self._lock:
-            if self._reqs.pop(int(handle), None) is None:
+            r = self._reqs.get(int(handle))
+            if r is None:
                 raise nixlNotFoundError(f"releaseXferReq: no transfer request {int(handle):#x}")
+            if r.transfer is not None and not r.transfer.done:
+                raise nixlNotAllowedError(
+                    "releaseXferReq: the request's post is in flight and gpu_rdma cannot withdraw "
+                    "it from the NIC: wait for DONE, then release it"
+                )
+            del self._reqs[int(handle)]
         return nixl_status_t.NIXL_SUCCESS
