@@ -260,7 +260,10 @@ fn a_card_names_a_peer_an_own_card_loops_back_and_remove_peer_forgets() {
     let timing = t.timing();
     let finished = timing.finished.expect("finished");
     assert!(timing.submitted <= finished, "{timing:?}");
-    assert!(timing.started + Duration::from_secs(1) >= before, "{timing:?}");
+    assert!(
+        timing.started + Duration::from_secs(1) >= before,
+        "{timing:?}"
+    );
     assert!(timing.started <= std::time::SystemTime::now());
 
     let mut other = card.clone();
@@ -279,7 +282,10 @@ fn a_card_names_a_peer_an_own_card_loops_back_and_remove_peer_forgets() {
     // Its own card: a's second half from its first, through the NIC.
     assert_eq!(a.add_peer_card(&a.card().unwrap()).unwrap(), "a");
     let own = Batch::new().write("dst", 0, "a", "dst", BLOCK, BLOCK);
-    a.transfer(&own).expect("accepted").wait(WAIT).expect("loopback");
+    a.transfer(&own)
+        .expect("accepted")
+        .wait(WAIT)
+        .expect("loopback");
 
     a.remove_peer("b");
     a.remove_peer("b"); // twice: nothing

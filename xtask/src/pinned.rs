@@ -54,7 +54,12 @@ impl Pinned {
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let step = Step::start(format!("{}'s files at {}", self.repo, self.tag));
         let mut fetch = programs::cmd("/usr/bin/python3");
-        fetch.arg("-c").arg(FETCH).arg(self.repo).arg(self.tag).arg(dir);
+        fetch
+            .arg("-c")
+            .arg(FETCH)
+            .arg(self.repo)
+            .arg(self.tag)
+            .arg(dir);
         fetch.arg(source.unwrap_or(Path::new("")));
         fetch.args(self.files.iter().map(|(n, h)| format!("{n}={h}")));
         sh::run(&mut fetch)?;

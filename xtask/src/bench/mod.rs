@@ -13,10 +13,9 @@
 //! * [`json`]: the JSON file with every sample;
 //! * [`plot`]: PNG and SVG plots;
 //! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes;
-//! * [`peers`]: `--peers`, the transfer engine against Mooncake's, in a boot of its own;
+//! * [`peers`]: `--peers`, against Mooncake's engine; [`nixl_peers`]: `--client nixl`, NIXL's;
 //! * [`peers_plan`]: `--peers`' options, cells and steps;
-//! * [`sched`]: `--sched-trace`, the one-node ping-pongs traced with the guest's scheduler
-//!   tracepoints ([`trace`] reads the traces).
+//! * [`sched`]: `--sched-trace`, one-node ping-pongs traced ([`trace`] reads the traces).
 //!
 //! Every step runs under its own time limit inside the VM; a failed step is named, and
 //! everything else is still reported (and the command then exits non-zero).
@@ -161,13 +160,6 @@ impl Request {
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     match args.split_first().map(|(a, r)| (a.as_str(), r)) {
         Some(("--rails", rest)) => return rails::main(paths, rest),
-        Some(("--peers", rest))
-            if rest
-                .windows(2)
-                .any(|w| w[0] == "--client" && w[1] == "nixl") =>
-        {
-            return nixl_peers::main(paths, rest)
-        }
         Some(("--peers", rest)) => return peers::main(paths, rest),
         Some(("--sched-trace", rest)) => return sched::main(paths, rest),
         _ => {}

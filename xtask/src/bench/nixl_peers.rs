@@ -50,6 +50,12 @@ else: sys.exit('the target never listened')" || exit 1
 done
 "#;
 
+/// Whether `bench --peers`' arguments ask for this bench (`--client nixl`).
+pub fn asked(args: &[String]) -> bool {
+    args.windows(2)
+        .any(|w| w[0] == "--client" && w[1] == "nixl")
+}
+
 /// The run's options.
 struct Request {
     rounds: u32,

@@ -435,6 +435,9 @@ fn draw(out: &std::path::Path, cells: &[Cell], steps: &[Step], samples: &[Sample
 
 /// Runs the comparison in a two-node boot, prints the table, writes `target/bench/peers.json`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
+    if super::nixl_peers::asked(args) {
+        return super::nixl_peers::main(paths, args);
+    }
     if args.first().is_some_and(|a| a == "--plot") {
         // The plots again from the last run's JSON file, without a boot.
         let out = paths.target.join("bench");
