@@ -80,10 +80,29 @@ impl Agent {
     /// [`Error::Settings`] when the listener is bound to `0.0.0.0` and no device has an
     /// IPv4 GID (bind the agent to an address peers reach).
     pub fn card(&self) -> Result<Vec<u8>> {
+        self.card_with(true)
+    }
+
+    /// As [`Agent::card`], with the descriptor's segments left out (its name and
+    /// incarnation kept): a card of a few dozen bytes whatever the agent registered, for
+    /// where size is bounded (inside a notification). It names the agent as well; only
+    /// its segments' list, which loading never trusts anyway, is missing.
+    ///
+    /// # Errors
+    /// As [`Agent::card`].
+    pub fn name_card(&self) -> Result<Vec<u8>> {
+        self.card_with(false)
+    }
+
+    fn card_with(&self, segments: bool) -> Result<Vec<u8>> {
         let gids: Vec<[u8; 16]> = self.shared.devices.iter().map(|d| d.gid).collect();
+        let mut descriptor = self.descriptor();
+        if !segments {
+            descriptor.segments.clear();
+        }
         Ok(Card {
             control: reachable(self.address(), &gids)?,
-            descriptor: self.descriptor(),
+            descriptor,
         }
         .to_bytes())
     }

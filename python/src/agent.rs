@@ -281,12 +281,17 @@ impl Agent {
 
     /// This agent's card (bytes): its control address as peers reach it and its
     /// descriptor, versioned. Hand it to a peer out of band; the peer loads it with
-    /// `add_peer_card` (NIXL's agent metadata).
-    fn card<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let c = self
-            .engine("card")?
-            .card()
-            .map_err(|e| Failure::engine("card", &e))?;
+    /// `add_peer_card` (NIXL's agent metadata). `segments=False`: the descriptor's segments
+    /// left out, a card of a few dozen bytes that names the agent as well.
+    #[pyo3(signature = (segments = true))]
+    fn card<'py>(
+        &self,
+        py: Python<'py>,
+        segments: bool,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let a = self.engine("card")?;
+        let c = if segments { a.card() } else { a.name_card() };
+        let c = c.map_err(|e| Failure::engine("card", &e))?;
         Ok(pyo3::types::PyBytes::new(py, &c))
     }
 

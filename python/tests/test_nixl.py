@@ -8,6 +8,7 @@ import importlib
 import os
 import pickle
 import subprocess
+import threading
 import sys
 import time
 import uuid
@@ -404,3 +405,108 @@ def test_the_printed_path_makes_nixl_ours_in_a_new_process() -> None:
     assert got.stdout.strip().startswith(path), got.stdout
     bad = subprocess.run([sys.executable, "-m", "gpu_rdma.nixl"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_threads_never_post_twice_nor_release_a_post_in_flight(pair: Pair) -> None:
+    a, b = pair
+    block, n = 4 * KIB, 2048
+    x, y = buffers(a, b, n * block)
+
+    def descs(base: int) -> Any:
+        return a.get_xfer_descs([(base + i * block, block, 0) for i in range(n)], "DRAM")
+
+    h = a.initialize_xfer("READ", descs(x.ctypes.data), descs(y.ctypes.data), b.name)
+    # Eight posts at once: one is accepted, the others see it in flight.
+    gate = threading.Barrier(8)
+    outcomes: List[str] = []
+
+    def post() -> None:
+        gate.wait()
+        try:
+            outcomes.append(a.transfer(h))
+        except bindings.nixlRepostActiveError:
+            outcomes.append("active")
+
+    threads = [threading.Thread(target=post) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes).count("active") == 7, outcomes
+    wait_done(a, h, 300.0)
+    # A post and a release at once: either the release is refused (the post is in flight),
+    # or the post is refused (the request is gone) and nothing lands afterwards.
+    for _ in range(3):
+        x[:] = 0
+        g = a.initialize_xfer("READ", descs(x.ctypes.data), descs(y.ctypes.data), b.name)
+        two = threading.Barrier(2)
+        posted: List[bool] = []
+
+        def race() -> None:
+            two.wait()
+            try:
+                a.transfer(g)
+                posted.append(True)
+            except bindings.nixlNotFoundError:
+                posted.append(False)
+
+        t = threading.Thread(target=race)
+        t.start()
+        two.wait()
+        try:
+            a.release_xfer_handle(g)
+            released = True
+        except bindings.nixlNotAllowedError:
+            released = False
+        t.join()
+        if released:
+            assert posted == [False], "released while a post of it was made"
+            time.sleep(0.5)
+            assert not x.any(), "bytes landed after the release returned"
+        else:
+            assert posted == [True]
+            wait_done(a, g, 300.0)
+            a.release_xfer_handle(g)
+
+
+def test_another_agents_handles_and_loose_types_are_refused(pair: Pair) -> None:
+    a, b = pair
+    x, y = buffers(a, b, 8 * KIB)
+    hb = b.initialize_xfer(
+        "WRITE",
+        b.get_xfer_descs([(y.ctypes.data, 4 * KIB, 0)], "DRAM"),
+        b.get_xfer_descs([(y.ctypes.data + 4 * KIB, 4 * KIB, 0)], "DRAM"),
+        b.name,
+    )
+    for call in (a.transfer, a.check_xfer_state, a.release_xfer_handle):
+        with pytest.raises(bindings.nixlInvalidParamError):
+            call(hb)
+    with pytest.raises(TypeError):
+        a.transfer(None)
+    mine = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(x.ctypes.data, 4 * KIB, 0)], "DRAM")
+    theirs = a.prep_xfer_dlist(b.name, [(y.ctypes.data, 4 * KIB, 0)], "DRAM")
+    for bad in ([0.7], [True], ["0"]):
+        with pytest.raises(TypeError):
+            a.make_prepped_xfer("READ", mine, bad, theirs, [0])
+    with pytest.raises(TypeError):
+        a.send_notif(b.name, 3)
+    assert not x.any()
+
+
+def test_listener_metadata_carries_many_registrations_and_ranges() -> None:
+    vm_env("RDMA_DEVICE")
+    port = 18_951
+    target = new_agent(enable_listen_thread=True, listen_port=port)
+    initiator = new_agent(enable_listen_thread=True, listen_port=0)
+    pool = np.zeros(300 * KIB, dtype=np.uint8)
+    regs = [(pool.ctypes.data + i * KIB, KIB, 0, "") for i in range(300)]
+    initiator.register_memory(regs, "DRAM")
+    target.register_memory([(pool.ctypes.data, 1, 0, "")], "DRAM")
+    initiator.fetch_remote_metadata(target.name, "127.0.0.1", port)
+    # 300 ranges: more than one notification holds; all of them arrive.
+    initiator.send_partial_agent_metadata(initiator.get_reg_descs(regs, "DRAM"), True, ["UCX"], "127.0.0.1", port)
+    every = target.get_xfer_descs([r[:3] for r in regs], "DRAM")
+    deadline = time.monotonic() + 30
+    while not target.check_remote_metadata(initiator.name, every):
+        assert time.monotonic() < deadline, "the partial metadata never arrived whole"
+    initiator.send_local_metadata("127.0.0.1", port)

@@ -237,7 +237,7 @@ fn loopback_dead_peer_fails_its_entries_and_others_keep_working() {
     assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 7));
 }
 
-/// Cards (`Agent::card`, `add_peer_card`): a peer named by its card alone; its own card
+/// Cards (`Agent::card`, `name_card`, `add_peer_card`): a peer named by its card alone; its own card
 /// makes an agent its own peer; other versions and cut cards refused, typed; `remove_peer`
 /// forgets; and a batch's timing is the engine's clock of it.
 #[test]
@@ -253,6 +253,14 @@ fn a_card_names_a_peer_an_own_card_loops_back_and_remove_peer_forgets() {
     assert_eq!(unknown.kind(), ErrorKind::NotFound, "{unknown}");
 
     let card = b.card().expect("a card");
+    // The card without segments names b as well, in a few dozen bytes.
+    let slim = b.name_card().expect("a name card");
+    assert!(
+        slim.len() < 128 && slim.len() < card.len(),
+        "{}",
+        slim.len()
+    );
+    assert_eq!(a.add_peer_card(&slim).expect("loaded"), "b");
     assert_eq!(a.add_peer_card(&card).expect("loaded"), "b");
     let before = std::time::SystemTime::now();
     let t = a.transfer(&read).expect("accepted");

@@ -180,6 +180,16 @@ class nixl_agent:
     def _handles(self, backends: Sequence[str]) -> List[Any]:
         return [self.backends[b] for b in backends]
 
+    def _own(self, handle: Any, kind: type) -> int:
+        """The number of `handle`, a `kind` of this agent (a TypeError for anything else, a
+        nixlInvalidParamError for another agent's)."""
+        if not isinstance(handle, kind):
+            raise TypeError(f"a {kind.__name__}, not {type(handle).__name__}")
+        h: Any = handle
+        if h._agent is not self.agent:
+            raise nixlBind.nixlInvalidParamError(f"{h!r} belongs to another agent")
+        return int(h._handle)
+
     # --- plugins and backends -------------------------------------------------------------
 
     def get_plugin_list(self) -> List[str]:
@@ -260,7 +270,7 @@ class nixl_agent:
         return nixl_prepped_dlist_handle(self.agent, h)
 
     def estimate_xfer_cost(self, req_handle: nixl_xfer_handle) -> Tuple[int, int, str]:
-        duration, margin, method = self.agent.estimateXferCost(req_handle._handle)
+        duration, margin, method = self.agent.estimateXferCost(self._own(req_handle, nixl_xfer_handle))
         known = method == nixlBind.NIXL_COST_ANALYTICAL_BACKEND
         return duration, margin, "ANALYTICAL_BACKEND" if known else "UNKNOWN"
 
@@ -278,9 +288,9 @@ class nixl_agent:
         op = self.nixl_ops[operation]
         h = self.agent.makeXferReq(
             op,
-            local_xfer_side._handle,
+            self._own(local_xfer_side, nixl_prepped_dlist_handle),
             local_indices,
-            remote_xfer_side._handle,
+            self._own(remote_xfer_side, nixl_prepped_dlist_handle),
             remote_indices,
             notif_msg,
             self._handles(backends),
@@ -302,22 +312,24 @@ class nixl_agent:
         return nixl_xfer_handle(self.agent, h)
 
     def transfer(self, handle: nixl_xfer_handle, notif_msg: Union[bytes, str] = b"") -> str:
-        return _STATES.get(self.agent.postXferReq(handle._handle, notif_msg), "ERR")
+        return _STATES.get(self.agent.postXferReq(self._own(handle, nixl_xfer_handle), notif_msg), "ERR")
 
     def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
-        return _STATES.get(self.agent.getXferStatus(handle._handle), "ERR")
+        return _STATES.get(self.agent.getXferStatus(self._own(handle, nixl_xfer_handle)), "ERR")
 
     def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> Any:
-        return self.agent.getXferTelemetry(handle._handle)
+        return self.agent.getXferTelemetry(self._own(handle, nixl_xfer_handle))
 
     def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
-        used = self.agent.queryXferBackend(handle._handle)
+        used = self.agent.queryXferBackend(self._own(handle, nixl_xfer_handle))
         return next(name for name, h in self.backends.items() if h == used)
 
     def release_xfer_handle(self, handle: nixl_xfer_handle) -> None:
+        self._own(handle, nixl_xfer_handle)
         handle.release()
 
     def release_dlist_handle(self, handle: nixl_prepped_dlist_handle) -> None:
+        self._own(handle, nixl_prepped_dlist_handle)
         handle.release()
 
     # --- notifications --------------------------------------------------------------------

@@ -23,10 +23,10 @@ import struct
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from gpu_rdma import Agent, Error
+from gpu_rdma import MAX_NOTIFICATION, Agent, Error
 
 from ._descs import MOVABLE, first_outside, nixl_mem_t, nixlRegDList, nixlXferDList
-from ._xfer import XferMixin, _Prepped, _Request
+from ._xfer import XferMixin, _Prepped, _Request, as_message
 from ._status import (
     nixl_status_t,
     nixlInvalidParamError,
@@ -62,10 +62,6 @@ _FALSE = ("n", "no", "off", "0", "false", "disable")
 def _name(agent: Union[str, bytes]) -> str:
     """An agent name given as NIXL's callers give it (str, or the bytes NIXL returns)."""
     return agent.decode() if isinstance(agent, (bytes, bytearray)) else str(agent)
-
-
-def _bytes(msg: Union[str, bytes]) -> bytes:
-    return msg.encode() if isinstance(msg, str) else bytes(msg)
 
 
 def _telemetry(config_says: bool) -> bool:
@@ -111,7 +107,6 @@ class nixlAgent(XferMixin):
         self.name = name
         self._lock = threading.Lock()
         self._backends: Dict[int, str] = {}
-        self._next = 1
         # registered ranges: (type, address, length, device) -> segment names
         self._regs: Dict[Tuple[nixl_mem_t, int, int, int], List[str]] = {}
         self._seg = 0
@@ -121,6 +116,7 @@ class nixlAgent(XferMixin):
         self._reqs: Dict[int, _Request] = {}
         self._doomed: Set[int] = set()  # released while in flight: dropped once done
         self._notifs: Dict[str, List[bytes]] = {}
+        self._pumping = threading.Lock()  # one drain at a time: each sender's order kept
         # What each peer's metadata published: None for all its memory (a whole card),
         # else the ranges its partial metadata named: (type, address, length).
         self._published: Dict[str, Optional[Set[Tuple[int, int, int]]]] = {}
@@ -141,8 +137,7 @@ class nixlAgent(XferMixin):
         with self._lock:
             if plugin in self._backends.values():
                 raise nixlInvalidParamError(f"backend {plugin!r} already created")
-            h = self._next
-            self._next += 1
+            h = self._handle()
             self._backends[h] = plugin
         return h
 
@@ -252,9 +247,21 @@ class nixlAgent(XferMixin):
         """Metadata that publishes only ``descs`` (a peer that loads it can reach no other
         range of this agent until more is published), with the card (the connection is
         always included)."""
-        ranges = [] if descs is None else [(int(descs.getType()), d[0], d[1]) for d in descs]
+        return self._partial(self._ranges(descs), self.getLocalMD())
+
+    @staticmethod
+    def _ranges(descs: Any) -> List[Tuple[int, int, int]]:
+        if descs is None:
+            return []
+        if not isinstance(descs, (nixlRegDList, nixlXferDList)):
+            raise TypeError(f"a nixlRegDList or nixlXferDList, not {type(descs).__name__}")
+        mem = int(descs.getType())
+        return [(mem, int(a), int(n)) for a, n, _d in descs.array().tolist()]
+
+    @staticmethod
+    def _partial(ranges: List[Tuple[int, int, int]], card: bytes) -> bytes:
         head = struct.pack("<I", len(ranges)) + b"".join(_RANGE.pack(*r) for r in ranges)
-        return _PARTIAL + head + self.getLocalMD()
+        return _PARTIAL + head + card
 
     def _load(self, blob: bytes) -> str:
         """Loads metadata (a card, or partial metadata); returns the agent's name."""
@@ -319,6 +326,8 @@ class nixlAgent(XferMixin):
         with self._lock:
             if name not in self._remotes:
                 return nixl_status_t.NIXL_ERR_NOT_FOUND
+        if descs is not None and not isinstance(descs, nixlXferDList):
+            raise TypeError(f"a nixlXferDList, not {type(descs).__name__}")
         if descs is None or descs.isEmpty():
             return nixl_status_t.NIXL_SUCCESS  # the metadata is loaded: nothing to ask
         try:
@@ -375,7 +384,14 @@ class nixlAgent(XferMixin):
 
     def _pump(self) -> None:
         """Takes the notifications the engine holds: this layer's own are acted on, the
-        program's are kept by sender for ``getNotifs``."""
+        program's are kept by sender for ``getNotifs``.
+
+        A peer can send a message that looks like this layer's own; it then speaks only for
+        itself (its card, its goodbye), the name its connection authenticated."""
+        with self._pumping:
+            self._drain()
+
+    def _drain(self) -> None:
         while True:
             n = self._agent.wait_notification(0.0)
             if n is None:
@@ -433,18 +449,27 @@ class nixlAgent(XferMixin):
     def sendLocalMD(self, ip: str = "", port: int = 0) -> nixl_status_t:
         peer = self._at("sendLocalMD", ip, port)
         try:
-            self._agent.notify(peer, _CARD + self.getLocalMD())
+            # The card without its segments (they are fetched over the authenticated
+            # connection anyway): a notification holds 4096 bytes.
+            self._agent.notify(peer, _CARD + self._agent.card(segments=False))
         except Error as e:
             raise_from(e, f"sendLocalMD to {peer!r}")
         return nixl_status_t.NIXL_SUCCESS
 
     def sendLocalPartialMD(self, descs: Any, inc_conn_info: bool, backends: Sequence[int], ip: str = "", port: int = 0, label: str = "") -> nixl_status_t:
         peer = self._at("sendLocalPartialMD", ip, port)
-        blob = self.getLocalPartialMD(descs, inc_conn_info, backends)
+        ranges = self._ranges(descs)
         try:
-            self._agent.notify(peer, _CARD + blob)
+            card = self._agent.card(segments=False)
         except Error as e:
-            raise_from(e, f"sendLocalPartialMD to {peer!r}")
+            raise_from(e, "sendLocalPartialMD")
+        # As many notifications as the ranges need (the peer adds up what it is told).
+        room = (MAX_NOTIFICATION - len(_CARD) - len(_PARTIAL) - 4 - len(card)) // _RANGE.size
+        for at in range(0, max(len(ranges), 1), max(room, 1)):
+            try:
+                self._agent.notify(peer, _CARD + self._partial(ranges[at : at + room], card))
+            except Error as e:
+                raise_from(e, f"sendLocalPartialMD to {peer!r}")
         return nixl_status_t.NIXL_SUCCESS
 
     def invalidateLocalMD(self, ip: str = "", port: int = 0) -> nixl_status_t:
@@ -465,7 +490,7 @@ class nixlAgent(XferMixin):
         name = _name(agent)
         self._known("genNotif", name)
         try:
-            self._agent.notify(name, _bytes(msg))
+            self._agent.notify(name, as_message(msg))
         except Error as e:
             raise_from(e, f"genNotif to {name!r}")
         return nixl_status_t.NIXL_SUCCESS

@@ -20,6 +20,9 @@ class nixl_mem_t(enum.IntEnum):
     FILE_SEG = 4
 
 
+#: The most blocks strided descriptors may expand to (a KV cache has millions).
+MAX_EXPANDED = 1 << 28
+
 #: The memory types the engine moves, as NIXL names them to its callers.
 MOVABLE = (nixl_mem_t.DRAM_SEG, nixl_mem_t.VRAM_SEG)
 
@@ -61,7 +64,7 @@ def _rows(a: Any, width: int) -> Any:
         raise TypeError(f"an array of {a.dtype}: integers are needed")
     if a.dtype.kind == "i" and a.size and int(a.min()) < 0:
         raise ValueError("an array with a negative address, length or device")
-    return a.astype(np.uint64, copy=False)
+    return np.array(a, dtype=np.uint64)  # a copy: the caller's array may change later
 
 
 def expand_strided(a: Any) -> Any:
@@ -69,8 +72,11 @@ def expand_strided(a: Any) -> Any:
     count) rows, as the Nx3 array of the ``count`` blocks of each row: ``length`` bytes at
     ``address + i * stride``. Vectorised: a KV cache has millions of blocks."""
     rows = _rows(np.asarray(a), 5)
-    counts = rows[:, 4].astype(np.int64)
-    total = int(counts.sum())
+    counts = rows[:, 4]
+    total = int(counts.astype(object).sum())
+    if total > MAX_EXPANDED:
+        raise ValueError(f"strided descriptors of {total} blocks (at most {MAX_EXPANDED})")
+    counts = counts.astype(np.int64)
     which = np.repeat(np.arange(len(rows)), counts)
     firsts = np.repeat(np.cumsum(counts) - counts, counts)
     nth = (np.arange(total, dtype=np.int64) - firsts).astype(np.uint64)
@@ -199,8 +205,9 @@ class _DList:
         return {"_type": self._type, "_descs": self._items()}
 
     def __setstate__(self, state: Any) -> None:
-        self._type = state["_type"]
-        self._descs = state["_descs"]
+        # Checked again: a pickle comes from elsewhere.
+        self._type = nixl_mem_t(int(state["_type"]))
+        self._descs = [self._one(d) for d in state["_descs"]]
         self._array = None
         self._pending = False
 

@@ -3,6 +3,7 @@ lists, their posts, states, telemetry and release."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
@@ -33,6 +34,20 @@ class nixl_xfer_op_t(int):
 
 NIXL_READ = nixl_xfer_op_t(0)
 NIXL_WRITE = nixl_xfer_op_t(1)
+
+#: Handle numbers, unique in the process: one agent's number never names another's request.
+_HANDLES = itertools.count(1)
+
+
+def as_message(msg: Any) -> bytes:
+    """A notification's bytes: ``bytes`` (or a bytes-like object) as it is, ``str`` as UTF-8;
+    anything else is a TypeError (as NIXL's binding refuses it)."""
+    if isinstance(msg, str):
+        return msg.encode()
+    if isinstance(msg, (bytes, bytearray, memoryview)):
+        return bytes(msg)
+    raise TypeError(f"a notification message is bytes or str, not {type(msg).__name__}")
+
 
 #: The cost estimate's method: gpu_rdma gives none.
 NIXL_COST_ANALYTICAL_BACKEND = 0
@@ -76,6 +91,10 @@ class _Request:
         self.lengths = [p[2] for p in pairs]
         self.notif = notif
         self.transfer: Optional[Any] = None
+        # Held from the check that no post is in flight to the new post's record (and by a
+        # release), so that two posts, or a post and a release, never interleave.
+        self.lock = threading.Lock()
+        self.released = False
 
     def batch(self, notif: bytes) -> Batch:
         b = Batch()
@@ -96,8 +115,14 @@ def _op(op: Any) -> bool:
 
 
 def _indices(what: str, idx: Any, n: int) -> Any:
-    """The indices as an int64 array, each in ``0..n``."""
-    out = np.asarray(idx, dtype=np.int64).reshape(-1)
+    """The indices as an int64 array, each in ``0..n`` (integers only: a float or a bool
+    is a TypeError, as NIXL's binding refuses them)."""
+    raw = np.asarray(list(idx) if isinstance(idx, (set, dict)) else idx)
+    if raw.size and raw.dtype.kind not in "iu":
+        raise TypeError(f"makeXferReq: {what} indices of {raw.dtype}: integers are needed")
+    out = raw.astype(np.int64).reshape(-1)
+    if raw.dtype.kind == "u" and raw.size and int(raw.max()) >= 1 << 63:
+        raise nixlInvalidParamError(f"makeXferReq: {what} index {int(raw.max())} out of range")
     bad = np.flatnonzero((out < 0) | (out >= n))
     if bad.size:
         at = int(bad[0])
@@ -111,7 +136,6 @@ class XferMixin:
     name: str
     _agent: Agent
     _lock: threading.Lock
-    _next: int
     _backends: Dict[int, str]
     _telemetry: bool
     _dlists: Dict[int, _Prepped]
@@ -132,10 +156,7 @@ class XferMixin:
         raise NotImplementedError
 
     def _handle(self) -> int:
-        with self._lock:
-            h = self._next
-            self._next += 1
-        return h
+        return next(_HANDLES)
 
     def _local_check(self, op: str, descs: nixlXferDList) -> None:
         mem = descs.getType()
@@ -195,8 +216,8 @@ class XferMixin:
         zero = next((at for at, p in enumerate(pairs) if p[2] == 0), None)
         if zero is not None:
             raise nixlInvalidParamError(f"descriptor {zero} has 0 bytes")
+        msg = as_message(notif)
         h = self._handle()
-        msg = notif.encode() if isinstance(notif, str) else bytes(notif)
         with self._lock:
             self._reqs[h] = _Request(write, peer, pairs, msg)
         return h
@@ -258,19 +279,25 @@ class XferMixin:
 
     def postXferReq(self, handle: int, notif: Union[str, bytes] = b"") -> nixl_status_t:
         r = self._req("postXferReq", handle)
-        if r.transfer is not None and not r.transfer.done:
-            raise nixlRepostActiveError("postXferReq: the request's previous post is in flight")
-        msg = notif.encode() if isinstance(notif, str) else bytes(notif)
+        msg = as_message(notif)
         if r.peer == self.name:
             self._known("postXferReq", r.peer)
-        try:
-            r.transfer = self._agent.transfer(r.batch(msg or r.notif))
-        except Error as e:
-            raise_from(e, "postXferReq")
-        return self.getXferStatus(handle)
+        with r.lock:
+            if r.released:
+                raise nixlNotFoundError(f"postXferReq: no transfer request {int(handle):#x} (released)")
+            if r.transfer is not None and not r.transfer.done:
+                raise nixlRepostActiveError("postXferReq: the request's previous post is in flight")
+            try:
+                r.transfer = self._agent.transfer(r.batch(msg or r.notif))
+            except Error as e:
+                raise_from(e, "postXferReq")
+        return self._status(r)
 
     def getXferStatus(self, handle: int) -> nixl_status_t:
-        r = self._req("getXferStatus", handle)
+        return self._status(self._req("getXferStatus", handle))
+
+    @staticmethod
+    def _status(r: _Request) -> nixl_status_t:
         t = r.transfer
         if t is None:
             raise nixlInvalidParamError("getXferStatus: the request was never posted")
@@ -304,14 +331,14 @@ class XferMixin:
         """Forgets the request once its last post is done. One still in flight cannot be
         withdrawn from the NIC, so it is refused (the handle stays valid, as NIXL's when it
         cannot cancel): the caller keeps the memory until ``"DONE"``, then releases."""
-        with self._lock:
-            r = self._reqs.get(int(handle))
-            if r is None:
-                raise nixlNotFoundError(f"releaseXferReq: no transfer request {int(handle):#x}")
+        r = self._req("releaseXferReq", handle)
+        with r.lock:
             if r.transfer is not None and not r.transfer.done:
                 raise nixlNotAllowedError(
                     "releaseXferReq: the request's post is in flight and gpu_rdma cannot withdraw "
                     "it from the NIC: wait for DONE, then release it"
                 )
-            del self._reqs[int(handle)]
+            r.released = True
+        with self._lock:
+            self._reqs.pop(int(handle), None)
         return nixl_status_t.NIXL_SUCCESS
