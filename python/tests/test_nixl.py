@@ -4,6 +4,7 @@ examples cover (metadata out of band and through the listener, prepared and init
 transfers, reposts, notifications, telemetry, partial metadata, tensors), plus bad input:
 each refusal is NIXL's exception with our typed reason, and no byte lands anywhere."""
 
+import gc
 import importlib
 import os
 import pickle
@@ -510,3 +511,24 @@ def test_listener_metadata_carries_many_registrations_and_ranges() -> None:
     while not target.check_remote_metadata(initiator.name, every):
         assert time.monotonic() < deadline, "the partial metadata never arrived whole"
     initiator.send_local_metadata("127.0.0.1", port)
+
+
+def test_a_handle_collected_in_flight_is_released_once_done(pair: Pair) -> None:
+    a, b = pair
+    size = 16 << 20
+    x, y = buffers(a, b, size)
+    h = a.initialize_xfer(
+        "READ",
+        a.get_xfer_descs([(x.ctypes.data, size, 0)], "DRAM"),
+        a.get_xfer_descs([(y.ctypes.data, size, 0)], "DRAM"),
+        b.name,
+    )
+    a.transfer(h)
+    del h
+    gc.collect()  # its finalizer queues it, taking no lock
+    deadline = time.monotonic() + 300
+    while a.agent._reqs:  # released at a later call once its post is done
+        assert time.monotonic() < deadline, "the collected request was never released"
+        a.release_dlist_handle(a.prep_xfer_dlist("NIXL_INIT_AGENT", [(x.ctypes.data, 1, 0)], "DRAM"))
+        time.sleep(0.05)
+    assert bytes(x[-4096:]) == bytes(y[-4096:])

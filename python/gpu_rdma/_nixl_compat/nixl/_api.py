@@ -85,24 +85,22 @@ class _Handle:
             self._free()
             self._released = True
 
-    def _free_later(self) -> None:
-        """Frees the handle once its agent can (best effort, when collected)."""
-
     def __del__(self) -> None:
+        # A collection can run while this thread holds the agent's locks (inside any
+        # allocation), so nothing is released here: the handle is queued, without a lock,
+        # and the agent releases it at its next call (an in-flight request once done).
         if not getattr(self, "_released", True):
             try:
-                self.release()
+                self._agent.collected.append((self._kind, self._handle))
             except Exception:
-                try:
-                    self._free_later()
-                except Exception:
-                    pass
+                pass
 
 
 class nixl_prepped_dlist_handle(_Handle):
     """A prepared descriptor list (``prep_xfer_dlist``)."""
 
     __slots__ = ()
+    _kind = "dlist"
 
     def _free(self) -> None:
         self._agent.releasedDlistH(self._handle)
@@ -112,13 +110,11 @@ class nixl_xfer_handle(_Handle):
     """A transfer request (``initialize_xfer``, ``make_prepped_xfer``)."""
 
     __slots__ = ()
+    _kind = "xfer"
 
     def _free(self) -> None:
         self._agent.releaseXferReq(self._handle)
 
-    def _free_later(self) -> None:
-        # Its post is in flight: the agent drops it once done.
-        self._agent.releaseXferReqWhenDone(self._handle)
 
 
 class nixl_backend_handle(int):

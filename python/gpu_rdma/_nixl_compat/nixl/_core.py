@@ -18,10 +18,11 @@ What maps to what:
 
 from __future__ import annotations
 
+import collections
 import os
 import struct
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from gpu_rdma import MAX_NOTIFICATION, Agent, Error
 
@@ -115,6 +116,8 @@ class nixlAgent(XferMixin):
         self._dlists: Dict[int, _Prepped] = {}
         self._reqs: Dict[int, _Request] = {}
         self._doomed: Set[int] = set()  # released while in flight: dropped once done
+        # Handles collected by Python, queued by their finalizers (appends take no lock).
+        self.collected: Deque[Tuple[str, int]] = collections.deque()
         self._notifs: Dict[str, List[bytes]] = {}
         self._pumping = threading.Lock()  # one drain at a time: each sender's order kept
         # What each peer's metadata published: None for all its memory (a whole card),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from gpu_rdma import Agent, Batch, Error
 
@@ -141,6 +141,7 @@ class XferMixin:
     _dlists: Dict[int, _Prepped]
     _reqs: Dict[int, _Request]
     _doomed: Set[int]
+    collected: Deque[Tuple[str, int]]
 
     # What nixlAgent defines.
     def _usable(self, op: str) -> None:
@@ -178,6 +179,7 @@ class XferMixin:
         if not isinstance(descs, nixlXferDList):
             raise nixlInvalidParamError("prepXferDlist: a nixlXferDList")
         self._usable("prepXferDlist")
+        self._sweep()
         if agent == "":
             self._local_check("prepXferDlist", descs)
         else:
@@ -204,7 +206,21 @@ class XferMixin:
                 self._doomed.add(int(handle))
 
     def _sweep(self) -> None:
-        """Drops the requests released while in flight whose posts are done."""
+        """Releases the handles collected since the last call (queued by their finalizers,
+        which take no lock), then drops the requests released while in flight whose posts
+        are done."""
+        while True:
+            try:
+                kind, h = self.collected.popleft()
+            except IndexError:
+                break
+            try:
+                if kind == "xfer":
+                    self.releaseXferReqWhenDone(h)
+                else:
+                    self.releasedDlistH(h)
+            except Exception:  # noqa: BLE001 - already released, or never made
+                pass
         with self._lock:
             done = [h for h in self._doomed if (r := self._reqs.get(h)) is None or r.transfer is None or r.transfer.done]
             for h in done:
@@ -278,6 +294,7 @@ class XferMixin:
         return r
 
     def postXferReq(self, handle: int, notif: Union[str, bytes] = b"") -> nixl_status_t:
+        self._sweep()
         r = self._req("postXferReq", handle)
         msg = as_message(notif)
         if r.peer == self.name:
