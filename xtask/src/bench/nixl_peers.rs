@@ -5,6 +5,7 @@
 //! MiB/s and the median time from `transfer` to `"DONE"`; the table gives ours/NIXL of the
 //! rounds' medians. Written to `target/bench/nixl-peers.json`.
 
+use super::results::Spread;
 use crate::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::info;
@@ -121,19 +122,9 @@ fn samples(console: &str) -> Result<BTreeMap<(String, u64, u64), Samples>> {
     Ok(out)
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
-
 /// The median of `pick` over an engine's rounds.
 fn med(s: &Samples, engine: &str, pick: fn(&(f64, f64)) -> f64) -> Option<f64> {
-    median(s.get(engine)?.values().map(pick).collect())
+    Spread::of(&s.get(engine)?.values().map(pick).collect::<Vec<_>>()).map(|x| x.median)
 }
 
 /// The command.
