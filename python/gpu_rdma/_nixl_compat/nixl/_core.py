@@ -286,6 +286,12 @@ class nixlAgent(XferMixin):
             name = self._agent.add_peer_card(bytes(blob))
         except Error as e:
             raise nixlMismatchError(f"loadRemoteMD: {e}", e) from e
+        self._loaded(name, ranges)
+        return name
+
+    def _loaded(self, name: str, ranges: Optional[Set[Tuple[int, int, int]]]) -> None:
+        """Agent `name`'s metadata is here: all of its memory (`ranges` None) or, added to
+        what it published before, those ranges."""
         with self._lock:
             self._remotes.add(name)
             self._tables.pop(name, None)
@@ -294,7 +300,6 @@ class nixlAgent(XferMixin):
                 self._published[name] = None
             else:
                 self._published[name] = (had or set()) | ranges
-        return name
 
     def loadRemoteMD(self, metadata: bytes) -> bytes:
         return self._load(bytes(metadata)).encode()
@@ -444,9 +449,7 @@ class nixlAgent(XferMixin):
         found = self._at("fetchRemoteMD", ip, port)
         if found != name:
             raise nixlMismatchError(f"fetchRemoteMD: the agent at {ip}:{port} is {found!r}, not {name!r}")
-        with self._lock:
-            self._remotes.add(name)
-            self._tables.pop(name, None)
+        self._loaded(name, None)  # a fetch gets all of the agent's metadata
         return nixl_status_t.NIXL_SUCCESS
 
     def sendLocalMD(self, ip: str = "", port: int = 0) -> nixl_status_t:
