@@ -191,6 +191,17 @@ pub enum Error {
     /// A wait ended before the transfer finished.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),
+    /// [`Agent::wait_for_peer`](crate::Agent::wait_for_peer) ended before the metadata
+    /// service knew the agent (or before it answered).
+    #[error("agent {agent:?} did not appear within {waited:?}; the last look-up: {last}")]
+    PeerNotUp {
+        /// The agent waited for.
+        agent: String,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+        /// The last look-up's error.
+        last: Box<Error>,
+    },
     /// An entry of a transfer failed ([`Transfer::wait`](crate::Transfer::wait)).
     #[error("entry {entry} failed: {error}")]
     EntryFailed {
@@ -356,7 +367,7 @@ impl Error {
             E::IncarnationChanged { .. } => ErrorKind::Restarted,
             E::PeerDown { .. } => ErrorKind::PeerDown,
             E::RemoteAccess { .. } => ErrorKind::RemoteAccess,
-            E::Timeout(_) => ErrorKind::TimedOut,
+            E::Timeout(_) | E::PeerNotUp { .. } => ErrorKind::TimedOut,
             E::EntryFailed { error, .. } => error.kind(),
             E::ShuttingDown => ErrorKind::ShuttingDown,
             E::AgentExists { .. } => ErrorKind::NameTaken,

@@ -12,6 +12,7 @@
 
 use crate::batch::Op;
 use crate::error::Error;
+use crate::metrics::{RailCells, Recorder};
 use crate::peer::PeerConn;
 use crate::plan::Chunk;
 use crate::progress::Progress;
@@ -21,6 +22,8 @@ use rdma_dmabuf::{
 };
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// What a worker splits into one owned shard per chunk and joins again: a segment's region,
 /// or the checkout of a CUDA segment's registration (whose shards only its [`Lent`] joins,
@@ -175,6 +178,24 @@ pub(crate) struct Pass<'a, 'c> {
     pub progress: &'a Progress,
     /// Chunks in flight per queue pair at most.
     pub window: usize,
+    /// The agent's counters.
+    pub metrics: &'a Recorder,
+}
+
+/// The pass's counters: each rail's cells (by the pass's rail index; empty when counting
+/// is off), looked up once per pass.
+struct Meter<'a> {
+    rec: &'a Recorder,
+    cells: Vec<Arc<RailCells>>,
+    /// Queue pairs per rail: a window slot's rail is `slot / per_rail`.
+    per_rail: usize,
+}
+
+impl Meter<'_> {
+    /// The cells of the rail of window slot `slot`, when counting.
+    fn cells(&self, slot: usize) -> Option<&RailCells> {
+        self.cells.get(slot / self.per_rail).map(|c| &**c)
+    }
 }
 
 /// A chunk's rail, with its peer: (peer, local device, remote device).
@@ -182,8 +203,8 @@ fn rail(ch: &Chunk) -> (u16, u16, u16) {
     (ch.peer, ch.local_device, ch.remote_device)
 }
 
-/// Requests in flight: (pick, window index, request).
-type InFlight<'c, B> = VecDeque<(usize, usize, PartsPending<'c, Shard<B>, 1>)>;
+/// Requests in flight: (pick, window index, when posted if timed, request).
+type InFlight<'c, B> = VecDeque<(usize, usize, Option<Instant>, PartsPending<'c, Shard<B>, 1>)>;
 
 /// Runs the pass's chunks from the regions in `slots` (by local device) on every device at
 /// once: each device's region is split into one shard per chunk planned on it, the chunks
@@ -214,7 +235,21 @@ pub(crate) fn run<'c, L: Lendable>(
     rails.sort_unstable();
     rails.dedup();
     let rail_of = |ch: &Chunk| rails.binary_search(&rail(ch)).expect("listed");
+    let meter = Meter {
+        rec: pass.metrics,
+        cells: if pass.metrics.on {
+            let agent = |p: u16| lanes[usize::from(p)].agent.as_str();
+            rails
+                .iter()
+                .map(|&(p, l, r)| pass.metrics.rail(agent(p), l, r))
+                .collect()
+        } else {
+            Vec::new()
+        },
+        per_rail: per_peer,
+    };
     let mut turn = vec![0usize; rails.len()];
+    let mut sent = vec![0u32; rails.len()];
     let mut outstanding = vec![0usize; rails.len() * per_peer];
     let mut in_flight: InFlight<'c, L::B> = VecDeque::with_capacity(picks.len().min(4096));
     for (k, &c) in picks.iter().enumerate() {
@@ -249,7 +284,7 @@ pub(crate) fn run<'c, L: Lendable>(
                 &mut outstanding,
                 &mut shards,
                 lanes,
-                pass,
+                (pass, &meter),
                 retry,
             );
         }
@@ -274,8 +309,9 @@ pub(crate) fn run<'c, L: Lendable>(
         };
         match posted {
             Ok(p) => {
+                sent[r] += 1;
                 outstanding[slot] += 1;
-                in_flight.push_back((k, slot, p));
+                in_flight.push_back((k, slot, meter.rec.posted(), p));
             }
             Err(PartsError { error, parts: [s] }) => {
                 shards[k] = Some(s);
@@ -284,13 +320,17 @@ pub(crate) fn run<'c, L: Lendable>(
             }
         }
     }
+    for (&(p, l, r), &n) in rails.iter().zip(&sent).filter(|(_, &n)| n > 0) {
+        let peer = &lanes[usize::from(p)].agent;
+        tracing::debug!(%peer, local_device = l, remote_device = r, chunks = n, "posted");
+    }
     while !in_flight.is_empty() {
         complete_front(
             &mut in_flight,
             &mut outstanding,
             &mut shards,
             lanes,
-            pass,
+            (pass, &meter),
             retry,
         );
     }
@@ -379,10 +419,10 @@ fn complete_front<'c, B: Backing>(
     outstanding: &mut [usize],
     shards: &mut [Option<Shard<B>>],
     lanes: &mut [Lane],
-    pass: &Pass<'_, 'c>,
+    (pass, meter): (&Pass<'_, 'c>, &Meter<'_>),
     retry: &mut Vec<usize>,
 ) {
-    let Some((k, slot, pending)) = in_flight.pop_front() else {
+    let Some((k, slot, posted, pending)) = in_flight.pop_front() else {
         return;
     };
     outstanding[slot] -= 1;
@@ -392,10 +432,22 @@ fn complete_front<'c, B: Backing>(
     match pending.spin() {
         Ok(PartsDone { parts: [s], .. }) => {
             shards[k] = Some(s);
+            meter.rec.completed(posted, None);
+            if let Some(c) = meter.cells(slot) {
+                c.done(ch.op, ch.len);
+            }
             pass.progress.chunk_done(ch.entry);
         }
         Err(PartsError { error, parts: [s] }) => {
             shards[k] = Some(s);
+            let status = match &error {
+                rdma_dmabuf::Error::Completion { status, .. } => *status,
+                _ => u32::MAX,
+            };
+            meter.rec.completed(posted, Some(status));
+            if let Some(c) = meter.cells(slot) {
+                c.failed();
+            }
             let lane = &mut lanes[usize::from(ch.peer)];
             match lane.failed(ch.local_device, ch.remote_device, &error) {
                 Some(e) => pass.progress.fail(ch.entry, &e),

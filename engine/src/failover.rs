@@ -3,6 +3,7 @@
 //! taken get their queue pairs.
 
 use crate::exec::Lane;
+use crate::metrics::Recorder;
 use crate::peer::PeerConn;
 use crate::plan::{self, Chunk, Plan, Stripe};
 use crate::progress::Progress;
@@ -13,14 +14,14 @@ use std::collections::HashMap;
 /// down is moved (rebased onto the new rail's regions), one whose peer is down or that has
 /// no rail left fails. `has_region` says which local devices the segment has a region on.
 /// One stripe per (peer, local segment, remote segment), made on first use: nothing per
-/// chunk but the chunk itself.
+/// chunk but the chunk itself. Each chunk moved is counted in `metrics` and traced.
 pub(crate) fn reroute(
     plan: &Plan,
     chunks: &[Chunk],
     picks: &[usize],
     lanes: &mut [Lane],
     has_region: impl Fn(u16) -> bool,
-    progress: &Progress,
+    (progress, metrics): (&Progress, &Recorder),
 ) -> Vec<Chunk> {
     let mut stripes: HashMap<(u16, u16, u16), (Option<Stripe>, usize)> = HashMap::new();
     let mut out = Vec::with_capacity(picks.len());
@@ -49,6 +50,14 @@ pub(crate) fn reroute(
         {
             Some(moved) => {
                 *turn += 1;
+                tracing::debug!(
+                    peer = %lane.agent,
+                    entry = ch.entry,
+                    from = ?(ch.local_device, ch.remote_device),
+                    to = ?(moved.local_device, moved.remote_device),
+                    "chunk failed over",
+                );
+                metrics.failed_over(1);
                 out.push(moved);
             }
             None => progress.fail(ch.entry, &lane.every_rail_failed()),

@@ -32,6 +32,14 @@
 //!   batch's notification reaches the remote agents ([`Agent::wait_notification`]) once
 //!   every entry has landed.
 //!
+//! # Operating it
+//! [`Agent::metrics`] counts what moved over each rail, what failed and why, failovers,
+//! latencies, queue pairs, registration caches and metadata look-ups, cheaply enough to
+//! stay on ([`Settings::metrics`]); [`Settings::metrics_address`] serves them to
+//! Prometheus. The engine emits [`tracing`](https://docs.rs/tracing) spans and events (a
+//! batch's life, peers and rails marked down and back, registrations, metadata) for any
+//! subscriber. [`Agent::wait_for_peer`] waits, bounded, until a peer is known.
+//!
 //! # Security
 //! Every control connection is authenticated both ways before anything is served
 //! ([`Settings::auth`]: a [`ClusterKey`], mutual TLS under the cluster's CA ([`TlsFiles`]),
@@ -81,6 +89,7 @@ mod batch;
 mod card;
 mod channel;
 mod codec;
+mod conns;
 mod descriptor;
 mod devices;
 mod error;
@@ -88,10 +97,12 @@ mod error;
 mod etcd;
 mod exec;
 mod failover;
+mod gone;
 mod http_meta;
 mod inbox;
 mod limits;
 mod metadata;
+mod metrics;
 mod names;
 mod notifier;
 mod peer;
@@ -119,6 +130,7 @@ pub use gpu_rdma_topology::{Near, NicOverride, OverrideError, Proximity, Ranked}
 pub use http_meta::{HttpMetadata, MetadataServer, HTTP_PREFIX};
 pub use limits::{ControlStats, Limits};
 pub use metadata::{EmbeddedMetadata, MetadataService, PeerRecord};
+pub use metrics::{Histogram, MetadataMetrics, Metrics, RailMetrics};
 pub use progress::{EntryStatus, Timing, Transfer};
 pub use segment::Memory;
 pub use settings::Settings;

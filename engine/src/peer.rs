@@ -5,10 +5,12 @@
 use crate::channel::Channel;
 use crate::error::{Error, Result};
 use crate::metadata::Dialer;
+use crate::metrics::Recorder;
 use crate::shared::Shared;
 use crate::wire::{Reply, Request};
 use rdma_dmabuf::QueuePair;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 pub(crate) struct PeerConn {
     pub incarnation: u64,
@@ -16,6 +18,13 @@ pub(crate) struct PeerConn {
     channel: Channel,
     dialer: Dialer,
     qps: Vec<((u16, u16), Vec<QueuePair>)>,
+    /// Counts the queue pairs it holds.
+    metrics: Arc<Recorder>,
+}
+
+/// A count of queue pairs as the gauge's delta.
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl PeerConn {
@@ -30,6 +39,7 @@ impl PeerConn {
             channel,
             dialer,
             qps: Vec::new(),
+            metrics: shared.metrics.clone(),
         };
         c.incarnation = c.check()?;
         Ok(c)
@@ -77,6 +87,13 @@ impl PeerConn {
                 }
             }
         }
+        self.metrics.queue_pairs(count(made.len()));
+        tracing::debug!(
+            local_device = local,
+            remote_device = remote,
+            queue_pairs = made.len(),
+            "queue pairs made"
+        );
         self.qps.push(((local, remote), made));
         Ok(())
     }
@@ -119,6 +136,7 @@ impl PeerConn {
             return;
         };
         let (_, qps) = self.qps.swap_remove(i);
+        self.metrics.queue_pairs(-count(qps.len()));
         let qpns = qps.iter().map(|q| q.remote_endpoint().qpn).collect();
         drop(qps);
         self.release(qpns);
@@ -143,5 +161,13 @@ impl PeerConn {
             message: message.to_vec(),
         };
         self.call(&req)?.noted()
+    }
+}
+
+impl Drop for PeerConn {
+    /// Its queue pairs go with it (the peer's with the control connection).
+    fn drop(&mut self) {
+        let held: usize = self.qps.iter().map(|(_, q)| q.len()).sum();
+        self.metrics.queue_pairs(-count(held));
     }
 }

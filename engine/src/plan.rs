@@ -74,6 +74,8 @@ pub(crate) struct Plan {
     pub local_places: Vec<Vec<Place>>,
     /// Each (peer, remote segment)'s registrations (by [`Chunk::remote_segment`]).
     pub remote_places: Vec<Vec<Place>>,
+    /// Each remote segment's name (by [`Chunk::remote_segment`]).
+    pub remote_names: Vec<String>,
     pub peers: Vec<PeerTarget>,
     pub chunks: Vec<Chunk>,
     /// How many rounds the chunks need (1 unless writes overlap locally).
@@ -146,6 +148,7 @@ pub(crate) fn plan<'l, 'r>(
     let mut local_places: Vec<Vec<Place>> = Vec::new();
     let mut remotes: HashMap<(&str, &str), u16> = HashMap::new();
     let mut remote_places: Vec<Vec<Place>> = Vec::new();
+    let mut remote_names: Vec<String> = Vec::new();
     let mut peers: HashMap<&str, u16> = HashMap::new();
     let mut peer_list = Vec::new();
     let mut stripes: HashMap<(u16, u16), Stripe> = HashMap::new();
@@ -208,6 +211,7 @@ pub(crate) fn plan<'l, 'r>(
                 check_regions(i, Side::Remote, r)?;
                 remotes.insert((&e.remote_agent, &e.remote_segment), next);
                 remote_places.push(r.regions.iter().map(Place::from).collect());
+                remote_names.push(r.name.clone());
                 next
             }
         };
@@ -281,6 +285,7 @@ pub(crate) fn plan<'l, 'r>(
         weights: weights.to_vec(),
         local_places,
         remote_places,
+        remote_names,
         peers: peer_list,
         chunks,
         rounds,

@@ -109,6 +109,33 @@ impl Progress {
         }
     }
 
+    /// Replaces the error of each failed entry that `pick` chooses (by entry index and
+    /// error) with what it returns: a cause found after the failure (a remote segment that
+    /// is gone rather than a refused key). Before [`Progress::finish`] only.
+    pub fn correct(&self, mut pick: impl FnMut(u32, &Error) -> Option<Error>) {
+        let mut s = lock(&self.state);
+        for (entry, st) in s.status.iter_mut().enumerate() {
+            if let EntryStatus::Failed(e) = st {
+                if let Some(better) = pick(u32::try_from(entry).unwrap_or(u32::MAX), e) {
+                    *e = better;
+                }
+            }
+        }
+    }
+
+    /// How many entries are done, and how many are not (failed, or pending: those fail
+    /// at [`Progress::finish`]).
+    pub fn counts(&self) -> (u64, u64) {
+        let s = lock(&self.state);
+        let done = s.status.iter().filter(|e| **e == EntryStatus::Done).count();
+        (done as u64, (s.status.len() - done) as u64)
+    }
+
+    /// Time since [`Agent::transfer`](crate::Agent::transfer) was called.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     /// Whether every entry is done.
     pub fn all_done(&self) -> bool {
         lock(&self.state)

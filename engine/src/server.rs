@@ -13,6 +13,7 @@
 use crate::auth::MAX_HANDSHAKE_FRAME;
 use crate::batch::{Notification, MAX_NOTIFICATION};
 use crate::channel::{Channel, TooLarge, Waits};
+use crate::conns::{gauges, Conn, Conns};
 use crate::error::{Error, Limit, Result};
 use crate::limits::{Counters, Limits};
 use crate::metadata::lock;
@@ -20,51 +21,16 @@ use crate::shared::Shared;
 use crate::wire::{Reply, Request};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use rdma_dmabuf::{Endpoint, QueuePair};
-use std::collections::BTreeMap;
 use std::io::{ErrorKind as Io, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A connection's thread's stack: it decodes small requests and makes queue pairs.
 const STACK: usize = 256 << 10;
-
-/// One open connection, as the listener's table knows it.
-struct Conn {
-    /// A clone of its socket, to end it from another thread.
-    stream: TcpStream,
-    /// Its peer, once authenticated (`None`: in its handshake).
-    peer: Option<String>,
-    /// The queue pairs made over it.
-    qps: u32,
-    /// Shut down to make room for newer handshakes; its thread has not ended yet.
-    ended: bool,
-}
-
-/// Every open connection, by the order they were accepted (the oldest first).
-#[derive(Default)]
-struct Table {
-    next: u64,
-    conns: BTreeMap<u64, Conn>,
-    /// Connections accepted that have not sent their hello yet (held by the accepting
-    /// thread, not here).
-    pending: usize,
-}
-
-impl Table {
-    fn peer_qps(&self, peer: &str) -> u32 {
-        self.conns
-            .values()
-            .filter(|c| c.peer.as_deref() == Some(peer))
-            .map(|c| c.qps)
-            .sum()
-    }
-}
-
-type Conns = Arc<Mutex<Table>>;
 
 /// The running listener; dropping it stops it and ends every connection.
 pub(crate) struct Server {
@@ -100,9 +66,13 @@ impl Server {
 
     /// The connections open now and the queue pairs held for them.
     pub fn gauges(&self) -> (u64, u64) {
-        let t = lock(&self.conns);
-        let qps = t.conns.values().map(|c| u64::from(c.qps)).sum();
-        ((t.conns.len() + t.pending) as u64, qps)
+        gauges(&self.conns)
+    }
+
+    /// [`Server::gauges`] for a thread that may outlive this borrow (the metrics endpoint).
+    pub fn gauges_reader(&self) -> impl Fn() -> (u64, u64) + Send + 'static {
+        let conns = self.conns.clone();
+        move || gauges(&conns)
     }
 }
 

@@ -41,6 +41,7 @@ fn listener(creds: Credentials, auth: Auth, limits: Limits) -> (Server, Arc<Shar
         peers: Default::default(),
         inbox: Inbox::new(1, 1),
         counters: Counters::default(),
+        metrics: Arc::new(crate::metrics::Recorder::new(true)),
     });
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     (Server::start(shared.clone(), l).unwrap(), shared)

@@ -6,6 +6,7 @@ use crate::devices::Device;
 use crate::inbox::Inbox;
 use crate::limits::Counters;
 use crate::metadata::{lock, Dialer, MetadataService, PeerRecord};
+use crate::metrics::Recorder;
 use crate::segment::Segments;
 use crate::settings::Settings;
 use rdma_dmabuf::QueuePairBuilder;
@@ -30,6 +31,8 @@ pub(crate) struct Shared {
     pub inbox: Inbox,
     /// What the control listener accepted and refused.
     pub counters: Counters,
+    /// The engine's own counters ([`crate::Agent::metrics`]).
+    pub metrics: Arc<Recorder>,
 }
 
 impl Shared {

@@ -11,7 +11,7 @@ use crate::plan::{Chunk, PeerTarget, Plan};
 use crate::progress::Progress;
 use crate::segment::Region;
 use crate::shared::Shared;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// An accepted batch: checked, its local segments counted as used.
 pub(crate) struct Job {
+    /// The agent's number for the batch (in traces).
+    pub id: u64,
     pub plan: Plan,
     /// The control address of each of the plan's peers.
     pub controls: Vec<SocketAddr>,
@@ -35,25 +37,37 @@ type RailsDown = HashMap<(String, u16, u16), (Instant, Duration)>;
 /// The longest a failed rail is left out, in [`Settings::rail_probe_after`](crate::Settings::rail_probe_after)s.
 const MAX_BACKOFF: u32 = 32;
 
+/// What a worker keeps from batch to batch besides its connections: the rails left out,
+/// and the peers it marked down (to say when they are back).
+#[derive(Default)]
+struct Memory {
+    rails_down: RailsDown,
+    peers_down: HashSet<String>,
+}
+
 /// Runs jobs until the agent drops the sender (the queued ones first).
 pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
     let mut conns: HashMap<String, PeerConn> = HashMap::new();
-    let mut rails_down = RailsDown::new();
+    let mut memory = Memory::default();
     loop {
         // The lock is held only while waiting for the next job, never while running one
         // (a guard in a `while let` condition would live through the loop's body).
         let next = crate::metadata::lock(jobs).recv();
-        let Ok(job) = next else { return };
-        execute(shared, &mut conns, &mut rails_down, &job);
+        let Ok(job) = next else { break };
+        let span = tracing::info_span!("batch", agent = %shared.name, id = job.id);
+        let _in = span.enter();
+        execute(shared, &mut conns, &mut memory, &job);
     }
+    // The rails this worker left out are its own: they go with it.
+    let left_out = i64::try_from(memory.rails_down.len()).unwrap_or(i64::MAX);
+    shared.metrics.rails_changed(0, -left_out);
 }
 
-fn execute(
-    shared: &Shared,
-    conns: &mut HashMap<String, PeerConn>,
-    rails_down: &mut RailsDown,
-    job: &Job,
-) {
+fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, memory: &mut Memory, job: &Job) {
+    let Memory {
+        rails_down,
+        peers_down,
+    } = memory;
     let plan = &job.plan;
     let probe_after = shared.settings.rail_probe_after;
     let mut lanes: Vec<Lane> = plan.peers.iter().map(|t| Lane::new(&t.agent)).collect();
@@ -64,6 +78,9 @@ fn execute(
             }
         }
         prepare(shared, conns, plan, p, job.controls[p], lane);
+        if lane.down.is_none() && peers_down.remove(&lane.agent) {
+            tracing::info!(peer = %lane.agent, "peer up again");
+        }
     }
     debug_assert!(plan.chunks.iter().all(|c| c.round < plan.rounds));
     let mut order: Vec<usize> = (0..plan.chunks.len()).collect();
@@ -101,12 +118,17 @@ fn execute(
             .segments
             .put_back(name, Some(region).filter(|_| whole));
     }
+    let left_out = rails_down.len();
+    let mut newly = 0;
     for lane in &lanes {
-        if lane.down.is_some() {
+        if let Some(e) = &lane.down {
             // The queue pairs are in the error state (or were never made): a later batch
             // fetches the descriptor again and reconnects.
             conns.remove(&lane.agent);
             shared.forget_peer(&lane.agent);
+            shared.metrics.peer_down();
+            tracing::warn!(peer = %lane.agent, error = %e, "peer marked down");
+            peers_down.insert(lane.agent.clone());
             continue;
         }
         for &(l, r) in &lane.rails_down {
@@ -118,6 +140,14 @@ fn execute(
                 .entry((lane.agent.clone(), l, r))
                 .or_insert((Instant::now(), Duration::ZERO));
             if at.elapsed() >= *wait {
+                newly += 1;
+                tracing::warn!(
+                    peer = %lane.agent,
+                    local_device = l,
+                    remote_device = r,
+                    cause = lane.rail_error.as_deref().unwrap_or(""),
+                    "rail marked down",
+                );
                 // Failed anew (or on its probe): left out again, for twice as long.
                 let longest = probe_after.saturating_mul(MAX_BACKOFF);
                 *wait = wait.saturating_mul(2).clamp(probe_after, longest);
@@ -129,8 +159,16 @@ fn execute(
     // (or unused: the next batch that uses it probes it).
     rails_down.retain(|(agent, l, r), (at, wait)| {
         let lane = lanes.iter().find(|lane| lane.agent == *agent);
-        at.elapsed() < *wait || lane.is_none_or(|lane| lane.rail_is_down(*l, *r))
+        let keep = at.elapsed() < *wait || lane.is_none_or(|lane| lane.rail_is_down(*l, *r));
+        if !keep {
+            tracing::info!(peer = %agent, local_device = l, remote_device = r, "rail up again");
+        }
+        keep
     });
+    let delta = i64::try_from(rails_down.len()).unwrap_or(i64::MAX)
+        - i64::try_from(left_out).unwrap_or(i64::MAX);
+    shared.metrics.rails_changed(newly, delta);
+    crate::gone::correct(shared, plan, &lanes, &job.progress);
     for name in &plan.segments {
         shared.segments.release(name);
     }
@@ -150,6 +188,17 @@ fn execute(
             }
         }
     }
+    // Counted and traced before the batch is seen finished: a program that reads the
+    // metrics after its wait finds the batch in them. Entries not done now fail in `finish`.
+    let (done, failed) = job.progress.counts();
+    let took = job.progress.elapsed();
+    shared.metrics.batch_ended(took, done, failed);
+    tracing::info!(
+        entries_done = done,
+        entries_failed = failed,
+        micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        "batch done",
+    );
     job.progress.finish(note_error);
 }
 
@@ -172,7 +221,14 @@ fn run_group(
     let (mut chunks, mut picks) = (&plan.chunks[..], picks);
     if lanes.iter().any(|l| !l.rails_down.is_empty()) {
         let has = |d: u16| region.has_device(usize::from(d));
-        moved = failover::reroute(plan, chunks, picks, lanes, has, &job.progress);
+        moved = failover::reroute(
+            plan,
+            chunks,
+            picks,
+            lanes,
+            has,
+            (&job.progress, &shared.metrics),
+        );
         failover::connect(shared, conns, &moved, lanes);
         seq.extend(0..moved.len());
         (chunks, picks) = (&moved, &seq);
@@ -188,15 +244,23 @@ fn run_group(
             conns: &refs,
             progress: &job.progress,
             window: shared.settings.in_flight as usize,
+            metrics: &shared.metrics,
         };
         run_pass(region, &pass, lanes, &mut retry);
         if retry.is_empty() {
             return;
         }
         let has = |d: u16| region.has_device(usize::from(d));
-        moved = failover::reroute(plan, chunks, &retry, lanes, has, &job.progress);
-        retry.clear();
+        moved = failover::reroute(
+            plan,
+            chunks,
+            &retry,
+            lanes,
+            has,
+            (&job.progress, &shared.metrics),
+        );
         failover::connect(shared, conns, &moved, lanes);
+        retry.clear();
         seq.clear();
         seq.extend(0..moved.len());
         (chunks, picks) = (&moved, &seq);

@@ -339,6 +339,22 @@ mod two_node_rails {
         );
         ended.expect("the batch completes over the other rails");
         assert!(t.status().iter().all(|s| *s == EntryStatus::Done));
+        // The engine's own counters tell the same story: every byte counted once, on the
+        // rail it landed over; rail 1's requests in error, its chunks failed over, the
+        // rail marked down and left out.
+        let m = b.metrics();
+        let moved: u64 = m.rails.iter().map(|r| r.write_bytes).sum();
+        assert_eq!(moved, 4 * BLOCK + CUT_BYTES, "{m:#?}");
+        let errors = |d: &String| -> u64 {
+            let on = m.rails.iter().filter(|r| r.local_device == *d);
+            on.map(|r| r.errors).sum()
+        };
+        assert!(errors(&tb.devices[1]) > 0, "{m:#?}");
+        assert_eq!(errors(&tb.devices[0]), 0);
+        assert!(m.failovers > 0 && m.rails_marked_down >= 1, "{m:#?}");
+        assert_eq!((m.rails_down, m.peers_marked_down), (1, 0), "{m:#?}");
+        assert!(!m.completion_errors.is_empty(), "{m:#?}");
+        assert_eq!((m.entries_failed, m.in_flight), (0, 0));
         // Within twice the first half's time (the other half, over three rails of four)
         // plus the bound.
         assert!(
@@ -366,6 +382,7 @@ mod two_node_rails {
         retry_until_ok(|| b.transfer(&back).and_then(|t| t.wait(WAIT)));
         let moved = sent_since(&tb, &before);
         eprintln!("RESULT back: bytes_per_rail={moved:?}");
+        assert_eq!(b.metrics().rails_down, 0, "the rail is counted up again");
         assert!(
             moved[1] >= CUT_BYTES / 8,
             "the cut rail carried {} bytes after it came back: {moved:?}",

@@ -1,6 +1,9 @@
 //! [`Agent`]: one per process; owns the RDMA devices it uses, its segments, its
 //! connections to peers, and the control listener.
 
+mod observe;
+mod peers;
+
 use crate::address::resolve;
 use crate::auth::{Auth, Credentials, INSECURE_ENV};
 use crate::batch::{Batch, Notification};
@@ -8,8 +11,9 @@ use crate::descriptor::{AgentDescriptor, SegmentDescriptor};
 use crate::devices;
 use crate::error::{Error, Result, Side};
 use crate::inbox::Inbox;
-use crate::limits::{ControlStats, Counters};
-use crate::metadata::{lock, Dialer, EmbeddedMetadata, MetadataService, PeerRecord};
+use crate::limits::Counters;
+use crate::metadata::{Dialer, EmbeddedMetadata, MetadataService};
+use crate::metrics::{prometheus, Recorder};
 use crate::notifier::Notifier;
 use crate::plan::plan;
 use crate::progress::{Progress, Transfer};
@@ -20,9 +24,9 @@ use crate::shared::Shared;
 use crate::worker::{self, Job};
 use gpu_rdma_topology::{Near, Ranked};
 use rdma_dmabuf::CacheStats;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -36,6 +40,10 @@ pub struct Agent {
     workers: Vec<JoinHandle<()>>,
     server: Option<Server>,
     pub(crate) notifier: Notifier,
+    /// The Prometheus endpoint, when asked for.
+    endpoint: Option<prometheus::Endpoint>,
+    /// The number the next batch gets (in traces).
+    batches: AtomicU64,
 }
 
 impl std::fmt::Debug for Agent {
@@ -142,12 +150,13 @@ impl Agent {
             weights: devices::weights(&devices),
             devices,
             segments: Segments::default(),
-            settings,
             metadata: metadata.unwrap_or_else(|| embedded.clone()),
             dialer,
             peers: Mutex::default(),
             inbox,
             counters: Counters::default(),
+            metrics: Arc::new(Recorder::new(settings.metrics)),
+            settings,
         });
         let server = Server::start(shared.clone(), listener)?;
         if shared.settings.auth == Auth::InsecureNoAuthentication {
@@ -159,6 +168,14 @@ impl Agent {
                 server.addr()
             );
         }
+        let endpoint = match shared.settings.metrics_address {
+            Some(addr) => {
+                let (s, gauges) = (shared.clone(), server.gauges_reader());
+                let scrape = move || prometheus::render(&s.name, observe::snapshot(&s, gauges()));
+                Some(prometheus::Endpoint::start(name, addr, scrape)?)
+            }
+            None => None,
+        };
         let (jobs, rx) = channel();
         let rx = Arc::new(Mutex::new(rx));
         let mut agent = Agent {
@@ -168,6 +185,8 @@ impl Agent {
             workers: Vec::new(),
             server: Some(server),
             notifier: Notifier::default(),
+            endpoint,
+            batches: AtomicU64::new(0),
         };
         for k in 0..agent.shared.settings.workers {
             let (s, rx) = (agent.shared.clone(), rx.clone());
@@ -205,28 +224,6 @@ impl Agent {
     /// This agent's descriptor as peers get it.
     pub fn descriptor(&self) -> AgentDescriptor {
         self.shared.descriptor()
-    }
-
-    /// Names a peer and its control address (the embedded metadata service).
-    pub fn add_peer(&self, agent: &str, control: SocketAddr) {
-        self.embedded.add_peer(agent, control);
-        self.shared.forget_peer(agent);
-    }
-
-    /// Finds the peer listening at `control` by address alone (Mooncake's P2P handshake: a
-    /// session id `host:port` is a control address), names it to the embedded metadata
-    /// service as [`Agent::add_peer`] does, and returns its name (the one its connection
-    /// authenticated). Under another metadata service the name is only what batches use:
-    /// look-ups still go to that service.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when nothing answers at `control` within [`Settings::io_timeout`],
-    /// [`Error::Authentication`], [`Error::Protocol`], [`Error::IncompatibleVersion`].
-    pub fn add_peer_at(&self, control: SocketAddr) -> Result<String> {
-        let r = self.embedded.discover(control)?;
-        let name = r.descriptor.agent.clone();
-        lock(&self.shared.peers).insert(name.clone(), r);
-        Ok(name)
     }
 
     /// Registers `memory` (a [`DmaBuf`](rdma_dmabuf::DmaBuf), a
@@ -306,8 +303,16 @@ impl Agent {
             if let Ok(region) = self.shared.segments.remove(&self.shared.name, name) {
                 let _ = self.release(region);
             }
+            tracing::warn!(agent = %self.shared.name, segment = name, error = %e, "registration undone: not published");
             return Err(e);
         }
+        tracing::info!(
+            agent = %self.shared.name,
+            segment = name,
+            len = desc.len,
+            regions = desc.regions.len(),
+            "segment registered",
+        );
         Ok(desc)
     }
 
@@ -371,6 +376,7 @@ impl Agent {
     pub fn unregister(&self, name: &str) -> Result<Memory> {
         let region = self.shared.segments.remove(&self.shared.name, name)?;
         let memory = self.release(region);
+        tracing::info!(agent = %self.shared.name, segment = name, ok = memory.is_ok(), "segment unregistered");
         // Deregistered whatever the metadata service answers: see above.
         let _ = self.publish();
         memory
@@ -386,84 +392,20 @@ impl Agent {
     }
 
     fn publish(&self) -> Result<()> {
-        self.shared
-            .metadata
-            .publish(&self.shared.descriptor(), self.address())
-    }
-
-    /// Sends a notification to agent `agent` on its own, with no transfer: it is queued in
-    /// `agent`'s [`Agent::notifications`] under this agent's name (the name its connection
-    /// authenticated) when this returns. Notifications that one agent sends this way reach
-    /// the peer in the order sent; they are not ordered with batches' notifications (which
-    /// follow their own batch's entries).
-    ///
-    /// # Errors
-    /// [`Error::NotificationTooLong`]; [`Error::UnknownAgent`] and the metadata service's
-    /// errors; [`Error::Authentication`]; [`Error::LimitReached`] when the peer's queue for
-    /// this agent is full (its program has not taken them); [`Error::Io`].
-    pub fn notify(&self, agent: &str, message: &[u8]) -> Result<()> {
-        if message.len() > crate::MAX_NOTIFICATION {
-            return Err(Error::NotificationTooLong(message.len()));
-        }
-        let control = self.peer_record(agent, false)?.control;
-        let sent = self
-            .notifier
-            .send(&self.shared.dialer, agent, control, message);
-        if matches!(sent, Err(Error::Io { .. } | Error::Authentication { .. })) {
-            // Perhaps it moved or restarted: its record is fetched again next time.
-            self.shared.forget_peer(agent);
-            self.notifier.forget(agent);
-        }
-        sent
-    }
-
-    /// Agent `agent`'s current descriptor, fetched from the metadata service (its segments'
-    /// names, lengths and base addresses: what [`Batch::write_at`] resolves against).
-    ///
-    /// # Errors
-    /// [`Error::UnknownAgent`] and the metadata service's errors.
-    pub fn peer_descriptor(&self, agent: &str) -> Result<AgentDescriptor> {
-        self.peer_record(agent, true).map(|r| r.descriptor)
-    }
-
-    /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`, or a
-    /// backend that follows its peers itself: always).
-    fn peer_records(&self, batch: &Batch, refresh: bool) -> Result<HashMap<String, PeerRecord>> {
-        let mut out = HashMap::new();
-        for e in &batch.entries {
-            if out.contains_key(&e.remote_agent) {
-                continue;
-            }
-            match self.peer_record(&e.remote_agent, refresh) {
-                Ok(r) => {
-                    out.insert(e.remote_agent.clone(), r);
-                }
-                // Left to the checks, which name the entry.
-                Err(Error::UnknownAgent(_)) => {}
-                Err(err) => return Err(err),
+        let descriptor = self.shared.descriptor();
+        let r = self.shared.metadata.publish(&descriptor, self.address());
+        self.shared.metrics.published(r.is_err());
+        match &r {
+            Ok(()) => tracing::debug!(
+                agent = %self.shared.name,
+                segments = descriptor.segments.len(),
+                "descriptor published",
+            ),
+            Err(e) => {
+                tracing::warn!(agent = %self.shared.name, error = %e, "descriptor not published")
             }
         }
-        Ok(out)
-    }
-
-    /// `agent`'s record: cached, or fetched (`refresh`, or a backend that follows its peers
-    /// itself: always) and cached.
-    fn peer_record(&self, agent: &str, refresh: bool) -> Result<PeerRecord> {
-        let refresh = refresh || self.shared.metadata.follows_peers();
-        let cached = lock(&self.shared.peers).get(agent).cloned();
-        if let Some(r) = cached.filter(|_| !refresh) {
-            return Ok(r);
-        }
-        let r = self.shared.metadata.lookup(agent)?;
-        // A backend's answer is input: a record of another agent would be keyed wrongly.
-        if r.descriptor.agent != agent {
-            return Err(Error::Protocol(format!(
-                "the metadata service answered agent {:?} for {agent:?}",
-                r.descriptor.agent
-            )));
-        }
-        lock(&self.shared.peers).insert(agent.into(), r.clone());
-        Ok(r)
+        r
     }
 
     /// Checks every entry of `batch` against this agent's segments and the remote agents'
@@ -521,7 +463,18 @@ impl Agent {
             .map(|t| records[&t.agent].control)
             .collect();
         let progress = Progress::new(&plan.chunks_per_entry, started);
+        let id = self.batches.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            agent = %self.shared.name,
+            id,
+            entries = batch.entries.len(),
+            chunks = plan.chunks.len(),
+            peers = plan.peers.len(),
+            rounds = plan.rounds,
+            "batch checked and planned",
+        );
         let job = Job {
+            id,
             plan,
             controls,
             progress: progress.clone(),
@@ -555,14 +508,6 @@ impl Agent {
     pub fn wait_notification(&self, timeout: Duration) -> Option<Notification> {
         self.shared.inbox.wait(timeout)
     }
-
-    /// What the control listener accepted and refused since the agent started: connections,
-    /// failed authentications, refusals at each of [`Settings::limits`], and what it holds
-    /// now.
-    pub fn control_stats(&self) -> ControlStats {
-        let (open, qps) = self.server.as_ref().map_or((0, 0), Server::gauges);
-        self.shared.counters.snapshot(open, qps)
-    }
 }
 
 /// Whether a refusal may come from a stale descriptor of a peer (then it is fetched again).
@@ -580,6 +525,7 @@ impl Drop for Agent {
     /// Waits for every accepted transfer (the worker finishes the queued batches and
     /// returns the segments), stops the listener, then deregisters the segments.
     fn drop(&mut self) {
+        drop(self.endpoint.take());
         drop(self.jobs.take());
         for w in self.workers.drain(..) {
             let _ = w.join();
