@@ -19,7 +19,11 @@
 //!
 //! The command-line program `gpu-rdma-doctor` prints the same (`--json`: one JSON document)
 //! and exits 0 only when a dma-buf registration worked.
+//!
+//! [`agent::run`] (`gpu-rdma-doctor agent`) checks what a transfer-engine agent with given
+//! settings needs: its control port, etcd, its devices and the NIC of each GPU.
 
+pub mod agent;
 pub mod drm;
 /// PCI details read from sysfs (BARs, ACS): [`gpu_rdma_topology::pci`].
 pub use gpu_rdma_topology::pci;
@@ -30,6 +34,7 @@ mod render;
 pub mod system;
 pub mod topology;
 
+pub use agent::{AgentOptions, AgentReport};
 use serde::Serialize;
 use std::path::PathBuf;
 

@@ -254,7 +254,7 @@ fn huge_page_check(ctx: &Arc<Context>) -> Option<Check> {
     })
 }
 
-fn port_check(sysfs: &Path, ctx: &Arc<Context>, port: u8) -> Check {
+pub(crate) fn port_check(sysfs: &Path, ctx: &Arc<Context>, port: u8) -> Check {
     let name = format!("{} port {port}", ctx.name());
     let attr = match ctx.query_port(port) {
         Ok(a) => a,

@@ -1,17 +1,18 @@
 //! The report as text.
 
-use crate::{Report, Status};
+use crate::{Check, Report, Status};
 use std::fmt::Write as _;
 
 fn tag(s: Status) -> String {
     format!("[{}]", s.label())
 }
 
-/// Checks grouped by section, the matrix as a grid (one column per NIC), then the verdict.
-pub fn text(r: &Report) -> String {
-    let mut out = String::from("gpu-rdma-doctor: can this machine register GPU memory for RDMA?\n");
+/// `checks` grouped by section (a heading line before each), one line each (`[ok]`,
+/// `[warn]`, `[fail]`, name, what was found) and its fix below it.
+pub(crate) fn check_lines(checks: &[Check]) -> String {
+    let mut out = String::new();
     let mut section = "";
-    for c in &r.checks {
+    for c in checks {
         if c.section != section {
             section = c.section;
             let _ = writeln!(out, "\n{section}");
@@ -21,6 +22,13 @@ pub fn text(r: &Report) -> String {
             let _ = writeln!(out, "         fix: {fix}");
         }
     }
+    out
+}
+
+/// Checks grouped by section, the matrix as a grid (one column per NIC), then the verdict.
+pub fn text(r: &Report) -> String {
+    let mut out = String::from("gpu-rdma-doctor: can this machine register GPU memory for RDMA?\n");
+    out.push_str(&check_lines(&r.checks));
     if !r.matrix.is_empty() {
         let mut nics: Vec<&str> = r.matrix.iter().map(|m| m.nic.as_str()).collect();
         nics.dedup();

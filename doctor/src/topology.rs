@@ -189,19 +189,41 @@ pub fn nic_choices(sysfs: &Path, gpus: &[Endpoint], nics: &[Endpoint]) -> Vec<Ch
     let over = match NicOverride::from_environment() {
         Ok(o) => o,
         Err(e) => {
-            out.push(Check {
-                section: SECTION,
-                name: "NIC override".into(),
-                status: Status::Warn,
-                found: format!("{NICS_ENV} is not a NIC override: {e}"),
-                fix: Some(format!(
-                    "fix or unset {NICS_ENV} (the transfer engine refuses to start with it;                      syntax in docs/engine.md, \"Topology\")"
-                )),
-                problem: None,
-            });
+            out.push(override_refused(Status::Warn, &e));
             None
         }
     };
+    out.extend(ranked_choices(sysfs, gpus, nics, over.as_ref(), NICS_ENV));
+    out
+}
+
+/// The finding for a `GPU_RDMA_NICS` that does not parse: `status` (warn for the machine,
+/// fail for an agent's settings, which the engine refuses to start with).
+pub fn override_refused(status: Status, e: &gpu_rdma_topology::OverrideError) -> Check {
+    Check {
+        section: SECTION,
+        name: "NIC override".into(),
+        status,
+        found: format!("{NICS_ENV} is not a NIC override: {e}"),
+        fix: Some(format!(
+            "fix or unset {NICS_ENV} (the transfer engine refuses to start with it; syntax in \
+             docs/engine.md, \"Topology\")"
+        )),
+        problem: None,
+    }
+}
+
+/// As [`nic_choices`], with the override `over` given (`by` names where it came from:
+/// `GPU_RDMA_NICS`, `--nics`): one ok finding per GPU on PCI naming its tier-0 NICs among
+/// `nics` and why, then the further tiers.
+pub fn ranked_choices(
+    sysfs: &Path,
+    gpus: &[Endpoint],
+    nics: &[Endpoint],
+    over: Option<&NicOverride>,
+    by: &str,
+) -> Vec<Check> {
+    let mut out = Vec::new();
     if nics.is_empty() {
         return out;
     }
@@ -209,7 +231,7 @@ pub fn nic_choices(sysfs: &Path, gpus: &[Endpoint], nics: &[Endpoint]) -> Vec<Ch
         let Some(address) = g.address() else {
             continue;
         };
-        let ranking = rank(sysfs, &Near::Pci(address.into()), nics, over.as_ref());
+        let ranking = rank(sysfs, &Near::Pci(address.into()), nics, over);
         let chosen: Vec<String> = ranking
             .iter()
             .filter(|r| r.tier == 0)
@@ -234,7 +256,7 @@ pub fn nic_choices(sysfs: &Path, gpus: &[Endpoint], nics: &[Endpoint]) -> Vec<Ch
                 names.join(" and "),
                 g.label(),
                 if overridden {
-                    format!(" (set by {NICS_ENV})")
+                    format!(" (set by {by})")
                 } else {
                     String::new()
                 },

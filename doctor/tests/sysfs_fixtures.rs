@@ -133,6 +133,31 @@ fn different_root_ports_and_host_bridges_meet_only_at_the_cpu() {
 }
 
 #[test]
+fn an_agents_nics_are_ranked_among_its_own_devices_after_the_override_given() {
+    let root = fixture("two-root-ports");
+    let g = gpus(&root);
+    let all = nics(&root);
+    // The override of `gpu-rdma-doctor agent --nics` moves tier 0 and says so.
+    let over = "0000:01:00.0=mlx5_1".parse().unwrap();
+    let c = topology::ranked_choices(&root, &g, &all, Some(&over), "--nics");
+    assert!(
+        c[0].found
+            .starts_with("the transfer engine would use mlx5_1 for card0 (nvidia, 0000:01:00.0) memory (set by --nics)")
+            && c[0].found.contains("then mlx5_0 tier 1"),
+        "{c:#?}"
+    );
+    // An agent given mlx5_1 alone: tiers are dense, so mlx5_1 is its tier 0.
+    let only = [topology::endpoint(&root, "infiniband", "mlx5_1")];
+    let c = topology::ranked_choices(&root, &g, &only, None, "GPU_RDMA_NICS");
+    assert!(
+        c[0].found
+            .starts_with("the transfer engine would use mlx5_1 for card0")
+            && !c[0].found.contains("mlx5_0"),
+        "{c:#?}"
+    );
+}
+
+#[test]
 fn hardware_md_carries_the_doctors_table_of_common_errors() {
     let doc =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/hardware.md"))
