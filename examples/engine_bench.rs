@@ -25,6 +25,13 @@
 //!   xtask bench` counts N = 10 and 60 and divides the difference by 50 × 16, per chunk
 //!   (series `engine/plan`, a gate).
 //!
+//! * `metrics --size B --iters N [--rounds R]`: the cost of the engine's metrics
+//!   ([`Settings::metrics`]): two initiators in one process, one counting and one not,
+//!   write batches of N blocks of B bytes to the same peer, in alternating rounds (R of
+//!   each, default 3; on, off, off, on, ... so that a drift of the machine hits both
+//!   alike); one line `RESULT metrics_on_MiBps=X metrics_off_MiBps=Y cost_pct=Z`, the
+//!   medians, Z = 100 × (1 - X / Y).
+//!
 //! `cargo xtask bench` runs the two step forms beside perftest's `ib_write_bw` at the same
 //! sizes and bytes in the same boot (docs/performance.md).
 //!
@@ -83,6 +90,7 @@ enum Mode {
     Bw,
     Alloc,
     Cost,
+    Metrics,
 }
 
 struct Args {
@@ -100,7 +108,8 @@ fn usage() -> ! {
         "usage: engine_bench [--bytes N] [--rounds N] [--sizes 4K,64K,1M]\n       \
          engine_bench bw --peers 1|3 --size N --iters N\n       \
          engine_bench alloc --size N --iters N\n       \
-         engine_bench cost --size N --iters N"
+         engine_bench cost --size N --iters N\n       \
+         engine_bench metrics --size N --iters N [--rounds N]"
     );
     std::process::exit(2)
 }
@@ -132,6 +141,7 @@ fn args() -> Args {
         Some("bw") => a.mode = Mode::Bw,
         Some("alloc") => a.mode = Mode::Alloc,
         Some("cost") => a.mode = Mode::Cost,
+        Some("metrics") => a.mode = Mode::Metrics,
         _ => {}
     }
     if !matches!(a.mode, Mode::Sweep) {
@@ -340,6 +350,51 @@ fn alloc(a: &Args) -> Res<()> {
     Ok(())
 }
 
+/// The metrics' cost: alternating rounds of an initiator that counts and one that does not.
+fn metrics(a: &Args) -> Res<()> {
+    let span = a.iters * a.size;
+    let (on, peers) = agents(&settings()?, 1, span, span)?;
+    let quiet = Settings {
+        metrics: false,
+        ..settings()?
+    };
+    let off = Agent::new("init-off", quiet)?;
+    off.register("src", HostBuffer::new(span as usize)?)?;
+    off.add_peer(peers[0].name(), peers[0].address());
+    let big = batch(1, a.size, span);
+    // Connections and descriptors made before anything is timed.
+    for init in [&on, &off] {
+        init.transfer(&big)?.wait(WAIT)?;
+    }
+    let mib = |t: Duration| span as f64 / t.as_secs_f64() / f64::from(1 << 20);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for r in 0..a.rounds {
+        let order = if r % 2 == 0 { [true, false] } else { [false, true] };
+        for counting in order {
+            if counting {
+                with.push(mib(timed(&on, &big)?));
+            } else {
+                without.push(mib(timed(&off, &big)?));
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (x, y) = (median(&mut with), median(&mut without));
+    let counted = on.metrics().rails.iter().map(|r| r.write_requests).sum::<u64>();
+    assert!(counted > 0 && off.metrics().rails.is_empty(), "one counts, one does not");
+    println!(
+        "RESULT metrics_on_MiBps={x:.3} metrics_off_MiBps={y:.3} cost_pct={:.2} rounds={} size={} iters={}",
+        100.0 * (1.0 - x / y),
+        a.rounds,
+        a.size,
+        a.iters
+    );
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let a = args();
     match a.mode {
@@ -347,5 +402,6 @@ fn main() -> Res<()> {
         Mode::Bw => bw(&a),
         Mode::Alloc => alloc(&a),
         Mode::Cost => cost(&a),
+        Mode::Metrics => metrics(&a),
     }
 }
