@@ -369,7 +369,11 @@ fn metrics(a: &Args) -> Res<()> {
     let mib = |t: Duration| span as f64 / t.as_secs_f64() / f64::from(1 << 20);
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for r in 0..a.rounds {
-        let order = if r % 2 == 0 { [true, false] } else { [false, true] };
+        let order = if r % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
         for counting in order {
             if counting {
                 with.push(mib(timed(&on, &big)?));
@@ -383,8 +387,16 @@ fn metrics(a: &Args) -> Res<()> {
         v[v.len() / 2]
     };
     let (x, y) = (median(&mut with), median(&mut without));
-    let counted = on.metrics().rails.iter().map(|r| r.write_requests).sum::<u64>();
-    assert!(counted > 0 && off.metrics().rails.is_empty(), "one counts, one does not");
+    let counted = on
+        .metrics()
+        .rails
+        .iter()
+        .map(|r| r.write_requests)
+        .sum::<u64>();
+    assert!(
+        counted > 0 && off.metrics().rails.is_empty(),
+        "one counts, one does not"
+    );
     println!(
         "RESULT metrics_on_MiBps={x:.3} metrics_off_MiBps={y:.3} cost_pct={:.2} rounds={} size={} iters={}",
         100.0 * (1.0 - x / y),

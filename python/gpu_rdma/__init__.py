@@ -4,8 +4,9 @@ An :class:`Agent` per process registers memory as named segments (dma-bufs from 
 exporters, :class:`HostMemory` and numpy arrays over it, CUDA ranges) and moves
 :class:`Batch` es of reads and writes between its segments and its peers'. Waits are
 bounded and release the GIL; ``await transfer.finished(timeout)`` and
-``await agent.notification(timeout)`` wait from asyncio. Errors are :class:`Error` and its
-subclasses. See docs/python.md.
+``await agent.notification(timeout)`` wait from asyncio; ``transfer.status()`` is each
+entry's :class:`EntryStatus`. Errors are :class:`Error` and its subclasses (a closed agent's
+methods raise :class:`Closed`). See docs/python.md.
 """
 
 from ._native import (
@@ -13,7 +14,9 @@ from ._native import (
     Agent,
     Batch,
     Busy,
+    Closed,
     DmaBuf,
+    EntryStatus,
     Error,
     HostMemory,
     InvalidInput,
@@ -37,7 +40,9 @@ __all__ = [
     "Agent",
     "Batch",
     "Busy",
+    "Closed",
     "DmaBuf",
+    "EntryStatus",
     "Error",
     "HostMemory",
     "InvalidInput",

@@ -8,7 +8,7 @@ use crate::memory::{from_fd, PyDmaBuf};
 use crate::transfer::{address, bound, Batch, Notification, Transfer};
 use gpu_rdma_engine::{Agent as EngineAgent, Memory, Settings};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt};
+use pyo3::types::{PyBool, PyInt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -36,9 +36,12 @@ enum Held {
 /// connect, request and reply (seconds). `etcd=["http://host:2379"]` uses etcd as the
 /// metadata service instead of the embedded one (keys under `etcd_prefix`, default
 /// `/gpu-rdma`, with a lease of `etcd_lease_ttl` seconds, default 5); `Unsupported` in a build
-/// without the `etcd` feature.
+/// without the `etcd` feature. `metrics=False` stops the per-chunk counting of `metrics()`;
+/// `metrics_address="127.0.0.1:9464"` serves them to Prometheus at `/metrics`.
 #[pyclass(module = "gpu_rdma", name = "Agent", frozen)]
 pub(crate) struct Agent {
+    /// The agent's name, kept for the error of a closed agent.
+    name: String,
     agent: Mutex<Option<Arc<EngineAgent>>>,
     segments: Mutex<HashMap<String, Held>>,
 }
@@ -127,10 +130,10 @@ fn dlpack_memory(obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
 }
 
 impl Agent {
-    fn engine(&self, op: &str) -> Result<Arc<EngineAgent>> {
+    pub(crate) fn engine(&self, op: &str) -> Result<Arc<EngineAgent>> {
         lock(&self.agent)
             .clone()
-            .ok_or_else(|| Failure::new(Class::Base, op, format!("{op}: the agent is closed")))
+            .ok_or_else(|| Failure::closed(op, &self.name))
     }
 
     /// The engine's memory for `obj`, and what the segment must hold.
@@ -202,7 +205,8 @@ impl Agent {
     #[new]
     #[pyo3(signature = (name, devices = None, bind = "0.0.0.0:0", chunk_size = None,
         in_flight = None, queue_pairs = None, workers = None, io_timeout = None, etcd = None,
-        etcd_prefix = None, etcd_lease_ttl = None, metadata_server = None))]
+        etcd_prefix = None, etcd_lease_ttl = None, metadata_server = None, metrics = true,
+        metrics_address = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -218,6 +222,8 @@ impl Agent {
         etcd_prefix: Option<String>,
         etcd_lease_ttl: Option<f64>,
         metadata_server: Option<String>,
+        metrics: bool,
+        metrics_address: Option<&str>,
     ) -> PyResult<Agent> {
         let mut s = Settings::default();
         s.devices = devices;
@@ -226,16 +232,26 @@ impl Agent {
         s.in_flight = in_flight.unwrap_or(s.in_flight);
         s.queue_pairs = queue_pairs.unwrap_or(s.queue_pairs);
         s.workers = workers.unwrap_or(s.workers);
+        s.metrics = metrics;
+        if let Some(m) = metrics_address {
+            s.metrics_address = Some(address("Agent", m)?);
+        }
         if let Some(t) = io_timeout {
             s.io_timeout = bound("Agent", t)?;
         }
         let metadata =
             crate::etcd::Metadata::new(etcd, etcd_prefix, etcd_lease_ttl, metadata_server)?;
-        let name = name.to_string();
-        let agent = py
-            .allow_threads(move || metadata.start(&name, s))
-            .map_err(|e| Failure::engine("Agent", &e))?;
+        crate::awaiting::start_in_background();
+        let owned = name.to_string();
+        let agent = py.allow_threads(move || {
+            // Before any metadata service is connected to: no device is `Unsupported` now.
+            crate::devices::check(s.devices.as_deref())?;
+            metadata
+                .start(&owned, s)
+                .map_err(|e| Failure::engine("Agent", &e))
+        })?;
         Ok(Agent {
+            name: name.to_string(),
             agent: Mutex::new(Some(Arc::new(agent))),
             segments: Mutex::default(),
         })
@@ -266,10 +282,11 @@ impl Agent {
     }
 
     /// The names of the segments registered through this object.
-    fn segments(&self) -> Vec<String> {
+    fn segments(&self) -> PyResult<Vec<String>> {
+        self.engine("segments")?;
         let mut v: Vec<String> = lock(&self.segments).keys().cloned().collect();
         v.sort();
-        v
+        Ok(v)
     }
 
     /// Names peer `name` and its control address `"ip:port"`.
@@ -478,36 +495,10 @@ impl Agent {
             .map_err(|e| Failure::engine("notify", &e).into())
     }
 
-    /// What the control listener accepted and refused since the agent started (a dict of
-    /// counts: `accepted`, `authenticated`, `unauthenticated`, `bad_proofs`, refusals at
-    /// each limit, `open_connections`, `queue_pairs`, ...).
-    fn control_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.engine("control_stats")?.control_stats();
-        let d = PyDict::new(py);
-        for (k, v) in [
-            ("accepted", s.accepted),
-            ("authenticated", s.authenticated),
-            ("unauthenticated", s.unauthenticated),
-            ("bad_proofs", s.bad_proofs),
-            ("failed_handshakes", s.failed_handshakes),
-            ("handshakes_dropped", s.handshakes_dropped),
-            ("connections_refused", s.connections_refused),
-            ("queue_pairs_refused", s.queue_pairs_refused),
-            ("notifications_refused", s.notifications_refused),
-            ("requests_too_large", s.requests_too_large),
-            ("idle_closed", s.idle_closed),
-            ("accept_errors", s.accept_errors),
-            ("open_connections", s.open_connections),
-            ("queue_pairs", s.queue_pairs),
-        ] {
-            d.set_item(k, v)?;
-        }
-        Ok(d)
-    }
-
     /// An awaitable of `wait_notification(timeout)`, run in the event loop's executor.
     fn notification<'py>(slf: Bound<'py, Self>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
         bound("notification", timeout)?;
+        slf.get().engine("notification")?;
         let py = slf.py();
         let looped = py.import("asyncio")?.call_method0("get_running_loop")?;
         let wait = slf.getattr("wait_notification")?;

@@ -11,7 +11,7 @@ use std::ffi::{CStr, CString};
 
 /// The classes, made once (`gpu_rdma.Error` first, the others its subclasses), by name and
 /// docstring, in the order of [`Class`].
-const CLASSES: [(&str, &CStr); 9] = [
+const CLASSES: [(&str, &CStr); 10] = [
     (
         "Error",
         c"Every error of gpu_rdma. Attributes: `operation` (what was attempted), `errno` (the \
@@ -55,6 +55,11 @@ const CLASSES: [(&str, &CStr); 9] = [
         c"A peer refused a request at one of its limits (connections, queue pairs, \
          notifications queued and not taken): retry later or with less.",
     ),
+    (
+        "Closed",
+        c"The agent was closed (`close()`, or the end of its `with` block): every method \
+         but `close` refuses; create a new Agent.",
+    ),
 ];
 
 static TYPES: GILOnceCell<Vec<Py<PyType>>> = GILOnceCell::new();
@@ -90,6 +95,7 @@ pub(crate) enum Class {
     Busy,
     Unauthenticated,
     LimitReached,
+    Closed,
 }
 
 /// An error on its way to Python: its class, text, operation, errno and hint.
@@ -103,13 +109,40 @@ pub(crate) struct Failure {
     pub hint: Option<String>,
 }
 
-/// The `(hint: ...)` the libraries append to an error's text, if any.
-fn hint_of(text: &str) -> Option<String> {
-    let start = text.find("(hint: ")? + "(hint: ".len();
-    let rest = &text[start..];
+/// An error's text split into the text without the `(hint: ...)` the libraries append, and
+/// that hint (None, the text whole, when it has none): the hint goes to `e.hint`, and
+/// `str(e)` does not repeat it.
+fn split_hint(text: &str) -> (String, Option<String>) {
+    let Some(open) = text.find("(hint: ") else {
+        return (text.to_string(), None);
+    };
+    let rest = &text[open + "(hint: ".len()..];
     let end = rest.rfind(')').unwrap_or(rest.len());
-    Some(rest[..end].to_string())
+    let after = rest.get(end + 1..).unwrap_or("");
+    let message = format!("{}{after}", text[..open].trim_end());
+    (message, Some(rest[..end].to_string()))
 }
+
+/// The OS error number an error's text ends its cause with (`... (os error 38)`), for the
+/// engine's errors that carry their cause as text only.
+fn os_errno(text: &str) -> Option<i32> {
+    let start = text.rfind("(os error ")? + "(os error ".len();
+    let digits = &text[start..];
+    let end = digits.find(')')?;
+    digits[..end].parse().ok()
+}
+
+/// What to check when no RDMA device could be used.
+pub(crate) const NO_DEVICE_HINT: &str = "`rdma link` lists the RDMA devices and their \
+    state (one must be ACTIVE); with no hardware NIC, load soft-RoCE (`modprobe rdma_rxe`, \
+    then `rdma link add rxe0 type rxe netdev <netdev>`); `gpu-rdma-doctor` checks the \
+    kernel, rdma-core and every device";
+
+/// What to check when the metadata service does not know a peer.
+const UNKNOWN_AGENT_HINT: &str = "name the peer first: `add_peer(name, \"ip:port\")`, \
+    `add_peer_at(\"ip:port\")` or `add_peer_card(card)`; with etcd, check that the peer's \
+    Agent is running and published under the same etcd endpoints and `etcd_prefix` \
+    (`wait_for_peer` waits for it)";
 
 fn rdma_class(kind: RdmaKind) -> Class {
     match kind {
@@ -134,6 +167,16 @@ impl Failure {
             errno: None,
             hint: None,
         }
+    }
+
+    /// Agent `agent`'s method `operation`, called after `close()`.
+    pub fn closed(operation: &str, agent: &str) -> Failure {
+        Failure::new(
+            Class::Closed,
+            operation,
+            format!("{operation}: agent {agent:?} is closed"),
+        )
+        .hinted("close() shut it down; create a new Agent")
     }
 
     /// The same, with a hint.
@@ -173,12 +216,27 @@ impl Failure {
             errno = *n;
             op = format!("{operation}: {what}");
         }
-        let message = e.to_string();
+        let (message, mut hint) = split_hint(&e.to_string());
+        match inner {
+            gpu_rdma_engine::Error::NoDevice(_) => {
+                errno = errno.or_else(|| os_errno(&message));
+                hint = hint.or_else(|| Some(NO_DEVICE_HINT.to_string()));
+            }
+            gpu_rdma_engine::Error::UnknownAgent(_) => {
+                hint = hint.or_else(|| Some(UNKNOWN_AGENT_HINT.to_string()));
+            }
+            gpu_rdma_engine::Error::PeerNotUp { last, .. }
+                if matches!(**last, gpu_rdma_engine::Error::UnknownAgent(_)) =>
+            {
+                hint = hint.or_else(|| Some(UNKNOWN_AGENT_HINT.to_string()));
+            }
+            _ => {}
+        }
         Failure {
             class,
             kind: format!("{kind:?}"),
             operation: op,
-            hint: hint_of(&message),
+            hint,
             message,
             errno,
         }
@@ -187,12 +245,12 @@ impl Failure {
     /// rdma-dmabuf's error `e`, during `operation`.
     pub fn rdma(operation: &str, e: &rdma_dmabuf::Error) -> Failure {
         let kind = e.kind();
-        let message = e.to_string();
+        let (message, hint) = split_hint(&e.to_string());
         Failure {
             class: rdma_class(kind),
             kind: format!("{kind:?}"),
             operation: operation.into(),
-            hint: hint_of(&message),
+            hint,
             message,
             errno: e.errno(),
         }
@@ -212,12 +270,12 @@ impl Failure {
             _ if matches!(errno, Some(9 | 22)) => Class::InvalidInput,
             _ => Class::Base,
         };
-        let message = e.to_string();
+        let (message, hint) = split_hint(&e.to_string());
         Failure {
             class,
             kind: format!("{class:?}"),
             operation: operation.into(),
-            hint: hint_of(&message),
+            hint,
             message,
             errno,
         }

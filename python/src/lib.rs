@@ -9,8 +9,11 @@
 //! * `dlpack`: tensors exported with DLPack (`__dlpack__`), read as one range.
 //! * `host`: `HostMemory` and the pinning of buffer-protocol objects.
 //! * `transfer`: `Batch`, `Transfer` (bounded waits with the GIL released, asyncio
-//!   awaitables), `Notification`.
+//!   awaitables, each entry's `EntryStatus`), `Notification`.
+//! * `observe`: `Agent.metrics`, `metrics_text`, `control_stats`, `wait_for_peer`, and the
+//!   engine's traces on stderr (`GPU_RDMA_LOG`).
 //! * `awaiting`: asyncio futures of transfers, settled from the engine on one waiting thread.
+//! * `devices`: the RDMA devices an agent would open, checked before its metadata service.
 //! * `etcd`: the metadata service an agent starts with (embedded, HTTP, or etcd).
 //! * `by_address`: memory registered by address (Mooncake's way), segment tables, and
 //!   `MetadataServer`.
@@ -28,11 +31,13 @@
 mod agent;
 mod awaiting;
 mod by_address;
+mod devices;
 mod dlpack;
 mod errors;
 mod etcd;
 mod host;
 mod memory;
+mod observe;
 mod sys;
 mod transfer;
 
@@ -42,7 +47,9 @@ use pyo3::prelude::*;
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    observe::init_traces();
     errors::add(m)?;
+    transfer::add(m)?;
     m.add_class::<agent::Agent>()?;
     m.add_class::<memory::PyDmaBuf>()?;
     m.add_class::<host::HostMemory>()?;

@@ -4,6 +4,7 @@
 use crate::errors::{Class, Failure, Result};
 use gpu_rdma_engine::{Batch as EngineBatch, EntryStatus, Transfer as EngineTransfer};
 use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,56 @@ pub(crate) fn address(op: &str, text: &str) -> Result<SocketAddr> {
         )
         .hinted("an IP address and port, such as \"10.0.0.2:18700\"")
     })
+}
+
+/// The class `gpu_rdma.EntryStatus`, a `str` enum defined in Python (an `enum.Enum` with
+/// `str` mixed in, which PyO3's own enums are not).
+const ENTRY_STATUS: &std::ffi::CStr = c"
+import enum
+
+
+class EntryStatus(str, enum.Enum):
+    \"\"\"The state of one entry of a transfer, from `Transfer.status()`.
+
+    A `str` as well as an enum: each member equals its value (`EntryStatus.DONE == \"done\"`)
+    and prints as it, so code comparing with the strings still works. A failed entry's error
+    is `Transfer.errors()`'s.
+    \"\"\"
+
+    PENDING = \"pending\"
+    DONE = \"done\"
+    FAILED = \"failed\"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(str.__str__(self), spec)
+
+
+EntryStatus.__module__ = \"gpu_rdma\"
+";
+
+/// `EntryStatus`, made once.
+static ENTRY_STATUS_CLASS: GILOnceCell<Py<PyAny>> = GILOnceCell::new();
+
+fn entry_status(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    ENTRY_STATUS_CLASS
+        .get_or_try_init(py, || {
+            let m = PyModule::from_code(
+                py,
+                ENTRY_STATUS,
+                c"gpu_rdma/_entry_status.py",
+                c"gpu_rdma._entry_status",
+            )?;
+            Ok(m.getattr("EntryStatus")?.unbind())
+        })
+        .map(|c| c.bind(py))
+}
+
+/// Adds `EntryStatus` to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("EntryStatus", entry_status(m.py())?)
 }
 
 /// Reads and writes between this agent's segments and peers' segments, with an optional
@@ -256,15 +307,36 @@ impl Transfer {
         (epoch, us(t.submitted), t.finished.map(us))
     }
 
-    /// Each entry's state: `"pending"`, `"done"` or `"failed: <error>"`.
-    fn status(&self) -> Vec<String> {
+    /// Each entry's state, in the batch's order: `EntryStatus.PENDING`, `DONE` or `FAILED`
+    /// (`str` members, equal to `"pending"`, `"done"`, `"failed"`).
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let class = entry_status(py)?;
+        self.inner
+            .status()
+            .into_iter()
+            .map(|s| {
+                class.getattr(match s {
+                    EntryStatus::Pending => "PENDING",
+                    EntryStatus::Done => "DONE",
+                    EntryStatus::Failed(_) => "FAILED",
+                })
+            })
+            .collect()
+    }
+
+    /// Each entry's error, in the batch's order: None for an entry pending or done, the
+    /// exception (a `gpu_rdma.Error`, as `wait` would raise it) for a failed one.
+    fn errors(&self, py: Python<'_>) -> Vec<Option<PyObject>> {
         self.inner
             .status()
             .into_iter()
             .map(|s| match s {
-                EntryStatus::Pending => "pending".to_string(),
-                EntryStatus::Done => "done".to_string(),
-                EntryStatus::Failed(e) => format!("failed: {e}"),
+                EntryStatus::Failed(e) => Some(
+                    PyErr::from(Failure::engine("status", &e))
+                        .into_value(py)
+                        .into_any(),
+                ),
+                EntryStatus::Pending | EntryStatus::Done => None,
             })
             .collect()
     }
