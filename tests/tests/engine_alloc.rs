@@ -74,6 +74,9 @@ fn engine_allocates_per_batch_not_per_chunk() {
         devices: Some(vec![tb.device.clone()]),
         bind: "127.0.0.1:0".parse().unwrap(),
         chunk_size: CHUNK,
+        // Counted with the engine's metrics on (the default, said here): recording them
+        // allocates nothing per chunk either.
+        metrics: true,
         ..Settings::default()
     };
     let a = Agent::new("a", settings.clone()).unwrap();

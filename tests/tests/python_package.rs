@@ -139,6 +139,58 @@ mod two_node {
         assert!(t.contains("RESULT ok blocks=32"), "{role}:\n{t}");
     }
 
+    /// The code block in `doc` after the line that starts with `intro`, of language `lang`.
+    fn block(doc: &str, intro: &str, lang: &str) -> String {
+        let at = doc
+            .lines()
+            .position(|l| l.starts_with(intro))
+            .unwrap_or_else(|| panic!("docs/python.md has no line starting {intro:?}"));
+        let rest: Vec<&str> = doc.lines().skip(at).collect();
+        let open = format!("```{lang}");
+        let start = rest.iter().position(|l| *l == open).expect("a block") + 1;
+        let len = rest[start..]
+            .iter()
+            .position(|l| *l == "```")
+            .expect("closed");
+        rest[start..start + len].join("\n") + "\n"
+    }
+
+    /// docs/python.md's two-node recipe, pasted as a user would: its `two_node.sh` and
+    /// `kv_handoff.py` in a folder of their own (with the staged package at
+    /// `target/debug/python` there), `sh two_node.sh` on both nodes: node a runs etcd and
+    /// the target, node b the initiator, ordered by `wait_for_peer` and a notification.
+    #[test]
+    #[ignore = "needs the testbed VM"]
+    fn two_node_the_docs_two_node_recipe_runs_as_pasted() {
+        let tb = Testbed::get();
+        let doc = std::fs::read_to_string(workspace().join("docs/python.md")).expect("docs");
+        let dir = std::env::temp_dir().join(format!("recipe-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("target")).expect("a folder");
+        let script = block(&doc, "`two_node.sh`:", "sh");
+        std::fs::write(dir.join("two_node.sh"), script).expect("written");
+        let program = block(&doc, "`kv_handoff.py`:", "python");
+        std::fs::write(dir.join("kv_handoff.py"), program).expect("written");
+        let profile = staged().parent().expect("target/<profile>").to_path_buf();
+        std::os::unix::fs::symlink(&profile, dir.join("target/debug")).expect("linked");
+        let mut sh = Command::new("/bin/sh");
+        sh.arg("two_node.sh").current_dir(&dir);
+        let role = if tb.is_server() {
+            "target"
+        } else {
+            "initiator"
+        };
+        let out = wait(spawn(&mut sh), T, role);
+        let t = text(&out);
+        println!("{t}");
+        assert!(out.status.success(), "{role}:\n{t}");
+        let expected = if tb.is_server() {
+            "target: blocks [3, 5, 9] ok"
+        } else {
+            "initiator: blocks [3, 5, 9]: done, done, done"
+        };
+        assert!(t.contains(expected), "{role}:\n{t}");
+    }
+
     /// Mooncake's API between the nodes (python/examples/mooncake_pair.py): found by
     /// address, through our HTTP metadata server, and through Mooncake's own (the pinned
     /// wheel's, on the server node).
