@@ -15,7 +15,7 @@ impl Agent {
     /// histograms, queue pairs, requests in flight, registration caches, metadata look-ups
     /// and publications, and the control listener's [`ControlStats`]. Reading them takes a
     /// few locks and allocates; recording them costs the workers no lock and no allocation
-    /// per chunk ([`Settings::metrics`]).
+    /// per chunk ([`Settings::metrics`](crate::Settings::metrics)).
     pub fn metrics(&self) -> Metrics {
         let gauges = self.server.as_ref().map_or((0, 0), Server::gauges);
         snapshot(&self.shared, gauges)
@@ -23,19 +23,19 @@ impl Agent {
 
     /// [`Agent::metrics`] in the OpenMetrics text format that Prometheus scrapes (every
     /// name starts with `gpu_rdma_`, every sample has an `agent` label), for programs that
-    /// serve their own metrics; [`Settings::metrics_address`] serves it.
+    /// serve their own metrics; [`Settings::metrics_address`](crate::Settings::metrics_address) serves it.
     pub fn metrics_text(&self) -> String {
         prometheus::render(&self.shared.name, self.metrics())
     }
 
-    /// Where the Prometheus endpoint listens ([`Settings::metrics_address`], its port
+    /// Where the Prometheus endpoint listens ([`Settings::metrics_address`](crate::Settings::metrics_address), its port
     /// picked if it was 0); `None` when there is none.
     pub fn metrics_address(&self) -> Option<SocketAddr> {
         self.endpoint.as_ref().map(prometheus::Endpoint::addr)
     }
 
     /// What the control listener accepted and refused since the agent started: connections,
-    /// failed authentications, refusals at each of [`Settings::limits`], and what it holds
+    /// failed authentications, refusals at each of [`Settings::limits`](crate::Settings::limits), and what it holds
     /// now.
     pub fn control_stats(&self) -> ControlStats {
         let (open, qps) = self.server.as_ref().map_or((0, 0), Server::gauges);

@@ -24,7 +24,7 @@ impl Agent {
     /// look-ups still go to that service.
     ///
     /// # Errors
-    /// [`Error::Io`] when nothing answers at `control` within [`Settings::io_timeout`],
+    /// [`Error::Io`] when nothing answers at `control` within [`Settings::io_timeout`](crate::Settings::io_timeout),
     /// [`Error::Authentication`], [`Error::Protocol`], [`Error::IncompatibleVersion`].
     pub fn add_peer_at(&self, control: SocketAddr) -> Result<String> {
         let r = self.embedded.discover(control)?;
