@@ -79,6 +79,12 @@ pub struct Check {
 }
 
 impl Check {
+    /// `name: found`, then ` -> fix: fix` when it has one: the check in one line.
+    pub(crate) fn summary(&self) -> String {
+        let fix = self.fix.as_ref().map(|f| format!(" -> fix: {f}"));
+        format!("{}: {}{}", self.name, self.found, fix.unwrap_or_default())
+    }
+
     /// An ok finding.
     pub fn ok(section: &'static str, name: impl Into<String>, found: impl Into<String>) -> Check {
         Check {
@@ -175,17 +181,12 @@ impl Report {
 
     /// The report as one JSON document.
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| {
-            format!(
-                "{{\"error\": {:?}}}",
-                format!("serialising the report: {e}")
-            )
-        })
+        json(self)
     }
 
     /// The checks of `section`.
     pub fn section<'a>(&'a self, section: &'a str) -> impl Iterator<Item = &'a Check> {
-        self.checks.iter().filter(move |c| c.section == section)
+        in_section(&self.checks, section)
     }
 }
 
@@ -198,6 +199,24 @@ pub struct Options {
     pub probe_size: u64,
     /// Skip the end-to-end probe (allocation and registration).
     pub no_probe: bool,
+}
+
+/// A report as one JSON document (an error's text as one, should it not serialise).
+pub(crate) fn json(report: &impl Serialize) -> String {
+    serde_json::to_string_pretty(report).unwrap_or_else(|e| {
+        format!(
+            "{{\"error\": {:?}}}",
+            format!("serialising the report: {e}")
+        )
+    })
+}
+
+/// The checks of `section` among `checks`.
+pub(crate) fn in_section<'a>(
+    checks: &'a [Check],
+    section: &'a str,
+) -> impl Iterator<Item = &'a Check> {
+    checks.iter().filter(move |c| c.section == section)
 }
 
 impl Default for Options {
@@ -265,15 +284,7 @@ pub fn verdict(checks: &[Check], matrix: &[Registration]) -> Verdict {
         return Verdict { status, line };
     }
     let line = match checks.iter().find(|c| c.status == Status::Fail) {
-        Some(c) => format!(
-            "GPU-memory RDMA does not work: {}: {}{}",
-            c.name,
-            c.found,
-            c.fix
-                .as_ref()
-                .map(|f| format!(" -> fix: {f}"))
-                .unwrap_or_default()
-        ),
+        Some(c) => format!("GPU-memory RDMA does not work: {}", c.summary()),
         None => "GPU-memory RDMA does not work: no dma-buf registration succeeded".to_string(),
     };
     Verdict {

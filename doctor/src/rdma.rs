@@ -106,25 +106,25 @@ fn uverbs_module_in(root: &Path, release: &str) -> bool {
         .any(|f| std::fs::read_to_string(dir.join(f)).is_ok_and(|t| t.contains("/ib_uverbs.ko")))
 }
 
+/// The failed check of a device list libibverbs could not give (`found`: why), in
+/// `section`: the uverbs module is missing where the kernel has it (`modprobe ib_uverbs` is
+/// only a fix there), else the RDMA modules are absent.
+pub(crate) fn no_device_list(section: &'static str, found: String) -> Check {
+    let problem = if uverbs_module_exists(Path::new("/")) {
+        &problems::UVERBS_MISSING
+    } else {
+        &problems::RDMA_MODULES_ABSENT
+    };
+    Check::problem(section, "RDMA devices", Status::Fail, found, problem)
+}
+
 /// Lists, opens and probes every RDMA device.
 pub fn inspect(sysfs: &Path) -> Nics {
     let mut out = Nics::default();
     let list = match devices() {
         Ok(l) => l,
         Err(e) => {
-            // `modprobe ib_uverbs` is only a fix where the kernel has the module.
-            let problem = if uverbs_module_exists(Path::new("/")) {
-                &problems::UVERBS_MISSING
-            } else {
-                &problems::RDMA_MODULES_ABSENT
-            };
-            out.checks.push(Check::problem(
-                SECTION,
-                "RDMA devices",
-                Status::Fail,
-                e.to_string(),
-                problem,
-            ));
+            out.checks.push(no_device_list(SECTION, e.to_string()));
             return out;
         }
     };

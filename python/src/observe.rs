@@ -49,27 +49,36 @@ fn histogram<'py>(py: Python<'py>, h: &Histogram) -> PyResult<Bound<'py, PyDict>
     Ok(d)
 }
 
+/// Sets each `(key, count)` of `counts` in `d`.
+fn set_counts(d: &Bound<'_, PyDict>, counts: &[(&str, u64)]) -> PyResult<()> {
+    for (k, v) in counts {
+        d.set_item(k, v)?;
+    }
+    Ok(())
+}
+
 /// The control listener's counters as a dict.
 pub(crate) fn control<'py>(py: Python<'py>, s: &ControlStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for (k, v) in [
-        ("accepted", s.accepted),
-        ("authenticated", s.authenticated),
-        ("unauthenticated", s.unauthenticated),
-        ("bad_proofs", s.bad_proofs),
-        ("failed_handshakes", s.failed_handshakes),
-        ("handshakes_dropped", s.handshakes_dropped),
-        ("connections_refused", s.connections_refused),
-        ("queue_pairs_refused", s.queue_pairs_refused),
-        ("notifications_refused", s.notifications_refused),
-        ("requests_too_large", s.requests_too_large),
-        ("idle_closed", s.idle_closed),
-        ("accept_errors", s.accept_errors),
-        ("open_connections", s.open_connections),
-        ("queue_pairs", s.queue_pairs),
-    ] {
-        d.set_item(k, v)?;
-    }
+    set_counts(
+        &d,
+        &[
+            ("accepted", s.accepted),
+            ("authenticated", s.authenticated),
+            ("unauthenticated", s.unauthenticated),
+            ("bad_proofs", s.bad_proofs),
+            ("failed_handshakes", s.failed_handshakes),
+            ("handshakes_dropped", s.handshakes_dropped),
+            ("connections_refused", s.connections_refused),
+            ("queue_pairs_refused", s.queue_pairs_refused),
+            ("notifications_refused", s.notifications_refused),
+            ("requests_too_large", s.requests_too_large),
+            ("idle_closed", s.idle_closed),
+            ("accept_errors", s.accept_errors),
+            ("open_connections", s.open_connections),
+            ("queue_pairs", s.queue_pairs),
+        ],
+    )?;
     Ok(d)
 }
 
@@ -95,40 +104,52 @@ fn metrics<'py>(py: Python<'py>, m: &Metrics) -> PyResult<Bound<'py, PyDict>> {
         errors.set_item(status, n)?;
     }
     d.set_item("completion_errors", errors)?;
-    for (k, v) in [
-        ("failovers", m.failovers),
-        ("rails_marked_down", m.rails_marked_down),
-        ("rails_down", m.rails_down),
-        ("peers_marked_down", m.peers_marked_down),
-        ("batches", m.batches),
-        ("entries_done", m.entries_done),
-        ("entries_failed", m.entries_failed),
-        ("queue_pairs", m.queue_pairs),
-        ("in_flight", m.in_flight),
-        ("segments", m.segments as u64),
-    ] {
-        d.set_item(k, v)?;
-    }
+    set_counts(
+        &d,
+        &[
+            ("failovers", m.failovers),
+            ("rails_marked_down", m.rails_marked_down),
+            ("rails_down", m.rails_down),
+            ("peers_marked_down", m.peers_marked_down),
+            ("batches", m.batches),
+            ("entries_done", m.entries_done),
+            ("entries_failed", m.entries_failed),
+            ("queue_pairs", m.queue_pairs),
+            ("in_flight", m.in_flight),
+            ("segments", m.segments as u64),
+        ],
+    )?;
     d.set_item("chunk_latency", histogram(py, &m.chunk_latency)?)?;
     d.set_item("batch_latency", histogram(py, &m.batch_latency)?)?;
     let caches = PyDict::new(py);
     for (device, c) in &m.caches {
         let e = PyDict::new(py);
-        e.set_item("hits", c.hits)?;
-        e.set_item("misses", c.misses)?;
-        e.set_item("evictions", c.evictions)?;
-        e.set_item("invalidations", c.invalidations)?;
-        e.set_item("entries", c.entries)?;
-        e.set_item("checked_out", c.checked_out)?;
-        e.set_item("bytes", c.bytes)?;
+        set_counts(
+            &e,
+            &[
+                ("hits", c.hits),
+                ("misses", c.misses),
+                ("evictions", c.evictions),
+                ("invalidations", c.invalidations),
+                ("entries", c.entries as u64),
+                ("checked_out", c.checked_out as u64),
+                ("bytes", c.bytes),
+            ],
+        )?;
         caches.set_item(device, e)?;
     }
     d.set_item("caches", caches)?;
     let md = PyDict::new(py);
-    md.set_item("lookups", m.metadata.lookups)?;
-    md.set_item("lookup_failures", m.metadata.lookup_failures)?;
-    md.set_item("publishes", m.metadata.publishes)?;
-    md.set_item("publish_failures", m.metadata.publish_failures)?;
+    let md_counts = &m.metadata;
+    set_counts(
+        &md,
+        &[
+            ("lookups", md_counts.lookups),
+            ("lookup_failures", md_counts.lookup_failures),
+            ("publishes", md_counts.publishes),
+            ("publish_failures", md_counts.publish_failures),
+        ],
+    )?;
     d.set_item("metadata", md)?;
     d.set_item("control", control(py, &m.control)?)?;
     Ok(d)

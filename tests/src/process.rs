@@ -1,8 +1,30 @@
 //! Running helper programs (perftest, rdma-core's utilities), and closures that might hang,
 //! with deadlines.
 
+use serde_json::Value;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// The doctor's `--json` report on stdout of `out`.
+///
+/// # Panics
+/// If it is not JSON (with the program's output).
+pub fn doctor_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", text(out)))
+}
+
+/// The check named `name` of a doctor's JSON report.
+///
+/// # Panics
+/// If there is none (with the report).
+pub fn doctor_check<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name:?} in {report:#}"))
+}
 
 /// The doctor binary (`gpu-rdma-doctor`), which `cargo test` builds beside the test binary
 /// (its package has tests).

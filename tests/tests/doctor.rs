@@ -4,13 +4,13 @@
 //! `/dev/dri` it names the group; with no RDMA device it says so.
 
 use integration_tests::device_admin::put_back;
-use integration_tests::process::{doctor, run, text};
+use integration_tests::process::{doctor, doctor_check as check, doctor_json as json, run, text};
 use integration_tests::testbed::Testbed;
 use serde_json::Value;
 use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,19 +18,6 @@ const T: Duration = Duration::from_secs(120);
 
 /// The tests that change the machine (node permissions, the rxe device) run one at a time.
 static MACHINE: Mutex<()> = Mutex::new(());
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", text(out)))
-}
-
-fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no check {name:?} in {report:#}"))
-}
 
 fn registered(report: &Value, source: &str, nic: &str) -> bool {
     report["matrix"]

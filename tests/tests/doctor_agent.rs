@@ -6,27 +6,13 @@
 use gpu_rdma_doctor::AgentOptions;
 use gpu_rdma_engine::{EtcdSettings, Settings};
 use integration_tests::etcd::Etcd;
-use integration_tests::process::{doctor, run, text};
+use integration_tests::process::{doctor, doctor_check as check, doctor_json as json, run, text};
 use integration_tests::testbed::Testbed;
 use serde_json::Value;
 use std::net::TcpListener;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(120);
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", text(out)))
-}
-
-fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no check {name:?} in {report:#}"))
-}
 
 fn field<'a>(c: &'a Value, f: &str) -> &'a str {
     c[f].as_str().unwrap_or("")

@@ -31,18 +31,8 @@ pub(super) fn inspect(sysfs: &Path, named: Option<&[String]>) -> Found {
     let present: Vec<String> = match rdma_dmabuf::devices() {
         Ok(l) => l.into_iter().map(|d| d.name).collect(),
         Err(e) => {
-            let problem = if crate::rdma::uverbs_module_exists(Path::new("/")) {
-                &problems::UVERBS_MISSING
-            } else {
-                &problems::RDMA_MODULES_ABSENT
-            };
-            out.checks.push(Check::problem(
-                SECTION,
-                "RDMA devices",
-                Status::Fail,
-                format!("{e}: the agent cannot open any device"),
-                problem,
-            ));
+            let found = format!("{e}: the agent cannot open any device");
+            out.checks.push(crate::rdma::no_device_list(SECTION, found));
             return out;
         }
     };

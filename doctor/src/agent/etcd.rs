@@ -40,6 +40,20 @@ struct Failure {
     fix: String,
 }
 
+impl Failure {
+    /// The failed check `name` of this section.
+    fn check(self, name: String) -> Check {
+        Check {
+            section: SECTION,
+            name,
+            status: Status::Fail,
+            found: self.found,
+            fix: Some(self.fix),
+            problem: None,
+        }
+    }
+}
+
 /// A TCP connection to the endpoint `url`, within `timeout` per address: the address it
 /// reached, or why none.
 fn connect(url: &str, timeout: Duration) -> Result<SocketAddr, Failure> {
@@ -91,14 +105,7 @@ pub(super) fn checks(endpoints: &[String], prefix: &str, timeout: Duration) -> V
                 answering.push(url.clone());
                 out.push(Check::ok(SECTION, name, found));
             }
-            Err(f) => out.push(Check {
-                section: SECTION,
-                name,
-                status: Status::Fail,
-                found: f.found,
-                fix: Some(f.fix),
-                problem: None,
-            }),
+            Err(f) => out.push(f.check(name)),
         }
     }
     if answering.is_empty() {
@@ -122,7 +129,7 @@ mod probe {
     //! etcd's status request and the probe key, over etcd-client on a small runtime.
 
     use super::{Failure, SECTION};
-    use crate::{Check, Status};
+    use crate::Check;
     use etcd_client::{Certificate, Client, ConnectOptions, Identity, PutOptions, TlsOptions};
     use std::future::Future;
     use std::net::SocketAddr;
@@ -325,14 +332,7 @@ mod probe {
                     t0.elapsed().as_millis()
                 ),
             ),
-            Err(f) => Check {
-                section: SECTION,
-                name,
-                status: Status::Fail,
-                found: f.found,
-                fix: Some(f.fix),
-                problem: None,
-            },
+            Err(f) => f.check(name),
         }
     }
 

@@ -138,17 +138,12 @@ impl AgentReport {
 
     /// The report as one JSON document.
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| {
-            format!(
-                "{{\"error\": {:?}}}",
-                format!("serialising the report: {e}")
-            )
-        })
+        crate::json(self)
     }
 
     /// The checks of `section`.
     pub fn section<'a>(&'a self, section: &'a str) -> impl Iterator<Item = &'a Check> {
-        self.checks.iter().filter(move |c| c.section == section)
+        crate::in_section(&self.checks, section)
     }
 }
 
@@ -192,13 +187,8 @@ pub fn verdict(checks: &[Check]) -> Verdict {
         return Verdict {
             status: Status::Fail,
             line: format!(
-                "an agent with these settings would not work ({failed} failed): {}: {}{}",
-                c.name,
-                c.found,
-                c.fix
-                    .as_ref()
-                    .map(|f| format!(" -> fix: {f}"))
-                    .unwrap_or_default()
+                "an agent with these settings would not work ({failed} failed): {}",
+                c.summary()
             ),
         };
     }
