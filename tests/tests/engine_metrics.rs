@@ -136,12 +136,22 @@ fn metrics_count_known_batches_per_rail_and_the_endpoint_serves_them() {
     assert_eq!(sample(&text, entries), Some(10.0), "{text}");
     assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
     assert!(get(addr, "/other").0.contains(" 404 "));
-    // The endpoint is the agent's: it goes with it.
+    // A client that connects and sends nothing holds the endpoint for its bound at most:
+    // the scrape after it is answered, and so is the agent's drop.
+    let idle = TcpStream::connect(addr).expect("a connection");
+    let t0 = Instant::now();
+    assert!(get(addr, "/metrics").0.contains(" 200 "));
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let _idle_too = TcpStream::connect(addr).expect("a connection");
+    // The endpoint is the agent's: it goes with it, within a connection's bound.
+    let t0 = Instant::now();
     drop((a, b));
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     assert!(
         TcpStream::connect(addr).is_err(),
         "the endpoint outlived its agent"
     );
+    drop(idle);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use crate::error::{Error, Result, Side};
 use crate::inbox::Inbox;
 use crate::limits::Counters;
 use crate::metadata::{Dialer, EmbeddedMetadata, MetadataService};
+use crate::metrics::endpoint::Endpoint;
 use crate::metrics::{prometheus, Recorder};
 use crate::notifier::Notifier;
 use crate::plan::plan;
@@ -41,7 +42,7 @@ pub struct Agent {
     server: Option<Server>,
     pub(crate) notifier: Notifier,
     /// The Prometheus endpoint, when asked for.
-    endpoint: Option<prometheus::Endpoint>,
+    endpoint: Option<Endpoint>,
     /// The number the next batch gets (in traces).
     batches: AtomicU64,
 }
@@ -170,9 +171,14 @@ impl Agent {
         }
         let endpoint = match shared.settings.metrics_address {
             Some(addr) => {
-                let (s, gauges) = (shared.clone(), server.gauges_reader());
-                let scrape = move || prometheus::render(&s.name, observe::snapshot(&s, gauges()));
-                Some(prometheus::Endpoint::start(name, addr, scrape)?)
+                // Weak: the endpoint never keeps the agent's segments registered.
+                let (s, gauges) = (Arc::downgrade(&shared), server.gauges_reader());
+                let scrape = move || {
+                    let s = s.upgrade()?;
+                    Some(prometheus::render(&s.name, observe::snapshot(&s, gauges())))
+                };
+                let kind = prometheus::CONTENT_TYPE;
+                Some(Endpoint::start(name, addr, kind, scrape)?)
             }
             None => None,
         };

@@ -31,7 +31,9 @@ impl Agent {
     /// Where the Prometheus endpoint listens ([`Settings::metrics_address`](crate::Settings::metrics_address), its port
     /// picked if it was 0); `None` when there is none.
     pub fn metrics_address(&self) -> Option<SocketAddr> {
-        self.endpoint.as_ref().map(prometheus::Endpoint::addr)
+        self.endpoint
+            .as_ref()
+            .map(crate::metrics::endpoint::Endpoint::addr)
     }
 
     /// What the control listener accepted and refused since the agent started: connections,

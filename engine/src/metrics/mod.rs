@@ -7,6 +7,7 @@
 //! a few adds: no lock, no allocation ([`Settings::metrics`](crate::Settings::metrics)
 //! turns the per-chunk part off).
 
+pub(crate) mod endpoint;
 mod histogram;
 pub(crate) mod prometheus;
 

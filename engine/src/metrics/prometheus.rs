@@ -1,16 +1,10 @@
-//! The metrics in the OpenMetrics text format that Prometheus scrapes (encoded by the
-//! `prometheus-client` crate), and the optional HTTP endpoint that serves them
-//! ([`Settings::metrics_address`](crate::Settings::metrics_address)).
+//! The metrics in the OpenMetrics text format that Prometheus scrapes, encoded by the
+//! `prometheus-client` crate.
 
 use super::Metrics;
-use crate::error::{Error, Result};
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// The content type of the text [`render`] makes.
@@ -302,79 +296,4 @@ pub(crate) fn render(agent: &str, m: Metrics) -> String {
     // Writing into a String does not fail; the encoder's own errors are for bad names.
     let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
     out
-}
-
-/// The running HTTP endpoint; dropping it stops it.
-pub(crate) struct Endpoint {
-    addr: SocketAddr,
-    server: Arc<tiny_http::Server>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Endpoint {
-    /// Serves `GET /metrics` at `addr` with the text of `scrape()` (any other path: 404),
-    /// one request at a time on one thread.
-    pub fn start(
-        agent: &str,
-        addr: SocketAddr,
-        scrape: impl Fn() -> String + Send + 'static,
-    ) -> Result<Endpoint> {
-        let server = tiny_http::Server::http(addr).map_err(|e| Error::Io {
-            op: "serve the metrics at",
-            addr: addr.to_string(),
-            detail: e.to_string(),
-        })?;
-        let bound = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| Error::Settings(format!("metrics_address {addr}: not an IP address")))?;
-        let (server, stop) = (Arc::new(server), Arc::new(AtomicBool::new(false)));
-        let (s, st) = (server.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("{agent}-metrics"))
-            .spawn(move || serve(&s, &st, &scrape))
-            .map_err(|e| Error::io("start the metrics thread of", addr, e))?;
-        Ok(Endpoint {
-            addr: bound,
-            server,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-fn serve(server: &tiny_http::Server, stop: &AtomicBool, scrape: &dyn Fn() -> String) {
-    while !stop.load(Ordering::Acquire) {
-        let Ok(Some(req)) = server.recv_timeout(Duration::from_millis(200)) else {
-            continue;
-        };
-        let path = req.url().split('?').next().unwrap_or("");
-        let ok = *req.method() == tiny_http::Method::Get && path == "/metrics";
-        let reply = if ok {
-            let header = tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE)
-                .expect("a valid header");
-            tiny_http::Response::from_string(scrape()).with_header(header)
-        } else {
-            tiny_http::Response::from_string("not found: the metrics are at GET /metrics\n")
-                .with_status_code(404)
-        };
-        // A client that left before its answer is its own problem.
-        let _ = req.respond(reply);
-    }
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
