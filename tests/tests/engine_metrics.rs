@@ -136,17 +136,22 @@ fn metrics_count_known_batches_per_rail_and_the_endpoint_serves_them() {
     assert_eq!(sample(&text, entries), Some(10.0), "{text}");
     assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
     assert!(get(addr, "/other").0.contains(" 404 "));
-    // A client that connects and sends nothing holds the endpoint for its bound at most:
-    // the scrape after it is answered, and so is the agent's drop.
-    let idle = TcpStream::connect(addr).expect("a connection");
+    // Clients that connect and send nothing (more than the endpoint keeps) hold no thread
+    // and keep no scrape waiting, and the agent's drop does not wait for them either.
+    let idle: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(addr).expect("a connection"))
+        .collect();
     let t0 = Instant::now();
     assert!(get(addr, "/metrics").0.contains(" 200 "));
-    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-    let _idle_too = TcpStream::connect(addr).expect("a connection");
-    // The endpoint is the agent's: it goes with it, within a connection's bound.
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let half = "GET /metrics HTTP/1.1\r\n";
+    for mut c in &idle[..5] {
+        c.write_all(half.as_bytes()).unwrap();
+    }
+    // The endpoint is the agent's: it goes with it.
     let t0 = Instant::now();
     drop((a, b));
-    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(
         TcpStream::connect(addr).is_err(),
         "the endpoint outlived its agent"
@@ -308,6 +313,21 @@ fn wait_for_peer_waits_for_an_agent_that_starts_later_and_is_bounded() {
         "the last cause: {e}"
     );
     assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(2));
+
+    // A peer address that takes the connection and never answers: each look-up would hang
+    // for the io_timeout (10 s), the wait still ends at its own bound.
+    let hole = TcpListener::bind("127.0.0.1:0").unwrap();
+    a.add_peer("hole", hole.local_addr().unwrap());
+    let start = Instant::now();
+    let e = a
+        .wait_for_peer("hole", Duration::from_millis(300))
+        .expect_err("no answer");
+    let waited = start.elapsed();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert!(
+        waited < Duration::from_secs(2),
+        "{waited:?} for a 300 ms wait: {e}"
+    );
 }
 
 #[test]

@@ -122,12 +122,12 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, UsageErr
                     .trim()
                     .parse::<f64>()
                     .ok()
-                    .filter(|s| *s > 0.0 && *s <= 3600.0)
+                    .filter(|s| (0.001..=3600.0).contains(s))
                     .map(Duration::from_secs_f64)
                     .ok_or_else(|| {
                         UsageError(format!(
-                            "--etcd-timeout takes seconds, more than 0 and at most 3600, not \
-                             {value:?}"
+                            "--etcd-timeout takes seconds, at least 0.001 and at most 3600, \
+                             not {value:?}"
                         ))
                     })?;
                 etcd_flag_given = true;
@@ -217,7 +217,8 @@ mod tests {
         assert!(why(&["--nics", "gpu0=rxe0"]).starts_with("--nics: \"gpu0\""));
         assert!(why(&["--etcd-prefix", "/p"]).contains("need --etcd"));
         assert!(why(&["--json=yes"]).contains("takes no value"));
-        assert!(why(&["--etcd=x", "--etcd-timeout", "0"]).contains("more than 0"));
+        assert!(why(&["--etcd=x", "--etcd-timeout", "0"]).contains("at least 0.001"));
+        assert!(why(&["--etcd=x", "--etcd-timeout", "1e-12"]).contains("at least 0.001"));
         assert!(why(&["--etcd=x", "--etcd-timeout", "inf"]).contains("at most 3600"));
         assert!(why(&["--frobnicate"]).contains("unknown argument \"--frobnicate\""));
     }

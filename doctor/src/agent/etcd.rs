@@ -212,7 +212,10 @@ mod probe {
             "etcd's space quota is full: `etcdctl compact`, `etcdctl defrag`, then `etcdctl \
              alarm disarm`"
                 .into()
-        } else if message.contains("timed out") || message.contains("deadline") {
+        } else if message.contains("timed out")
+            || message.contains("timeout expired")
+            || message.contains("deadline")
+        {
             no_answer(timeout)
         } else {
             "is this etcd's client URL (not a peer URL)? For TLS: an https:// URL and \

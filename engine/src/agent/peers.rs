@@ -85,24 +85,56 @@ impl Agent {
     pub fn wait_for_peer(&self, agent: &str, timeout: Duration) -> Result<AgentDescriptor> {
         let start = Instant::now();
         let mut pause = Duration::from_millis(10);
+        // Why the agent is not there yet: the last look-up that answered (one that did not
+        // answer in time replaces nothing but an empty cause).
+        let mut last: Option<Error> = None;
         loop {
-            match self.peer_record(agent, true) {
-                Ok(r) => return Ok(r.descriptor),
-                Err(e) if !may_appear(&e) => return Err(e),
-                Err(e) => {
-                    let left = timeout.saturating_sub(start.elapsed());
-                    if left.is_zero() {
-                        return Err(Error::PeerNotUp {
-                            agent: agent.into(),
-                            waited: timeout,
-                            last: Box::new(e),
-                        });
-                    }
-                    std::thread::sleep(pause.min(left));
-                    pause = (pause * 2).min(Duration::from_millis(200));
+            let left = timeout.saturating_sub(start.elapsed());
+            if let Some(e) = last.take_if(|_| left.is_zero()) {
+                return Err(Error::PeerNotUp {
+                    agent: agent.into(),
+                    waited: start.elapsed(),
+                    last: Box::new(e),
+                });
+            }
+            // Each look-up is given at least a little time, so that a wait of 0 asks once.
+            match self.look_up_within(agent, left.max(Duration::from_millis(10))) {
+                Some(Ok(r)) => return Ok(r.descriptor),
+                Some(Err(e)) if !may_appear(&e) => return Err(e),
+                Some(Err(e)) => last = Some(e),
+                None => {
+                    last.get_or_insert(Error::Timeout(start.elapsed()));
                 }
             }
+            let left = timeout.saturating_sub(start.elapsed());
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(200));
         }
+    }
+
+    /// One look-up of `agent` (recorded as [`Agent::peer_record`] records it), given at
+    /// most `within`: `None` when it has not answered by then. A service that follows its
+    /// peers answers from its own copy, here; any other's look-up (which may dial) runs on
+    /// a thread of its own, which a look-up that hangs keeps until the service's own bound
+    /// ([`Settings::io_timeout`](crate::Settings::io_timeout) for the embedded one); its
+    /// answer, late, is dropped.
+    fn look_up_within(&self, agent: &str, within: Duration) -> Option<Result<PeerRecord>> {
+        if self.shared.metadata.follows_peers() {
+            return Some(self.peer_record(agent, true));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (metadata, name) = (self.shared.metadata.clone(), agent.to_string());
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-lookup", self.shared.name))
+            .spawn(move || {
+                let _ = tx.send(metadata.lookup(&name));
+            });
+        let found = match spawned {
+            Ok(_) => rx.recv_timeout(within).ok()?,
+            // No thread to spare: the look-up runs here, bounded by the service alone.
+            Err(_) => self.shared.metadata.lookup(agent),
+        };
+        Some(self.record(agent, found))
     }
 
     /// The descriptors of the batch's remote agents: cached, or fetched (`refresh`, or a
@@ -138,6 +170,12 @@ impl Agent {
             return Ok(r);
         }
         let found = self.shared.metadata.lookup(agent);
+        self.record(agent, found)
+    }
+
+    /// Records a look-up of `agent`'s descriptor (its count, its trace) and keeps what it
+    /// found, checked to be `agent`'s.
+    fn record(&self, agent: &str, found: Result<PeerRecord>) -> Result<PeerRecord> {
         self.shared.metrics.looked_up(found.is_err());
         match &found {
             Ok(r) => tracing::debug!(

@@ -1,28 +1,34 @@
 //! The optional HTTP endpoint of the metrics ([`Settings::metrics_address`](crate::Settings::metrics_address)):
 //! `GET /metrics` answers the OpenMetrics text, anything else 404 or 405.
 //!
-//! One thread serves one connection at a time, and every step is bounded: the listener is
-//! polled (so that dropping the endpoint stops it within [`POLL`]), and each connection has
-//! [`IO`] to send its request (at most [`MAX_REQUEST`] bytes) and take the answer, then is
-//! closed. A client that sends nothing, or reads nothing, costs the next scrape at most that
-//! long and never holds the agent: the thread keeps no reference that keeps the agent's
-//! memory registered (the scrape closure holds a weak one), and stopping it waits at most
-//! one connection's bound.
+//! One thread serves it, and everything it holds is bounded: it polls the listener and the
+//! connections whose request has not all come yet (at most [`MAX_PENDING`], the oldest
+//! dropped past that), each given [`IO`] to send at most [`MAX_REQUEST`] bytes of request
+//! head; a whole request is answered at once, within [`IO`] to take the answer, and the
+//! connection closed. So clients that send nothing neither hold a thread nor keep an honest
+//! scrape waiting, one that reads nothing delays the next answer by [`IO`] at most, and
+//! dropping the endpoint stops it within one poll or one answer. The thread keeps nothing
+//! that keeps the agent's memory registered (the scrape closure holds it weakly).
 
 use crate::error::{Error, Result};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How often the idle listener looks for a connection and for the stop flag.
-const POLL: Duration = Duration::from_millis(50);
+/// How often, in milliseconds, the idle endpoint looks at the stop flag.
+const POLL_MS: u16 = 50;
 /// What one connection may take to send its request, and again to read its answer.
 const IO: Duration = Duration::from_secs(2);
 /// The longest request head read.
 const MAX_REQUEST: usize = 8 << 10;
+/// Connections whose request has not all come yet, at most (past it the oldest goes).
+const MAX_PENDING: usize = 32;
 
 /// The running endpoint; dropping it stops it.
 pub(crate) struct Endpoint {
@@ -66,34 +72,109 @@ impl Endpoint {
     }
 }
 
+/// A connection whose request head has not all come yet.
+struct Pending {
+    conn: TcpStream,
+    head: Vec<u8>,
+    since: Instant,
+}
+
 fn serve(
     listener: &TcpListener,
     stop: &AtomicBool,
     content_type: &str,
     scrape: &dyn Fn() -> Option<String>,
 ) {
+    let mut pending: VecDeque<Pending> = VecDeque::new();
     while !stop.load(Ordering::Acquire) {
-        match listener.accept() {
-            // A connection that fails is the client's problem; the next one is served.
-            Ok((conn, _)) => {
-                let _ = answer(conn, content_type, scrape);
+        let mut fds = Vec::with_capacity(pending.len() + 1);
+        fds.push(PollFd::new(listener.as_fd(), PollFlags::POLLIN));
+        fds.extend(
+            pending
+                .iter()
+                .map(|p| PollFd::new(p.conn.as_fd(), PollFlags::POLLIN)),
+        );
+        // Interrupted or failed: the loop looks again after the same pause.
+        if poll(&mut fds, PollTimeout::from(POLL_MS)).is_err() {
+            std::thread::sleep(Duration::from_millis(POLL_MS.into()));
+        }
+        let ready: Vec<bool> = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+        // Heads that came whole are answered; connections that failed, sent too much, or
+        // took longer than IO are dropped.
+        let mut k = 0;
+        pending.retain_mut(|p| {
+            k += 1;
+            if !ready[k] {
+                return p.since.elapsed() < IO;
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(POLL),
-            // Out of file descriptors, say: back off as when idle.
-            Err(_) => std::thread::sleep(POLL),
+            match take(p) {
+                Some(true) => {
+                    let _ = answer(&p.conn, &p.head, content_type, scrape);
+                    false
+                }
+                Some(false) => p.since.elapsed() < IO,
+                None => false,
+            }
+        });
+        if ready[0] {
+            accept(listener, &mut pending);
         }
     }
 }
 
-/// Reads one request head from `conn` and answers it, each within [`IO`].
+/// Accepts every connection waiting, as pending; past [`MAX_PENDING`], the oldest is
+/// dropped to make room.
+fn accept(listener: &TcpListener, pending: &mut VecDeque<Pending>) {
+    // A connection that fails is the client's problem; out of file descriptors, say,
+    // the loop tries again after its pause.
+    while let Ok((conn, _)) = listener.accept() {
+        if conn.set_nonblocking(true).is_err() {
+            continue;
+        }
+        if pending.len() >= MAX_PENDING {
+            pending.pop_front();
+        }
+        pending.push_back(Pending {
+            conn,
+            head: Vec::new(),
+            since: Instant::now(),
+        });
+    }
+}
+
+/// Reads what `p`'s client sent: `Some(true)` when its head is whole, `Some(false)` when
+/// more may come, `None` when the connection is to be dropped (closed, failed, too long).
+fn take(p: &mut Pending) -> Option<bool> {
+    let mut buf = [0u8; 1024];
+    loop {
+        match (&p.conn).read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => p.head.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+        if p.head.len() > MAX_REQUEST {
+            return None;
+        }
+    }
+    Some(p.head.windows(4).any(|w| w == b"\r\n\r\n"))
+}
+
+/// Answers the request whose head is `head` on `conn`, within [`IO`].
 fn answer(
-    mut conn: TcpStream,
+    mut conn: &TcpStream,
+    head: &[u8],
     content_type: &str,
     scrape: &dyn Fn() -> Option<String>,
 ) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
     conn.set_write_timeout(Some(IO))?;
-    let head = read_head(&mut conn)?;
+    let head = String::from_utf8_lossy(head);
     let line = head.lines().next().unwrap_or("");
     let mut words = line.split(' ');
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
@@ -121,27 +202,6 @@ fn answer(
     conn.write_all(reply.as_bytes())?;
     conn.write_all(body.as_bytes())?;
     conn.flush()
-}
-
-/// The request's head (up to the blank line), as text; at most [`MAX_REQUEST`] bytes and
-/// [`IO`] in all.
-fn read_head(conn: &mut TcpStream) -> std::io::Result<String> {
-    let deadline = Instant::now() + IO;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || head.len() >= MAX_REQUEST {
-            return Err(ErrorKind::TimedOut.into());
-        }
-        conn.set_read_timeout(Some(left))?;
-        let n = conn.read(&mut buf)?;
-        if n == 0 {
-            return Err(ErrorKind::UnexpectedEof.into());
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
 impl Drop for Endpoint {
