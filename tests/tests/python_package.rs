@@ -172,7 +172,7 @@ mod two_node {
         std::fs::write(dir.join("kv_handoff.py"), program).expect("written");
         let profile = staged().parent().expect("target/<profile>").to_path_buf();
         std::os::unix::fs::symlink(&profile, dir.join("target/debug")).expect("linked");
-        let mut sh = Command::new("/bin/sh");
+        let mut sh = Command::new("sh");
         sh.arg("two_node.sh").current_dir(&dir);
         let role = if tb.is_server() {
             "target"
