@@ -118,6 +118,18 @@ pub(crate) fn no_device_list(section: &'static str, found: String) -> Check {
     Check::problem(section, "RDMA devices", Status::Fail, found, problem)
 }
 
+/// The failed check of device `name` that libibverbs lists but cannot open (`found`:
+/// why), in `section`.
+pub(crate) fn cannot_open(section: &'static str, name: &str, found: String) -> Check {
+    Check::problem(
+        section,
+        name,
+        Status::Fail,
+        found,
+        &problems::UVERBS_MISSING,
+    )
+}
+
 /// Lists, opens and probes every RDMA device.
 pub fn inspect(sysfs: &Path) -> Nics {
     let mut out = Nics::default();
@@ -164,13 +176,8 @@ fn inspect_one(sysfs: &Path, name: &str, out: &mut Nics) {
     let ctx = match Context::open(name) {
         Ok(c) => c,
         Err(e) => {
-            out.checks.push(Check::problem(
-                SECTION,
-                name,
-                Status::Fail,
-                format!("driver {drv}; cannot open: {e}"),
-                &problems::UVERBS_MISSING,
-            ));
+            let found = format!("driver {drv}; cannot open: {e}");
+            out.checks.push(cannot_open(SECTION, name, found));
             return;
         }
     };

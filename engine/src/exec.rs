@@ -320,10 +320,6 @@ pub(crate) fn run<'c, L: Lendable>(
             }
         }
     }
-    for (&(p, l, r), &n) in rails.iter().zip(&sent).filter(|(_, &n)| n > 0) {
-        let peer = &lanes[usize::from(p)].agent;
-        tracing::debug!(%peer, local_device = l, remote_device = r, chunks = n, "posted");
-    }
     while !in_flight.is_empty() {
         complete_front(
             &mut in_flight,
@@ -335,6 +331,12 @@ pub(crate) fn run<'c, L: Lendable>(
         );
     }
     join(slots, pass, shards, homes);
+    // Traced once nothing is in flight or lent: a subscriber that panics unwinds through no
+    // request the NIC still owns.
+    for (&(p, l, r), &n) in rails.iter().zip(&sent).filter(|(_, &n)| n > 0) {
+        let peer = &lanes[usize::from(p)].agent;
+        tracing::debug!(%peer, local_device = l, remote_device = r, chunks = n, "posted");
+    }
 }
 
 /// Lends each device's region in `slots` (taking it out) as one shard per pick planned on

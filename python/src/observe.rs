@@ -13,17 +13,31 @@ use pyo3::types::{PyDict, PyList};
 /// `gpu_rdma_engine=debug`, ...) prints the engine's traces on stderr.
 const LOG_ENV: &str = "GPU_RDMA_LOG";
 
+/// Tells the user on stderr (a closed stderr is no error: it is only a warning).
+fn say(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "gpu_rdma: {what}");
+}
+
 /// Prints the engine's traces on stderr when [`LOG_ENV`] is set (at import). A process
 /// that already installed a `tracing` subscriber keeps its own.
 pub(crate) fn init_traces() {
-    let Ok(filter) = std::env::var(LOG_ENV) else {
-        return;
+    let filter = match std::env::var(LOG_ENV) {
+        Ok(f) => f,
+        Err(std::env::VarError::NotPresent) => return,
+        // Set but unreadable: said, never taken as unset silently.
+        Err(std::env::VarError::NotUnicode(v)) => {
+            say(&format!("{LOG_ENV}={v:?} is not UTF-8; no traces"));
+            return;
+        }
     };
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("gpu_rdma: {LOG_ENV}={filter:?} is not a filter ({e}); no traces");
+            say(&format!(
+                "{LOG_ENV}={filter:?} is not a filter ({e}); no traces"
+            ));
             return;
         }
     };

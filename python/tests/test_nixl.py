@@ -52,6 +52,16 @@ def buffers(a: Any, b: Any, size: int) -> Tuple[Any, Any]:
     return x, y
 
 
+def read_all(a: Any, b: Any, x: Any, y: Any, size: int) -> Any:
+    """A prepared READ of the whole of `b`'s `y` into `a`'s `x` (`size` bytes each)."""
+    return a.initialize_xfer(
+        "READ",
+        a.get_xfer_descs([(x.ctypes.data, size, 0)], "DRAM"),
+        a.get_xfer_descs([(y.ctypes.data, size, 0)], "DRAM"),
+        b.name,
+    )
+
+
 def wait_done(agent: Any, handle: Any, bound: float = 60.0) -> None:
     deadline = time.monotonic() + bound
     while agent.check_xfer_state(handle) == "PROC":
@@ -346,12 +356,7 @@ def test_a_repost_or_release_while_the_last_post_is_in_flight_is_refused(pair: P
     a, b = pair
     size = 32 << 20
     x, y = buffers(a, b, size)
-    h = a.initialize_xfer(
-        "READ",
-        a.get_xfer_descs([(x.ctypes.data, size, 0)], "DRAM"),
-        a.get_xfer_descs([(y.ctypes.data, size, 0)], "DRAM"),
-        b.name,
-    )
+    h = read_all(a, b, x, y, size)
     assert a.transfer(h) == "PROC"
     with pytest.raises(bindings.nixlRepostActiveError):
         a.transfer(h)
@@ -517,12 +522,7 @@ def test_a_handle_collected_in_flight_is_released_once_done(pair: Pair) -> None:
     a, b = pair
     size = 16 << 20
     x, y = buffers(a, b, size)
-    h = a.initialize_xfer(
-        "READ",
-        a.get_xfer_descs([(x.ctypes.data, size, 0)], "DRAM"),
-        a.get_xfer_descs([(y.ctypes.data, size, 0)], "DRAM"),
-        b.name,
-    )
+    h = read_all(a, b, x, y, size)
     a.transfer(h)
     del h
     gc.collect()  # its finalizer queues it, taking no lock

@@ -90,13 +90,9 @@ fn device(sysfs: &Path, name: &str, named: bool, present: &[String], out: &mut F
     let ctx = match Context::open(name) {
         Ok(c) => c,
         Err(e) => {
-            out.checks.push(Check::problem(
-                SECTION,
-                name,
-                Status::Fail,
-                format!("cannot open: {e}"),
-                &problems::UVERBS_MISSING,
-            ));
+            let found = format!("cannot open: {e}");
+            out.checks
+                .push(crate::rdma::cannot_open(SECTION, name, found));
             return;
         }
     };

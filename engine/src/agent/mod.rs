@@ -372,9 +372,9 @@ impl Agent {
     /// caches only with [`Settings::keep_cuda_registrations`], and then stay open to peers
     /// (see there). The segment is deregistered first, then the metadata service is told;
     /// if it cannot be (etcd unreachable, a backend's error), the memory still comes back:
-    /// peers that hold the old descriptor are refused by their NICs
-    /// ([`Error::RemoteAccess`]) and fetch it again, and the next publication carries the
-    /// removal.
+    /// peers that hold the old descriptor are refused by their NICs and fetch it again (their
+    /// entries fail with [`Error::UnknownSegment`] when the new one lacks the segment, else
+    /// [`Error::RemoteAccess`]), and the next publication carries the removal.
     ///
     /// # Errors
     /// [`Error::SegmentBusy`] while a transfer that uses it has not finished (nothing

@@ -73,10 +73,9 @@ impl Agent {
     /// [`Agent::add_peer`]; etcd's sees it once it published), asking again with a pause
     /// that grows from 10 ms to 200 ms; returns its descriptor, which it keeps (the next
     /// transfer to the agent looks nothing up). A program that starts two agents needs no
-    /// ordering of its own: the initiator waits for the target. A look-up under way is not
-    /// cut short: one that hangs (the embedded service dialing an address that drops its
-    /// packets) ends at [`Settings::io_timeout`](crate::Settings::io_timeout), so the call
-    /// returns at most that much past `timeout`.
+    /// ordering of its own: the initiator waits for the target. A look-up that hangs (the
+    /// embedded service dialing an address that takes the connection and never answers) does
+    /// not hold the call past `timeout`: it is left to end on its own thread.
     ///
     /// # Errors
     /// [`Error::PeerNotUp`] (kind `TimedOut`) with the last look-up's error when `timeout`

@@ -51,8 +51,8 @@ impl RailCells {
     }
 }
 
-/// A rail's key: peer name, local device index, remote device index.
-type RailKey = (String, u16, u16);
+/// Each peer's rails' cells, by (local device index, remote device index).
+type Rails = BTreeMap<String, BTreeMap<(u16, u16), Arc<RailCells>>>;
 
 /// `ibv_wc_status` values counted one by one; larger ones are counted as the last.
 const STATUSES: usize = 23;
@@ -88,7 +88,7 @@ const STATUS_NAMES: [&str; STATUSES] = [
 pub(crate) struct Recorder {
     /// Whether the workers count per chunk ([`Settings::metrics`](crate::Settings::metrics)).
     pub on: bool,
-    rails: Mutex<BTreeMap<RailKey, Arc<RailCells>>>,
+    rails: Mutex<Rails>,
     completion_errors: [AtomicU64; STATUSES],
     failovers: AtomicU64,
     rails_marked_down: AtomicU64,
@@ -135,16 +135,14 @@ impl Recorder {
     }
 
     /// The cells of rail (`peer`, `local`, `remote`), made on first use. Takes a lock (and
-    /// allocates the first time): once per rail and pass, never per chunk.
+    /// allocates the first time only): once per rail and pass, never per chunk.
     pub fn rail(&self, peer: &str, local: u16, remote: u16) -> Arc<RailCells> {
         let mut rails = lock(&self.rails);
-        if let Some(c) = rails.get(&(peer.to_owned(), local, remote)) {
-            return c.clone();
-        }
-        rails
-            .entry((peer.into(), local, remote))
-            .or_default()
-            .clone()
+        let of_peer = match rails.get_mut(peer) {
+            Some(r) => r,
+            None => rails.entry(peer.into()).or_default(),
+        };
+        of_peer.entry((local, remote)).or_default().clone()
     }
 
     /// A request was posted (`Some(now)` to time it, when counting is on).
@@ -172,8 +170,8 @@ impl Recorder {
         self.failovers.fetch_add(n, Relaxed);
     }
 
-    /// A rail was marked down (`newly`: it was not left out before); `back`: rails that
-    /// were left out and are up again.
+    /// `newly` rails were marked down, and the number of rails left out changed by
+    /// `down_now_delta`.
     pub fn rails_changed(&self, newly: u64, down_now_delta: i64) {
         self.rails_marked_down.fetch_add(newly, Relaxed);
         self.rails_down.fetch_add(down_now_delta, Relaxed);
@@ -225,7 +223,8 @@ impl Recorder {
         let name = |d: u16| devices.get(usize::from(d)).cloned().unwrap_or_default();
         let rails = lock(&self.rails)
             .iter()
-            .map(|((peer, l, r), c)| RailMetrics {
+            .flat_map(|(peer, of_peer)| of_peer.iter().map(move |(lr, c)| (peer, lr, c)))
+            .map(|(peer, (l, r), c)| RailMetrics {
                 peer: peer.clone(),
                 local_device: name(*l),
                 remote_device: *r,

@@ -5,7 +5,6 @@ use super::Metrics;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use std::time::Duration;
 
 /// The content type of the text [`render`] makes.
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -41,12 +40,7 @@ fn counter(m: &mut prometheus_client::encoding::MetricEncoder<'_>, v: &u64) -> s
 }
 
 fn gauge(m: &mut prometheus_client::encoding::MetricEncoder<'_>, v: &u64) -> std::fmt::Result {
-    #[allow(clippy::cast_possible_wrap)]
-    m.encode_gauge(&(*v as i64))
-}
-
-fn seconds(d: Duration) -> f64 {
-    d.as_secs_f64()
+    m.encode_gauge(&i64::try_from(*v).unwrap_or(i64::MAX))
 }
 
 fn histogram(
@@ -56,9 +50,9 @@ fn histogram(
     let buckets: Vec<(f64, u64)> = h
         .buckets
         .iter()
-        .map(|&(b, n)| (b.map_or(f64::MAX, seconds), n))
+        .map(|&(b, n)| (b.map_or(f64::MAX, |b| b.as_secs_f64()), n))
         .collect();
-    m.encode_histogram::<NoLabelSet>(seconds(h.sum), h.count, &buckets, None)
+    m.encode_histogram::<NoLabelSet>(h.sum.as_secs_f64(), h.count, &buckets, None)
 }
 
 impl prometheus_client::collector::Collector for Scrape {
