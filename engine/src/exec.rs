@@ -12,6 +12,7 @@
 
 use crate::batch::Op;
 use crate::error::Error;
+use crate::health::Lane;
 use crate::metrics::{RailCells, Recorder};
 use crate::peer::PeerConn;
 use crate::plan::Chunk;
@@ -64,107 +65,6 @@ impl Lendable for Checkout {
     }
     fn join(lent: Lent, shards: Vec<Shard<SharedDmaBuf>>) -> Option<Self> {
         lent.join(shards).ok()
-    }
-}
-
-/// The worker's view of one peer of the batch.
-pub(crate) struct Lane {
-    /// The peer's name, for errors.
-    pub agent: String,
-    /// Why the peer is down, once it is: its chunks are not posted (it could not be
-    /// reached, refused a key, or every rail to it failed).
-    pub down: Option<Error>,
-    /// The rails (local device, remote device) to it that failed during the batch (or
-    /// recently, in an earlier one): chunks planned on them go to the retry list.
-    pub rails_down: Vec<(u16, u16)>,
-    /// The first rail failure's cause (later ones are mostly flushes of the same).
-    pub rail_error: Option<String>,
-}
-
-/// `IBV_WC_REM_ACCESS_ERR`: the responder refused the request's rkey or range.
-const REMOTE_ACCESS_ERROR: u32 = 10;
-
-/// Completion statuses that say the request was wrong, not the rail: `IBV_WC_LOC_LEN_ERR`,
-/// `LOC_PROT_ERR`, `LOC_ACCESS_ERR`, `REM_INV_REQ_ERR`, `REM_OP_ERR`.
-const NOT_THE_RAIL: [u32; 5] = [1, 4, 8, 9, 11];
-
-impl Lane {
-    /// A lane to `agent`, up, with no rail down.
-    pub fn new(agent: &str) -> Lane {
-        Lane {
-            agent: agent.into(),
-            down: None,
-            rails_down: Vec::new(),
-            rail_error: None,
-        }
-    }
-
-    /// Whether rail `(local, remote)` is down.
-    pub fn rail_is_down(&self, local: u16, remote: u16) -> bool {
-        self.rails_down.contains(&(local, remote))
-    }
-
-    /// Marks rail `(local, remote)` down (its chunks are retried on the others).
-    pub fn rail_failed(&mut self, local: u16, remote: u16, cause: String) {
-        if !self.rail_is_down(local, remote) {
-            self.rails_down.push((local, remote));
-        }
-        self.rail_error.get_or_insert(cause);
-    }
-
-    /// Records that rail `(local, remote)`'s queue pairs could not be made: the rail is
-    /// down, or the peer is when its control channel failed (every other rail would wait
-    /// for the same channel).
-    pub fn connect_failed(&mut self, local: u16, remote: u16, e: Error) {
-        match e {
-            Error::Io { .. } => {
-                self.down.get_or_insert_with(|| Error::PeerDown {
-                    agent: self.agent.clone(),
-                    cause: e.to_string(),
-                });
-            }
-            e => self.rail_failed(local, remote, e.to_string()),
-        }
-    }
-
-    /// Marks the peer down: every rail to it failed.
-    pub fn every_rail_failed(&mut self) -> Error {
-        let first = self.rail_error.as_deref().unwrap_or("no rail to it");
-        self.down
-            .get_or_insert_with(|| Error::PeerDown {
-                agent: self.agent.clone(),
-                cause: format!("every rail to it failed; the first failure: {first}"),
-            })
-            .clone()
-    }
-
-    /// Records a failed request on rail `(local, remote)`. A request the peer refused (its
-    /// key or range: [`Error::RemoteAccess`], the peer restarted or the batch is wrong) or
-    /// that was wrong itself (a local length, protection or access error, an invalid
-    /// request) would fail on any rail: the peer is marked down and the chunk fails, `Some`
-    /// with the error. Anything else (a retry budget spent, a flush, a queue pair the link's
-    /// loss sent to the error state) marks the rail down, `None`: the chunk is retried on
-    /// another rail.
-    fn failed(&mut self, local: u16, remote: u16, cause: &rdma_dmabuf::Error) -> Option<Error> {
-        if let rdma_dmabuf::Error::Completion { status, .. } = cause {
-            let agent = self.agent.clone();
-            let e = match *status {
-                REMOTE_ACCESS_ERROR => Some(Error::RemoteAccess {
-                    agent,
-                    cause: cause.to_string(),
-                }),
-                s if NOT_THE_RAIL.contains(&s) => Some(Error::PeerDown {
-                    agent,
-                    cause: cause.to_string(),
-                }),
-                _ => None,
-            };
-            if let Some(e) = e {
-                return Some(self.down.get_or_insert(e).clone());
-            }
-        }
-        self.rail_failed(local, remote, cause.to_string());
-        None
     }
 }
 

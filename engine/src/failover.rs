@@ -2,7 +2,7 @@
 //! the nearest rail still up between its two segments ([`plan::stripe`]), and the rails
 //! taken get their queue pairs.
 
-use crate::exec::Lane;
+use crate::health::Lane;
 use crate::metrics::Recorder;
 use crate::peer::PeerConn;
 use crate::plan::{self, Chunk, Plan, Stripe};

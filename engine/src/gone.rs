@@ -7,7 +7,7 @@
 //! peer and refuses the batch at its check). Otherwise the refusal stands.
 
 use crate::error::Error;
-use crate::exec::Lane;
+use crate::health::Lane;
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::shared::Shared;

@@ -98,6 +98,7 @@ mod etcd;
 mod exec;
 mod failover;
 mod gone;
+mod health;
 mod http_meta;
 mod inbox;
 mod limits;

@@ -4,18 +4,19 @@
 //! the number of workers (a batch stuck on a dead peer holds one worker).
 
 use crate::error::Error;
-use crate::exec::{self, Lane, Pass};
+use crate::exec::{self, Pass};
+use crate::health::{Health, Lane};
 use crate::failover;
 use crate::peer::PeerConn;
 use crate::plan::{Chunk, PeerTarget, Plan};
 use crate::progress::Progress;
 use crate::segment::Region;
 use crate::shared::Shared;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// An accepted batch: checked, its local segments counted as used.
 pub(crate) struct Job {
@@ -28,27 +29,10 @@ pub(crate) struct Job {
     pub notification: Option<Vec<u8>>,
 }
 
-/// Rails (peer, local device, remote device) that failed: when, and how long later batches
-/// leave them out ([`Settings::rail_probe_after`](crate::Settings::rail_probe_after), doubled
-/// each time a probe fails again, up to [`MAX_BACKOFF`] times); then a batch tries the rail
-/// again, and a batch that does not see it fail forgets it.
-type RailsDown = HashMap<(String, u16, u16), (Instant, Duration)>;
-
-/// The longest a failed rail is left out, in [`Settings::rail_probe_after`](crate::Settings::rail_probe_after)s.
-const MAX_BACKOFF: u32 = 32;
-
-/// What a worker keeps from batch to batch besides its connections: the rails left out,
-/// and the peers it marked down (to say when they are back).
-#[derive(Default)]
-struct Memory {
-    rails_down: RailsDown,
-    peers_down: HashSet<String>,
-}
-
 /// Runs jobs until the agent drops the sender (the queued ones first).
 pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
     let mut conns: HashMap<String, PeerConn> = HashMap::new();
-    let mut memory = Memory::default();
+    let mut health = Health::new(shared.settings.rail_probe_after);
     loop {
         // The lock is held only while waiting for the next job, never while running one
         // (a guard in a `while let` condition would live through the loop's body).
@@ -56,31 +40,20 @@ pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
         let Ok(job) = next else { break };
         let span = tracing::info_span!("batch", agent = %shared.name, id = job.id);
         let _in = span.enter();
-        execute(shared, &mut conns, &mut memory, &job);
+        execute(shared, &mut conns, &mut health, &job);
     }
     // The rails this worker left out are its own: they go with it.
-    let left_out = i64::try_from(memory.rails_down.len()).unwrap_or(i64::MAX);
+    let left_out = i64::try_from(health.rails_left_out()).unwrap_or(i64::MAX);
     shared.metrics.rails_changed(0, -left_out);
 }
 
-fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, memory: &mut Memory, job: &Job) {
-    let Memory {
-        rails_down,
-        peers_down,
-    } = memory;
+fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, health: &mut Health, job: &Job) {
     let plan = &job.plan;
-    let probe_after = shared.settings.rail_probe_after;
-    let mut lanes: Vec<Lane> = plan.peers.iter().map(|t| Lane::new(&t.agent)).collect();
+    let now = Instant::now();
+    let mut lanes: Vec<Lane> = plan.peers.iter().map(|t| health.lane(&t.agent, now)).collect();
     for (p, lane) in lanes.iter_mut().enumerate() {
-        for ((agent, l, r), (at, wait)) in rails_down.iter() {
-            if *agent == lane.agent && at.elapsed() < *wait {
-                lane.rail_failed(*l, *r, "failed in an earlier batch".into());
-            }
-        }
         prepare(shared, conns, plan, p, job.controls[p], lane);
-        if lane.down.is_none() && peers_down.remove(&lane.agent) {
-            tracing::info!(peer = %lane.agent, "peer up again");
-        }
+        health.prepared(lane);
     }
     debug_assert!(plan.chunks.iter().all(|c| c.round < plan.rounds));
     let mut order: Vec<usize> = (0..plan.chunks.len()).collect();
@@ -118,56 +91,28 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, memory: &mut 
             .segments
             .put_back(name, Some(region).filter(|_| whole));
     }
-    let left_out = rails_down.len();
-    let mut newly = 0;
     for lane in &lanes {
-        if let Some(e) = &lane.down {
+        if lane.down.is_some() {
             // The queue pairs are in the error state (or were never made): a later batch
             // fetches the descriptor again and reconnects.
             conns.remove(&lane.agent);
             shared.forget_peer(&lane.agent);
-            shared.metrics.peer_down();
-            tracing::warn!(peer = %lane.agent, error = %e, "peer marked down");
-            peers_down.insert(lane.agent.clone());
             continue;
         }
-        for &(l, r) in &lane.rails_down {
+        if let Some(c) = conns.get_mut(&lane.agent) {
             // In error (or never made): a batch after the wait makes them again.
-            if let Some(c) = conns.get_mut(&lane.agent) {
+            for &(l, r) in &lane.rails_down {
                 c.drop_rail(l, r);
-            }
-            let (at, wait) = rails_down
-                .entry((lane.agent.clone(), l, r))
-                .or_insert((Instant::now(), Duration::ZERO));
-            if at.elapsed() >= *wait {
-                newly += 1;
-                tracing::warn!(
-                    peer = %lane.agent,
-                    local_device = l,
-                    remote_device = r,
-                    cause = lane.rail_error.as_deref().unwrap_or(""),
-                    "rail marked down",
-                );
-                // Failed anew (or on its probe): left out again, for twice as long.
-                let longest = probe_after.saturating_mul(MAX_BACKOFF);
-                *wait = wait.saturating_mul(2).clamp(probe_after, longest);
-                *at = Instant::now();
             }
         }
     }
-    // A rail whose wait is over and that did not fail in this batch to its peer is up again
-    // (or unused: the next batch that uses it probes it).
-    rails_down.retain(|(agent, l, r), (at, wait)| {
-        let lane = lanes.iter().find(|lane| lane.agent == *agent);
-        let keep = at.elapsed() < *wait || lane.is_none_or(|lane| lane.rail_is_down(*l, *r));
-        if !keep {
-            tracing::info!(peer = %agent, local_device = l, remote_device = r, "rail up again");
-        }
-        keep
-    });
-    let delta = i64::try_from(rails_down.len()).unwrap_or(i64::MAX)
-        - i64::try_from(left_out).unwrap_or(i64::MAX);
-    shared.metrics.rails_changed(newly, delta);
+    let settled = health.settle(&lanes, Instant::now());
+    shared
+        .metrics
+        .rails_changed(settled.rails_marked, settled.rails_delta);
+    for _ in 0..settled.peers_marked {
+        shared.metrics.peer_down();
+    }
     crate::gone::correct(shared, plan, &lanes, &job.progress);
     for name in &plan.segments {
         shared.segments.release(name);

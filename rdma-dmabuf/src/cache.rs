@@ -524,6 +524,7 @@ impl Deref for Checkout {
 }
 
 impl part::sealed::Sealed for Checkout {}
+impl part::ExclusivePart for Checkout {}
 impl OwnedPart for Checkout {
     type Backing = SharedDmaBuf;
     fn lent(&self, _: part::sealed::Token) -> (&MemoryRegion<SharedDmaBuf>, Range<u64>) {

@@ -301,6 +301,11 @@ pub enum ErrorKind {
     RemoteAccess,
     /// A send found no receive posted at the peer.
     ReceiverNotReady,
+    /// The request itself was wrong, so it would fail on any path to the peer: a local
+    /// length, protection or access error (`IBV_WC_LOC_LEN_ERR`, `LOC_PROT_ERR`,
+    /// `LOC_ACCESS_ERR`), or one the peer found invalid or could not carry out
+    /// (`REM_INV_REQ_ERR`, `REM_OP_ERR`).
+    InvalidRequest,
     /// The request never ran: its queue pair was in the error state.
     Flushed,
     /// The device, provider or kernel does not implement the operation.
@@ -362,6 +367,11 @@ impl Error {
                 S::IBV_WC_RETRY_EXC_ERR => ErrorKind::PeerGone,
                 S::IBV_WC_RNR_RETRY_EXC_ERR => ErrorKind::ReceiverNotReady,
                 S::IBV_WC_WR_FLUSH_ERR => ErrorKind::Flushed,
+                S::IBV_WC_LOC_LEN_ERR
+                | S::IBV_WC_LOC_PROT_ERR
+                | S::IBV_WC_LOC_ACCESS_ERR
+                | S::IBV_WC_REM_INV_REQ_ERR
+                | S::IBV_WC_REM_OP_ERR => ErrorKind::InvalidRequest,
                 _ => ErrorKind::Other,
             },
             Error::Verbs { source, .. } => match source.raw_os_error() {
@@ -502,7 +512,21 @@ mod tests {
                 "REMOTE_WRITE",
                 ErrorKind::RemoteAccess,
             ),
+            (
+                S::IBV_WC_LOC_LEN_ERR,
+                "longer than the receive",
+                ErrorKind::InvalidRequest,
+            ),
         ];
+        for status in [
+            S::IBV_WC_LOC_PROT_ERR,
+            S::IBV_WC_LOC_ACCESS_ERR,
+            S::IBV_WC_REM_INV_REQ_ERR,
+            S::IBV_WC_REM_OP_ERR,
+        ] {
+            assert_eq!(completion(status).kind(), ErrorKind::InvalidRequest);
+        }
+        assert_eq!(completion(S::IBV_WC_GENERAL_ERR).kind(), ErrorKind::Other);
         for (status, hint, kind) in hints {
             let e = completion(status);
             assert!(e.to_string().contains(hint), "{e}");

@@ -93,6 +93,7 @@ mod scope;
 mod shard;
 mod shared_dmabuf;
 mod shared_host;
+mod source;
 mod slots;
 mod spin;
 mod sys;
@@ -119,7 +120,7 @@ pub use fence::{export_fences, wait_for_fences, FencedOp};
 pub use host::HostBuffer;
 pub use mr::{dmabuf_probe_errno, supports_dmabuf, Access, Backing, MemoryRegion};
 pub use multi::{MultiChannel, MultiChannelBuilder, PreparedMulti};
-pub use part::{Local, OwnedPart, Part, PartMut};
+pub use part::{ExclusivePart, Local, OwnedPart, Part, PartMut};
 pub use qp::{
     BatchError, Done, InlinePending, Outcome, PartsDone, PartsError, PartsOutcome, PartsPending,
     Pending, PreparedQp, QueuePair, QueuePairBuilder, SharedReceiveQueue, SrqPending,
@@ -130,6 +131,7 @@ pub use qp::{
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use shard::{JoinError, Shard, SplitError};
+pub use source::{SharedSource, Source};
 pub use shared_dmabuf::SharedDmaBuf;
 pub use shared_host::SharedHostBuffer;
 pub use spin::SpinPolicy;

@@ -10,9 +10,13 @@
 //!   reads): [`MemoryRegion::part_mut`], or `&mut region`.
 //! * [`Shard`](crate::Shard): one of several disjoint owned parts of one region
 //!   ([`MemoryRegion::split`]), each posted on its own and joined back afterwards.
+//! * [`Source`](crate::Source): a lease of a range of a region shared for NIC reads
+//!   ([`MemoryRegion::share`]), posted by many requests at once.
 //!
 //! The owned posts of several parts (`QueuePair::post_write_parts` and the rest) take an
-//! array of any [`OwnedPart`]: regions, `Local`s or shards.
+//! array of any [`OwnedPart`]: regions, `Local`s, shards or sources; those whose NIC writes
+//! the local bytes (`post_recv_parts`, `post_read_parts`) take only an [`ExclusivePart`],
+//! which a source is not.
 //!
 //! Ranges are byte offsets within the region (`start..end`, `end` exclusive). They are
 //! checked when posted: an empty or reversed range, or one past the region's end, is an
@@ -35,6 +39,13 @@ pub trait OwnedPart: Send + 'static + sealed::Sealed {
     #[doc(hidden)]
     fn lent(&self, _: sealed::Token) -> (&MemoryRegion<Self::Backing>, Range<u64>);
 }
+
+/// An [`OwnedPart`] lent to one request at a time, so that the NIC may write it: every owned
+/// part but a [`Source`](crate::Source), which many requests may read at once.
+pub trait ExclusivePart: OwnedPart {}
+
+impl<B: Backing> ExclusivePart for MemoryRegion<B> {}
+impl<B: Backing> ExclusivePart for Local<B> {}
 
 /// Keeps [`OwnedPart`] closed, and its accessor out of reach of other crates.
 // Unnameable on purpose: the sealed-trait pattern.

@@ -366,6 +366,7 @@ impl Shard<HostBuffer> {
     }
 }
 
+impl<B: Backing> crate::part::ExclusivePart for Shard<B> {}
 impl<B: Backing> sealed::Sealed for Shard<B> {}
 impl<B: Backing> OwnedPart for Shard<B> {
     type Backing = B;

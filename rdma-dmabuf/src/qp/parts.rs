@@ -7,7 +7,7 @@ use super::ticket::{blocking_wait, busy_wait, timed_wait, Handle, Ticket};
 use super::QueuePair;
 use crate::error::{Error, Result};
 use crate::mr::{Backing, MemoryRegion};
-use crate::part::{sealed::TOKEN, OwnedPart, Part};
+use crate::part::{sealed::TOKEN, ExclusivePart, OwnedPart, Part};
 use crate::remote::RemoteRegion;
 use crate::wr::{WorkCompletion, WorkKind};
 use std::fmt;
@@ -154,7 +154,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_send_parts`].
-    pub fn post_recv_parts<P: OwnedPart, const N: usize>(
+    pub fn post_recv_parts<P: ExclusivePart, const N: usize>(
         &self,
         parts: [P; N],
     ) -> std::result::Result<PartsPending<'_, P, N>, PartsError<P, N>> {
@@ -181,7 +181,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_write_parts`].
-    pub fn post_read_parts<P: OwnedPart, const N: usize>(
+    pub fn post_read_parts<P: ExclusivePart, const N: usize>(
         &self,
         parts: [P; N],
         remote: RemoteRegion,
