@@ -18,34 +18,57 @@ use crate::peer::PeerConn;
 use crate::plan::Chunk;
 use crate::progress::Progress;
 use rdma_dmabuf::{
-    Backing, Checkout, Lent, MemoryRegion, PartsDone, PartsError, PartsPending, RemoteRegion,
-    Shard, SharedDmaBuf,
+    Backing, Checkout, ExclusivePart, Lent, MemoryRegion, OwnedPart, PartsDone, PartsError,
+    PartsPending, QueuePair, RemoteRegion, Shard, SharedDmaBuf, SharedSource, Source,
 };
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// What a worker splits into one owned shard per chunk and joins again: a segment's region,
-/// or the checkout of a CUDA segment's registration (whose shards only its [`Lent`] joins,
-/// so that it goes back to the registration cache whole).
+/// What a worker lends one owned part per chunk of, and takes back: a segment's region
+/// (split into shards), the checkout of a CUDA segment's registration (whose shards only
+/// its [`Lent`] joins, so that it goes back to the registration cache whole), or a region
+/// shared for NIC reads (leased, one [`Source`] per chunk).
 pub(crate) trait Lendable: Sized {
-    /// The backing of the shards.
+    /// The backing of the parts.
     type B: Backing;
-    /// What the shards are joined with.
+    /// What one chunk's request takes.
+    type Part: OwnedPart<Backing = Self::B>;
+    /// What the parts are joined with.
     type Home;
-    /// Splits into shards of `ranges`; refused, the error and `self` back.
+    /// Lends one part per range of `ranges`; refused, the error and `self` back.
     fn lend(self, ranges: Vec<Range<u64>>) -> Lending<Self>;
-    /// `self` back from every shard; `None` if they could not be joined.
-    fn join(home: Self::Home, shards: Vec<Shard<Self::B>>) -> Option<Self>;
+    /// `self` back from every part; `None` if they could not be joined.
+    fn join(home: Self::Home, parts: Vec<Self::Part>) -> Option<Self>;
+    /// Posts chunk `op` of `part` to `remote` on `qp`.
+    fn post(qp: &QueuePair, op: Op, part: Self::Part, remote: RemoteRegion) -> Posted<'_, Self>;
 }
 
-/// The shards of a lent region and where they go back; refused, why, with the region back.
+/// The parts of a lent region and where they go back; refused, why, with the region back.
 type Lending<L> =
-    Result<(Vec<Shard<<L as Lendable>::B>>, <L as Lendable>::Home), (rdma_dmabuf::Error, L)>;
+    Result<(Vec<<L as Lendable>::Part>, <L as Lendable>::Home), (rdma_dmabuf::Error, L)>;
+
+/// A chunk's request, or the refusal with its part back.
+type Posted<'q, L> =
+    Result<PartsPending<'q, <L as Lendable>::Part, 1>, PartsError<<L as Lendable>::Part, 1>>;
+
+/// Posts a chunk of a part lent to its request alone: the NIC may write it (a read).
+fn post_exclusive<P: ExclusivePart>(
+    qp: &QueuePair,
+    op: Op,
+    part: P,
+    remote: RemoteRegion,
+) -> Result<PartsPending<'_, P, 1>, PartsError<P, 1>> {
+    match op {
+        Op::Write => qp.post_write_parts([part], remote, None),
+        Op::Read => qp.post_read_parts([part], remote),
+    }
+}
 
 impl<B: Backing> Lendable for MemoryRegion<B> {
     type B = B;
+    type Part = Shard<B>;
     type Home = ();
     fn lend(self, ranges: Vec<Range<u64>>) -> Lending<Self> {
         self.split(ranges)
@@ -55,16 +78,51 @@ impl<B: Backing> Lendable for MemoryRegion<B> {
     fn join((): (), shards: Vec<Shard<B>>) -> Option<Self> {
         Shard::join(shards).ok()
     }
+    fn post(qp: &QueuePair, op: Op, part: Shard<B>, remote: RemoteRegion) -> Posted<'_, Self> {
+        post_exclusive(qp, op, part, remote)
+    }
 }
 
 impl Lendable for Checkout {
     type B = SharedDmaBuf;
+    type Part = Shard<SharedDmaBuf>;
     type Home = Lent;
     fn lend(self, ranges: Vec<Range<u64>>) -> Lending<Self> {
         self.split(ranges).map_err(|e| (e.error, e.checkout))
     }
     fn join(lent: Lent, shards: Vec<Shard<SharedDmaBuf>>) -> Option<Self> {
         lent.join(shards).ok()
+    }
+    fn post(qp: &QueuePair, op: Op, part: Self::Part, remote: RemoteRegion) -> Posted<'_, Self> {
+        post_exclusive(qp, op, part, remote)
+    }
+}
+
+impl<'s, B: Backing> Lendable for &'s SharedSource<B> {
+    type B = B;
+    type Part = Source<B>;
+    type Home = &'s SharedSource<B>;
+    fn lend(self, ranges: Vec<Range<u64>>) -> Lending<Self> {
+        Ok((ranges.into_iter().map(|r| self.lease(r)).collect(), self))
+    }
+    fn join(home: Self::Home, leases: Vec<Source<B>>) -> Option<Self> {
+        drop(leases);
+        Some(home)
+    }
+    /// Only writes from it: a round that reads into a segment takes it whole (the worker's
+    /// choice), and a lease is not an [`ExclusivePart`], so a read into one would not
+    /// compile; one asked for anyway is refused.
+    fn post(qp: &QueuePair, op: Op, part: Source<B>, remote: RemoteRegion) -> Posted<'_, Self> {
+        match op {
+            Op::Write => qp.post_write_parts([part], remote, None),
+            Op::Read => Err(PartsError {
+                error: rdma_dmabuf::Error::InvalidArgument {
+                    op: rdma_dmabuf::Op::PostSend,
+                    what: "an RDMA read into a segment shared for reads".into(),
+                },
+                parts: [part],
+            }),
+        }
     }
 }
 
@@ -104,7 +162,7 @@ fn rail(ch: &Chunk) -> (u16, u16, u16) {
 }
 
 /// Requests in flight: (pick, window index, when posted if timed, request).
-type InFlight<'c, B> = VecDeque<(usize, usize, Option<Instant>, PartsPending<'c, Shard<B>, 1>)>;
+type InFlight<'c, P> = VecDeque<(usize, usize, Option<Instant>, PartsPending<'c, P, 1>)>;
 
 /// Runs the pass's chunks from the regions in `slots` (by local device) on every device at
 /// once: each device's region is split into one shard per chunk planned on it, the chunks
@@ -119,7 +177,7 @@ pub(crate) fn run<'c, L: Lendable>(
     retry: &mut Vec<usize>,
 ) {
     let (chunks, picks, progress) = (pass.chunks, pass.picks, pass.progress);
-    let mut shards: Vec<Option<Shard<L::B>>> =
+    let mut shards: Vec<Option<L::Part>> =
         std::iter::repeat_with(|| None).take(picks.len()).collect();
     let homes = lend(slots, pass, &mut shards);
     let per_peer = pass
@@ -151,7 +209,7 @@ pub(crate) fn run<'c, L: Lendable>(
     let mut turn = vec![0usize; rails.len()];
     let mut sent = vec![0u32; rails.len()];
     let mut outstanding = vec![0usize; rails.len() * per_peer];
-    let mut in_flight: InFlight<'c, L::B> = VecDeque::with_capacity(picks.len().min(4096));
+    let mut in_flight: InFlight<'c, L::Part> = VecDeque::with_capacity(picks.len().min(4096));
     for (k, &c) in picks.iter().enumerate() {
         let ch = chunks[c];
         let Some(shard) = shards[k].take() else {
@@ -203,10 +261,7 @@ pub(crate) fn run<'c, L: Lendable>(
             len: ch.len,
             rkey: ch.rkey,
         };
-        let posted = match ch.op {
-            Op::Write => qps[q].post_write_parts([shard], remote, None),
-            Op::Read => qps[q].post_read_parts([shard], remote),
-        };
+        let posted = L::post(&qps[q], ch.op, shard, remote);
         match posted {
             Ok(p) => {
                 sent[r] += 1;
@@ -246,7 +301,7 @@ pub(crate) fn run<'c, L: Lendable>(
 fn lend<L: Lendable>(
     slots: &mut [Option<L>],
     pass: &Pass<'_, '_>,
-    shards: &mut [Option<Shard<L::B>>],
+    shards: &mut [Option<L::Part>],
 ) -> Vec<(u16, L::Home)> {
     let (chunks, picks) = (pass.chunks, pass.picks);
     let mut devices: Vec<u16> = picks.iter().map(|&c| chunks[c].local_device).collect();
@@ -293,7 +348,7 @@ fn lend<L: Lendable>(
 fn join<L: Lendable>(
     slots: &mut [Option<L>],
     pass: &Pass<'_, '_>,
-    mut shards: Vec<Option<Shard<L::B>>>,
+    mut shards: Vec<Option<L::Part>>,
     homes: Vec<(u16, L::Home)>,
 ) {
     let (chunks, picks) = (pass.chunks, pass.picks);
@@ -316,10 +371,10 @@ fn join<L: Lendable>(
 /// Waits for the oldest request in flight (a queue pair completes in order, so it is the
 /// first to end on its queue pair) and records its outcome: done, failed (the peer refused
 /// it), or to retry on another rail.
-fn complete_front<'c, B: Backing>(
-    in_flight: &mut InFlight<'c, B>,
+fn complete_front<'c, P: OwnedPart>(
+    in_flight: &mut InFlight<'c, P>,
     outstanding: &mut [usize],
-    shards: &mut [Option<Shard<B>>],
+    shards: &mut [Option<P>],
     lanes: &mut [Lane],
     (pass, meter): (&Pass<'_, 'c>, &Meter<'_>),
     retry: &mut Vec<usize>,

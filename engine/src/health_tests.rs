@@ -24,8 +24,12 @@ fn rail_failed() -> Lane {
 #[test]
 fn a_refused_key_or_a_wrong_request_takes_the_peer_down_anything_else_the_rail() {
     let mut lane = Lane::new("b");
-    assert!(lane.failed(0, 0, &completion(S::IBV_WC_RETRY_EXC_ERR)).is_none());
-    assert!(lane.failed(1, 1, &completion(S::IBV_WC_WR_FLUSH_ERR)).is_none());
+    assert!(lane
+        .failed(0, 0, &completion(S::IBV_WC_RETRY_EXC_ERR))
+        .is_none());
+    assert!(lane
+        .failed(1, 1, &completion(S::IBV_WC_WR_FLUSH_ERR))
+        .is_none());
     assert_eq!(lane.rails_down, [(0, 0), (1, 1)]);
     assert!(lane.down.is_none());
     assert!(
@@ -67,7 +71,10 @@ fn a_control_channel_that_fails_takes_the_peer_down_a_queue_pair_the_rail() {
     lane.connect_failed(1, 1, Error::io("talk to b", "10.0.0.2:7000", io));
     assert!(matches!(lane.down, Some(Error::PeerDown { .. })));
     let e = lane.every_rail_failed().to_string();
-    assert!(e.contains("connection reset") || e.contains("talk to b"), "{e}");
+    assert!(
+        e.contains("connection reset") || e.contains("talk to b"),
+        "{e}"
+    );
     let mut lane = rail_failed();
     let e = lane.every_rail_failed().to_string();
     assert!(
@@ -94,7 +101,10 @@ fn a_failed_rail_is_left_out_for_the_probe_wait_then_probed() {
     // Within the wait, a batch leaves it out; another peer's lanes are untouched.
     let lane = h.lane("b", t0 + PROBE / 2);
     assert!(lane.rail_is_down(0, 1));
-    assert_eq!(lane.rail_error.as_deref(), Some("failed in an earlier batch"));
+    assert_eq!(
+        lane.rail_error.as_deref(),
+        Some("failed in an earlier batch")
+    );
     assert!(h.lane("c", t0 + PROBE / 2).rails_down.is_empty());
     // A batch within the wait that leaves it out changes nothing.
     let s = h.settle(&[lane], t0 + PROBE / 2);

@@ -116,6 +116,7 @@ mod server_tests;
 mod settings;
 mod shared;
 mod signed;
+mod sources;
 mod wire;
 mod worker;
 

@@ -1,7 +1,9 @@
 //! Segments: named registered memory, and the table that lends them to transfers.
 //!
-//! A segment's region is in the table ("home") or lent to the worker for a batch; while any
-//! accepted transfer uses a segment, `users` counts it and unregistering is refused. The
+//! A segment's region is in the table ("home"), lent whole to the worker of one batch, or
+//! shared by the workers of batches that only read it (RDMA writes from it:
+//! [`crate::sources`]); while any accepted transfer uses a segment, `users` counts it and
+//! unregistering is refused. The
 //! engine gives the CPU no access to a segment's memory: it comes back only through
 //! [`Agent::unregister`](crate::Agent::unregister), which deregisters it first.
 
@@ -9,6 +11,7 @@ use crate::descriptor::{DeviceRegion, SegmentDescriptor};
 use crate::devices::Device;
 use crate::error::{Error, Result};
 use crate::metadata::lock;
+use crate::sources::Sources;
 use drm_export::cuda::CudaDevice;
 use gpu_rdma_topology::Near;
 use rdma_dmabuf::{
@@ -317,12 +320,34 @@ pub(crate) fn describe(
 /// One segment.
 pub(crate) struct Slot {
     pub desc: SegmentDescriptor,
-    /// `None` while lent to a worker (or lost: a region a worker could not join again).
-    region: Option<Region>,
-    /// Lent to a worker, which will put it back.
-    lent: bool,
+    state: State,
     /// Accepted transfers that use it and have not finished.
     pub users: usize,
+    /// Workers waiting to take it whole: batches that would only read it wait behind them,
+    /// so that a stream of readers does not keep a writer out.
+    whole_waiting: usize,
+}
+
+/// Where a segment's regions are.
+enum State {
+    /// In the table.
+    Home(Region),
+    /// Lent whole to one worker.
+    Lent,
+    /// Shared for NIC reads with `readers` workers.
+    Shared(Arc<Sources>, usize),
+    /// Lost: a region a worker could not join again, or a lease that never came back
+    /// (neither expected).
+    Lost,
+}
+
+/// A segment's regions as lent to a worker for one round of one segment of its batch.
+pub(crate) enum Lending {
+    /// Whole, to this worker alone: for chunks the NIC writes into the segment (RDMA
+    /// reads), and for a CUDA segment.
+    Whole(Region),
+    /// Shared with other workers' batches that only read it.
+    Shared(Arc<Sources>),
 }
 
 /// The agent's segments, by name, and the condition a worker waits on for a lent one.
@@ -346,9 +371,9 @@ impl Segments {
         }
         let slot = Slot {
             desc,
-            region: Some(region),
-            lent: false,
+            state: State::Home(region),
             users: 0,
+            whole_waiting: 0,
         };
         t.insert(slot.desc.name.clone(), slot);
         Ok(())
@@ -361,27 +386,61 @@ impl Segments {
             agent: agent.into(),
             segment: name.into(),
         })?;
-        if slot.users > 0 || slot.region.is_none() {
+        if slot.users > 0 || !matches!(slot.state, State::Home(_)) {
             return Err(Error::SegmentBusy {
                 segment: name.into(),
                 users: slot.users,
             });
         }
-        let slot = t.remove(name).expect("looked up above");
-        Ok(slot.region.expect("home when unused"))
+        match t.remove(name).map(|slot| slot.state) {
+            Some(State::Home(region)) => Ok(region),
+            _ => Err(Error::Protocol("a segment left the table meanwhile".into())),
+        }
     }
 
-    /// Lends a segment's region to a worker, waiting while another worker has it (for one
-    /// round of one segment of its batch, which the queue pairs' retry budget bounds).
-    /// `None` if the segment is gone or its region was lost (neither expected: the batch
-    /// counts as a user of the segment, and every shard comes back with its completion).
-    pub fn take(&self, name: &str) -> Option<Region> {
+    /// Lends a segment's regions to a worker for one round of one segment of its batch:
+    /// shared with other such workers when the round only reads it (`reads_only`: RDMA
+    /// writes from it) and it is not a CUDA segment, whole otherwise. Waits while another
+    /// worker has it whole, or, to take it whole, while any has it (each for one round,
+    /// which the queue pairs' retry budget bounds). `None` if the segment is gone or lost
+    /// (neither expected: the batch counts as a user of the segment, and every shard and
+    /// lease comes back with its completion).
+    pub fn take(&self, name: &str, reads_only: bool) -> Option<Lending> {
         let mut t = self.lock();
+        let mut waiting = false;
         loop {
             let slot = t.get_mut(name)?;
-            if !slot.lent {
-                slot.lent = slot.region.is_some();
-                return slot.region.take();
+            match std::mem::replace(&mut slot.state, State::Lent) {
+                State::Home(region) => {
+                    slot.whole_waiting -= usize::from(waiting);
+                    if !reads_only {
+                        return Some(Lending::Whole(region));
+                    }
+                    return Some(match Sources::share(region) {
+                        Ok(sources) => {
+                            let sources = Arc::new(sources);
+                            slot.state = State::Shared(Arc::clone(&sources), 1);
+                            Lending::Shared(sources)
+                        }
+                        Err(cuda) => Lending::Whole(cuda),
+                    });
+                }
+                State::Shared(sources, readers) if reads_only && slot.whole_waiting == 0 => {
+                    slot.state = State::Shared(Arc::clone(&sources), readers + 1);
+                    return Some(Lending::Shared(sources));
+                }
+                State::Lost => {
+                    slot.state = State::Lost;
+                    slot.whole_waiting -= usize::from(waiting);
+                    return None;
+                }
+                other => {
+                    slot.state = other;
+                    if !reads_only && !waiting {
+                        slot.whole_waiting += 1;
+                        waiting = true;
+                    }
+                }
             }
             t = self
                 .1
@@ -390,12 +449,29 @@ impl Segments {
         }
     }
 
-    /// Takes a lent region back (`None`: the worker lost it) and wakes the waiters.
+    /// Takes a region lent whole back (`None`: the worker lost it) and wakes the waiters.
     pub fn put_back(&self, name: &str, region: Option<Region>) {
         if let Some(slot) = self.lock().get_mut(name) {
-            slot.region = region;
-            slot.lent = false;
+            slot.state = region.map_or(State::Lost, State::Home);
         }
+        self.1.notify_all();
+    }
+
+    /// Takes a shared lending back: the last worker to give it back turns it into the
+    /// segment's regions again, and wakes the waiters.
+    pub fn give_back(&self, name: &str, sources: Arc<Sources>) {
+        let mut t = self.lock();
+        drop(sources);
+        let Some(slot) = t.get_mut(name) else { return };
+        slot.state = match std::mem::replace(&mut slot.state, State::Lost) {
+            State::Shared(sources, 1) => Arc::try_unwrap(sources)
+                .ok()
+                .and_then(Sources::into_region)
+                .map_or(State::Lost, State::Home),
+            State::Shared(sources, readers) => State::Shared(sources, readers - 1),
+            other => other,
+        };
+        drop(t);
         self.1.notify_all();
     }
 

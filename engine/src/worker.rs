@@ -3,15 +3,17 @@
 //! chunks in flight. They take batches from one queue, so batches run concurrently up to
 //! the number of workers (a batch stuck on a dead peer holds one worker).
 
+use crate::batch::Op;
 use crate::error::Error;
 use crate::exec::{self, Pass};
-use crate::health::{Health, Lane};
 use crate::failover;
+use crate::health::{Health, Lane};
 use crate::peer::PeerConn;
 use crate::plan::{Chunk, PeerTarget, Plan};
 use crate::progress::Progress;
-use crate::segment::Region;
+use crate::segment::{Lending, Region};
 use crate::shared::Shared;
+use crate::sources::Sources;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
@@ -50,7 +52,11 @@ pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
 fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, health: &mut Health, job: &Job) {
     let plan = &job.plan;
     let now = Instant::now();
-    let mut lanes: Vec<Lane> = plan.peers.iter().map(|t| health.lane(&t.agent, now)).collect();
+    let mut lanes: Vec<Lane> = plan
+        .peers
+        .iter()
+        .map(|t| health.lane(&t.agent, now))
+        .collect();
     for (p, lane) in lanes.iter_mut().enumerate() {
         prepare(shared, conns, plan, p, job.controls[p], lane);
         health.prepared(lane);
@@ -68,28 +74,52 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, health: &mut 
         (a.round, a.segment) == (b.round, b.segment)
     }) {
         let name = &plan.segments[usize::from(plan.chunks[picks[0]].segment)];
-        // Waits while another worker's batch has it lent (a segment is lent for one round
-        // of it, and a worker never waits for a segment while holding one).
-        let Some(mut region) = shared.segments.take(name) else {
-            let e = Error::SegmentBusy {
-                segment: name.clone(),
-                users: 0,
-            };
-            for &c in picks {
-                job.progress.fail(plan.chunks[c].entry, &e);
+        // A round that only reads the segment (RDMA writes from it) shares it with other
+        // batches that do; one that writes into it takes it whole. Either waits while another
+        // worker's batch has it whole (for one round of it; a worker never waits for a
+        // segment while holding one).
+        let reads_only = picks.iter().all(|&c| plan.chunks[c].op == Op::Write);
+        match shared.segments.take(name, reads_only) {
+            None => {
+                let e = Error::SegmentBusy {
+                    segment: name.clone(),
+                    users: 0,
+                };
+                for &c in picks {
+                    job.progress.fail(plan.chunks[c].entry, &e);
+                }
             }
-            continue;
-        };
-        run_group(shared, conns, job, &mut region, picks, &mut lanes);
-        // A region lost (never expected) loses the segment: the others are dropped,
-        // deregistered (a CUDA segment's evicted from the caches, kept or not).
-        let whole = region.whole();
-        if !whole {
-            region.evict_cached(&shared.devices);
+            Some(Lending::Whole(mut region)) => {
+                run_group(
+                    shared,
+                    conns,
+                    job,
+                    Lent::Whole(&mut region),
+                    picks,
+                    &mut lanes,
+                );
+                // A region lost (never expected) loses the segment: the others are dropped,
+                // deregistered (a CUDA segment's evicted from the caches, kept or not).
+                let whole = region.whole();
+                if !whole {
+                    region.evict_cached(&shared.devices);
+                }
+                shared
+                    .segments
+                    .put_back(name, Some(region).filter(|_| whole));
+            }
+            Some(Lending::Shared(sources)) => {
+                run_group(
+                    shared,
+                    conns,
+                    job,
+                    Lent::Shared(&sources),
+                    picks,
+                    &mut lanes,
+                );
+                shared.segments.give_back(name, sources);
+            }
         }
-        shared
-            .segments
-            .put_back(name, Some(region).filter(|_| whole));
     }
     for lane in &lanes {
         if lane.down.is_some() {
@@ -155,7 +185,7 @@ fn run_group(
     shared: &Shared,
     conns: &mut HashMap<String, PeerConn>,
     job: &Job,
-    region: &mut Region,
+    mut region: Lent<'_>,
     picks: &[usize],
     lanes: &mut [Lane],
 ) {
@@ -165,7 +195,7 @@ fn run_group(
     let mut seq: Vec<usize> = Vec::new();
     let (mut chunks, mut picks) = (&plan.chunks[..], picks);
     if lanes.iter().any(|l| !l.rails_down.is_empty()) {
-        let has = |d: u16| region.has_device(usize::from(d));
+        let has = |d: u16| region.has_device(d);
         moved = failover::reroute(
             plan,
             chunks,
@@ -191,11 +221,11 @@ fn run_group(
             window: shared.settings.in_flight as usize,
             metrics: &shared.metrics,
         };
-        run_pass(region, &pass, lanes, &mut retry);
+        region.run_pass(&pass, lanes, &mut retry);
         if retry.is_empty() {
             return;
         }
-        let has = |d: u16| region.has_device(usize::from(d));
+        let has = |d: u16| region.has_device(d);
         moved = failover::reroute(
             plan,
             chunks,
@@ -212,12 +242,34 @@ fn run_group(
     }
 }
 
-/// One pass of `pass`'s chunks from `region`'s regions on every device at once.
-fn run_pass(region: &mut Region, pass: &Pass<'_, '_>, lanes: &mut [Lane], retry: &mut Vec<usize>) {
-    match region {
-        Region::DmaBuf(rs) => exec::run(rs, pass, lanes, retry),
-        Region::Host(rs) => exec::run(rs, pass, lanes, retry),
-        Region::Cuda { regions, .. } => exec::run(regions, pass, lanes, retry),
+/// A segment's regions as a worker has them for one round.
+enum Lent<'a> {
+    /// Whole, its own.
+    Whole(&'a mut Region),
+    /// Shared with other batches that only read it.
+    Shared(&'a Sources),
+}
+
+impl Lent<'_> {
+    fn has_device(&self, device: u16) -> bool {
+        match self {
+            Lent::Whole(r) => r.has_device(usize::from(device)),
+            Lent::Shared(s) => s.has_device(usize::from(device)),
+        }
+    }
+
+    /// One pass of `pass`'s chunks from the regions on every device at once.
+    fn run_pass(&mut self, pass: &Pass<'_, '_>, lanes: &mut [Lane], retry: &mut Vec<usize>) {
+        fn leases<S>(ss: &[Option<S>]) -> Vec<Option<&S>> {
+            ss.iter().map(Option::as_ref).collect()
+        }
+        match self {
+            Lent::Whole(Region::DmaBuf(rs)) => exec::run(rs, pass, lanes, retry),
+            Lent::Whole(Region::Host(rs)) => exec::run(rs, pass, lanes, retry),
+            Lent::Whole(Region::Cuda { regions, .. }) => exec::run(regions, pass, lanes, retry),
+            Lent::Shared(Sources::DmaBuf(ss)) => exec::run(&mut leases(ss), pass, lanes, retry),
+            Lent::Shared(Sources::Host(ss)) => exec::run(&mut leases(ss), pass, lanes, retry),
+        }
     }
 }
 

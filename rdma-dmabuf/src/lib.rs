@@ -93,8 +93,8 @@ mod scope;
 mod shard;
 mod shared_dmabuf;
 mod shared_host;
-mod source;
 mod slots;
+mod source;
 mod spin;
 mod sys;
 #[cfg(feature = "tokio")]
@@ -131,9 +131,9 @@ pub use qp::{
 pub use remote::RemoteRegion;
 pub use scope::{scope, scope_with_deadline, Scope, ScopedPending, DEFAULT_DRAIN_DEADLINE};
 pub use shard::{JoinError, Shard, SplitError};
-pub use source::{SharedSource, Source};
 pub use shared_dmabuf::SharedDmaBuf;
 pub use shared_host::SharedHostBuffer;
+pub use source::{SharedSource, Source};
 pub use spin::SpinPolicy;
 pub use sys::pd::ProtectionDomain;
 pub use wr::{AtomicOp, WorkCompletion, WorkKind};

@@ -109,7 +109,12 @@ impl<B: Backing> Clone for Source<B> {
 
 impl<B: Backing> fmt::Debug for SharedSource<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SharedSource({:?}, {} leases)", self.region, self.leases())
+        write!(
+            f,
+            "SharedSource({:?}, {} leases)",
+            self.region,
+            self.leases()
+        )
     }
 }
 

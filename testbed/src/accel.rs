@@ -383,7 +383,7 @@ mod tests {
         assert_eq!(a.summary(), "TCG (no /dev/kvm)");
     }
 
-    /// The probe's failure as a user saw it (issue #43): one long line of QEMU's words.
+    /// The probe's failure as a user would see it: one long line of QEMU's words.
     const PROBE_FAILURE: &str = "/dev/kvm is there, but the guest kernel does not boot under \
         it (-cpu host: KVM stopped the guest: KVM internal error. Suberror: 1 (probed earlier \
         in this host boot); -cpu host,-arch-capabilities: QEMU exited: error: failed to set \
