@@ -306,20 +306,20 @@ pub(crate) fn poll_request<'q, Q: Waitable, R>(
 #[cfg(feature = "tokio")]
 pub(crate) mod with_tokio {
     use super::{Step, Waitable};
-    use crate::sys::fd::{register_unbound, Unbound};
+    use crate::sys::fd::register_duplicate;
     use std::cell::{Ref, RefCell};
-    use std::os::fd::BorrowedFd;
+    use std::os::fd::{BorrowedFd, OwnedFd};
     use std::task::{Context, Poll};
     use tokio::io::unix::AsyncFd;
     use tokio::runtime::{Handle, Id};
 
     /// One fd's registration with a runtime's reactor, and which runtime.
-    type OnRuntime = RefCell<Option<(Id, AsyncFd<Unbound>)>>;
+    type OnRuntime = RefCell<Option<(Id, AsyncFd<OwnedFd>)>>;
 
-    /// A queue's fds as registered with the reactor of the runtime that awaits it: made at
-    /// the first await, made again when an await runs on another runtime (the queue is
-    /// `Send`: a program may await it on one runtime, then another). Dropped before the
-    /// queue's fds close (the queue's first field).
+    /// A queue's fds as registered with the reactor of the runtime that awaits it (each a
+    /// duplicate the registration owns and closes): made at the first await, made again when
+    /// an await runs on another runtime (the queue is `Send`: a program may await it on one
+    /// runtime, then another).
     #[derive(Default)]
     pub(crate) struct Registration {
         cq: OnRuntime,
@@ -329,20 +329,17 @@ pub(crate) mod with_tokio {
     /// The registration in `cell` of `fd`, one of the queue's fds, with the current
     /// runtime's reactor: the one made before if it is that runtime's, else a new one (the
     /// old one is dropped first; epoll reports an fd that is readable when it is added, so
-    /// no readiness is lost in the move). None outside a runtime or if the reactor refuses
-    /// the fd.
-    #[allow(unsafe_code)] // a reactor registration kept valid by field order; see the SAFETY comment
+    /// no readiness is lost in the move). None outside a runtime, or if the duplicate cannot
+    /// be made or the reactor refuses it.
     fn registered<'a>(
         cell: &'a OnRuntime,
         fd: BorrowedFd<'_>,
-    ) -> Option<Ref<'a, AsyncFd<Unbound>>> {
+    ) -> Option<Ref<'a, AsyncFd<OwnedFd>>> {
         let id = Handle::try_current().ok()?.id();
         let current = matches!(&*cell.borrow(), Some((on, _)) if *on == id);
         if !current {
             drop(cell.borrow_mut().take());
-            // SAFETY: `fd` belongs to the queue pair (or shared receive queue) that holds this
-            // registration in its first field, dropped before the fields that close its fds.
-            let fresh = unsafe { register_unbound(fd) }.ok()?;
+            let fresh = register_duplicate(fd).ok()?;
             *cell.borrow_mut() = Some((id, fresh));
         }
         Ref::filter_map(cell.borrow(), |r| r.as_ref().map(|(_, fd)| fd)).ok()

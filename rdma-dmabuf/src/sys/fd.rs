@@ -16,7 +16,7 @@ pub(crate) use with_tokio::*;
 
 #[cfg(feature = "tokio")]
 mod with_tokio {
-    use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+    use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
     use tokio::io::unix::AsyncFd;
     use tokio::io::Interest;
 
@@ -41,30 +41,18 @@ mod with_tokio {
         unsafe { register_readable(fd) }
     }
 
-    /// An fd borrowed from the object that owns it without a lifetime, as registered by
-    /// [`register_unbound`]: the `AsyncFd` holding it is always dropped before that object
-    /// closes the fd.
-    #[derive(Debug)]
-    pub(crate) struct Unbound(RawFd);
-
-    impl AsRawFd for Unbound {
-        fn as_raw_fd(&self) -> RawFd {
-            self.0
-        }
+    /// A duplicate of `fd` (the same open file, so the same readiness) registered for
+    /// readability with the current runtime's reactor (which must exist), the registration
+    /// owning it: for a registration kept beside the fd's owner, where no lifetime can say
+    /// that it ends first. It needs no promise: the registration closes its own duplicate,
+    /// whatever happens to `fd`.
+    pub(crate) fn register_duplicate(fd: BorrowedFd<'_>) -> std::io::Result<AsyncFd<OwnedFd>> {
+        register_owned(fd.try_clone_to_owned()?)
     }
 
-    /// `fd` registered for readability with the current runtime's reactor (which must exist),
-    /// for a registration kept beside the fd's owner, where no lifetime can say that it ends
-    /// first.
-    ///
-    /// # Safety
-    /// The returned value is dropped before `fd` is closed (tokio's contract for
-    /// `register_with_interest`: the fd stays open, the same file, while registered).
-    pub(crate) unsafe fn register_unbound(fd: BorrowedFd<'_>) -> std::io::Result<AsyncFd<Unbound>> {
-        // SAFETY: `fd` is open now, and stays open until the value is dropped (our contract);
-        // `Unbound` returns the same fd on every call.
-        unsafe { register_readable(Unbound(fd.as_raw_fd())) }
-    }
+    // SAFETY: an `OwnedFd` is open, the same file, for its whole life, and `as_raw_fd`
+    // returns that fd on every call.
+    unsafe impl StableFd for OwnedFd {}
 
     /// An owner of an fd that stays open, the same file, for the owner's whole life, and that
     /// its `as_raw_fd` returns on every call: [`register_owned`] may register it.
