@@ -11,7 +11,7 @@ use crate::descriptor::{DeviceRegion, SegmentDescriptor};
 use crate::devices::Device;
 use crate::error::{Error, Result};
 use crate::metadata::lock;
-use crate::sources::Sources;
+use crate::sources::{self, Sources};
 use drm_export::cuda::CudaDevice;
 use gpu_rdma_topology::Near;
 use rdma_dmabuf::{
@@ -153,6 +153,25 @@ impl Region {
             Region::DmaBuf(_) => None,
             Region::Host(rs) => rs.iter().flatten().next().map(MemoryRegion::addr),
             Region::Cuda { ptr, .. } => Some(*ptr),
+        }
+    }
+
+    /// Shares it for NIC reads ([`crate::sources`]); a CUDA segment's back (lent whole
+    /// instead).
+    pub fn share(self) -> std::result::Result<Sources, Region> {
+        match self {
+            Region::DmaBuf(rs) => Ok(Sources::DmaBuf(sources::share(rs))),
+            Region::Host(rs) => Ok(Sources::Host(sources::share(rs))),
+            cuda @ Region::Cuda { .. } => Err(cuda),
+        }
+    }
+
+    /// The regions of `sources` again, once no lease is out; `None` if one still is (never
+    /// expected: every lease comes back with its completion), when the segment is lost.
+    fn unshare(sources: Sources) -> Option<Region> {
+        match sources {
+            Sources::DmaBuf(ss) => sources::back(ss).map(Region::DmaBuf),
+            Sources::Host(ss) => sources::back(ss).map(Region::Host),
         }
     }
 
@@ -416,7 +435,7 @@ impl Segments {
                     if !reads_only {
                         return Some(Lending::Whole(region));
                     }
-                    return Some(match Sources::share(region) {
+                    return Some(match region.share() {
                         Ok(sources) => {
                             let sources = Arc::new(sources);
                             slot.state = State::Shared(Arc::clone(&sources), 1);
@@ -466,7 +485,7 @@ impl Segments {
         slot.state = match std::mem::replace(&mut slot.state, State::Lost) {
             State::Shared(sources, 1) => Arc::try_unwrap(sources)
                 .ok()
-                .and_then(Sources::into_region)
+                .and_then(Region::unshare)
                 .map_or(State::Lost, State::Home),
             State::Shared(sources, readers) => State::Shared(sources, readers - 1),
             other => other,

@@ -7,7 +7,6 @@
 //! A CUDA segment's regions are checkouts of the registration caches: they are lent whole to
 //! one batch at a time, as for reads into a segment.
 
-use crate::segment::Region;
 use rdma_dmabuf::{Backing, MemoryRegion, SharedDmaBuf, SharedHostBuffer, SharedSource};
 
 /// A segment's regions, shared for NIC reads, by device index (`None` where the segment
@@ -17,13 +16,16 @@ pub(crate) enum Sources {
     Host(Vec<Option<SharedSource<SharedHostBuffer>>>),
 }
 
-fn share<B: Backing>(rs: Vec<Option<MemoryRegion<B>>>) -> Vec<Option<SharedSource<B>>> {
+/// Each region shared.
+pub(crate) fn share<B: Backing>(rs: Vec<Option<MemoryRegion<B>>>) -> Vec<Option<SharedSource<B>>> {
     rs.into_iter().map(|r| r.map(MemoryRegion::share)).collect()
 }
 
-/// Every region back, or `None` (and every region dropped: each deregisters once its last
+/// Every region back (each turned back from its share), or `None` (and every region dropped: each deregisters once its last
 /// lease is gone) if a lease is still out.
-fn back<B: Backing>(ss: Vec<Option<SharedSource<B>>>) -> Option<Vec<Option<MemoryRegion<B>>>> {
+pub(crate) fn back<B: Backing>(
+    ss: Vec<Option<SharedSource<B>>>,
+) -> Option<Vec<Option<MemoryRegion<B>>>> {
     let mut out = Vec::with_capacity(ss.len());
     for s in ss {
         out.push(match s {
@@ -39,24 +41,6 @@ fn has<B: Backing>(ss: &[Option<SharedSource<B>>], device: usize) -> bool {
 }
 
 impl Sources {
-    /// Shares `region` for NIC reads; a CUDA segment's back (lent whole instead).
-    pub fn share(region: Region) -> Result<Sources, Region> {
-        match region {
-            Region::DmaBuf(rs) => Ok(Sources::DmaBuf(share(rs))),
-            Region::Host(rs) => Ok(Sources::Host(share(rs))),
-            cuda @ Region::Cuda { .. } => Err(cuda),
-        }
-    }
-
-    /// The segment's regions again, once no lease is out; `None` if one still is (never
-    /// expected: every lease comes back with its completion), when the segment is lost.
-    pub fn into_region(self) -> Option<Region> {
-        match self {
-            Sources::DmaBuf(ss) => back(ss).map(Region::DmaBuf),
-            Sources::Host(ss) => back(ss).map(Region::Host),
-        }
-    }
-
     /// Whether it has a region on device `device`.
     pub fn has_device(&self, device: usize) -> bool {
         match self {

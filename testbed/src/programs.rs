@@ -493,6 +493,7 @@ mod tests {
         let mut files = Vec::new();
         for d in [
             "xtask/src",
+            "bench/src",
             "testbed/src",
             "testbed/tests",
             "tests",
