@@ -1,10 +1,11 @@
 //! `cargo xtask demo`, the README's main command: `gpu_rdma_write` across the two-node
 //! testbed, GPU (vgem) buffer to GPU buffer through dma-buf memory regions on patched rxe.
 
-use crate::{script, Paths};
+use crate::script;
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{programs, setup, vm};
+use gpu_rdma_bench::workspace::Paths;
 use std::process::ExitCode;
 
 // The GPU buffer on each side, and how many times the client writes all of it.

@@ -8,10 +8,10 @@
 //! README's one prerequisite) by `cargo xtask setup` or the first test run, and used offline
 //! after that; it builds into its own target folder, `target/miri-check`.
 
-use crate::Paths;
 use dmabuf_testbed::programs::cmd;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::{info, Step};
+use gpu_rdma_bench::workspace::Paths;
 use std::process::Stdio;
 
 /// The nightly toolchain Miri runs on, pinned so that a new nightly cannot change the

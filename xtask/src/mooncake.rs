@@ -7,11 +7,12 @@
 //! Mooncake's. The tests are fetched at run time (or read from a Mooncake checkout) into
 //! `target/mooncake-tests`, never committed: they are Mooncake's code.
 
-use crate::pinned::{boot, passed, Pinned};
-use crate::Paths;
+use crate::pinned::{passed, Pinned};
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, programs, wheels};
+use gpu_rdma_bench::workspace::Paths;
+use gpu_rdma_bench::workspace::{boot, python};
 use std::path::{Path, PathBuf};
 
 /// Mooncake's two test files at the tag whose tests are run: the files are the same from it
@@ -166,7 +167,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
     let plan = parse(args)?;
     dmabuf_testbed::setup::packages()?;
     let wheel = wheels::MOONCAKE.fetch(paths)?;
-    let python = crate::python::stage(paths)?;
+    let python = python::stage(paths)?;
     let dir = paths.target.join("mooncake-tests");
     MOONCAKE_FILES.fetch(&dir, plan.source.as_deref())?;
     let tests = dir.join("mooncake-wheel/tests");

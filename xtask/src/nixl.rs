@@ -6,11 +6,12 @@
 //! the initiator on node b. The files are fetched at run time (or read from a NIXL checkout)
 //! into `target/nixl-tests`, never committed: they are NIXL's code.
 
-use crate::pinned::{boot, passed, Pinned};
-use crate::Paths;
+use crate::pinned::{passed, Pinned};
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, programs, wheels};
+use gpu_rdma_bench::workspace::Paths;
+use gpu_rdma_bench::workspace::{boot, python};
 use std::path::{Path, PathBuf};
 
 /// NIXL's files at the pinned wheel's version (nixl-cu12 1.4.0), each with its SHA-256.
@@ -144,7 +145,7 @@ fn python_path(paths: &Paths, python: &Path, shim: &Path, engine: &str) -> Resul
 pub fn main(paths: &Paths, args: &[String]) -> Result<std::process::ExitCode> {
     let plan = parse(args)?;
     dmabuf_testbed::setup::packages()?;
-    let python = crate::python::stage(paths)?;
+    let python = python::stage(paths)?;
     let dir = paths.target.join("nixl-tests");
     NIXL_FILES.fetch(&dir, plan.source.as_deref())?;
     let shim = dir.join("torch-cpu-default");

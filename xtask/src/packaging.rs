@@ -4,9 +4,9 @@
 //! way docs.rs does (`DOCS_RS=1`, every feature, warnings denied). Both use their own target
 //! folder, `target/packaging`, so the package builds never disturb the workspace's.
 
-use crate::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::{info, Step};
+use gpu_rdma_bench::workspace::Paths;
 
 /// The crates a user can depend on, by package name.
 pub const PUBLISHED: [&str; 4] = [

@@ -1,8 +1,8 @@
 //! Other projects' test files, pinned by tag and SHA-256, fetched at run time from GitHub (or
-//! read from a checkout) and never committed, and the testbed boots that run scripts over
-//! them (`cargo xtask mooncake-tests`, `nixl-tests`, `bench --peers --client nixl`).
+//! read from a checkout) and never committed, and whether the testbed boots that run scripts
+//! over them passed (`cargo xtask mooncake-tests`, `nixl-tests`; the boots are
+//! `gpu_rdma_bench::workspace::boot`, which the bench's NIXL client shares).
 
-use crate::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::Step;
 use dmabuf_testbed::{programs, vm};
@@ -66,30 +66,6 @@ impl Pinned {
         step.done();
         Ok(())
     }
-}
-
-/// Boots `nodes` testbed nodes (with `memory` MiB each, if given) that run `sh script`, with
-/// the cluster key and `env` in their environment; each node's result.
-///
-/// # Errors
-/// The boot fails.
-pub fn boot(
-    paths: &Paths,
-    script: &Path,
-    nodes: u32,
-    memory: Option<&str>,
-    env: &[(String, String)],
-) -> Result<Vec<vm::NodeResult>> {
-    let mut args = vec!["--nodes".to_string(), nodes.to_string()];
-    if let Some(m) = memory {
-        args.extend(["--memory".into(), m.into()]);
-    }
-    args.extend(["--".into(), "sh".into(), script.display().to_string()]);
-    let (mut opts, argv) = dmabuf_testbed::cli::parse_run_args(&args)?;
-    opts.expose = paths.vm_expose();
-    opts.env.extend(paths.cluster_env()?);
-    opts.env.extend(env.iter().cloned());
-    vm::run(paths, &argv, &opts)
 }
 
 /// Whether every node's command exited 0 with no kernel problem.

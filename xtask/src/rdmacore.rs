@@ -8,10 +8,11 @@
 //! libibverbs first on the library path, so its rxe provider is what gets loaded, and it boots
 //! Debian's own `rdma_rxe.ko`.
 
-use crate::{script, Paths};
+use crate::script;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::{info, Step};
 use dmabuf_testbed::{fail, patched, programs, setup, vm};
+use gpu_rdma_bench::workspace::Paths;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;

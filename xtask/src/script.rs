@@ -1,17 +1,9 @@
 //! xtask's own shell scripts, kept as real files under `xtask/src/scripts/` and built in with
 //! `include_str!`; placeholders (`@NAME@`) are filled with the testbed's [`fill`]. The
-//! testbed's scripts (`/init`, `inner.sh`, ...) live in the testbed crate.
+//! testbed's scripts (`/init`, `inner.sh`, ...) live in the testbed crate, the bench's in
+//! `bench/src/scripts/`.
 
 pub use dmabuf_testbed::script::fill;
-
-/// `cargo xtask bench`'s command in the VM (arguments, no placeholders).
-pub const BENCH: &str = include_str!("scripts/bench.sh");
-
-/// `cargo xtask bench --peers`' command on both nodes (arguments, no placeholders).
-pub const PEERS: &str = include_str!("scripts/peers.sh");
-
-/// `cargo xtask bench --sched-trace`'s command in the one-node VM (arguments, no placeholders).
-pub const SCHED: &str = include_str!("scripts/sched.sh");
 
 /// `cargo xtask demo`'s command on both nodes (arguments, no placeholders).
 pub const DEMO: &str = include_str!("scripts/demo.sh");
@@ -25,13 +17,7 @@ mod tests {
     use super::*;
 
     /// Every file of `xtask/src/scripts/`, by file name.
-    const ALL: &[(&str, &str)] = &[
-        ("bench.sh", BENCH),
-        ("demo.sh", DEMO),
-        ("peers.sh", PEERS),
-        ("rdma-core-suite.sh", RDMA_CORE_SUITE),
-        ("sched.sh", SCHED),
-    ];
+    const ALL: &[(&str, &str)] = &[("demo.sh", DEMO), ("rdma-core-suite.sh", RDMA_CORE_SUITE)];
 
     /// A file added to the folder needs a constant here (and a place in `crate::scripts()`).
     #[test]

@@ -3,10 +3,11 @@
 //! boots. It proves that the testbed holds on a busy machine, as CI runners and newcomers'
 //! laptops often are.
 
-use crate::{demo, testrun, Paths};
+use crate::{demo, testrun};
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, programs, setup};
+use gpu_rdma_bench::workspace::Paths;
 use std::process::{Child, ExitCode};
 use std::time::{Duration, Instant};
 

@@ -6,10 +6,10 @@
 //! a manylinux wheel: it is for machines with rdma-core installed, as the package is).
 //! `pip install ./python` (maturin, from PyPI) builds the same package.
 
-use crate::Paths;
 use dmabuf_testbed::programs;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::Step;
+use gpu_rdma_bench::workspace::{python, Paths};
 use std::path::{Path, PathBuf};
 
 /// The distribution's name on PyPI and in the wheel's file name.
@@ -71,9 +71,9 @@ fn manifest(root: &Path) -> Result<(String, String)> {
 /// `target/<profile>/wheels/`; returns the wheel's path.
 pub fn build(paths: &Paths, debug: bool) -> Result<PathBuf> {
     let staged = if debug {
-        crate::python::stage(paths)?
+        python::stage(paths)?
     } else {
-        crate::python::stage_release(paths)?
+        python::stage_release(paths)?
     };
     let (version, summary) = manifest(&paths.root)?;
     let out = staged.with_file_name("wheels");

@@ -1,7 +1,7 @@
 //! Tests of `cargo xtask bench --peers` (`peers.rs`).
 
-use super::super::peers_plan::{BLOCKS, MAX_BUFFER};
 use super::*;
+use crate::peers_plan::{BLOCKS, MAX_BUFFER};
 
 fn words(s: &str) -> Vec<String> {
     s.split_whitespace().map(String::from).collect()
@@ -166,7 +166,7 @@ Test completed: duration 5.00, batch count 9, throughput 11.00 MiB/s
 
 #[test]
 fn the_python_client_has_its_own_defaults_and_alone_submits_asynchronously() {
-    use super::super::peers_plan::PY_BLOCKS;
+    use crate::peers_plan::PY_BLOCKS;
     let r = parse_args(&words("--client python")).unwrap();
     assert_eq!(r.client, Client::Python);
     assert_eq!(r.sizes, PY_BLOCKS.to_vec());

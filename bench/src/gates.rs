@@ -2,9 +2,9 @@
 //! missed. A count that timing cannot move does not flake, where the goals' ratios of times
 //! move by more than their margins from run to run under TCG and are only reported.
 
-use super::results::{Failure, Sample};
-use super::series::{Gate, GATES, SERIES};
-use super::table::{nodes_name, num, size};
+use crate::results::{Failure, Sample};
+use crate::series::{Gate, GATES, SERIES};
+use crate::units::{nodes_name, num, size};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
@@ -84,7 +84,7 @@ pub fn json(samples: &[Sample], nodes: u8) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::series::Metric;
+    use crate::series::Metric;
     use std::collections::BTreeMap;
 
     fn sample(x: f64) -> Sample {

@@ -3,7 +3,7 @@
 //! `plotters`' pure-Rust font support (`ab_glyph`) from DejaVu Sans, which `cargo xtask setup`
 //! installs (`fonts-dejavu-core`).
 
-use super::results::Spread;
+use crate::results::Spread;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -142,7 +142,7 @@ where
         .x_desc("message size, bytes")
         .y_desc(&c.y_label)
         .x_label_formatter(&|x| size_label(*x))
-        .y_label_formatter(&|y| super::table::num(*y))
+        .y_label_formatter(&|y| crate::units::num(*y))
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(e)?;

@@ -1,7 +1,7 @@
 //! How a bench run measures: the sizes, rounds and budgets of a profile, and the plan of steps
-//! that `bench.sh` runs ([`super::series`] holds what is measured).
+//! that `bench.sh` runs ([`crate::series`] holds what is measured).
 
-use super::series::{Metric, Series, ENGINE_COUNT_CHUNK, ENGINE_SIZES, SERIES, VERBS_CRATES};
+use crate::series::{Metric, Series, ENGINE_COUNT_CHUNK, ENGINE_SIZES, SERIES, VERBS_CRATES};
 use std::fmt::Write as _;
 
 /// How much a run measures.
@@ -34,10 +34,10 @@ pub struct Profile {
 
 /// perftest takes no fewer iterations.
 const MIN_ITERS: u64 = 5;
-/// Every size of issue 17: 2 B to 8 MiB.
+/// Every size of a full run, as powers of two: 2 B to 8 MiB.
 pub const ALL_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
-/// The largest message of the two-node run: 8 MiB, as in the one-node run (it was 1 MiB while
-/// QEMU 7.2's TCG fault grew with the bytes moved; docs/testbed.md).
+/// The largest message of the two-node run: 8 MiB, as in the one-node run (the testbed's
+/// QEMU 10 has not shown the emulator fault that grows with the bytes moved; docs/testbed.md).
 pub const TWO_NODE_MAX: u64 = 8 << 20;
 /// The largest size whose instructions per write a one-node run counts.
 pub const COST_MAX: u64 = 64 << 10;

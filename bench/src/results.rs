@@ -1,8 +1,8 @@
 //! Reading what `bench.sh` printed: each step's status and figures, as samples and failures,
 //! and the spread (min, median, max) of a set of samples.
 
-use super::plan::Step;
-use super::series::{Metric, SERIES};
+use crate::plan::Step;
+use crate::series::{Metric, SERIES};
 use std::collections::BTreeMap;
 
 /// One step's figures.
@@ -290,8 +290,8 @@ pub fn spreads(
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{steps, Profile};
     use super::*;
+    use crate::plan::{steps, Profile};
 
     const CONSOLE: &str = "\
 ### step 1n/r1/bw/perftest/8 begin

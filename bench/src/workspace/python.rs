@@ -1,10 +1,10 @@
-//! The Python package `gpu_rdma` for the tests: `cargo build -p gpu-rdma-python` and the
+//! The Python package `gpu_rdma` for the tests and the bench: `cargo build -p gpu-rdma-python` and the
 //! package folder staged as `target/debug/python/gpu_rdma/` (the Python sources and stubs
 //! of `python/gpu_rdma`, the extension module as `_native.abi3.so`), which
 //! tests/tests/python_package.rs puts on `PYTHONPATH`. `pip install ./python` builds the same
 //! module with maturin instead (python/pyproject.toml).
 
-use crate::Paths;
+use super::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::Step;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ pub fn stage(paths: &Paths) -> Result<PathBuf> {
     stage_profile(paths, false)
 }
 
-/// The same in release (`target/release/python`), for the bench.
+/// The same in release (`target/release/python`), for the bench's Python client.
 pub fn stage_release(paths: &Paths) -> Result<PathBuf> {
     stage_profile(paths, true)
 }

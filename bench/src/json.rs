@@ -1,12 +1,12 @@
 //! The JSON file of a run: how it was run, every sample, every failure, and the spread and
 //! goal ratios derived from them.
 
-use super::gates;
-use super::ins;
-use super::plan::{Profile, COST_ITERS, ENGINE_COUNT_CHUNKS};
-use super::results::{spreads, Failure, Sample};
-use super::series::{Metric, ENGINE_COUNT_CHUNK, GOALS, SERIES};
-use super::table::{ratio_ranges, verdicts};
+use crate::gates;
+use crate::ins;
+use crate::plan::{Profile, COST_ITERS, ENGINE_COUNT_CHUNKS};
+use crate::results::{spreads, Failure, Sample};
+use crate::series::{Metric, ENGINE_COUNT_CHUNK, GOALS, SERIES};
+use crate::table::{ratio_ranges, verdicts};
 use serde_json::{json, Value};
 
 /// What a run was: its profiles (one per node count), the guest kernel, and the host's load.
@@ -188,7 +188,7 @@ pub fn value_names(m: Metric) -> &'static [&'static str] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::plan::Profile;
+    use crate::plan::Profile;
 
     #[test]
     fn the_document_holds_every_sample_failure_spread_and_ratio() {

@@ -5,8 +5,8 @@
 //! table says which), and the time a rail cut mid-batch costs. The step is
 //! `examples/engine_rails_bench.rs`; the table and `target/bench/rails.json` are made here.
 
-use super::loadavg;
-use crate::Paths;
+use crate::loadavg;
+use crate::workspace::Paths;
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, vm};

@@ -2,7 +2,7 @@
 //! mode, operation, block, batch, threads), the rounds' steps and the plan file `peers.sh`
 //! reads.
 
-use super::plan;
+use crate::plan;
 use dmabuf_testbed::fail;
 use dmabuf_testbed::sh::Result;
 use std::fmt::Write as _;

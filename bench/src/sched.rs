@@ -2,11 +2,11 @@
 //! `rdma_bench --mode lat` and `--mode lat-poll`, host region) under each scheduler setting,
 //! every run traced with the guest kernel's scheduler and workqueue tracepoints
 //! (`scripts/sched.sh`); per run, the round trip's median and how often rxe's kworkers waited a
-//! scheduler tick or more to run ([`super::trace`]). docs/performance.md, "One-node latency and
+//! scheduler tick or more to run ([`crate::trace`]). docs/performance.md, "One-node latency and
 //! the scheduler", reads the figures.
 
-use super::trace::analyse;
-use crate::Paths;
+use crate::trace::analyse;
+use crate::workspace::Paths;
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, programs, vm};
@@ -241,7 +241,7 @@ fn median_of(id: &str, line: &str) -> Option<f64> {
         None
     } else {
         let r = line.strip_prefix("RESULT ")?;
-        super::trace::field(r, "typ_usec")?.parse().ok()
+        crate::trace::field(r, "typ_usec")?.parse().ok()
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! A new series is one entry in [`SERIES`] (and, if it needs one, a mode of `rdma_bench`).
 
-pub use super::metric::Metric;
+pub use crate::metric::Metric;
 
 /// One series.
 #[derive(Debug)]
@@ -43,10 +43,11 @@ pub const VERBS_CRATES: [&str; 3] = [SIDEWAY, SIDEWAY_BASIC, IBVERBS];
 pub const ENGINE: &str = "engine_bench";
 
 /// The engine's bandwidth step from Python (`python/examples/engine_bench.py`, the package
-/// `gpu_rdma` built in release): the same step as [`ENGINE`]'s `bw`, for issue 40's cost goal.
+/// `gpu_rdma` built in release): the same step as [`ENGINE`]'s `bw`, for the goal on what
+/// Python costs over Rust.
 pub const PYTHON_ENGINE: &str = "engine_bench.py";
 
-/// The block sizes the engine's series run at (issue 38: 4 KiB to 4 MiB).
+/// The block sizes the engine's series run at: 4 KiB to 4 MiB.
 pub const ENGINE_SIZES: std::ops::RangeInclusive<u64> = 4 << 10..=4 << 20;
 
 /// The chunk size of the engine's counts (allocations, instructions), whatever the run's
@@ -119,12 +120,12 @@ pub const SERIES: &[Series] = &[
         "--mode bw --region host",
         QuickTwoNode,
     ),
-    // The transfer engine (issue 38): one batch of the step's blocks from host memory, spread
+    // The transfer engine: one batch of the step's blocks from host memory, spread
     // over one or three peer agents of the same process, the same bytes as perftest's step;
     // each sample also holds the batch latency of one block per peer (`batch_lat_usec`).
     series("engine/1peer", Bandwidth, ENGINE, "bw --peers 1", Quick),
     series("engine/3peers", Bandwidth, ENGINE, "bw --peers 3", Quick),
-    // The same batch as `engine/1peer`, submitted and waited for from Python (issue 40).
+    // The same batch as `engine/1peer`, submitted and waited for from Python.
     series(
         "python/1peer",
         Bandwidth,
@@ -172,7 +173,7 @@ pub const SERIES: &[Series] = &[
         QuickTwoNode,
     ),
     // The same writes awaited on a tokio runtime (woken by the completion channel) instead
-    // of busy-polled: the async path's cost (issue 16).
+    // of busy-polled: the async path's cost.
     series(
         "ours/host+async",
         Bandwidth,
@@ -391,7 +392,7 @@ impl Goal {
     /// `bw ours/host / perftest >= 1.00`, `bw engine/1peer / perftest >= 0.95 from 64 KiB`.
     pub fn describe(&self) -> String {
         let from = if self.from > 0 {
-            format!(" from {}", super::table::size(self.from))
+            format!(" from {}", crate::units::size(self.from))
         } else {
             String::new()
         };
@@ -431,10 +432,11 @@ const fn goal_from(
     }
 }
 
-/// The goals of issues 17, 16 (async), 28 (batched completions, latency without a receive
-/// completion, our owned write's instructions against the C loop's), 38 (the engine's
-/// bandwidth against perftest's from 64 KiB) and 40 (the engine from Python against the
-/// engine from Rust from 64 KiB), as ratios of medians taken in the same boot.
+/// The goals, as ratios of medians taken in the same boot: our writes against perftest's,
+/// the dma-buf regions against host memory, the async path, batched completions, latency
+/// without a receive completion, our owned write's instructions against the C loop's, the
+/// engine's bandwidth against perftest's from 64 KiB, and the engine from Python against the
+/// engine from Rust from 64 KiB.
 /// A goal is reported, never failed on: under TCG its ratio moves by more than its margin
 /// from run to run; a deterministic count is gated instead ([`GATES`]).
 pub const GOALS: &[Goal] = &[
@@ -480,7 +482,7 @@ impl Gate {
 /// The gates of a run: the engine allocates per batch, never per chunk (one allocation per
 /// chunk would be 1.0; the bound leaves one per hundred chunks for whatever else a thread
 /// of the process does meanwhile); its caller's work per chunk (`Agent::transfer`) stays
-/// within 10% of what it was counted at (183 instructions, 2026-11-28: raise the bound
+/// within 10% of what it was counted at (183 instructions: raise the bound
 /// deliberately, in the change that costs more, with the reason).
 pub const GATES: &[Gate] = &[
     Gate {

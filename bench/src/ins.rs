@@ -4,10 +4,10 @@
 //! measures it; where a run counted a series more than once, the counts must agree, and a
 //! disagreement is shown.
 
-use super::plan::COST_ITERS;
-use super::results::{spreads, Sample};
-use super::series::{Metric, SERIES};
-use super::table::{nodes_name, size};
+use crate::plan::COST_ITERS;
+use crate::results::{spreads, Sample};
+use crate::series::{Metric, SERIES};
+use crate::units::{nodes_name, size};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 

@@ -1,7 +1,7 @@
 //! Tests of the bench plan (`plan.rs`).
 
 use super::*;
-use crate::bench::series::{Metric, VERBS_CRATES};
+use crate::series::{Metric, VERBS_CRATES};
 
 #[test]
 fn full_sweeps_every_power_of_two_and_two_nodes_reach_8_mib() {
@@ -54,8 +54,8 @@ fn plans_interleave_and_have_unique_ids() {
 
 #[test]
 fn the_verbs_crates_are_counted_only_from_8_bytes() {
-    // Their loops write the iteration's number (8 bytes) and refuse a smaller size: a full
-    // run at 2 B failed both steps before they were left out there.
+    // Their loops write the iteration's number (8 bytes) and refuse a smaller size: a step
+    // below 8 B would fail.
     let mut p = Profile::full(1);
     p.sizes = vec![2, 8];
     p.cost_sizes = vec![2, 8];

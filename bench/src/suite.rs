@@ -1,48 +1,16 @@
-//! `cargo xtask bench`: RDMA write bandwidth, message rate and latency of rdma-dmabuf beside
-//! perftest (`ib_write_bw`, `ib_write_lat`) on the same rxe device in the same boot, over
-//! host, udmabuf, system-heap and GPU (vgem) regions, and what registering each kind costs;
-//! on one node (rxe loopback) and across the two-node testbed's wire.
-//!
-//! * [`series`]: the metrics, the series and the goals;
-//! * [`plan`]: the sizes, rounds and budgets, and the plan `bench.sh` runs;
-//! * [`results`]: reading the consoles into samples and failures; min/median/max;
-//! * [`table`]: the terminal report and the goals as ratios;
-//! * [`ins`]: instructions per write beside the C loop's;
-//! * [`gates`]: the bounds on deterministic counts that fail a run (the engine's allocations
-//!   per chunk);
-//! * [`json`]: the JSON file with every sample;
-//! * [`plot`]: PNG and SVG plots;
-//! * [`rails`]: `--rails`, the engine over 1, 2 and 4 rails between two nodes;
-//! * [`peers`]: `--peers`, against Mooncake's engine; [`nixl_peers`]: `--client nixl`, NIXL's;
-//! * [`peers_plan`]: `--peers`' options, cells and steps;
-//! * [`sched`]: `--sched-trace`, one-node ping-pongs traced ([`trace`] reads the traces).
-//!
-//! Every step runs under its own time limit inside the VM; a failed step is named, and
-//! everything else is still reported (and the command then exits non-zero).
+//! The default run, `cargo xtask bench` without a mode: the series of `series` at the sizes
+//! and rounds of `plan`, one boot per node count; the tables, goals and gates, the JSON file
+//! with every sample and the plots, under `target/bench/`.
 
-mod gates;
-mod ins;
-mod json;
-mod metric;
-mod nixl_peers;
-mod peers;
-mod peers_plan;
-mod plan;
-mod plot;
-mod rails;
-mod results;
-mod sched;
-mod series;
-mod table;
-mod trace;
-
-use crate::{script, Paths};
+use crate::plan::{self, Profile};
+use crate::results::{self, spreads, Failure, Sample, Spread};
+use crate::series::{self, Metric, GOALS, SERIES};
+use crate::units::nodes_name;
+use crate::workspace::Paths;
+use crate::{gates, ins, json, loadavg, plot, script, table};
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, programs, vm};
-use plan::Profile;
-use results::{spreads, Failure, Sample, Spread};
-use series::{Metric, GOALS, SERIES};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -158,12 +126,6 @@ impl Request {
 /// Builds the bench (release), runs the plan in the testbed (one boot per node count),
 /// prints the tables and goals, writes the JSON file and the plots under `target/bench/`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
-    match args.split_first().map(|(a, r)| (a.as_str(), r)) {
-        Some(("--rails", rest)) => return rails::main(paths, rest),
-        Some(("--peers", rest)) => return peers::main(paths, rest),
-        Some(("--sched-trace", rest)) => return sched::main(paths, rest),
-        _ => {}
-    }
     let req = parse_args(args)?;
     if let Some(file) = &req.replot {
         return replot(file, &paths.target.join("bench"));
@@ -177,7 +139,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         .flat_map(plan::steps)
         .any(|s| SERIES[s.series].program == series::PYTHON_ENGINE);
     let python = if python {
-        crate::python::stage_release(paths)?
+        crate::workspace::python::stage_release(paths)?
     } else {
         paths.target.join("release/python")
     };
@@ -207,7 +169,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     for p in &profiles {
         let steps = plan::steps(p);
         if p.sizes.is_empty() || steps.is_empty() {
-            fail!("{}: no size to measure", table::nodes_name(p.nodes));
+            fail!("{}: no size to measure", nodes_name(p.nodes));
         }
         let plan_file = out.join(format!("plan-{}node.txt", p.nodes));
         std::fs::write(&plan_file, plan::plan_text(p, &steps))?;
@@ -217,7 +179,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             .sum();
         info(format!(
             "{}: {} steps ({} sizes, {} rounds; plan in {})",
-            table::nodes_name(p.nodes),
+            nodes_name(p.nodes),
             steps.len(),
             p.sizes.len(),
             p.rounds,
@@ -400,17 +362,10 @@ fn replot(file: &Path, out: &Path) -> Result<ExitCode> {
     })
 }
 
-/// The host's load average (`/proc/loadavg`'s first three figures).
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// The charts of one node count: bandwidth, latency, registration (one node) and the goals'
 /// ratios, by file name.
 fn charts(samples: &[Sample], p: &Profile) -> Vec<(&'static str, plot::Chart)> {
-    let where_ = table::nodes_name(p.nodes);
+    let where_ = nodes_name(p.nodes);
     let lines = |m: Metric, value: &str, suffix: &str, dashed: bool| -> Vec<plot::Line> {
         let sp = spreads(samples, m, p.nodes, value);
         SERIES

@@ -5,8 +5,8 @@
 //! MiB/s and the median time from `transfer` to `"DONE"`; the table gives ours/NIXL of the
 //! rounds' medians. Written to `target/bench/nixl-peers.json`.
 
-use super::results::Spread;
-use crate::Paths;
+use crate::results::Spread;
+use crate::workspace::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, programs, wheels};
@@ -131,7 +131,7 @@ fn med(s: &Samples, engine: &str, pick: fn(&(f64, f64)) -> f64) -> Option<f64> {
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     let req = parse(args)?;
     dmabuf_testbed::setup::packages()?;
-    let staged = crate::python::stage_release(paths)?;
+    let staged = crate::workspace::python::stage_release(paths)?;
     let nixl_path = format!(
         "{}:{}",
         wheels::NIXL.fetch(paths)?.display(),
@@ -161,7 +161,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         req.rounds,
         req.duration
     ));
-    let results = crate::pinned::boot(paths, &script, 2, None, &env)?;
+    let results = crate::workspace::boot(paths, &script, 2, None, &env)?;
     let b = results
         .iter()
         .find(|r| r.node == 'b')
@@ -217,7 +217,7 @@ fn report(cells: &BTreeMap<(String, u64, u64), Samples>, req: &Request) -> (Stri
             t,
             "{:<5} {:>8} {:>5} | {:>10} {:>10} {:>6} | {:>12} {:>12} {:>6}",
             op,
-            super::table::size(*block),
+            crate::units::size(*block),
             batch,
             text(med(s, "nixl", bw)),
             text(med(s, "ours", bw)),

@@ -13,11 +13,12 @@
 //! `target/bench/peers.json`, and the plots `bw-peers` and `ratios-peers` (`--plot` draws
 //! them again from that file).
 
-use super::peers_plan::{cells, limit, parse_args, plan_text, steps, Cell, Request, Step};
-use super::peers_plan::{Client, ALL_OPERATIONS, ENGINES, MAX_BATCH, METADATA};
-use super::results::{Failure, Spread};
-use super::{loadavg, plot, table};
-use crate::{script, Paths};
+use crate::peers_plan::{cells, limit, parse_args, plan_text, steps, Cell, Request, Step};
+use crate::peers_plan::{Client, ALL_OPERATIONS, ENGINES, MAX_BATCH, METADATA};
+use crate::results::{Failure, Spread};
+use crate::script;
+use crate::workspace::Paths;
+use crate::{loadavg, plot, units};
 use dmabuf_testbed::sh::Result;
 use dmabuf_testbed::ui::info;
 use dmabuf_testbed::{fail, programs, vm, wheels};
@@ -165,13 +166,13 @@ fn spread_text(x: Option<&BTreeMap<u32, (f64, f64)>>, pick: fn(&(f64, f64)) -> f
         return "-".into();
     };
     if s.n < 2 {
-        return table::num(s.median);
+        return units::num(s.median);
     }
     format!(
         "{} ({}-{})",
-        table::num(s.median),
-        table::num(s.min),
-        table::num(s.max)
+        units::num(s.median),
+        units::num(s.min),
+        units::num(s.max)
     )
 }
 
@@ -223,7 +224,7 @@ pub fn report(cells: &[Cell], steps: &[Step], samples: &[Sample], req: &Request)
             "{:<4} {:<11} {:>8} {:>5} {:>3} | {:>22} {:>22} {:>7} | {:>22} {:>22} {:>7}",
             c.meta,
             c.op,
-            table::size(c.block),
+            units::size(c.block),
             c.batch,
             c.threads,
             spread_text(m, bw),
@@ -435,8 +436,8 @@ fn draw(out: &std::path::Path, cells: &[Cell], steps: &[Step], samples: &[Sample
 
 /// Runs the comparison in a two-node boot, prints the table, writes `target/bench/peers.json`.
 pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
-    if super::nixl_peers::asked(args) {
-        return super::nixl_peers::main(paths, args);
+    if crate::nixl_peers::asked(args) {
+        return crate::nixl_peers::main(paths, args);
     }
     if args.first().is_some_and(|a| a == "--plot") {
         // The plots again from the last run's JSON file, without a boot.
@@ -485,7 +486,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
     // (the wheel) or ours (the compatibility package before the staged gpu_rdma).
     let client = paths.root.join("python/examples/mooncake_bench.py");
     let (theirs_py, ours_py) = if req.client == Client::Python {
-        let staged = crate::python::stage_release(paths)?;
+        let staged = crate::workspace::python::stage_release(paths)?;
         let compat = staged.join("gpu_rdma/_compat");
         let wheel = wheels::MOONCAKE.fetch(paths)?;
         (
