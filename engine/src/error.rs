@@ -386,6 +386,146 @@ impl Error {
     }
 }
 
+impl Error {
+    /// What to check or do, where the engine knows the likely cause; None where the error
+    /// says it all, or where its cause is text of another library (an [`Error::Rdma`]'s
+    /// `detail`, a peer's `cause`), which carries that library's own hint. An
+    /// [`Error::EntryFailed`] has its entry's hint, an [`Error::PeerNotUp`] its last
+    /// look-up's.
+    pub fn hint(&self) -> Option<&'static str> {
+        use Error as E;
+        Some(match self {
+            E::NoDevice(_) => {
+                "`rdma link` lists the RDMA devices and their state (one must be ACTIVE); with \
+                 no hardware NIC, load soft-RoCE (`modprobe rdma_rxe`, then `rdma link add rxe0 \
+                 type rxe netdev <netdev>`); `gpu-rdma-doctor` checks the kernel, rdma-core and \
+                 every device"
+            }
+            E::UnknownAgent(_) => {
+                "name the peer first (`add_peer`, `add_peer_at` or `add_peer_card`); with etcd, \
+                 check that the peer's agent is running and published under the same endpoints \
+                 and prefix (`wait_for_peer` waits for it)"
+            }
+            E::UnknownSegment { .. } => {
+                "check the name, and that the agent registered the segment before the batch \
+                 and has not unregistered it"
+            }
+            E::NoSegmentAt { .. } => {
+                "register the whole range first (one segment must hold it), and keep it \
+                 registered until the transfer ends"
+            }
+            E::SegmentExists(_) => "unregister it first, or choose another name",
+            E::SegmentBusy { .. } => "wait for the transfers that use it, then unregister it",
+            E::BatchTooLarge(_) => "split the batch",
+            E::IncompatibleVersion { .. } => "run the same gpu_rdma version on every agent",
+            E::IncarnationChanged { .. } => "the peer restarted: look it up again",
+            E::PeerDown { .. } => {
+                "the peer's process or machine died, its connection closed, or the link is \
+                 down: its pending entries failed, and a later batch reconnects"
+            }
+            E::RemoteAccess { .. } => {
+                "the peer's registrations do not match the descriptor the batch was checked \
+                 against (a segment unregistered or registered again since): the connection \
+                 and the cached descriptor were dropped, so a new batch is checked anew"
+            }
+            E::Io { .. } => "check that the agent at that address is running and reachable",
+            E::Metadata { .. } => "check that etcd is up and reachable at the endpoints given",
+            E::AgentExists { .. } => {
+                "agent names are unique in a metadata service: choose another, or wait until \
+                 the other incarnation's record expires"
+            }
+            E::Authentication { .. } => {
+                "give every agent of the cluster the same key, or certificates of the same CA \
+                 (docs/engine.md, \"Security\")"
+            }
+            E::LimitReached { .. } => "retry later, or with less (the peer's `Limits`)",
+            E::PeerNotUp { last, .. } => return last.hint(),
+            E::EntryFailed { error, .. } => return error.hint(),
+            _ => return None,
+        })
+    }
+
+    /// The errno behind this error, where it has one (an [`Error::Rdma`]'s, or a failed
+    /// entry's).
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Rdma { errno, .. } => *errno,
+            Error::EntryFailed { error, .. } => error.errno(),
+            _ => None,
+        }
+    }
+
+    /// The agent the error is about, where it names one (a failed entry's error's).
+    pub fn agent(&self) -> Option<&str> {
+        use Error as E;
+        match self {
+            E::UnknownAgent(agent)
+            | E::UnknownSegment { agent, .. }
+            | E::NoSegmentAt { agent, .. }
+            | E::IncarnationChanged { agent, .. }
+            | E::PeerDown { agent, .. }
+            | E::RemoteAccess { agent, .. }
+            | E::PeerNotUp { agent, .. }
+            | E::AgentExists { agent, .. } => Some(agent),
+            E::EntryFailed { error, .. } => error.agent(),
+            _ => None,
+        }
+    }
+
+    /// The segment the error is about, where it names one (a failed entry's error's).
+    pub fn segment(&self) -> Option<&str> {
+        use Error as E;
+        match self {
+            E::SegmentExists(segment)
+            | E::UnknownSegment { segment, .. }
+            | E::SegmentBusy { segment, .. }
+            | E::Access { segment, .. }
+            | E::Overlap { segment, .. } => Some(segment),
+            E::EntryFailed { error, .. } => error.segment(),
+            _ => None,
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The kind's name, stable (the Python package's `kind`): the variant's, and for
+    /// [`ErrorKind::Rdma`] rdma-dmabuf's kind's (`"Refused"`, `"PeerGone"`, ...).
+    pub fn name(self) -> &'static str {
+        use rdma_dmabuf::ErrorKind as R;
+        match self {
+            ErrorKind::InvalidInput => "InvalidInput",
+            ErrorKind::NotFound => "NotFound",
+            ErrorKind::Busy => "Busy",
+            ErrorKind::NoDevice => "NoDevice",
+            ErrorKind::Rdma(k) => match k {
+                R::Refused => "Refused",
+                R::Unreachable => "Unreachable",
+                R::TimedOut => "TimedOut",
+                R::PeerGone => "PeerGone",
+                R::RemoteAccess => "RemoteAccess",
+                R::ReceiverNotReady => "ReceiverNotReady",
+                R::InvalidRequest => "InvalidRequest",
+                R::Flushed => "Flushed",
+                R::Unsupported => "Unsupported",
+                R::InvalidInput => "InvalidInput",
+                R::QueueFull => "QueueFull",
+                R::NoDevice => "NoDevice",
+                _ => "Other",
+            },
+            ErrorKind::Unavailable => "Unavailable",
+            ErrorKind::Incompatible => "Incompatible",
+            ErrorKind::Restarted => "Restarted",
+            ErrorKind::PeerDown => "PeerDown",
+            ErrorKind::RemoteAccess => "RemoteAccess",
+            ErrorKind::TimedOut => "TimedOut",
+            ErrorKind::ShuttingDown => "ShuttingDown",
+            ErrorKind::NameTaken => "NameTaken",
+            ErrorKind::Unauthenticated => "Unauthenticated",
+            ErrorKind::LimitReached => "LimitReached",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Error, ErrorKind};
@@ -409,6 +549,23 @@ mod tests {
             ErrorKind::Rdma(rdma_dmabuf::ErrorKind::InvalidInput),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_accessors_read_a_failed_entrys_fields() {
+        let unknown = Error::UnknownSegment {
+            agent: "b".into(),
+            segment: "d".into(),
+        };
+        let failed = Error::EntryFailed {
+            entry: 0,
+            error: Box::new(unknown),
+        };
+        assert_eq!((failed.agent(), failed.segment()), (Some("b"), Some("d")));
+        assert!(failed.hint().is_some_and(|h| h.contains("registered")));
+        assert_eq!((failed.kind().name(), failed.errno()), ("NotFound", None));
+        let gone = ErrorKind::Rdma(rdma_dmabuf::ErrorKind::PeerGone);
+        assert_eq!(gone.name(), "PeerGone");
     }
 
     #[test]

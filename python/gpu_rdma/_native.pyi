@@ -5,27 +5,19 @@ import enum
 import mmap
 from typing import Any, Awaitable, Dict, List, Optional, Sequence, Tuple, Union
 
+# The exception classes are gpu_rdma._errors' (the module adds them as its own attributes).
+from ._errors import Busy as Busy
+from ._errors import Closed as Closed
+from ._errors import Error as Error
+from ._errors import InvalidInput as InvalidInput
+from ._errors import LimitReached as LimitReached
+from ._errors import NotFound as NotFound
+from ._errors import PeerLost as PeerLost
+from ._errors import Timeout as Timeout
+from ._errors import Unauthenticated as Unauthenticated
+from ._errors import Unsupported as Unsupported
+
 MAX_NOTIFICATION: int
-
-class Error(Exception):
-    """Every error of gpu_rdma."""
-
-    operation: str
-    errno: Optional[int]
-    hint: Optional[str]
-    kind: str
-
-class Unsupported(Error): ...
-class InvalidInput(Error): ...
-class PeerLost(Error): ...
-class Timeout(Error): ...
-class NotFound(Error): ...
-class Busy(Error): ...
-class Unauthenticated(Error): ...
-class LimitReached(Error): ...
-
-class Closed(Error):
-    """A method of an agent after its `close()`: create a new Agent."""
 
 class EntryStatus(str, enum.Enum):
     """One entry's state: a `str` equal to its value (`EntryStatus.DONE == "done"`)."""
@@ -180,7 +172,12 @@ class Agent:
     def describe(self, agent: Optional[str] = None) -> List[Tuple[str, Optional[int], int]]: ...
     def register(self, name: str, memory: Memory) -> int: ...
     def register_cuda(
-        self, name: str, ptr: int, size: int, device: int = 0, owner: Any = None
+        self,
+        name: str,
+        ptr: int,
+        size: int,
+        device: Optional[int] = None,
+        owner: Any = None,
     ) -> int: ...
     def unregister(self, name: str) -> Any: ...
     def transfer(self, batch: Batch) -> Transfer: ...

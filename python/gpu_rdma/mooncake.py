@@ -661,14 +661,9 @@ def _ip(host: str) -> str:
 
 def _invalid(op: str, why: str) -> Error:
     """A typed InvalidInput for a refusal of this module (as the engine raises them)."""
-    from ._native import InvalidInput
+    from ._errors import InvalidInput
 
-    e = InvalidInput(f"{op}: {why}")
-    e.operation = op
-    e.errno = None
-    e.hint = None
-    e.kind = "InvalidInput"
-    return e
+    return InvalidInput(f"{op}: {why}", operation=op)
 
 
 def main(argv: Sequence[str]) -> int:

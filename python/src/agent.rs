@@ -1,8 +1,9 @@
 //! `Agent`: the engine's agent, its segments and what keeps each segment's Python memory
 //! alive while registered.
 
+use crate::cuda_array::{cuda_array, cuda_device, register_ordinal};
 use crate::dlpack;
-use crate::errors::{Class, Failure, Result};
+use crate::errors::{cuda_name, Class, Failure, Result};
 use crate::host::{foreign_buffer, is_buffer, pin, HostMemory, Pin};
 use crate::memory::{from_fd, PyDmaBuf};
 use crate::transfer::{address, bound, Batch, Notification, Transfer};
@@ -50,63 +51,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// GPU `ordinal`, opened with the GIL released.
-fn cuda_device(py: Python<'_>, ordinal: i32) -> Result<Arc<drm_export::cuda::CudaDevice>> {
-    py.allow_threads(|| drm_export::cuda::CudaDevice::open(ordinal))
-        .map_err(|e| Failure::export("register_cuda", &e))
-}
-
-/// The device pointer and byte length of an object with `__cuda_array_interface__` (a
-/// CUDA tensor), or None without one; refused when it is not C-contiguous.
-fn cuda_array(obj: &Bound<'_, PyAny>) -> Result<Option<(u64, u64)>> {
-    let Ok(iface) = obj.getattr("__cuda_array_interface__") else {
-        return Ok(None);
-    };
-    let refused = |why: &str| {
-        Failure::new(
-            Class::InvalidInput,
-            "register",
-            format!("register: __cuda_array_interface__: {why}"),
-        )
-    };
-    let get = |k: &str| iface.get_item(k).map_err(|_| refused(&format!("no {k:?}")));
-    let ptr: u64 = get("data")?
-        .get_item(0)
-        .and_then(|p| p.extract())
-        .map_err(|_| refused("data[0] is not a pointer"))?;
-    let shape: Vec<u64> = get("shape")?
-        .extract()
-        .map_err(|_| refused("shape is not a tuple of sizes"))?;
-    let typestr: String = get("typestr")?
-        .extract()
-        .map_err(|_| refused("typestr is not a string"))?;
-    let strides = iface.get_item("strides").ok().filter(|s| !s.is_none());
-    if strides.is_some() {
-        return Err(refused(
-            "strided arrays are not one range: pass a contiguous one",
-        ));
-    }
-    let item: u64 = typestr
-        .get(2..)
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| refused(&format!("typestr {typestr:?}")))?;
-    let len = shape
-        .iter()
-        .try_fold(item, |n, d| n.checked_mul(*d))
-        .ok_or_else(|| refused("a size past 2^64 bytes"))?;
-    Ok(Some((ptr, len)))
-}
-
 /// A DLPack tensor (one that is not a buffer: a torch tensor, a JAX array) registered in
 /// place, its capsule consumed: host memory through `HostBuffer::from_foreign` holding the
 /// tensor's owner (which holds the producer object too), CUDA memory as a CUDA range; the
 /// segment holds the object and the owner as well.
-fn dlpack_memory(obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
+fn dlpack_memory(obj: &Bound<'_, PyAny>) -> Result<(Memory, Held, Option<String>)> {
     let py = obj.py();
     let t = dlpack::tensor(obj)?;
     let memory = match t.place {
         dlpack::Place::Cuda(ordinal) => Memory::Cuda {
-            device: cuda_device(py, ordinal)?,
+            device: cuda_device(py, "register", ordinal)?,
             ptr: t.addr,
             len: t.len,
         },
@@ -126,7 +80,11 @@ fn dlpack_memory(obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
             Memory::Host(foreign_buffer(pin)?)
         }
     };
-    Ok((memory, Held::Tensor(obj.clone().unbind(), t.owner)))
+    let gpu = match t.place {
+        dlpack::Place::Cuda(ordinal) => Some(cuda_name(ordinal)),
+        dlpack::Place::Host => None,
+    };
+    Ok((memory, Held::Tensor(obj.clone().unbind(), t.owner), gpu))
 }
 
 impl Agent {
@@ -137,14 +95,22 @@ impl Agent {
     }
 
     /// The engine's memory for `obj`, and what the segment must hold.
-    fn memory(&self, name: &str, obj: &Bound<'_, PyAny>) -> Result<(Memory, Held)> {
+    fn memory(&self, name: &str, obj: &Bound<'_, PyAny>) -> Result<(Memory, Held, Option<String>)> {
         if let Ok(d) = obj.downcast::<PyDmaBuf>() {
             let dmabuf = d.borrow_mut().lend(name)?;
-            return Ok((Memory::DmaBuf(dmabuf), Held::DmaBuf(d.clone().unbind())));
+            return Ok((
+                Memory::DmaBuf(dmabuf),
+                Held::DmaBuf(d.clone().unbind()),
+                None,
+            ));
         }
         if let Ok(h) = obj.downcast::<HostMemory>() {
             let dmabuf = h.borrow().export()?;
-            return Ok((Memory::DmaBuf(dmabuf), Held::Object(obj.clone().unbind())));
+            return Ok((
+                Memory::DmaBuf(dmabuf),
+                Held::Object(obj.clone().unbind()),
+                None,
+            ));
         }
         if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
             let fd: i32 = obj.extract().map_err(|e| {
@@ -154,12 +120,13 @@ impl Agent {
                     format!("register: fd: {e}"),
                 )
             })?;
-            return Ok((Memory::DmaBuf(from_fd(fd)?), Held::Fd));
+            return Ok((Memory::DmaBuf(from_fd(fd)?), Held::Fd, None));
         }
-        if let Some((ptr, len)) = cuda_array(obj)? {
-            let device = cuda_device(obj.py(), 0)?;
+        if let Some((ptr, len, ordinal)) = cuda_array(obj)? {
+            let device = cuda_device(obj.py(), "register", ordinal)?;
             let memory = Memory::Cuda { device, ptr, len };
-            return Ok((memory, Held::Object(obj.clone().unbind())));
+            let gpu = Some(cuda_name(ordinal));
+            return Ok((memory, Held::Object(obj.clone().unbind()), gpu));
         }
         if obj.hasattr("__dlpack__").unwrap_or(false) && !is_buffer(obj) {
             return dlpack_memory(obj);
@@ -167,11 +134,25 @@ impl Agent {
         // Any other writable buffer: registered in place (no copy), its export held by the
         // segment's buffer until it is unregistered.
         let buffer = foreign_buffer(pin(obj)?)?;
-        Ok((Memory::Host(buffer), Held::Object(obj.clone().unbind())))
+        Ok((
+            Memory::Host(buffer),
+            Held::Object(obj.clone().unbind()),
+            None,
+        ))
     }
 
-    fn insert(&self, py: Python<'_>, name: &str, memory: Memory, held: Held) -> PyResult<u64> {
-        let agent = self.engine("register")?;
+    /// Registers `memory` as segment `name`; a failure names the segment, and `gpu`, the
+    /// GPU of CUDA memory (`cuda:N`), where the engine's error names none.
+    fn insert(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        name: &str,
+        memory: Memory,
+        held: Held,
+        gpu: Option<String>,
+    ) -> PyResult<u64> {
+        let agent = self.engine(op)?;
         let owned = name.to_string();
         match py.allow_threads(move || agent.register(&owned, memory)) {
             Ok(desc) => {
@@ -183,18 +164,22 @@ impl Agent {
                 if let Held::DmaBuf(d) = held {
                     d.borrow_mut(py).restore_none();
                 }
-                Err(Failure::engine("register", &e).into())
+                let mut f = Failure::engine(op, &e);
+                f.about.segment.get_or_insert_with(|| name.to_string());
+                if let Some(gpu) = gpu {
+                    f = f.with_device(gpu);
+                }
+                Err(f.into())
             }
         }
     }
 
-    fn check_free(&self, name: &str) -> Result<()> {
+    /// Refuses `name` when a segment of this object has it, as the engine would
+    /// (`SegmentExists`), before the memory is taken from its object.
+    fn check_free(&self, op: &str, name: &str) -> Result<()> {
         if lock(&self.segments).contains_key(name) {
-            return Err(Failure::new(
-                Class::InvalidInput,
-                "register",
-                format!("register: segment {name:?} is already registered"),
-            ));
+            let e = gpu_rdma_engine::Error::SegmentExists(name.to_string());
+            return Err(Failure::engine(op, &e));
         }
         Ok(())
     }
@@ -332,14 +317,14 @@ impl Agent {
     /// its length. `memory`: a `DmaBuf` (moved into the segment until `unregister`), a
     /// `HostMemory`, a writable buffer over a `HostMemory`'s whole pages (a numpy array, a
     /// `memoryview`), an `int` dma-buf fd (duplicated; the caller keeps its own), or a
-    /// contiguous CUDA array with `__cuda_array_interface__` (a torch tensor: GPU 0's
-    /// memory; `register_cuda` names another GPU). The
-    /// segment holds a reference to the object, and a buffer's export, until unregistered.
+    /// contiguous CUDA array with `__cuda_array_interface__` (a torch tensor, on the GPU its
+    /// `__dlpack_device__()` names, GPU 0 without one). The segment holds a reference to the
+    /// object, and a buffer's export, until unregistered.
     fn register(&self, py: Python<'_>, name: &str, memory: &Bound<'_, PyAny>) -> PyResult<u64> {
         self.engine("register")?;
-        self.check_free(name)?;
-        let (memory, held) = self.memory(name, memory)?;
-        self.insert(py, name, memory, held)
+        self.check_free("register", name)?;
+        let (memory, held, gpu) = self.memory(name, memory)?;
+        self.insert(py, "register", name, memory, held, gpu)
     }
 
     /// Finds the agent listening at `address` (`"ip:port"`) by its address alone, names it
@@ -369,10 +354,18 @@ impl Agent {
         owner: Option<PyObject>,
     ) -> PyResult<String> {
         self.engine("register_address")?;
-        self.check_free(name)?;
+        self.check_free("register_address", name)?;
         let (memory, found) = crate::by_address::memory(py, address, size, location)?;
         let owner = owner.unwrap_or_else(|| py.None());
-        self.insert(py, name, memory, Held::Object(owner))?;
+        let gpu = found.starts_with("cuda:").then(|| found.clone());
+        self.insert(
+            py,
+            "register_address",
+            name,
+            memory,
+            Held::Object(owner),
+            gpu,
+        )?;
         Ok(found)
     }
 
@@ -397,27 +390,31 @@ impl Agent {
 
     /// Registers `[ptr, ptr + size)` of GPU `device`'s memory (a tensor's `data_ptr()` and
     /// byte size) as segment `name`; the segment holds a reference to `owner` (the tensor)
-    /// until unregistered. `Unsupported` without CUDA.
-    #[pyo3(signature = (name, ptr, size, device = 0, owner = None))]
+    /// until unregistered. `device` left out: the owner's GPU, where its
+    /// `__dlpack_device__()` names one, else GPU 0; a `device` that differs from the owner's
+    /// is refused (`InvalidInput`). `Unsupported` without CUDA.
+    #[pyo3(signature = (name, ptr, size, device = None, owner = None))]
     fn register_cuda(
         &self,
         py: Python<'_>,
         name: &str,
         ptr: u64,
         size: u64,
-        device: i32,
+        device: Option<i32>,
         owner: Option<PyObject>,
     ) -> PyResult<u64> {
-        self.engine("register_cuda")?;
-        self.check_free(name)?;
-        let dev = cuda_device(py, device)?;
+        let op = "register_cuda";
+        self.engine(op)?;
+        self.check_free(op, name)?;
+        let ordinal = register_ordinal(owner.as_ref().map(|o| o.bind(py)), device)?;
         let memory = Memory::Cuda {
-            device: dev,
+            device: cuda_device(py, op, ordinal)?,
             ptr,
             len: size,
         };
         let owner = owner.unwrap_or_else(|| py.None());
-        self.insert(py, name, memory, Held::Object(owner))
+        let gpu = Some(cuda_name(ordinal));
+        self.insert(py, op, name, memory, Held::Object(owner), gpu)
     }
 
     /// Unregisters segment `name` (refused with `Busy` while a transfer uses it) and returns

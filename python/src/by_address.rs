@@ -2,7 +2,7 @@
 //! (host memory, or CUDA memory the driver knows), the segment tables `Agent.describe`
 //! returns, and `MetadataServer`, a server of Mooncake's HTTP metadata protocol.
 
-use crate::errors::{Class, Failure, Result};
+use crate::errors::{cuda_name, Class, Failure, Result};
 use crate::host::address_buffer;
 use drm_export::cuda::CudaDevice;
 use gpu_rdma_engine::{AgentDescriptor, Memory};
@@ -26,7 +26,8 @@ fn cuda_of(addr: u64, location: &str) -> Result<Option<(Arc<CudaDevice>, i32)>> 
             )
             .hinted("\"*\" (found from the address), \"cpu\", or \"cuda:<ordinal>\"")
         })?;
-        let d = CudaDevice::open(ordinal).map_err(|e| Failure::export(op, &e))?;
+        let d = CudaDevice::open(ordinal)
+            .map_err(|e| Failure::export(op, &e).with_device(cuda_name(ordinal)))?;
         return Ok(Some((d, ordinal)));
     }
     if location != "*" && !location.is_empty() {

@@ -4,21 +4,17 @@
 //! after its metadata service is built, so without this check a host with no RDMA device
 //! and an etcd that is not up would fail on etcd first.
 
-use crate::errors::{Class, Failure, Result, NO_DEVICE_HINT};
+use crate::errors::{Failure, Result};
 use rdma_dmabuf::{Context, PortState};
 
-/// `ibv_get_device_list`: refuses with `Unsupported` (and the list's errno, with a hint) when
-/// the host has no RDMA device, when one of `names` is not among them, or, with no names,
-/// when no device's port 1 is active (the engine's choice of devices, `Settings::devices`).
+/// `ibv_get_device_list`: refuses with `Unsupported` (the engine's `NoDevice`, with its hint,
+/// and the list's errno, ENODEV for a device the host lacks, and the device) when the host has
+/// no RDMA device, when one of `names` is not among them, or, with no names, when no device's
+/// port 1 is active (the engine's choice of devices, `Settings::devices`).
 pub(crate) fn check(names: Option<&[String]>) -> Result<()> {
     let refuse = |why: String, errno: Option<i32>| {
-        let mut f = Failure::new(
-            Class::Unsupported,
-            "Agent",
-            format!("Agent: RDMA devices: {why}"),
-        )
-        .hinted(NO_DEVICE_HINT);
-        f.kind = "NoDevice".into();
+        let mut f = Failure::engine("Agent", &gpu_rdma_engine::Error::NoDevice(why));
+        f.message = format!("Agent: {}", f.message);
         f.errno = errno;
         f
     };
@@ -36,11 +32,12 @@ pub(crate) fn check(names: Option<&[String]>) -> Result<()> {
                 .filter(|n| !found.contains(n))
                 .map(String::as_str)
                 .collect();
-            if !missing.is_empty() {
+            if let Some(first) = missing.first() {
                 return Err(refuse(
                     format!("no device {missing:?} on this host (it has {found:?})"),
                     Some(libc::ENODEV),
-                ));
+                )
+                .with_device(*first));
             }
         }
         None => {

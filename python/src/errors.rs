@@ -1,89 +1,15 @@
-//! The exception hierarchy: one base, `gpu_rdma.Error`, with the Rust error's operation,
-//! errno and hint as attributes, and a subclass for each kind a caller handles.
+//! The exception hierarchy: one base, `gpu_rdma.Error`, and a subclass for each failure a
+//! caller handles, defined once in Python (`gpu_rdma/_errors.py`, which gives `Timeout` and
+//! `PeerLost` their builtin bases, `TimeoutError` and `ConnectionError`) and looked up here
+//! when the module is initialized. A [`Failure`] becomes an instance of its class with the
+//! Rust error's fields as attributes: `kind`, `operation`, `hint`, `errno`, `agent`,
+//! `segment`, `device`, `fd` (`failures` reads them from the libraries' errors).
 
-use gpu_rdma_engine::ErrorKind as EngineKind;
-use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::PyType;
-use rdma_dmabuf::ErrorKind as RdmaKind;
-use std::ffi::{CStr, CString};
+use pyo3::types::{PyDict, PyType};
 
-/// The classes, made once (`gpu_rdma.Error` first, the others its subclasses), by name and
-/// docstring, in the order of [`Class`].
-const CLASSES: [(&str, &CStr); 10] = [
-    (
-        "Error",
-        c"Every error of gpu_rdma. Attributes: `operation` (what was attempted), `errno` (the \
-         OS error number, or None), `hint` (the likely cause, or None), `kind` (the Rust \
-         error kind's name).",
-    ),
-    (
-        "Unsupported",
-        c"The device, driver, kernel or build cannot do it (no RDMA device, no CUDA, memory \
-         the engine cannot register).",
-    ),
-    (
-        "InvalidInput",
-        c"The request was refused before anything was posted: fix it (a range past a \
-         segment, a closed fd, a name taken, a read-only buffer).",
-    ),
-    (
-        "PeerLost",
-        c"The peer is down, restarted, unreachable, or refused the access: its entries failed.",
-    ),
-    (
-        "Timeout",
-        c"A bounded wait ended before what it waited for.",
-    ),
-    (
-        "NotFound",
-        c"An agent or segment the metadata service does not know (yet, or any more).",
-    ),
-    (
-        "Busy",
-        c"A segment is still used by an unfinished transfer: wait for it and try again.",
-    ),
-    (
-        "Unauthenticated",
-        c"Authentication failed: a peer without the cluster's key or certificate, one this \
-         agent's key or certificate does not convince, or an etcd value written by someone \
-         who is not an agent of the cluster (docs/engine.md, \"Security\").",
-    ),
-    (
-        "LimitReached",
-        c"A peer refused a request at one of its limits (connections, queue pairs, \
-         notifications queued and not taken): retry later or with less.",
-    ),
-    (
-        "Closed",
-        c"The agent was closed (`close()`, or the end of its `with` block): every method \
-         but `close` refuses; create a new Agent.",
-    ),
-];
-
-static TYPES: GILOnceCell<Vec<Py<PyType>>> = GILOnceCell::new();
-
-fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
-    TYPES.get_or_try_init(py, || {
-        let base = PyErr::new_type(
-            py,
-            c"gpu_rdma.Error",
-            Some(CLASSES[0].1),
-            Some(&py.get_type::<PyException>()),
-            None,
-        )?;
-        let mut all = vec![base.clone_ref(py)];
-        for (name, doc) in &CLASSES[1..] {
-            let full = CString::new(format!("gpu_rdma.{name}")).expect("no NUL in the names");
-            let t = PyErr::new_type(py, &full, Some(doc), Some(base.bind(py)), None)?;
-            all.push(t);
-        }
-        Ok(all)
-    })
-}
-
-/// The Python class an error becomes.
+/// The Python class an error becomes, in the order of `_errors.CLASSES`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Class {
     Base = 0,
@@ -98,74 +24,99 @@ pub(crate) enum Class {
     Closed,
 }
 
-/// An error on its way to Python: its class, text, operation, errno and hint.
+/// The classes' names, in the order of [`Class`] (checked against `_errors.CLASSES`).
+const NAMES: [&str; 10] = [
+    "Error",
+    "Unsupported",
+    "InvalidInput",
+    "PeerLost",
+    "Timeout",
+    "NotFound",
+    "Busy",
+    "Unauthenticated",
+    "LimitReached",
+    "Closed",
+];
+
+impl Class {
+    /// The `kind` of a refusal of this module's own of this class (the name the engine's
+    /// kind of the same failure has).
+    pub fn kind(self) -> &'static str {
+        match self {
+            Class::Base => "Other",
+            Class::Unsupported => "Unsupported",
+            Class::InvalidInput => "InvalidInput",
+            Class::PeerLost => "PeerDown",
+            Class::Timeout => "TimedOut",
+            Class::NotFound => "NotFound",
+            Class::Busy => "Busy",
+            Class::Unauthenticated => "Unauthenticated",
+            Class::LimitReached => "LimitReached",
+            Class::Closed => "Closed",
+        }
+    }
+}
+
+static TYPES: GILOnceCell<Vec<Py<PyType>>> = GILOnceCell::new();
+
+/// The classes of `gpu_rdma._errors`, imported once.
+fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
+    TYPES.get_or_try_init(py, || {
+        let classes = py.import("gpu_rdma._errors")?.getattr("CLASSES")?;
+        let mut all = Vec::with_capacity(NAMES.len());
+        for (i, name) in NAMES.iter().enumerate() {
+            let t = classes.get_item(i)?.downcast_into::<PyType>()?;
+            if t.name()? != *name {
+                return Err(pyo3::exceptions::PyImportError::new_err(format!(
+                    "gpu_rdma._errors.CLASSES[{i}] is {}, not {name}",
+                    t.name()?
+                )));
+            }
+            all.push(t.unbind());
+        }
+        Ok(all)
+    })
+}
+
+/// An error on its way to Python: its class, message (without the hint) and fields.
 #[derive(Debug)]
 pub(crate) struct Failure {
     pub class: Class,
-    pub kind: String,
+    /// A stable name: the engine's kind's ([`gpu_rdma_engine::ErrorKind::name`]), or the
+    /// class's ([`Class::kind`]).
+    pub kind: &'static str,
     pub operation: String,
     pub message: String,
     pub errno: Option<i32>,
     pub hint: Option<String>,
+    /// What the error names (boxed: most errors name nothing, and a `Result`'s error stays
+    /// small).
+    pub about: Box<About>,
 }
 
-/// An error's text split into the text without the `(hint: ...)` the libraries append, and
-/// that hint (None, the text whole, when it has none): the hint goes to `e.hint`, and
-/// `str(e)` does not repeat it.
-fn split_hint(text: &str) -> (String, Option<String>) {
-    let Some(open) = text.find("(hint: ") else {
-        return (text.to_string(), None);
-    };
-    let rest = &text[open + "(hint: ".len()..];
-    let end = rest.rfind(')').unwrap_or(rest.len());
-    let after = rest.get(end + 1..).unwrap_or("");
-    let message = format!("{}{after}", text[..open].trim_end());
-    (message, Some(rest[..end].to_string()))
-}
-
-/// The OS error number an error's text ends its cause with (`... (os error 38)`), for the
-/// engine's errors that carry their cause as text only.
-fn os_errno(text: &str) -> Option<i32> {
-    let start = text.rfind("(os error ")? + "(os error ".len();
-    let digits = &text[start..];
-    let end = digits.find(')')?;
-    digits[..end].parse().ok()
-}
-
-/// What to check when no RDMA device could be used.
-pub(crate) const NO_DEVICE_HINT: &str = "`rdma link` lists the RDMA devices and their \
-    state (one must be ACTIVE); with no hardware NIC, load soft-RoCE (`modprobe rdma_rxe`, \
-    then `rdma link add rxe0 type rxe netdev <netdev>`); `gpu-rdma-doctor` checks the \
-    kernel, rdma-core and every device";
-
-/// What to check when the metadata service does not know a peer.
-const UNKNOWN_AGENT_HINT: &str = "name the peer first: `add_peer(name, \"ip:port\")`, \
-    `add_peer_at(\"ip:port\")` or `add_peer_card(card)`; with etcd, check that the peer's \
-    Agent is running and published under the same etcd endpoints and `etcd_prefix` \
-    (`wait_for_peer` waits for it)";
-
-fn rdma_class(kind: RdmaKind) -> Class {
-    match kind {
-        RdmaKind::InvalidInput => Class::InvalidInput,
-        RdmaKind::TimedOut => Class::Timeout,
-        RdmaKind::Unsupported | RdmaKind::NoDevice => Class::Unsupported,
-        RdmaKind::Refused | RdmaKind::Unreachable | RdmaKind::PeerGone | RdmaKind::RemoteAccess => {
-            Class::PeerLost
-        }
-        _ => Class::Base,
-    }
+/// The agent, segment, device and fd an error is about, where it names them: the Rust
+/// error's own fields, or the call's (the segment a registration names, the GPU it chose).
+#[derive(Debug, Default)]
+pub(crate) struct About {
+    pub agent: Option<String>,
+    pub segment: Option<String>,
+    /// An RDMA device's name, or `cuda:N`.
+    pub device: Option<String>,
+    pub fd: Option<i32>,
 }
 
 impl Failure {
-    /// A refusal of this module's own (a wrong argument, memory it cannot register).
+    /// A refusal of this module's own (a wrong argument, memory it cannot register), of the
+    /// class's kind.
     pub fn new(class: Class, operation: &str, message: impl Into<String>) -> Failure {
         Failure {
             class,
-            kind: format!("{class:?}"),
+            kind: class.kind(),
             operation: operation.into(),
             message: message.into(),
             errno: None,
             hint: None,
+            about: Box::default(),
         }
     }
 
@@ -177,6 +128,20 @@ impl Failure {
             format!("{operation}: agent {agent:?} is closed"),
         )
         .hinted("close() shut it down; create a new Agent")
+        .with_agent(agent)
+    }
+
+    /// An OS error of this module's own (`dup` of an fd): `InvalidInput` for EBADF.
+    pub fn os(operation: &str, message: String, e: &std::io::Error) -> Failure {
+        let errno = e.raw_os_error();
+        let class = if errno == Some(libc::EBADF) {
+            Class::InvalidInput
+        } else {
+            Class::Base
+        };
+        let mut f = Failure::new(class, operation, format!("{message}: {e}"));
+        f.errno = errno;
+        f
     }
 
     /// The same, with a hint.
@@ -185,146 +150,66 @@ impl Failure {
         self
     }
 
-    /// The engine's error `e`, during `operation`.
-    pub fn engine(operation: &str, e: &gpu_rdma_engine::Error) -> Failure {
-        let kind = e.kind();
-        let class = match kind {
-            EngineKind::InvalidInput => Class::InvalidInput,
-            EngineKind::NotFound => Class::NotFound,
-            EngineKind::Busy => Class::Busy,
-            EngineKind::NoDevice => Class::Unsupported,
-            EngineKind::Rdma(k) => rdma_class(k),
-            EngineKind::Unavailable
-            | EngineKind::Restarted
-            | EngineKind::PeerDown
-            | EngineKind::RemoteAccess => Class::PeerLost,
-            EngineKind::TimedOut => Class::Timeout,
-            EngineKind::Unauthenticated => Class::Unauthenticated,
-            EngineKind::LimitReached => Class::LimitReached,
-            _ => Class::Base,
-        };
-        let mut errno = None;
-        let mut op = operation.to_string();
-        let mut inner = e;
-        while let gpu_rdma_engine::Error::EntryFailed { error, .. } = inner {
-            inner = error;
-        }
-        if let gpu_rdma_engine::Error::Rdma {
-            op: what, errno: n, ..
-        } = inner
-        {
-            errno = *n;
-            op = format!("{operation}: {what}");
-        }
-        let (message, mut hint) = split_hint(&e.to_string());
-        match inner {
-            gpu_rdma_engine::Error::NoDevice(_) => {
-                errno = errno.or_else(|| os_errno(&message));
-                hint = hint.or_else(|| Some(NO_DEVICE_HINT.to_string()));
-            }
-            gpu_rdma_engine::Error::UnknownAgent(_) => {
-                hint = hint.or_else(|| Some(UNKNOWN_AGENT_HINT.to_string()));
-            }
-            gpu_rdma_engine::Error::PeerNotUp { last, .. }
-                if matches!(**last, gpu_rdma_engine::Error::UnknownAgent(_)) =>
-            {
-                hint = hint.or_else(|| Some(UNKNOWN_AGENT_HINT.to_string()));
-            }
-            _ => {}
-        }
-        Failure {
-            class,
-            kind: format!("{kind:?}"),
-            operation: op,
-            hint,
-            message,
-            errno,
-        }
+    /// The same, naming agent `agent`.
+    pub fn with_agent(mut self, agent: &str) -> Failure {
+        self.about.agent = Some(agent.into());
+        self
     }
 
-    /// rdma-dmabuf's error `e`, during `operation`.
-    pub fn rdma(operation: &str, e: &rdma_dmabuf::Error) -> Failure {
-        let kind = e.kind();
-        let (message, hint) = split_hint(&e.to_string());
-        Failure {
-            class: rdma_class(kind),
-            kind: format!("{kind:?}"),
-            operation: operation.into(),
-            hint,
-            message,
-            errno: e.errno(),
-        }
+    /// The same, naming segment `segment`.
+    pub fn with_segment(mut self, segment: &str) -> Failure {
+        self.about.segment = Some(segment.into());
+        self
     }
 
-    /// drm-export's error `e`, during `operation`.
-    pub fn export(operation: &str, e: &drm_export::Error) -> Failure {
-        use drm_export::Error as E;
-        let errno = e.errno();
-        let class = match e {
-            E::Unsupported { .. } | E::CudaPointer { .. } => Class::Unsupported,
-            E::InvalidArgument { .. } | E::NotDmaBuf { .. } | E::AlreadyOwned { .. } => {
-                Class::InvalidInput
-            }
-            E::Timeout { .. } => Class::Timeout,
-            _ if matches!(errno, Some(2 | 6 | 19 | 95)) => Class::Unsupported,
-            _ if matches!(errno, Some(9 | 22)) => Class::InvalidInput,
-            _ => Class::Base,
-        };
-        let (message, hint) = split_hint(&e.to_string());
-        Failure {
-            class,
-            kind: format!("{class:?}"),
-            operation: operation.into(),
-            hint,
-            message,
-            errno,
-        }
+    /// The same, naming device `device` (an RDMA device's name, or `cuda:N`), unless it
+    /// names one already (the error's own).
+    pub fn with_device(mut self, device: impl Into<String>) -> Failure {
+        self.about.device.get_or_insert_with(|| device.into());
+        self
     }
 
-    /// An OS error of this module's own (`dup` of an fd).
-    pub fn os(operation: &str, e: &std::io::Error) -> Failure {
-        let errno = e.raw_os_error();
-        let class = if errno == Some(9) {
-            Class::InvalidInput
-        } else {
-            Class::Base
-        };
-        Failure {
-            class,
-            kind: format!("{class:?}"),
-            operation: operation.into(),
-            message: format!("{operation}: {e}"),
-            errno,
-            hint: None,
-        }
+    /// The same, naming fd `fd` (the caller's number).
+    pub fn with_fd(mut self, fd: i32) -> Failure {
+        self.about.fd = Some(fd);
+        self
     }
+}
+
+/// The name the engine and this module give CUDA device `ordinal`.
+pub(crate) fn cuda_name(ordinal: i32) -> String {
+    format!("cuda:{ordinal}")
+}
+
+/// `f` as an instance of its class, made with its message and fields as keywords.
+fn instance(py: Python<'_>, f: Failure) -> PyResult<PyErr> {
+    let class = types(py)?[f.class as usize].bind(py);
+    let fields = PyDict::new(py);
+    fields.set_item("kind", f.kind)?;
+    fields.set_item("operation", f.operation)?;
+    fields.set_item("hint", f.hint)?;
+    fields.set_item("errno", f.errno)?;
+    let about = *f.about;
+    fields.set_item("agent", about.agent)?;
+    fields.set_item("segment", about.segment)?;
+    fields.set_item("device", about.device)?;
+    fields.set_item("fd", about.fd)?;
+    let value = class.call((f.message,), Some(&fields))?;
+    Ok(PyErr::from_value(value))
 }
 
 impl From<Failure> for PyErr {
     fn from(f: Failure) -> PyErr {
-        Python::with_gil(|py| {
-            let class = match types(py) {
-                Ok(t) => t[f.class as usize].clone_ref(py),
-                Err(e) => return e,
-            };
-            let err = PyErr::from_type(class.into_bound(py), f.message.clone());
-            let v = err.value(py);
-            // Setting attributes on a fresh exception instance cannot fail but for memory.
-            let _ = v.setattr("operation", f.operation);
-            let _ = v.setattr("errno", f.errno);
-            let _ = v.setattr("hint", f.hint);
-            let _ = v.setattr("kind", f.kind);
-            err
-        })
+        Python::with_gil(|py| instance(py, f).unwrap_or_else(|e| e))
     }
 }
 
 /// Results whose errors become Python exceptions.
 pub(crate) type Result<T> = std::result::Result<T, Failure>;
 
-/// Adds the classes to the module.
+/// Adds the classes to the module (`gpu_rdma._native.Error` is `gpu_rdma.Error`).
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    for ((name, _), t) in CLASSES.iter().zip(types(m.py())?) {
+    for (name, t) in NAMES.iter().zip(types(m.py())?) {
         m.add(*name, t.clone_ref(m.py()))?;
     }
     Ok(())

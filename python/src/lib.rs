@@ -17,7 +17,12 @@
 //! * `etcd`: the metadata service an agent starts with (embedded, HTTP, or etcd).
 //! * `by_address`: memory registered by address (Mooncake's way), segment tables, and
 //!   `MetadataServer`.
-//! * `errors`: the exception hierarchy.
+//! * `cuda_array`: CUDA tensors with `__cuda_array_interface__`, on the GPU their
+//!   `__dlpack_device__` names, and the GPU of `register_cuda`.
+//! * `errors`: the exception hierarchy (classes of `gpu_rdma/_errors.py`) and `Failure`,
+//!   an error with its fields on its way to Python.
+//! * `failures`: the engine's, rdma-dmabuf's and drm-export's errors as `Failure`s, field by
+//!   field.
 //! * `sys`: the raw layer: CPython's buffer protocol, DLPack capsules, the duplicate of an
 //!   fd number, behind safe functions and owned types.
 
@@ -31,10 +36,12 @@
 mod agent;
 mod awaiting;
 mod by_address;
+mod cuda_array;
 mod devices;
 mod dlpack;
 mod errors;
 mod etcd;
+mod failures;
 mod host;
 mod memory;
 mod observe;

@@ -59,7 +59,8 @@ impl PyDmaBuf {
                 op,
                 format!("{op}: this dma-buf is registered as segment {s:?}"),
             )
-            .hinted("unregister the segment first (Agent.unregister gives it back)"),
+            .hinted("unregister the segment first (Agent.unregister gives it back)")
+            .with_segment(s),
             None => Failure::new(
                 Class::InvalidInput,
                 op,
@@ -222,9 +223,12 @@ pub(crate) fn from_fd(fd: i32) -> Result<DmaBuf> {
             Class::InvalidInput,
             "dmabuf_from_fd",
             format!("fd {fd}: not an fd"),
-        ));
+        )
+        .with_fd(fd));
     }
-    let owned = crate::sys::fd::dup_cloexec(fd)
-        .map_err(|e| Failure::os(&format!("dmabuf_from_fd: dup of fd {fd}"), &e))?;
-    DmaBuf::try_from(owned).map_err(|e| Failure::export("dmabuf_from_fd", &e))
+    let owned = crate::sys::fd::dup_cloexec(fd).map_err(|e| {
+        let op = "dmabuf_from_fd";
+        Failure::os(op, format!("{op}: dup of fd {fd}"), &e).with_fd(fd)
+    })?;
+    DmaBuf::try_from(owned).map_err(|e| Failure::export_fd("dmabuf_from_fd", &e, fd))
 }
