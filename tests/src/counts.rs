@@ -1,5 +1,6 @@
 //! Process-, device- and kernel-wide counts for leak tests. They see everything, so a test
-//! that uses them must run alone in its binary (or under a lock shared by its neighbours).
+//! that uses them must run alone in its process (or under a lock shared by its neighbours):
+//! `cargo xtask test` runs each test file's VM tests in a process of their own.
 
 /// Open descriptors of this process.
 ///

@@ -1,4 +1,4 @@
-//! Panic injection: the fixtures of `tests/tests/rdma_unwind*.rs` (docs/safety.md,
+//! Panic injection: the fixtures of `tests/tests/rdma/rdma_unwind*.rs` (docs/safety.md,
 //! "Unwinding"): queue pairs, regions and messages, one poll with a waker that may panic,
 //! and the checks of where it panicked.
 

@@ -111,9 +111,21 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+/// The name libtest gives the test `name` of the module at `module` (the caller's
+/// `module_path!()`): the path without its first segment, the test binary's crate. A test
+/// that runs its own binary again names the test to run with it, so the name holds in a
+/// binary of one test file (`engine_alloc` and `x` give `x`) as in a binary of several
+/// (`rdma::rdma_unwind` and `x` give `rdma_unwind::x`).
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
+}
+
 /// Runs this test binary again under valgrind's memcheck, with `args` (test filters and
-/// options), and asserts that it found no memory error and that `passed` tests passed.
-/// Returns the output.
+/// options: name tests with [`test_name`]), and asserts that it found no memory error and
+/// that `passed` tests passed. Returns the output.
 ///
 /// # Panics
 /// If valgrind cannot start, reports an error, or the tests fail.
@@ -157,7 +169,9 @@ pub fn within<T: Send + 'static>(
 /// The test binary's lock for tests that must run alone: those that count process- or
 /// system-wide resources (descriptors, MRs, the kernel's yield count) or that fail a queue
 /// pair on purpose (the harness runs tests two at a time). One per test binary: each links
-/// its own copy of this library. A test that panicked while holding it does not poison it.
+/// its own copy of this library; `cargo xtask test` runs each test file's VM tests in a
+/// process of their own, so in the VM one file's tests share it. A test that panicked while
+/// holding it does not poison it.
 pub fn alone() -> std::sync::MutexGuard<'static, ()> {
     static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ALONE.lock().unwrap_or_else(|e| e.into_inner())

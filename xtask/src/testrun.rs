@@ -2,7 +2,11 @@
 //!
 //! Tests that need the testbed are `#[ignore = "needs the testbed VM ..."]`: the host run
 //! counts them as ignored; the VM runs exactly those (`--ignored`), each in the phase of the
-//! module it is in ([`crate::phase`]); each phase's script names its tests exactly.
+//! module it is in ([`crate::phase`]); each phase's script names its tests exactly, and runs
+//! each test file's tests in a process of their own, one file after another: a binary of
+//! several test files (`tests/tests/rdma/`) is started once per file, so a test that counts
+//! process- or device-wide resources has only its own file's tests beside it, as in a binary
+//! of one file.
 
 use crate::phase::Phase;
 use crate::Paths;
@@ -160,16 +164,17 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             failed += t.failed;
             ran_in_vm += t.passed + t.failed;
         }
-        // For tests/tests/python_package.rs: the gpu_rdma package, staged under target/.
+        // For tests/tests/programs/python_package.rs: the gpu_rdma package, staged under target/.
         crate::python::stage(paths)?;
-        // For tests/tests/rdma_cost.rs: instructions are counted in the release build.
+        // For tests/tests/rdma/rdma_cost.rs: instructions are counted in the release build.
         paths.release_example("rdma_bench")?;
         // And the same loop written with the Rust verbs crates, counted beside it.
         // Their build failing (a crate's own rdma-core build, the network) fails the one test
         // that counts them, for want of the programs, not the run: every other test runs.
         if let Err(e) = paths.verbs_crates() {
             eprintln!(
-                "    bench/verbs-crates did not build ({e:#}): tests/tests/rdma_cost.rs will fail"
+                "    bench/verbs-crates did not build ({e:#}): \
+                 tests/tests/rdma/rdma_cost.rs will fail"
             );
         }
         for (phase, set) in vm_tests(&bins)? {
@@ -304,7 +309,7 @@ fn test_binaries(paths: &Paths) -> Result<Vec<(String, PathBuf)>> {
     Ok(bins)
 }
 
-/// Per binary: its VM tests of one phase.
+/// Per binary: its VM tests of one phase (of all its test files).
 pub(crate) type VmSet = BTreeMap<PathBuf, Vec<String>>;
 
 /// The VM tests of every binary, grouped by phase (in phase order).
@@ -328,7 +333,19 @@ fn vm_tests(bins: &[(String, PathBuf)]) -> Result<BTreeMap<Phase, VmSet>> {
     Ok(phases)
 }
 
-/// The script the VM runs: every binary's VM tests, one binary after another.
+/// A binary's `tests` by test file ([`Phase::file_of`]), files in name order, each file's
+/// tests in the order given.
+fn by_file(tests: &[String]) -> BTreeMap<&str, Vec<String>> {
+    let mut files = BTreeMap::<&str, Vec<String>>::new();
+    for t in tests {
+        files.entry(Phase::file_of(t)).or_default().push(t.clone());
+    }
+    files
+}
+
+/// The script the VM runs: every binary's VM tests, one binary after another, and in each
+/// binary one test file after another, each file's tests in a process of their own (the same
+/// order on every node).
 pub(crate) fn vm_script(set: &VmSet, phase: Phase) -> String {
     let mut s = String::from("status=0\nexport RUST_BACKTRACE=1\n");
     for (exe, tests) in set {
@@ -338,12 +355,16 @@ pub(crate) fn vm_script(set: &VmSet, phase: Phase) -> String {
             .unwrap_or_default();
         // The binary through a variable: a test binary this workspace built, not a program
         // of the table (programs::write_script checks every other command of the script).
-        let cmd = format!(
-            "BIN={}\n\"$BIN\" --ignored --color never {}",
-            sh::quote(&exe.to_string_lossy()),
-            phase.args(tests)
-        );
-        s.push_str(&format!("echo '### BIN {shown}'\n{cmd} || status=1\n"));
+        s.push_str(&format!(
+            "echo '### BIN {shown}'\nBIN={}\n",
+            sh::quote(&exe.to_string_lossy())
+        ));
+        for file_tests in by_file(tests).values() {
+            s.push_str(&format!(
+                "\"$BIN\" --ignored --color never {} || status=1\n",
+                phase.args(file_tests)
+            ));
+        }
     }
     s.push_str("exit $status\n");
     s
@@ -493,5 +514,85 @@ test result: ok. 1 passed; 0 failed
         let one = vm_script(&set, Phase::One);
         assert!(one.contains("--exact 'two_node::a'") && !one.contains("--skip"));
         programs::check(&one, false).unwrap();
+    }
+
+    /// The `"$BIN" ...` lines of a script: one per process.
+    fn runs(script: &str) -> Vec<&str> {
+        script
+            .lines()
+            .filter(|l| l.starts_with("\"$BIN\""))
+            .collect()
+    }
+
+    /// A binary of several test files is started once per file, files in name order, each
+    /// naming its own tests only; a binary of one file is started once.
+    #[test]
+    fn each_test_file_of_a_binary_runs_in_a_process_of_its_own() {
+        let mut set = VmSet::new();
+        set.insert(
+            PathBuf::from("/t/rdma-1"),
+            vec![
+                "rdma_srq::a".into(),
+                "rdma_cm::b".into(),
+                "rdma_srq::c".into(),
+                "rdma_cm::inner::d".into(),
+            ],
+        );
+        set.insert(PathBuf::from("/t/alloc-2"), vec!["x".into(), "y".into()]);
+        let s = vm_script(&set, Phase::One);
+        let head = "\"$BIN\" --ignored --color never --exact";
+        assert_eq!(
+            runs(&s),
+            [
+                format!("{head} 'x' 'y' || status=1"),
+                format!("{head} 'rdma_cm::b' 'rdma_cm::inner::d' || status=1"),
+                format!("{head} 'rdma_srq::a' 'rdma_srq::c' || status=1"),
+            ],
+            "{s}"
+        );
+        assert!(s.contains("echo '### BIN rdma-1'\nBIN='/t/rdma-1'\n"));
+        programs::check(&s, false).unwrap();
+    }
+
+    /// On two nodes, each file's process steps through its tests one at a time, and the
+    /// script (the same on both nodes) orders files and tests alike.
+    #[test]
+    fn two_node_files_run_apart_one_test_at_a_time() {
+        let mut set = VmSet::new();
+        set.insert(
+            PathBuf::from("/t/engine-1"),
+            vec![
+                "engine_two_node::two_node::a".into(),
+                "engine_etcd::two_node::b".into(),
+                "engine_two_node::two_node::c".into(),
+            ],
+        );
+        set.insert(PathBuf::from("/t/one-2"), vec!["two_node::x".into()]);
+        let s = vm_script(&set, Phase::Two);
+        let head = "\"$BIN\" --ignored --color never --exact --test-threads=1";
+        assert_eq!(
+            runs(&s),
+            [
+                format!("{head} 'engine_etcd::two_node::b' || status=1"),
+                format!(
+                    "{head} 'engine_two_node::two_node::a' 'engine_two_node::two_node::c' \
+                     || status=1"
+                ),
+                format!("{head} 'two_node::x' || status=1"),
+            ],
+            "{s}"
+        );
+        programs::check(&s, false).unwrap();
+    }
+
+    /// The console of a binary started once per file: tests of the same name in two files
+    /// are counted apart (keyed by the whole path), and a dead process reports nothing.
+    #[test]
+    fn results_of_a_binary_started_per_file_are_keyed_by_file() {
+        let console = "### BIN rdma-1\nrunning 2 tests\ntest rdma_cm::same ... ok\n\
+            test rdma_cm::other ... FAILED\nrunning 1 test\ntest rdma_srq::same ... ok\n\
+            running 1 test\n";
+        let t = Tally::of(&parse(console));
+        assert_eq!((t.passed, t.failed, t.ignored), (2, 1, 0));
     }
 }

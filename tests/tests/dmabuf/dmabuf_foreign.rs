@@ -91,7 +91,10 @@ fn dmabuf_fd_passed_between_processes_is_registered_on_the_receiving_side() {
     let mut child = Command::new(std::env::current_exe().unwrap());
     child
         .args(["--exact", "--ignored", "--nocapture"])
-        .arg("dmabuf_fd_passed_between_processes_is_registered_on_the_receiving_side")
+        .arg(integration_tests::process::test_name(
+            module_path!(),
+            "dmabuf_fd_passed_between_processes_is_registered_on_the_receiving_side",
+        ))
         .env(ROLE, &name);
     let child = integration_tests::process::spawn(&mut child);
     let (mut sock, _) = listener.accept().expect("the sender connects");

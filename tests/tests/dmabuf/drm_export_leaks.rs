@@ -1,5 +1,6 @@
-//! drm-export leak check, alone in its binary: descriptor and dma-buf counts are process-
-//! and kernel-wide, so no other test may run beside it. Runs in the testbed VM.
+//! drm-export leak check, alone in its process (the VM runs each test file's tests in a process
+//! of their own): descriptor and dma-buf counts are process- and kernel-wide, so no other test
+//! may run beside it. Runs in the testbed VM.
 
 use drm_export::{DmaHeap, DumbBuffer, Udmabuf};
 use integration_tests::counts::{dmabuf_objects, open_fds};

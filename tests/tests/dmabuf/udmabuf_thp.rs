@@ -5,8 +5,9 @@
 //! a memfd filled while the setting was on and exported after it was turned off, and with
 //! `personality(UNAME26)` hiding the kernel's release). Registration looks at the udmabuf's
 //! own page frames, pinned since its creation, never at the settings, and at the kernel's
-//! release as `/proc` tells it. Its own test binary: it changes machine-wide settings, which
-//! the tests of other binaries (run one binary at a time) never see. Runs in the testbed VM.
+//! release as `/proc` tells it. Its own test process: it changes machine-wide settings, which
+//! the tests of other files (the VM runs each file's tests in a process of their own, one
+//! after another) never see. Runs in the testbed VM.
 
 use drm_export::{running_kernel_misplaces_huge_pages, sealed_memfd, MemfdPages};
 use drm_export::{DmaBuf, Udmabuf};

@@ -207,7 +207,7 @@ fn metrics_count_a_dead_peer_and_its_failed_entries() {
     assert_eq!(a.metrics().metadata.lookup_failures, before + 1);
 }
 
-/// Everything the engine traces in this test binary, as the fmt subscriber writes it.
+/// Everything the engine traces in this test process, as the fmt subscriber writes it.
 static TRACE: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
 struct Capture;

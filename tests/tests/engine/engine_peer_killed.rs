@@ -46,7 +46,7 @@ fn start_peer() -> (Child, SocketAddr) {
     let mut child = Command::new(std::env::current_exe().expect("this test binary"))
         .args([
             "--exact",
-            TEST,
+            &integration_tests::process::test_name(module_path!(), TEST),
             "--ignored",
             "--nocapture",
             "--test-threads=1",

@@ -220,12 +220,19 @@ fn reads_dropped_mid_flight_are_released_with_the_queue_pair_and_touch_nothing_e
 #[test]
 #[ignore = "needs the testbed VM"]
 fn dropped_futures_are_valgrind_clean() {
+    use integration_tests::process::test_name;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     integration_tests::process::valgrind_self(
         &[
             "--exact",
-            "dropped_receive_futures_keep_their_regions_until_the_completion_then_release_them",
-            "reads_dropped_mid_flight_are_released_with_the_queue_pair_and_touch_nothing_else",
+            &test_name(
+                module_path!(),
+                "dropped_receive_futures_keep_their_regions_until_the_completion_then_release_them",
+            ),
+            &test_name(
+                module_path!(),
+                "reads_dropped_mid_flight_are_released_with_the_queue_pair_and_touch_nothing_else",
+            ),
         ],
         2,
     );

@@ -273,12 +273,15 @@ fn queues_and_runtimes_drop_in_any_order_with_tasks_parked() {
 #[test]
 #[ignore = "needs the testbed VM"]
 fn drop_orders_with_parked_tasks_are_valgrind_clean() {
-    // The child counts MRs device-wide: nothing else of this binary may run meanwhile.
+    // The child counts MRs device-wide: nothing else of this file may run meanwhile.
     let _counting = COUNTING.write().unwrap_or_else(|e| e.into_inner());
     integration_tests::process::valgrind_self(
         &[
             "--exact",
-            "queues_and_runtimes_drop_in_any_order_with_tasks_parked",
+            &integration_tests::process::test_name(
+                module_path!(),
+                "queues_and_runtimes_drop_in_any_order_with_tasks_parked",
+            ),
         ],
         1,
     );

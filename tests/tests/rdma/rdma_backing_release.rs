@@ -17,7 +17,7 @@
 //! user's handles drop in (PD and context first, a dropped `Pending`, a dropped shared
 //! receive queue, a region shared by two protection domains), and refused registrations
 //! release it at once without leaving an MR behind. The counts are device-wide: every VM test
-//! takes the binary's lock (`process::alone()`), since the harness runs two at a time.
+//! takes the process's lock (`process::alone()`), since the harness runs two at a time.
 
 use integration_tests::counts::rdma_resources;
 use integration_tests::process::alone;

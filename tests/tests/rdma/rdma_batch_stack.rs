@@ -56,12 +56,12 @@ fn the_largest_batch_fits_a_default_thread_stack() {
     let me = std::env::current_exe().unwrap();
     // The test binary itself, built by this workspace.
     let out = std::process::Command::new(me)
-        .args([
-            "--ignored",
-            "--exact",
+        .args(["--ignored", "--exact"])
+        .arg(integration_tests::process::test_name(
+            module_path!(),
             "the_largest_batch_fits_a_default_thread_stack",
-            "--nocapture",
-        ])
+        ))
+        .arg("--nocapture")
         .env("BATCH_STACK_CHILD", "1")
         .output()
         .unwrap();

@@ -21,7 +21,7 @@
 //! run one by name) that do nothing unless started as such a child.
 
 use integration_tests::device_admin::put_back;
-use integration_tests::process::{spawn, text};
+use integration_tests::process::{spawn, test_name, text};
 use integration_tests::runtime::run_local;
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::host_region;
@@ -68,7 +68,7 @@ fn run_in_child(name: &str, valgrind: bool) {
             "--color",
             "never",
         ])
-        .args(["--exact", name])
+        .args(["--exact", &test_name(module_path!(), name)])
         .output()
         .expect("the child starts (valgrind: cargo xtask setup installs it)");
     let t = text(&out);

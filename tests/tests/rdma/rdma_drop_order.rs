@@ -9,7 +9,7 @@
 //! under memcheck and requires 0 errors (a use-after-free inside libibverbs shows there, not as
 //! a crash). Runs in the testbed VM.
 
-use integration_tests::process::valgrind_self;
+use integration_tests::process::{test_name, valgrind_self};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, pattern};
 use rdma_dmabuf::{
@@ -210,5 +210,5 @@ fn parents_first_device_memory_is_refused_without_leaking_its_context() {
 #[ignore = "needs the testbed VM"]
 fn drop_order_under_valgrind_has_no_memory_error() {
     Testbed::get();
-    valgrind_self(&["parents_first_"], SCENARIOS);
+    valgrind_self(&[&test_name(module_path!(), "parents_first_")], SCENARIOS);
 }

@@ -133,7 +133,10 @@ fn a_scoped_receive_posted_after_an_unseen_failure_lets_the_scope_end() {
     // This test binary (built by this workspace), run again as the child.
     let mut cmd = std::process::Command::new(me);
     cmd.args(["--ignored", "--exact", "--nocapture", "--test-threads=1"])
-        .arg("a_scoped_receive_posted_after_an_unseen_failure_lets_the_scope_end")
+        .arg(integration_tests::process::test_name(
+            module_path!(),
+            "a_scoped_receive_posted_after_an_unseen_failure_lets_the_scope_end",
+        ))
         .env(CHILD, "1");
     let t0 = Instant::now();
     let out = integration_tests::process::run(&mut cmd, Duration::from_secs(150));

@@ -1,8 +1,9 @@
-//! rdma-dmabuf leak checks, alone in their binary: MR, QP and descriptor counts are device-
-//! and process-wide, so no other test may run beside them. Runs in the testbed VM.
+//! rdma-dmabuf leak checks, alone in their process (the VM runs each test file's tests in a
+//! process of their own): MR, QP and descriptor counts are device- and process-wide, so no
+//! other test may run beside them. Runs in the testbed VM.
 
 use integration_tests::counts::{dmabuf_objects, open_fds, rdma_resources as resource_count};
-use integration_tests::process::valgrind_self;
+use integration_tests::process::{test_name, valgrind_self};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{host_region, loopback_pair, pd};
 use rdma_dmabuf::{Access, HostBuffer, MemoryRegion};
@@ -78,7 +79,10 @@ fn dropped_pending_under_valgrind_has_no_memory_error() {
     valgrind_self(
         &[
             "--exact",
-            "dropped_pending_keeps_its_region_until_the_queue_pair_is_destroyed",
+            &test_name(
+                module_path!(),
+                "dropped_pending_keeps_its_region_until_the_queue_pair_is_destroyed",
+            ),
         ],
         1,
     );

@@ -82,7 +82,11 @@ fn peer_death_node_a(tb: &Testbed, death_port: u16, report_port: u16) {
     use std::io::BufRead;
     // This test binary again, built by this workspace.
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "peer_death_child_process"])
+        .args(["--ignored", "--exact"])
+        .arg(integration_tests::process::test_name(
+            module_path!(),
+            "peer_death_child_process",
+        ))
         .args(["--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
         .env("RDMA_LIVENESS_DEATH_PORT", death_port.to_string())

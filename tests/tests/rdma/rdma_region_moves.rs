@@ -10,7 +10,7 @@
 use integration_tests::counts::{dmabuf_objects, open_fds, rdma_resources};
 use integration_tests::evil_waker::{evil, Site};
 use integration_tests::injection::{pair, panicked, parked, recv_region, send, LEN, T};
-use integration_tests::process::{alone, valgrind_self};
+use integration_tests::process::{alone, test_name, valgrind_self};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{deep_pair, host_region, pattern, pd};
 use rdma_dmabuf::{scope, Access, HostBuffer, Local, MemoryRegion, RegistrationCache};
@@ -445,7 +445,7 @@ fn parts_pending_polled_once_then_dropped_then_completed() {
 fn under_valgrind_boxed_regions_scopes_and_tickets_have_no_memory_error() {
     let _l = alone();
     Testbed::get();
-    valgrind_self(&["--exact", "valgrind_body"], 1);
+    valgrind_self(&["--exact", &test_name(module_path!(), "valgrind_body")], 1);
 }
 
 /// The body run under valgrind (it also runs on its own).

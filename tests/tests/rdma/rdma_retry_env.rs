@@ -1,8 +1,9 @@
 //! The retry settings of the environment (`RDMA_DMABUF_ACK_TIMEOUT`, `RDMA_DMABUF_RETRY_COUNT`)
 //! against a real queue pair: a value that is not UTF-8, not a number or outside its bounded
 //! range is refused with `Error::Setting` when the queue pair is built, naming the variable
-//! and the accepted range; a good value changes the retry budget. One test in its own binary,
-//! since it changes the process's environment. Runs in the testbed VM.
+//! and the accepted range; a good value changes the retry budget. One test in its own process
+//! (the VM runs each test file's tests in a process of their own), since it changes the
+//! process's environment. Runs in the testbed VM.
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pd;

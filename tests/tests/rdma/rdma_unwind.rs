@@ -86,7 +86,10 @@ fn a_closed_stderr_does_not_cut_a_scopes_drain_short() {
     // This test binary (built by this workspace), run again as the child.
     let mut cmd = std::process::Command::new(me);
     cmd.args(["--ignored", "--exact", "--nocapture", "--test-threads=1"])
-        .arg("a_closed_stderr_does_not_cut_a_scopes_drain_short")
+        .arg(integration_tests::process::test_name(
+            module_path!(),
+            "a_closed_stderr_does_not_cut_a_scopes_drain_short",
+        ))
         .env(CHILD, "1");
     let out = integration_tests::process::run(&mut cmd, Duration::from_secs(120));
     let text = integration_tests::process::text(&out);

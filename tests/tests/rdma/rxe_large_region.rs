@@ -1,7 +1,8 @@
 //! A host region past 1 GiB registers on rxe (kernel-patches/linux/0003: rxe's per-page array
 //! of such a region is past kmalloc's largest size, so registration failed with ENOMEM and a
 //! page-allocator warning, which the testbed also counts as a kernel problem). Alone in its
-//! binary: it pins a GiB of the guest's memory.
+//! process (the VM runs each test file's tests in a process of their own): it pins a GiB of
+//! the guest's memory.
 
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::pd;

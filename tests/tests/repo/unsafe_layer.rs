@@ -125,11 +125,6 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
         "a shared queue's receive, its region moved into the handle or slot",
     ),
     (
-        "qp/wake.rs",
-        1,
-        "a queue pair's reactor registration, dropped first by field order",
-    ),
-    (
         "scope/mod.rs",
         2,
         "scoped posts of borrowed parts, every one drained before the scope returns",
