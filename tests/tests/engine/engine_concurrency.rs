@@ -1,6 +1,7 @@
 //! The transfer engine's transfer path on one node (rxe loopback): a batch awaited on a
 //! tokio runtime, chunks spread over several queue pairs, a batch to a dead peer that does
-//! not hold up a batch to a healthy one, and a forged rkey refused by the NIC. Needs the
+//! not hold up a batch to a healthy one, batches that read one segment side by side and a
+//! read into it that waits for them, and a forged rkey refused by the NIC. Needs the
 //! testbed VM.
 
 use gpu_rdma_engine::{
@@ -188,4 +189,115 @@ fn loopback_a_forged_rkey_is_refused_by_the_nic_and_reported_typed() {
     // Nothing landed on either side.
     assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 8));
     assert!(bytes(a.unregister("back").unwrap()).iter().all(|&x| x == 0));
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn loopback_batches_that_read_one_segment_run_side_by_side() {
+    let tb = Testbed::get();
+    let a = Agent::new("a", settings(&tb, 16 << 10)).unwrap();
+    let b = Agent::new("b", settings(&tb, 16 << 10)).unwrap();
+    let c = Agent::new("c", settings(&tb, 16 << 10)).unwrap();
+    a.add_peer("b", b.address());
+    a.add_peer("c", c.address());
+    // One pool that both batches send from: c's batch is stuck on c's death while b's runs.
+    const LEN: usize = 32 << 20;
+    a.register("pool", host(&pattern(LEN, 5), LEN)).unwrap();
+    b.register("dst", host(&[], 1 << 20)).unwrap();
+    c.register("dst", host(&[], LEN)).unwrap();
+    const PIECE: u64 = 64 << 10;
+    let to_c = (0..LEN as u64 / PIECE).fold(Batch::new(), |b, j| {
+        b.write("pool", j * PIECE, "c", "dst", j * PIECE, PIECE)
+    });
+    let stuck = a.transfer(&to_c).unwrap();
+    let started = Instant::now();
+    while !stuck.status().contains(&EntryStatus::Done) {
+        assert!(started.elapsed() < WAIT, "nothing landed at c");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(c);
+    let died = Instant::now();
+    // The same megabyte of the pool, overlapping c's batch's ranges, to b.
+    let healthy = a
+        .transfer(&Batch::new().write("pool", 3 << 20, "b", "dst", 0, 1 << 20))
+        .unwrap();
+    healthy.wait(WAIT).expect("the batch to b");
+    let b_took = died.elapsed();
+    // The pool is in use: it cannot be unregistered while a batch reads it.
+    assert!(matches!(
+        a.unregister("pool"),
+        Err(Error::SegmentBusy { .. })
+    ));
+    let c_result = stuck.wait(WAIT);
+    let c_took = died.elapsed();
+    eprintln!("b's batch done {b_took:?} after c died; c's ended after {c_took:?} ({c_result:?})");
+    assert!(
+        matches!(c_result, Err(Error::EntryFailed { .. })),
+        "a batch to a dead peer gave {c_result:?}"
+    );
+    // b's batch shared the pool with c's stuck one instead of waiting for it (c's lasts the
+    // queue pairs' retry budget, about 1.9 s, past its death).
+    assert!(
+        b_took + Duration::from_millis(500) < c_took,
+        "b's batch waited for c's ({b_took:?}, c's {c_took:?})"
+    );
+    assert_eq!(
+        bytes(b.unregister("dst").unwrap()),
+        pattern(LEN, 5)[3 << 20..4 << 20]
+    );
+    // Once both are done the pool is whole again: a read into it takes it whole, and it
+    // comes back unchanged but for what the read wrote.
+    b.register("src", host(&pattern(1 << 20, 6), 1 << 20))
+        .unwrap();
+    a.transfer(&Batch::new().read("pool", 0, "b", "src", 0, 1 << 20))
+        .unwrap()
+        .wait(WAIT)
+        .expect("a read into the pool");
+    let mut expected = pattern(LEN, 5);
+    expected[..1 << 20].copy_from_slice(&pattern(1 << 20, 6));
+    assert_eq!(bytes(a.unregister("pool").unwrap()), expected);
+}
+
+#[test]
+#[ignore = "needs the testbed VM"]
+fn loopback_a_read_into_a_segment_waits_for_the_batches_that_send_from_it() {
+    let tb = Testbed::get();
+    let settings = Settings {
+        workers: 4,
+        ..settings(&tb, 16 << 10)
+    };
+    let a = Agent::new("a", settings.clone()).unwrap();
+    let b = Agent::new("b", settings).unwrap();
+    a.add_peer("b", b.address());
+    const LEN: usize = 8 << 20;
+    let (old, new) = (pattern(LEN, 21), pattern(LEN, 22));
+    a.register("pool", host(&old, LEN)).unwrap();
+    for i in 0..3 {
+        b.register(&format!("copy{i}"), host(&[], LEN)).unwrap();
+    }
+    b.register("fresh", host(&new, LEN)).unwrap();
+    // Three batches send the pool (sharing it) while a fourth reads fresh bytes into it
+    // (taking it whole): each copy is wholly old or wholly new, and the pool ends new.
+    let senders: Vec<_> = (0..3)
+        .map(|i| {
+            a.transfer(&Batch::new().write("pool", 0, "b", &format!("copy{i}"), 0, LEN as u64))
+                .unwrap()
+        })
+        .collect();
+    let reader = a
+        .transfer(&Batch::new().read("pool", 0, "b", "fresh", 0, LEN as u64))
+        .unwrap();
+    for s in senders {
+        s.wait(WAIT).expect("a batch sending the pool");
+    }
+    reader.wait(WAIT).expect("the read into the pool");
+    for i in 0..3 {
+        let copy = bytes(b.unregister(&format!("copy{i}")).unwrap());
+        // A round that sends the pool and one that reads into it never overlap.
+        assert!(
+            copy == old || copy == new,
+            "copy {i} is a mix of old and new bytes"
+        );
+    }
+    assert_eq!(bytes(a.unregister("pool").unwrap()), new);
 }

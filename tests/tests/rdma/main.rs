@@ -34,6 +34,7 @@ mod rdma_region_moves;
 mod rdma_retry_env;
 mod rdma_scope_records;
 mod rdma_shared_dmabuf;
+mod rdma_shared_source;
 mod rdma_spin_policy;
 mod rdma_srq;
 mod rdma_unwind;
