@@ -223,6 +223,11 @@ fn loopback_batches_that_read_one_segment_run_side_by_side() {
         .unwrap();
     healthy.wait(WAIT).expect("the batch to b");
     let b_took = died.elapsed();
+    // b's batch shared the pool with c's stuck one instead of waiting for it.
+    assert!(
+        !stuck.is_finished(),
+        "b's batch ended after c's ({b_took:?}): it waited for the pool"
+    );
     // The pool is in use: it cannot be unregistered while a batch reads it.
     assert!(matches!(
         a.unregister("pool"),
