@@ -9,10 +9,10 @@
 //! of one file.
 
 use crate::phase::Phase;
-use crate::Paths;
 use dmabuf_testbed::sh::{self, Result};
 use dmabuf_testbed::ui::{info, Step};
 use dmabuf_testbed::{fail, initramfs, kernel, programs, setup, vm};
+use gpu_rdma_bench::workspace::Paths;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -165,7 +165,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
             ran_in_vm += t.passed + t.failed;
         }
         // For tests/tests/programs/python_package.rs: the gpu_rdma package, staged under target/.
-        crate::python::stage(paths)?;
+        gpu_rdma_bench::workspace::python::stage(paths)?;
         // For tests/tests/rdma/rdma_cost.rs: instructions are counted in the release build.
         paths.release_example("rdma_bench")?;
         // And the same loop written with the Rust verbs crates, counted beside it.

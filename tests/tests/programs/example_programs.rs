@@ -367,7 +367,7 @@ fn rdma_bench_reports_bandwidth_gather_latency_and_registration_over_every_regio
 #[ignore = "needs the testbed VM"]
 fn the_bench_script_runs_its_plan_and_names_a_failed_step() {
     let _tb = Testbed::get();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../xtask/src/scripts/bench.sh");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/src/scripts/bench.sh");
     let bench = example("rdma_bench").get_program().to_owned();
     let plan = std::env::temp_dir().join("bench-smoke-plan.txt");
     std::fs::write(

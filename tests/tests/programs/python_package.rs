@@ -93,7 +93,7 @@ fn pytest_suite_passes_on_loopback_rxe() {
         T,
     );
     println!("{}", text(&out));
-    all_passed(&out, 79);
+    all_passed(&out, 94);
 }
 
 /// mypy --strict over the stubs, the tests and the example (the stubs stand for the module).

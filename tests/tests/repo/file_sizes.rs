@@ -34,6 +34,7 @@ fn no_source_file_is_over_600_lines() {
         "tests",
         "examples",
         "xtask",
+        "bench",
     ] {
         rust_files(&root.join(dir), &mut files);
     }

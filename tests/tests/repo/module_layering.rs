@@ -7,7 +7,9 @@
 //!
 //! Imports are read with a Rust parser (`syn`), not by text: grouped and nested `use` trees,
 //! `crate::`, `super::` and `self::` paths, paths through a child module declared in the file,
-//! and paths in types and expressions as well as in `use`. A name re-exported by a module
+//! and paths in types and expressions as well as in `use`, and every `a::b::c`
+//! chain written inside a macro call's tokens (`format!`, `json!`, `vec![...]`: syn leaves those
+//! unparsed). A name re-exported by a module
 //! (`crate::Error`, re-exported at the root from `error`) counts as a use of the module that
 //! defines it. `#[cfg(test)]` items are left out (unit tests may reach anywhere), and so are
 //! a folder's own file (`lib.rs`, `qp/mod.rs`): it declares and re-exports its children.
@@ -230,6 +232,53 @@ impl<'a> Visit<'a> for Paths {
             .push(p.segments.iter().map(|s| s.ident.to_string()).collect());
         syn::visit::visit_path(self, p);
     }
+    fn visit_macro(&mut self, m: &'a syn::Macro) {
+        self.0.extend(macro_paths(m));
+        syn::visit::visit_macro(self, m);
+    }
+}
+
+/// The paths written inside a macro call's tokens (`format!("{}", super::table::size(n))`,
+/// `json!({ "x": crate::units::num(y) })`), which syn leaves unparsed: every `a::b::c` chain,
+/// at any depth of brackets, for [`resolve`] to sort out as it does the parsed paths (it keeps
+/// those that start with `crate`, `self`, `super` or a child module).
+fn macro_paths(m: &syn::Macro) -> Vec<Vec<String>> {
+    use syn::ext::IdentExt;
+    use syn::parse::{ParseStream, Parser};
+    use syn::Ident;
+    fn scan(input: ParseStream, out: &mut Vec<Vec<String>>) -> syn::Result<()> {
+        while !input.is_empty() {
+            if input.peek(syn::token::Paren) {
+                let inner;
+                syn::parenthesized!(inner in input);
+                scan(&inner, out)?;
+            } else if input.peek(syn::token::Bracket) {
+                let inner;
+                syn::bracketed!(inner in input);
+                scan(&inner, out)?;
+            } else if input.peek(syn::token::Brace) {
+                let inner;
+                syn::braced!(inner in input);
+                scan(&inner, out)?;
+            } else if input.peek(Ident::peek_any) && input.peek2(syn::Token![::]) {
+                // `a::b::c`, up to the first segment that is not a name (`::<T>`, `::*`).
+                let mut path = vec![input.call(Ident::parse_any)?.to_string()];
+                while input.peek(syn::Token![::]) && input.peek3(Ident::peek_any) {
+                    input.parse::<syn::Token![::]>()?;
+                    path.push(input.call(Ident::parse_any)?.to_string());
+                }
+                out.push(path);
+            } else {
+                // Any other token (a literal, a punctuation mark, a lone name, a `$`): skipped.
+                input.step(|c| Ok(((), c.token_tree().map_or(*c, |(_, next)| next))))?;
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    // A body that cannot be read as tokens (none: it was lexed already) gives what was found.
+    let _ = (|input: ParseStream| scan(input, &mut out)).parse2(m.tokens.clone());
+    out
 }
 
 /// File module -> the modules it uses (itself left out).
@@ -373,6 +422,7 @@ fn no_crate_of_the_workspace_has_a_module_cycle_at_any_level() {
         "rdma-dmabuf",
         "gpu-rdma-engine",
         "gpu-rdma-doctor",
+        "gpu-rdma-bench",
         "integration-tests",
         "examples",
         "dmabuf-testbed",
@@ -412,6 +462,44 @@ fn the_checker_reads_a_program_from_its_files_and_finds_a_cycle() {
     // Without the closing edge, none.
     write("programs.rs", "pub fn run() {}");
     assert!(cycles_in("synthetic", &dir.join("main.rs")).is_empty());
+}
+
+/// The checker itself: a path written inside a macro call (a `format!` argument, a nested
+/// `vec![json!(...)]`) makes an edge, so a cycle closed that way is found.
+#[test]
+fn the_checker_sees_paths_inside_macro_calls() {
+    let a: syn::File = syn::parse_quote! {
+        fn f() -> String { format!("{}", super::b::size(1)) }
+    };
+    let b: syn::File = syn::parse_quote! {
+        pub fn size(_: u64) -> String { String::new() }
+        fn g() { let _ = vec![json!({ "k": crate::top::a::f() })]; }
+    };
+    let top: syn::File = syn::parse_quote! { mod a; mod b; };
+    let root: syn::File = syn::parse_quote! { mod top; };
+    let files = vec![
+        File {
+            module: vec![],
+            ast: root,
+        },
+        File {
+            module: vec!["top".into()],
+            ast: top,
+        },
+        File {
+            module: vec!["top".into(), "a".into()],
+            ast: a,
+        },
+        File {
+            module: vec!["top".into(), "b".into()],
+            ast: b,
+        },
+    ];
+    let levels = sibling_graphs(&file_graph(&files));
+    let under_top = &levels[&vec!["top".to_string()]];
+    assert!(under_top["a"].contains("b"), "{:?}", under_top);
+    assert!(under_top["b"].contains("a"), "{:?}", under_top);
+    assert!(cycle(under_top).is_some());
 }
 
 /// The checker itself: a grouped `use` through `super::` and a re-export make an edge, so a
