@@ -49,7 +49,7 @@ pub const VERBS_CRATES_MIN_SIZE: u64 = 8;
 pub const FULL_COST_SIZES: [u64; 5] = [8, 64, 512, 4 << 10, COST_MAX];
 /// Iterations of the two runs of a count (`bench.sh`'s `cost` step): a write's count is the
 /// difference over the difference, so that start-up and tear-down drop out (as in
-/// tests/tests/rdma_cost.rs).
+/// tests/tests/rdma/rdma_cost.rs).
 pub const COST_ITERS: [u64; 2] = [10, 60];
 /// Chunks of the short batch of the engine's allocation count (the long one has four times
 /// as many).

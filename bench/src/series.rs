@@ -283,7 +283,7 @@ pub const SERIES: &[Series] = &[
         "reg --region gpu --hold-map yes",
         Quick,
     ),
-    // Instructions per write (`rdma_bench cost`, `cost_floor.c`; tests/tests/rdma_cost.rs):
+    // Instructions per write (`rdma_bench cost`, `cost_floor.c`; tests/tests/rdma/rdma_cost.rs):
     // the C loop over libibverbs first, then each of our layers, then a chain of 16 writes
     // with one completion, ours and the C loop's (cost_floor's last argument: writes a chain).
     series("c", Instructions, "cost_floor", "1", Quick),

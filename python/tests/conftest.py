@@ -1,5 +1,5 @@
 """Fixtures of the gpu_rdma tests: they run inside the testbed VM (soft-RoCE rxe), started
-by tests/tests/python_package.rs; outside it they fail, never skip."""
+by tests/tests/programs/python_package.rs; outside it they fail, never skip."""
 
 import os
 import subprocess

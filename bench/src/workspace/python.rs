@@ -1,7 +1,7 @@
 //! The Python package `gpu_rdma` for the tests and the bench: `cargo build -p gpu-rdma-python` and the
 //! package folder staged as `target/debug/python/gpu_rdma/` (the Python sources and stubs
 //! of `python/gpu_rdma`, the extension module as `_native.abi3.so`), which
-//! tests/tests/python_package.rs puts on `PYTHONPATH`. `pip install ./python` builds the same
+//! tests/tests/programs/python_package.rs puts on `PYTHONPATH`. `pip install ./python` builds the same
 //! module with maturin instead (python/pyproject.toml).
 
 use super::Paths;

@@ -1,7 +1,7 @@
 """PyTorch tensors' GPU memory as dma-bufs, through libdmabuf_alloc's dmabuf_alloc_cuda_range.
 
 Needs an NVIDIA GPU with dma-buf support (open kernel modules) and torch; not run by the
-testbed (no GPU there: tests/tests/cuda_from_c.rs runs the same call against a stand-in).
+testbed (no GPU there: tests/tests/cuda/cuda_from_c.rs runs the same call against a stand-in).
 
     python3 torch_tensors.py path/to/libdmabuf_alloc.so
 

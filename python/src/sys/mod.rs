@@ -3,7 +3,7 @@
 //! crate is under `deny(unsafe_code)` and reaches these calls only through the safe
 //! functions and owned types below (the one exception, `host::foreign_buffer`'s call of the
 //! public `unsafe fn` `HostBuffer::from_foreign`, is listed in `docs/safety.md`, "Where
-//! `unsafe` lives", and kept by `tests/tests/unsafe_layer.rs`).
+//! `unsafe` lives", and kept by `tests/tests/repo/unsafe_layer.rs`).
 //!
 //! * [`buffer`]: the C buffer protocol. A [`buffer::BufferExport`] owns one filled-in
 //!   `Py_buffer` (boxed, never moved), made only by a successful `PyObject_GetBuffer` and

@@ -4,7 +4,7 @@
 //! live here; the rest of the crate is under `deny(unsafe_code)` and reaches the verbs only
 //! through the safe functions and owned handles of these modules (the exceptions, each
 //! with the contract its `unsafe` relies on, are listed in `docs/safety.md`, "The raw
-//! layer", and kept by `tests/tests/unsafe_layer.rs`).
+//! layer", and kept by `tests/tests/repo/unsafe_layer.rs`).
 //!
 //! What every wrapper here relies on, and how it makes sure of it:
 //! * **Handles are valid for their whole life.** Each verbs object is held by one owned type
