@@ -286,8 +286,9 @@ pub(crate) fn run<'c, L: Lendable>(
         );
     }
     join(slots, pass, shards, homes);
-    // Traced once nothing is in flight or lent: a subscriber that panics unwinds through no
-    // request the NIC still owns.
+    // Traced once nothing is in flight and the parts are joined: a subscriber that panics
+    // unwinds through no request the NIC still owns (the worker then gives the segment back
+    // to the table, whole).
     for (&(p, l, r), &n) in rails.iter().zip(&sent).filter(|(_, &n)| n > 0) {
         let peer = &lanes[usize::from(p)].agent;
         tracing::debug!(%peer, local_device = l, remote_device = r, chunks = n, "posted");

@@ -398,13 +398,22 @@ impl Segments {
         Ok(())
     }
 
-    /// Removes a segment no transfer uses; its region back.
+    /// Removes a segment no transfer uses; its region back. A segment whose regions were
+    /// lost (never expected) is removed too, with [`Error::Protocol`], so that its name and
+    /// its place in the descriptor do not stay taken.
     pub fn remove(&self, agent: &str, name: &str) -> Result<Region> {
         let mut t = self.lock();
         let slot = t.get(name).ok_or_else(|| Error::UnknownSegment {
             agent: agent.into(),
             segment: name.into(),
         })?;
+        if slot.users == 0 && matches!(slot.state, State::Lost) {
+            t.remove(name);
+            return Err(Error::Protocol(format!(
+                "segment {name}'s regions were lost (not joined again after a failure): it \
+                 is removed, deregistered; its memory cannot be handed back"
+            )));
+        }
         if slot.users > 0 || !matches!(slot.state, State::Home(_)) {
             return Err(Error::SegmentBusy {
                 segment: name.into(),
@@ -430,6 +439,11 @@ impl Segments {
         loop {
             let slot = t.get_mut(name)?;
             match std::mem::replace(&mut slot.state, State::Lent) {
+                // A round that would only read it waits behind one waiting to take it whole,
+                // so that readers following one another do not keep it out.
+                State::Home(region) if reads_only && slot.whole_waiting > 0 => {
+                    slot.state = State::Home(region);
+                }
                 State::Home(region) => {
                     slot.whole_waiting -= usize::from(waiting);
                     if !reads_only {

@@ -1,8 +1,9 @@
 //! A segment shared by several batches at once for what the NIC only reads: RDMA writes from
 //! it. Each device's region becomes an [`SharedSource`], which every worker running such a
-//! batch leases ranges of, one [`rdma_dmabuf::Source`] per chunk; the CPU and the NIC cannot
-//! write it meanwhile, and it turns back into the segment's regions when the last batch
-//! returns it.
+//! batch leases ranges of, one [`rdma_dmabuf::Source`] per chunk; the CPU and this agent's
+//! requests cannot write it meanwhile (peers still may: a segment is registered for remote
+//! writes, and the engine's CPU never reads a segment), and it turns back into the
+//! segment's regions when the last batch returns it.
 //!
 //! A CUDA segment's regions are checkouts of the registration caches: they are lent whole to
 //! one batch at a time, as for reads into a segment.

@@ -16,6 +16,7 @@ use crate::shared::Shared;
 use crate::sources::Sources;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -90,34 +91,35 @@ fn execute(shared: &Shared, conns: &mut HashMap<String, PeerConn>, health: &mut 
                 }
             }
             Some(Lending::Whole(mut region)) => {
-                run_group(
-                    shared,
-                    conns,
-                    job,
-                    Lent::Whole(&mut region),
-                    picks,
-                    &mut lanes,
-                );
+                // The segment goes back to the table even if the round unwinds (a panicking
+                // trace subscriber), lost then, so that no other worker waits for it forever.
+                let ran = catch_unwind(AssertUnwindSafe(|| {
+                    let lent = Lent::Whole(&mut region);
+                    run_group(shared, conns, job, lent, picks, &mut lanes);
+                }));
                 // A region lost (never expected) loses the segment: the others are dropped,
                 // deregistered (a CUDA segment's evicted from the caches, kept or not).
-                let whole = region.whole();
+                let whole = ran.is_ok() && region.whole();
                 if !whole {
                     region.evict_cached(&shared.devices);
                 }
                 shared
                     .segments
                     .put_back(name, Some(region).filter(|_| whole));
+                if let Err(panic) = ran {
+                    resume_unwind(panic);
+                }
             }
             Some(Lending::Shared(sources)) => {
-                run_group(
-                    shared,
-                    conns,
-                    job,
-                    Lent::Shared(&sources),
-                    picks,
-                    &mut lanes,
-                );
+                let ran = catch_unwind(AssertUnwindSafe(|| {
+                    let lent = Lent::Shared(&sources);
+                    run_group(shared, conns, job, lent, picks, &mut lanes);
+                }));
+                // A lease a request still holds (after an unwind) loses the segment.
                 shared.segments.give_back(name, sources);
+                if let Err(panic) = ran {
+                    resume_unwind(panic);
+                }
             }
         }
     }

@@ -12,11 +12,16 @@
 //! * the CPU cannot write the region while it is shared: neither type hands out
 //!   `&mut MemoryRegion`, and `&MemoryRegion` gives no way to write (host bytes are read
 //!   only, a dma-buf has no CPU view without `&mut`);
-//! * the NIC cannot write it: a [`Source`] is not an [`ExclusivePart`], the bound of the
-//!   posts whose NIC writes the local bytes (receives, RDMA reads);
+//! * no local request writes it: a [`Source`] is not an [`ExclusivePart`](crate::ExclusivePart),
+//!   the bound of the posts whose NIC writes the local bytes (receives, RDMA reads);
 //! * the registration stays while any lease lives (in a request in flight, a handle, an
 //!   abandoned request's slot): [`SharedSource::try_into_region`] gives the region back only
 //!   when no lease is left, and the last one to go deregisters it.
+//!
+//! What it does not promise: the rule is this region's, not its memory's. Peers holding its
+//! rkey may still write it if it was registered with `REMOTE_WRITE` (the CPU cannot read it
+//! then: [`MemoryRegion::bytes`] refuses a remotely writable region), and another
+//! registration of the same shared buffer is a region of its own.
 
 use crate::mr::{Backing, MemoryRegion};
 use crate::part::{sealed, OwnedPart};

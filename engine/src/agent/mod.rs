@@ -378,9 +378,20 @@ impl Agent {
     ///
     /// # Errors
     /// [`Error::SegmentBusy`] while a transfer that uses it has not finished (nothing
-    /// changes); [`Error::UnknownSegment`]; [`Error::Rdma`] if deregistration fails.
+    /// changes); [`Error::UnknownSegment`]; [`Error::Rdma`] if deregistration fails;
+    /// [`Error::Protocol`] for a segment whose regions were lost after a failure (never
+    /// expected): it is removed and unpublished, its memory not handed back.
     pub fn unregister(&self, name: &str) -> Result<Memory> {
-        let region = self.shared.segments.remove(&self.shared.name, name)?;
+        let region = match self.shared.segments.remove(&self.shared.name, name) {
+            Ok(region) => region,
+            Err(e) => {
+                if matches!(e, Error::Protocol(_)) {
+                    // Removed, its memory lost: peers must not look for it any more.
+                    let _ = self.publish();
+                }
+                return Err(e);
+            }
+        };
         let memory = self.release(region);
         tracing::info!(agent = %self.shared.name, segment = name, ok = memory.is_ok(), "segment unregistered");
         // Deregistered whatever the metadata service answers: see above.

@@ -6,7 +6,7 @@
 
 use gpu_rdma_engine::{
     Agent, AgentDescriptor, Auth, Batch, EmbeddedMetadata, EntryStatus, Error, MetadataService,
-    PeerRecord, Settings,
+    PeerRecord, Settings, Transfer,
 };
 use integration_tests::engine::{bytes, host, loopback_settings};
 use integration_tests::testbed::Testbed;
@@ -68,6 +68,23 @@ fn loopback_batches_awaited_on_tokio_over_three_queue_pairs() {
     assert_eq!(bytes(b.unregister("dst").unwrap()), pattern(LEN, 11));
 }
 
+/// A batch of writes of 64 KiB from `segment` (`len` bytes) to c's `dst`, in flight, with c
+/// dropped once its first entry has landed: the batch, and when c died.
+fn stuck_on_a_dying_peer(a: &Agent, c: Agent, segment: &str, len: usize) -> (Transfer, Instant) {
+    const PIECE: u64 = 64 << 10;
+    let to_c = (0..len as u64 / PIECE).fold(Batch::new(), |b, j| {
+        b.write(segment, j * PIECE, "c", "dst", j * PIECE, PIECE)
+    });
+    let stuck = a.transfer(&to_c).unwrap();
+    let started = Instant::now();
+    while !stuck.status().contains(&EntryStatus::Done) {
+        assert!(started.elapsed() < WAIT, "nothing landed at c");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(c);
+    (stuck, Instant::now())
+}
+
 #[test]
 #[ignore = "needs the testbed VM"]
 fn loopback_a_dead_peer_does_not_hold_up_a_batch_to_a_healthy_one() {
@@ -84,19 +101,7 @@ fn loopback_a_dead_peer_does_not_hold_up_a_batch_to_a_healthy_one() {
     b.register("dst", host(&[], 1 << 20)).unwrap();
     c.register("dst", host(&[], LEN)).unwrap();
     let bound = Settings::default().peer_failure_bound();
-    // 512 entries of 64 KiB; c dies once the first has landed (the batch is in flight).
-    const PIECE: u64 = 64 << 10;
-    let to_c = (0..LEN as u64 / PIECE).fold(Batch::new(), |b, j| {
-        b.write("to-c", j * PIECE, "c", "dst", j * PIECE, PIECE)
-    });
-    let stuck = a.transfer(&to_c).unwrap();
-    let started = Instant::now();
-    while !stuck.status().contains(&EntryStatus::Done) {
-        assert!(started.elapsed() < WAIT, "nothing landed at c");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    drop(c);
-    let died = Instant::now();
+    let (stuck, died) = stuck_on_a_dying_peer(&a, c, "to-c", LEN);
     let healthy = a
         .transfer(&Batch::new().write("to-b", 0, "b", "dst", 0, 1 << 20))
         .unwrap();
@@ -205,18 +210,7 @@ fn loopback_batches_that_read_one_segment_run_side_by_side() {
     a.register("pool", host(&pattern(LEN, 5), LEN)).unwrap();
     b.register("dst", host(&[], 1 << 20)).unwrap();
     c.register("dst", host(&[], LEN)).unwrap();
-    const PIECE: u64 = 64 << 10;
-    let to_c = (0..LEN as u64 / PIECE).fold(Batch::new(), |b, j| {
-        b.write("pool", j * PIECE, "c", "dst", j * PIECE, PIECE)
-    });
-    let stuck = a.transfer(&to_c).unwrap();
-    let started = Instant::now();
-    while !stuck.status().contains(&EntryStatus::Done) {
-        assert!(started.elapsed() < WAIT, "nothing landed at c");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    drop(c);
-    let died = Instant::now();
+    let (stuck, died) = stuck_on_a_dying_peer(&a, c, "pool", LEN);
     // The same megabyte of the pool, overlapping c's batch's ranges, to b.
     let healthy = a
         .transfer(&Batch::new().write("pool", 3 << 20, "b", "dst", 0, 1 << 20))

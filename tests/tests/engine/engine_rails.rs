@@ -401,8 +401,7 @@ mod two_node_rails {
     /// armed again (seen twice: the batch still pending 91 s after the cut), and destroying
     /// those queue pairs before the link comes back up crashed rxe's transmit destructor
     /// (`rxe_skb_tx_dtor`, a general protection fault) when the ring was freed. That is the
-    /// kernel's bug; the engine has no watchdog of its own for a request a NIC never ends
-    /// (issue 39's note).
+    /// kernel's bug; the engine has no watchdog of its own for a request a NIC never ends.
     #[test]
     #[ignore = "needs the testbed VM"]
     fn two_node_rails_every_rail_cut_ends_the_batch_typed_within_the_bound() {

@@ -1,15 +1,12 @@
 //! When a region's backing is released (observed through a foreign owner's holder count),
-//! and what an independent review of the raw layer (`rdma-dmabuf/src/sys/`, up to 8136d88)
-//! and of `HostBuffer::from_foreign`'s contract found, from safe code.
-//!
-//! Two findings, fixed, each held by a test:
+//! and two rules of the raw layer's contracts, each held by a test:
 //! * `from_foreign_forbids_rust_references_outside_the_buffer` (host): the contract of
-//!   `from_foreign` admitted a caller that keeps a `&mut [u8]` over the bytes elsewhere while
-//!   the NIC writes them (shown in the VM by the review); it now forbids it.
-//! * `the_unsafe_fn_list_describes_registered_new` (host): docs/safety.md said
-//!   `Registered::new` is "the reactor's registration of a borrowed fd"; it is the entry of a
-//!   queue pair among those fatal events flush (`sys::event`), whose contract is that the QP
-//!   is live and the entry drops before the QP is destroyed.
+//!   `HostBuffer::from_foreign` forbids a caller to keep a `&mut [u8]` (or any reference) over
+//!   the bytes elsewhere, which the NIC may write;
+//! * `the_unsafe_fn_list_describes_registered_new` (host): docs/safety.md describes
+//!   `Registered::new` as what it is, the entry of a queue pair among those fatal events flush
+//!   (`sys::event`), whose contract is that the QP is live and the entry drops before the QP
+//!   is destroyed.
 //!
 //! The others pin the delicate invariants checked and found to hold: the backing of a region
 //! (observed through a foreign owner's holder count, which says exactly when the memory is
@@ -59,17 +56,13 @@ fn held(alive: &Arc<()>) -> bool {
 // Findings
 // ---------------------------------------------------------------------------------------
 
-/// From the review (rdma-dmabuf/src/sys/host.rs, `HostBuffer::from_foreign`'s `# Safety`):
-/// the contract asked that the memory stays allocated until `owner` drops, and that nothing
-/// else touches the bytes while a slice *made through this buffer* lives; it said "memory the
-/// owner may change at any time is fine as long as no such slice is made". It did not forbid
-/// the converse: a Rust reference to the bytes held *elsewhere* (an owner such as
-/// `Arc<Mutex<Box<[u8]>>>` whose other clones lock and slice the box) while a region over the
-/// buffer lets the NIC write them. The review showed it in the VM: a caller keeping every
-/// promise as worded, then safe code only, held a `&mut [u8]` whose bytes an RDMA write
-/// changed while it lived. The contract now forbids any Rust reference to the bytes outside
-/// the buffer for the buffer's whole life; this test holds the wording to it (a caller
-/// breaking it is unsound by the contract, so no test can show more from safe code).
+/// rdma-dmabuf/src/sys/host.rs, `HostBuffer::from_foreign`'s `# Safety`: the memory stays
+/// allocated until `owner` drops, nothing else touches the bytes while a slice made through
+/// the buffer lives, and no Rust reference to the bytes is held *elsewhere* (an owner such as
+/// `Arc<Mutex<Box<[u8]>>>` whose other clones lock and slice the box) for the buffer's whole
+/// life: a region over the buffer lets the NIC write them, so such a `&mut [u8]` would see
+/// its bytes change while it lives. This test holds the wording to that (a caller breaking it
+/// is unsound by the contract, so no test can show more from safe code).
 #[test]
 fn from_foreign_forbids_rust_references_outside_the_buffer() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

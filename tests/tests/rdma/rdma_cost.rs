@@ -247,7 +247,7 @@ fn an_rdma_writes_instruction_count_does_not_grow() {
             *n as f64 / floor as f64,
         );
     }
-    // The goal of issue 41: our owned write below each crate's count for the same loop.
+    // The goal: our owned write below each crate's count for the same loop.
     let owned = counts["owned"];
     for (series, _) in CRATES {
         let theirs = counts[series];

@@ -1,8 +1,7 @@
 //! Panic injection on every handle type (docs/safety.md, "Unwinding"): a waker panicking in
 //! `wake`, `clone` or `drop` on `Pending`, `PartsPending`, `SrqPending` (also awaited in a
 //! tokio runtime), `InlinePending` and `ScopedPending`; no region is freed or un-borrowed
-//! while posted, no completion is lost, no slot leaks. Holes 3 and 4 of the audit fail these
-//! tests on the code before the fix. Runs in the testbed VM.
+//! while posted, no completion is lost, no slot leaks. Runs in the testbed VM.
 
 use integration_tests::evil_waker::{evil, Site};
 use integration_tests::injection::*;

@@ -2,8 +2,8 @@
 //! (`integration_tests::counts`: descriptors, MRs, queue pairs, dma-bufs) has every one of its
 //! VM tests take a lock shared by the file's tests (`process::alone()`, or a `static` mutex or
 //! read-write lock of its own): the harness runs a file's tests two at a time, and a count
-//! taken while a neighbour holds an MR is off by one. One CI run failed that way
-//! (`rdma_backing_release`: one MR before, none after); this holds every file to the rule.
+//! taken while a neighbour holds an MR is off by one (one MR before, none after); this holds
+//! every file to the rule.
 //!
 //! The unit is the file, a module of a test binary of several (`tests/tests/rdma/*.rs`) or a
 //! binary of its own (`tests/tests/*.rs`): `cargo xtask test` runs each file's VM tests in a
