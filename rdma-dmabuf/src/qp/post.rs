@@ -1,10 +1,11 @@
-//! Posting's lowest layer: the checks every request passes, the checked entries ([`Sge`]),
-//! the work request ([`Request`]), and [`QueuePair::post_raw`], which takes a slot and hands
-//! the request to the provider.
+//! Posting: the owned posts, the checks every request passes, and the verbs calls.
 
+use super::pending::{Pending, WorkError};
+use super::ticket::Ticket;
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing, MemoryRegion};
+use crate::part::Local;
 use crate::remote::RemoteRegion;
 use crate::slots::wr_id;
 use crate::sys::qp_ex::WrOps;
@@ -15,6 +16,108 @@ use std::ops::Range;
 use std::sync::Arc;
 
 impl QueuePair {
+    /// `IBV_WR_SEND` of the local bytes. The peer must have a receive posted (or post one
+    /// within the RNR retry window).
+    ///
+    /// # Errors
+    /// A [`WorkError`] with the region back: empty or out-of-range part, queue full, or the
+    /// provider's refusal.
+    pub fn post_send<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+        imm: Option<u32>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Send, local.into(), None, imm)
+    }
+
+    /// A receive into the local bytes (which need [`Access::LOCAL_WRITE`]).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`], and an invalid argument without `LOCAL_WRITE`.
+    pub fn post_recv<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Recv, local.into(), None, None)
+    }
+
+    /// `IBV_WR_RDMA_WRITE` (with `imm`: `IBV_WR_RDMA_WRITE_WITH_IMM`, which consumes one of
+    /// the peer's receives) of the local bytes to the start of `remote`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`], and an invalid argument if `remote` is shorter.
+    pub fn post_write<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+        remote: RemoteRegion,
+        imm: Option<u32>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Write, local.into(), Some(remote), imm)
+    }
+
+    /// `IBV_WR_RDMA_READ` of the start of `remote` into the local bytes (which need
+    /// [`Access::LOCAL_WRITE`]).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_write`].
+    pub fn post_read<B: Backing>(
+        &self,
+        local: impl Into<Local<B>>,
+        remote: RemoteRegion,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        self.post(WorkKind::Read, local.into(), Some(remote), None)
+    }
+
+    #[inline(always)]
+    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
+    fn post<B: Backing>(
+        &self,
+        kind: WorkKind,
+        local: Local<B>,
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        let r = local.region();
+        let posted = self
+            .checked_sge(kind, r, local.range(), remote)
+            .and_then(|sge| {
+                let sges = [sge];
+                // SAFETY: `checked_sge` put the part inside `r`, a region of this QP's PD; `r`
+                // moves into the returned `Pending` (and, if that is dropped early, into the
+                // request's slot, which lives until the QP is destroyed), so it stays
+                // registered and out of the CPU's reach until the completion is polled.
+                unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
+            });
+        self.pending_or_back(posted, kind, local)
+    }
+
+    /// The `Pending` of a posted request, which takes `local` (so that it outlives the
+    /// request), or the error with the region back.
+    pub(super) fn pending_or_back<B: Backing>(
+        &self,
+        posted: Result<(u32, u32)>,
+        kind: WorkKind,
+        local: Local<B>,
+    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
+        match posted {
+            // The region moves into the Pending (or, if that is dropped early, into the
+            // slot), so it outlives the request.
+            Ok((index, gen)) => Ok(Pending {
+                ticket: Ticket {
+                    qp: self,
+                    index,
+                    gen,
+                    kind,
+                    lent: Some(local),
+                },
+            }),
+            Err(error) => Err(WorkError {
+                error,
+                region: local.into_region(),
+            }),
+        }
+    }
+
     /// Checks a request on `range` of `region` against the region, the queue pair and the
     /// verb; returns the checked offset and length to post.
     ///
@@ -215,6 +318,27 @@ impl QueuePair {
             return Err(self.post_error(post_op(kind), rc));
         }
         Ok((index, gen))
+    }
+
+    /// Posts a request on part of a region the caller only borrows; returns its slot.
+    ///
+    /// # Safety
+    /// `region` stays alive (registered) and, for what the NIC writes, unread and unwritten
+    /// by the CPU until the request's completion has been polled from this queue pair (the
+    /// scoped layer: the borrow lasts for the scope, whose end drains every request).
+    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
+    pub(crate) unsafe fn post_borrowed<B: Backing>(
+        &self,
+        kind: WorkKind,
+        region: &MemoryRegion<B>,
+        range: Range<u64>,
+        remote: Option<RemoteRegion>,
+        imm: Option<u32>,
+    ) -> Result<(u32, u32)> {
+        let sges = [self.checked_sge(kind, region, range, remote)?];
+        // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
+        // keeps it registered and out of the CPU's reach until the completion (our contract).
+        unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
     }
 }
 

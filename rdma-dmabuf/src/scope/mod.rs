@@ -284,7 +284,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // request before 'scope ends (`Drain`, also on panic), so the region outlives the
         // request; for what the NIC writes the borrow is exclusive (checked just above), so
         // the CPU cannot touch the region meanwhile.
-        let slot = unsafe { qp.post_borrowed(kind, &[part], remote, imm)? };
+        let slot = unsafe { qp.post_borrowed(kind, part.region(), part.range(), remote, imm)? };
         Ok(self.record(qp, kind, slot))
     }
 
@@ -360,7 +360,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // request before 'scope ends (`Drain`, also on panic), so the regions outlive the
         // request; for what the NIC writes, `recv_parts` and `read_parts` took exclusive
         // borrows, so the CPU cannot touch those regions meanwhile.
-        let slot = unsafe { qp.post_borrowed(kind, &parts, remote, imm)? };
+        let slot = unsafe { qp.post_borrowed_parts(kind, &parts, remote, imm)? };
         Ok(self.record(qp, kind, slot))
     }
 

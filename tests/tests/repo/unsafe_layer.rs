@@ -94,21 +94,30 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
     ),
     (
         "qp/post.rs",
-        1,
-        "post_raw: takes a slot and hands a work request to the provider; what it names stays \
-         with the NIC until its completion (its callers' contract)",
+        3,
+        "post_raw and post_borrowed: what a request names stays with the NIC until its \
+         completion (owned posts move it into the handle, scoped posts drain first)",
     ),
     (
-        "qp/entry.rs",
-        3,
-        "the entries of post_raw, one per way of lending: owned (moved into the handle or \
-         slot), copied (inline, copied during the call), borrowed (a scope's, drained first)",
+        "qp/parts.rs",
+        2,
+        "several-part posts through post_raw and post_borrowed_parts",
     ),
     (
         "qp/batch.rs",
         3,
         "a chain of writes whose parts move into one handle, posted through \
          ibv_post_send or the extended send verbs; a refused chain's slot given back",
+    ),
+    (
+        "qp/atomic.rs",
+        1,
+        "an atomic through post_raw, its 8-byte part moved in",
+    ),
+    (
+        "qp/inline.rs",
+        1,
+        "inline posts through post_raw (the data is copied during the call)",
     ),
     (
         "qp/srq.rs",
