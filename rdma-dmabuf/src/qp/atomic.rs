@@ -1,8 +1,8 @@
 //! Remote atomics: fetch-and-add and compare-and-swap on 8 bytes of a peer's region, the old
 //! value landing in an 8-byte part of a local region.
 
+use super::entry::Shape;
 use super::pending::{Pending, WorkError};
-use super::post::Request;
 use super::QueuePair;
 use crate::device::AtomicCap;
 use crate::error::{Error, Op};
@@ -23,7 +23,6 @@ impl QueuePair {
     /// ([`Error::Unsupported`]), a local part that is not 8 bytes, a misaligned or short
     /// remote, and the checks of every post; a remote region without `REMOTE_ATOMIC` fails
     /// at completion (a remote access error).
-    #[allow(unsafe_code)] // posts through `post_raw`, whose contract the owned part keeps
     pub fn post_atomic<B: Backing>(
         &self,
         local: impl Into<Local<B>>,
@@ -32,12 +31,11 @@ impl QueuePair {
     ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
         let local = local.into();
         let kind = op.kind();
-        let refuse = |error: Error, local: Local<B>| {
-            Err(WorkError {
-                error,
-                region: local.into_region(),
-            })
+        let back = |error: Error, local: Local<B>| WorkError {
+            error,
+            region: local.into_region(),
         };
+        let refuse = |error: Error, local: Local<B>| Err(back(error, local));
         if self.raw.caps().atomics == AtomicCap::None {
             let error = Error::Unsupported {
                 op: Op::PostSend,
@@ -62,16 +60,10 @@ impl QueuePair {
             );
             return refuse(Error::invalid(Op::PostSend, why), local);
         }
-        let checked = self.checked_sge(kind, local.region(), range, Some(remote));
-        let posted = checked.and_then(|sge| {
-            let sges = [sge];
-            let mut req = Request::new(kind, &sges, Some(remote), None);
-            req.atomic = Some(op);
-            // SAFETY: `check` put the 8 bytes inside the region, of this QP's PD; the region
-            // moves into the returned `Pending` (or the request's slot), so it stays
-            // registered and out of the CPU's reach until the completion is polled.
-            unsafe { self.post_raw(req) }
-        });
-        self.pending_or_back(posted, kind, local)
+        let shape = Shape {
+            atomic: Some(op),
+            ..Shape::new(kind, Some(remote), None)
+        };
+        self.post_owned(shape, local, |ticket| Pending { ticket }, back)
     }
 }

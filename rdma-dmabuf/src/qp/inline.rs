@@ -1,7 +1,6 @@
 //! Inline sends and writes: small payloads the provider copies into the work request at post
 //! time, so they need no registered region and nothing is lent to the NIC.
 
-use super::post::{Request, Sge};
 use super::ticket::{blocking_wait, busy_wait, timed_wait, Handle};
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
@@ -37,7 +36,6 @@ impl QueuePair {
         self.post_inline(WorkKind::Write, data, Some(remote), imm)
     }
 
-    #[allow(unsafe_code)] // posts through `post_raw`: inline data is copied during the call
     fn post_inline(
         &self,
         kind: WorkKind,
@@ -65,12 +63,7 @@ impl QueuePair {
                 return refuse(r.refusal(format_args!("inline {kind}"), len as u64));
             }
         }
-        let sges = [Sge::inline(data)];
-        let req = Request::inline(kind, &sges, remote, imm);
-        // SAFETY: an inline request: the provider copies `data` (valid for this call) into
-        // the work request before ibv_post_send returns, so the NIC never reads it later and
-        // no lkey is needed.
-        let (index, gen) = unsafe { self.post_raw(req)? };
+        let (index, gen) = self.post_copied(kind, data, remote, imm)?;
         Ok(InlinePending {
             qp: self,
             index,

@@ -11,6 +11,7 @@ mod atomic;
 mod batch;
 mod builder;
 mod connect;
+mod entry;
 mod inline;
 mod parts;
 mod pending;

@@ -2,12 +2,13 @@
 //! into (receives, reads) up to the queue pair's `max_sge` parts, in order. Every part moves
 //! into the request and all come back together with the completion.
 
-use super::post::{post_op, Request, Sge};
+use super::entry::Shape;
+use super::post::{post_op, Sge};
 use super::ticket::{blocking_wait, busy_wait, timed_wait, Handle, Ticket};
 use super::QueuePair;
 use crate::error::{Error, Result};
 use crate::mr::{Backing, MemoryRegion};
-use crate::part::{sealed::TOKEN, ExclusivePart, OwnedPart, Part};
+use crate::part::{ExclusivePart, OwnedPart};
 use crate::remote::RemoteRegion;
 use crate::wr::{WorkCompletion, WorkKind};
 use std::fmt;
@@ -141,6 +142,7 @@ impl QueuePair {
     /// ([`QueuePairBuilder::max_sge`](crate::QueuePairBuilder::max_sge)), a part that fails
     /// the checks of [`QueuePair::post_send`], a total past 4 GiB - 1, or the queue's and
     /// the provider's refusals.
+    #[inline]
     pub fn post_send_parts<P: OwnedPart, const N: usize>(
         &self,
         parts: [P; N],
@@ -154,6 +156,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_send_parts`].
+    #[inline]
     pub fn post_recv_parts<P: ExclusivePart, const N: usize>(
         &self,
         parts: [P; N],
@@ -167,6 +170,7 @@ impl QueuePair {
     /// # Errors
     /// As [`QueuePair::post_send_parts`], and an invalid argument if `remote` is shorter
     /// than the parts together.
+    #[inline]
     pub fn post_write_parts<P: OwnedPart, const N: usize>(
         &self,
         parts: [P; N],
@@ -181,6 +185,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_write_parts`].
+    #[inline]
     pub fn post_read_parts<P: ExclusivePart, const N: usize>(
         &self,
         parts: [P; N],
@@ -189,7 +194,6 @@ impl QueuePair {
         self.post_parts(WorkKind::Read, parts, Some(remote), None)
     }
 
-    #[allow(unsafe_code)] // posts through `post_raw`, whose contract the owned parts keep
     fn post_parts<P: OwnedPart, const N: usize>(
         &self,
         kind: WorkKind,
@@ -197,49 +201,12 @@ impl QueuePair {
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> std::result::Result<PartsPending<'_, P, N>, PartsError<P, N>> {
-        let checked =
-            self.check_parts::<P::Backing, N>(kind, parts.iter().map(|p| p.lent(TOKEN)), remote);
-        let posted = checked.and_then(|sges| {
-            // SAFETY: `check_parts` put every part inside its region, each of this QP's PD,
-            // and held their number to what the QP was granted; the parts move into the
-            // returned handle (or, if that is dropped early, into the request's slot, which
-            // lives until the QP is destroyed), so their regions stay registered and out of
-            // the CPU's reach until the completion is polled. Shards of one region are
-            // disjoint, so a part the NIC writes is not a part the CPU can reach elsewhere.
-            unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
-        });
-        match posted {
-            Ok((index, gen)) => Ok(PartsPending {
-                ticket: Ticket {
-                    qp: self,
-                    index,
-                    gen,
-                    kind,
-                    lent: Some(parts),
-                },
-            }),
-            Err(error) => Err(PartsError { error, parts }),
-        }
-    }
-
-    /// Posts a request of several parts the caller only borrows; returns its slot.
-    ///
-    /// # Safety
-    /// As [`QueuePair::post_borrowed`], for every part's region.
-    #[allow(unsafe_code)] // posts through `post_raw`, whose contract the owned parts keep
-    pub(crate) unsafe fn post_borrowed_parts<B: Backing, const N: usize>(
-        &self,
-        kind: WorkKind,
-        parts: &[Part<'_, B>; N],
-        remote: Option<RemoteRegion>,
-        imm: Option<u32>,
-    ) -> Result<(u32, u32)> {
-        let sges =
-            self.check_parts::<B, N>(kind, parts.iter().map(|p| (p.region(), p.range())), remote)?;
-        // SAFETY: `check_parts` put every part inside its region, each of this QP's PD, and
-        // held their number to the grant; the caller keeps the regions registered and out
-        // of the CPU's reach until the completion (our contract).
-        unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
+        self.post_owned(
+            Shape::new(kind, remote, imm),
+            parts,
+            |ticket| PartsPending { ticket },
+            |error, parts| PartsError { error, parts },
+        )
     }
 
     /// Checks a request of `N` parts: their number against the queue pair's grant, each part

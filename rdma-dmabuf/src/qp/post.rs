@@ -1,13 +1,12 @@
 //! Posting: the owned posts, the checks every request passes, and the verbs calls.
 
+use super::entry::Shape;
 use super::pending::{Pending, WorkError};
-use super::ticket::Ticket;
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
 use crate::mr::{Access, Backing, MemoryRegion};
 use crate::part::Local;
 use crate::remote::RemoteRegion;
-use crate::slots::wr_id;
 use crate::sys::qp_ex::WrOps;
 use crate::wr::AtomicOp;
 use crate::wr::WorkKind;
@@ -22,6 +21,7 @@ impl QueuePair {
     /// # Errors
     /// A [`WorkError`] with the region back: empty or out-of-range part, queue full, or the
     /// provider's refusal.
+    #[inline]
     pub fn post_send<B: Backing>(
         &self,
         local: impl Into<Local<B>>,
@@ -34,6 +34,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_send`], and an invalid argument without `LOCAL_WRITE`.
+    #[inline]
     pub fn post_recv<B: Backing>(
         &self,
         local: impl Into<Local<B>>,
@@ -46,6 +47,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_send`], and an invalid argument if `remote` is shorter.
+    #[inline]
     pub fn post_write<B: Backing>(
         &self,
         local: impl Into<Local<B>>,
@@ -60,6 +62,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::post_write`].
+    #[inline]
     pub fn post_read<B: Backing>(
         &self,
         local: impl Into<Local<B>>,
@@ -69,7 +72,6 @@ impl QueuePair {
     }
 
     #[inline(always)]
-    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
     fn post<B: Backing>(
         &self,
         kind: WorkKind,
@@ -77,45 +79,15 @@ impl QueuePair {
         remote: Option<RemoteRegion>,
         imm: Option<u32>,
     ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
-        let r = local.region();
-        let posted = self
-            .checked_sge(kind, r, local.range(), remote)
-            .and_then(|sge| {
-                let sges = [sge];
-                // SAFETY: `checked_sge` put the part inside `r`, a region of this QP's PD; `r`
-                // moves into the returned `Pending` (and, if that is dropped early, into the
-                // request's slot, which lives until the QP is destroyed), so it stays
-                // registered and out of the CPU's reach until the completion is polled.
-                unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
-            });
-        self.pending_or_back(posted, kind, local)
-    }
-
-    /// The `Pending` of a posted request, which takes `local` (so that it outlives the
-    /// request), or the error with the region back.
-    pub(super) fn pending_or_back<B: Backing>(
-        &self,
-        posted: Result<(u32, u32)>,
-        kind: WorkKind,
-        local: Local<B>,
-    ) -> std::result::Result<Pending<'_, B>, WorkError<B>> {
-        match posted {
-            // The region moves into the Pending (or, if that is dropped early, into the
-            // slot), so it outlives the request.
-            Ok((index, gen)) => Ok(Pending {
-                ticket: Ticket {
-                    qp: self,
-                    index,
-                    gen,
-                    kind,
-                    lent: Some(local),
-                },
-            }),
-            Err(error) => Err(WorkError {
+        self.post_owned(
+            Shape::new(kind, remote, imm),
+            local,
+            |ticket| Pending { ticket },
+            |error, local| WorkError {
                 error,
                 region: local.into_region(),
-            }),
-        }
+            },
+        )
     }
 
     /// Checks a request on `range` of `region` against the region, the queue pair and the
@@ -242,103 +214,6 @@ impl QueuePair {
             // Unreachable while `check` and this function test the same things.
             _ => refuse(format!("{kind} of {start}..{end} refused")),
         }
-    }
-
-    /// Takes a slot and posts one work request; returns the slot.
-    ///
-    /// # Safety
-    /// Each SGE's bytes lie in a region of this queue pair's protection domain registered
-    /// with its lkey, and that memory stays registered, allocated and untouched by the CPU
-    /// (for what the NIC writes) until the request's completion has been polled: the owned
-    /// layer moves the regions into the `Pending` (or its slot), the scoped layer borrows them
-    /// for a scope that drains before the borrow ends. For an inline request the SGE instead
-    /// points to bytes valid for the call only (the provider copies them before it returns).
-    /// There are at most as many SGEs as the queue pair was granted for the request's queue
-    /// (the provider refuses more, and the request then fails cleanly; the checks of the
-    /// `*_parts` posts keep that from happening).
-    #[inline(always)]
-    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
-    pub(super) unsafe fn post_raw(&self, req: Request<'_>) -> Result<(u32, u32)> {
-        let kind = req.kind;
-        let (index, gen) = self.slots.borrow_mut().acquire(kind, req.len())?;
-        let id = wr_id(index, gen);
-        // At most the granted max_sge (a u32 from the provider), so it fits an i32.
-        let num_sge = req.sges.len() as i32;
-        let posted = if kind == WorkKind::Recv {
-            let mut wr = ffi::ibv_recv_wr {
-                wr_id: id,
-                next: std::ptr::null_mut(),
-                // `Sge` is laid out as `ibv_sge` (repr(transparent)).
-                sg_list: req.sges.as_ptr().cast::<ffi::ibv_sge>().cast_mut(),
-                num_sge,
-            };
-            // SAFETY: `wr` and the SGE list are valid for the call (the provider copies
-            // them, and never writes the list); the SGEs' memory outlives the request (this
-            // function's contract).
-            unsafe { self.raw.post_recv(&mut wr) }
-        } else if let Some((ops, sge, remote)) = req.single_write(self.raw.wr_ops()) {
-            // One signalled write through the extended send verbs: built in the send queue
-            // by the provider, no `ibv_send_wr` to fill and convert.
-            // SAFETY: nothing else posts to this queue pair until the chain ends (`!Sync`,
-            // and the section holds only the write below).
-            let mut chain = unsafe { ops.start() };
-            // SAFETY: as for `post_send` below: the SGE's memory outlives the request (this
-            // function's contract).
-            unsafe {
-                chain.write(
-                    id,
-                    ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
-                    remote.rkey,
-                    remote.addr,
-                    sge.raw(),
-                )
-            };
-            // A failure is taken as "not posted", as `ibv_post_send`'s is: see the SAFETY
-            // comment of the `cancel` below (rxe also discards a section that hit a full
-            // queue, which the slots keep from happening).
-            chain.complete()
-        } else {
-            let mut wr = req.send_wr(id, num_sge);
-            // SAFETY: `wr` and the SGE list are valid for the call (the provider copies
-            // them, and inline data too, and never writes the list); the SGEs' memory
-            // outlives the request (this function's contract). The remote address and rkey
-            // need no trust: the peer's NIC checks them against its registrations and fails
-            // the request otherwise.
-            unsafe { self.raw.post_send(&mut wr) }.map_err(|(rc, _)| rc)
-        };
-        if let Err(rc) = posted {
-            // SAFETY: the provider refused this request (`rc != 0`): the NIC has nothing of
-            // it. Providers refuse a request before they queue it (mlx5, hns and efa report
-            // it as `bad_wr`); the one step after rxe's user library queues it, the doorbell,
-            // fails in the kernel only for a queue pair below RTS (never a `QueuePair`'s
-            // state) or destroyed (a removed device's, whose queue never runs again). A
-            // provider that queued a request and then failed would break this (a batch, whose
-            // provider may take part of a chain, takes such a failure as "perhaps posted").
-            unsafe { self.slots.borrow_mut().cancel(index) };
-            return Err(self.post_error(post_op(kind), rc));
-        }
-        Ok((index, gen))
-    }
-
-    /// Posts a request on part of a region the caller only borrows; returns its slot.
-    ///
-    /// # Safety
-    /// `region` stays alive (registered) and, for what the NIC writes, unread and unwritten
-    /// by the CPU until the request's completion has been polled from this queue pair (the
-    /// scoped layer: the borrow lasts for the scope, whose end drains every request).
-    #[allow(unsafe_code)] // the post contract: what a work request names stays with the NIC until its completion (see `post_raw`)
-    pub(crate) unsafe fn post_borrowed<B: Backing>(
-        &self,
-        kind: WorkKind,
-        region: &MemoryRegion<B>,
-        range: Range<u64>,
-        remote: Option<RemoteRegion>,
-        imm: Option<u32>,
-    ) -> Result<(u32, u32)> {
-        let sges = [self.checked_sge(kind, region, range, remote)?];
-        // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
-        // keeps it registered and out of the CPU's reach until the completion (our contract).
-        unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
     }
 }
 

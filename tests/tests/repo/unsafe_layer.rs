@@ -93,31 +93,18 @@ const RDMA_DMABUF: &[(&str, usize, &str)] = &[
         "a host shard's bytes: its range is its own (the split refused overlaps)",
     ),
     (
-        "qp/post.rs",
-        3,
-        "post_raw and post_borrowed: what a request names stays with the NIC until its \
-         completion (owned posts move it into the handle, scoped posts drain first)",
-    ),
-    (
-        "qp/parts.rs",
-        2,
-        "several-part posts through post_raw and post_borrowed_parts",
+        "qp/entry.rs",
+        5,
+        "the entries of every post but a batch's and a shared queue's receive, the only \
+         callers of post_raw: what a request names stays with the NIC until its completion \
+         (the owned entry moves it into the handle, inline data is copied during the call, \
+         scoped posts drain first)",
     ),
     (
         "qp/batch.rs",
         3,
         "a chain of writes whose parts move into one handle, posted through \
          ibv_post_send or the extended send verbs; a refused chain's slot given back",
-    ),
-    (
-        "qp/atomic.rs",
-        1,
-        "an atomic through post_raw, its 8-byte part moved in",
-    ),
-    (
-        "qp/inline.rs",
-        1,
-        "inline posts through post_raw (the data is copied during the call)",
     ),
     (
         "qp/srq.rs",
