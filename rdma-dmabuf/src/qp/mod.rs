@@ -318,28 +318,43 @@ impl QueuePair {
     /// in flight). A waker of another task that panics when this poll wakes it unwinds out
     /// of here once everything is recorded, this request's completion included (in its slot):
     /// the handle, dropped while unwinding, then releases what it lent.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn poll_for(&self, index: u32, gen: u32) -> Option<RawCompletion> {
         // The queue first, the slot after: a completion an earlier poll recorded is still
         // found (this poll only records others), and the common case, the completion first
         // seen by this poll, skips a look-up of the slot. A poll that fails leaves the slot
         // to say.
+        self.raw.cq().poll_with(
+            #[inline(always)]
+            |polled| self.polled_for(polled, index, gen),
+        )
+    }
+
+    /// What [`QueuePair::poll_for`]'s poll brought, for the request in slot `index`
+    /// (generation `gen`). Inlined for certain, and the closure that calls it too: left out
+    /// of line (as the compiler chose once the awaited poll had a fast path of its own), it
+    /// cost every completion a call and the moves of its result.
+    #[inline(always)]
+    fn polled_for(
+        &self,
+        polled: std::result::Result<&Polled<'_>, PollFailed>,
+        index: u32,
+        gen: u32,
+    ) -> Option<RawCompletion> {
+        let Ok(polled) = polled else {
+            // A poll that failed leaves the slot to say.
+            return self.take_completion(index, gen);
+        };
         let mine = wr_id(index, gen);
-        self.raw.cq().poll_with(|polled| {
-            let Ok(polled) = polled else {
-                // A poll that failed leaves the slot to say.
-                return self.take_completion(index, gen);
-            };
-            // The common case: this poll took this request's completion alone, a success.
-            // Nothing else to record, no task to wake, no error state to flush: the slot is
-            // freed and the completion returned at once.
-            if let Some(c) = polled.only_success(mine) {
-                if let Some(c) = self.slots.borrow_mut().finish_own(index, gen, c) {
-                    return Some(c);
-                }
+        // The common case: this poll took this request's completion alone, a success.
+        // Nothing else to record, no task to wake, no error state to flush: the slot is
+        // freed and the completion returned at once.
+        if let Some(c) = polled.only_success(mine) {
+            if let Some(c) = self.slots.borrow_mut().finish_own(index, gen, c) {
+                return Some(c);
             }
-            self.poll_for_rest(polled, mine)
-        })
+        }
+        self.poll_for_rest(polled, mine)
     }
 
     /// [`QueuePair::poll_for`] but for its common case, out of line: what the poll took

@@ -178,7 +178,32 @@ impl<'q, B: crate::mr::Backing> super::Pending<'q, B> {
     ///
     /// # Panics
     /// If polled again after it returned the outcome.
+    #[inline]
     pub fn poll_with(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        wait: impl Fn(&'q QueuePair, &mut std::task::Context<'_>) -> crate::reactor::WaitStep,
+    ) -> std::task::Poll<super::Outcome<B>> {
+        // The completion already polled, or in the queue (an await that finds its request
+        // done): the outcome built here as `try_complete` builds it, with no waker touched
+        // and no round through the waiting code, whose generic result would be one more
+        // move of it.
+        if let Some(c) = self.ticket.poll_done() {
+            let region = self.ticket.take_lent().into_region();
+            let t = &self.ticket;
+            return std::task::Poll::Ready(
+                match t.qp.completion_result(t.index, t.gen, t.kind, c) {
+                    Ok(wc) => Ok(super::Done { region, wc }),
+                    Err(error) => failed(error, region),
+                },
+            );
+        }
+        self.poll_waiting(cx, wait)
+    }
+
+    /// [`Pending::poll_with`] of a request not yet done: the waiting code, out of line.
+    #[inline(never)]
+    fn poll_waiting(
         &mut self,
         cx: &mut std::task::Context<'_>,
         wait: impl Fn(&'q QueuePair, &mut std::task::Context<'_>) -> crate::reactor::WaitStep,

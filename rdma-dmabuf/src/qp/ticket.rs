@@ -117,7 +117,7 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     ///
     /// # Panics
     /// As [`Ticket::try_finish`].
-    #[inline]
+    #[inline(always)]
     pub(super) fn poll_done(&mut self) -> Option<RawCompletion> {
         if self.lent.is_none() {
             panic!("a request handle polled after it returned its outcome");
@@ -132,7 +132,7 @@ impl<'q, T: Send + 'static> Ticket<'q, T> {
     /// what was lent (dropped with this frame if it unwinds), the slot is free, and the
     /// ended ticket can neither wait for the consumed completion nor, dropped, touch the
     /// request that reuses its slot.
-    #[inline]
+    #[inline(always)]
     pub(super) fn take_lent(&mut self) -> T {
         let lent = self.lent.take().expect("present until completion");
         self.qp.forget_waiter(self.index);
