@@ -160,6 +160,7 @@ impl QueuePair {
     /// `region` stays alive (registered) and, for what the NIC writes, unread and unwritten
     /// by the CPU until the request's completion has been polled from this queue pair (the
     /// scoped layer: the borrow lasts for the scope, whose end drains every request).
+    #[inline]
     #[allow(unsafe_code)] // the borrowed entry: the scope keeps what the request names
     pub(crate) unsafe fn post_borrowed<B: Backing>(
         &self,

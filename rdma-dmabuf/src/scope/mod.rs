@@ -139,6 +139,10 @@ impl Drain<'_, '_, '_> {
         let mut flushed = !self.returned || scope.flush_at_end.get();
         if flushed {
             scope.flush_unfinished();
+        } else if scope.posted.borrow().iter().all(|e| e.done.get()) {
+            // Every request's completion taken already (each handle spun): nothing to wait
+            // for, and no deadline to read the clock for.
+            return;
         }
         let mut deadline = deadline_after(if flushed {
             FLUSH_LIMIT
@@ -260,6 +264,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.post(qp, WorkKind::Read, part, Some(remote), None)
     }
 
+    #[inline]
     #[allow(unsafe_code)] // borrowed posts, drained before the scope returns; see the SAFETY comments
     fn post<B: Backing>(
         &'scope self,
@@ -365,6 +370,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     }
 
     /// Records a posted request, so that the scope waits for it.
+    #[inline]
     fn record(
         &'scope self,
         qp: &'scope QueuePair,
@@ -438,6 +444,41 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         Some(())
     }
 
+    /// The result of entry `i` if one poll of its queue (or its slot) has its completion:
+    /// the common case of a spin, built at once from the completion, which is then not
+    /// kept in the entry (the caller's handle ends). `None` if it is not there yet, or was
+    /// recorded already (a wait that timed out, then a spin): the general path says.
+    #[inline]
+    fn complete_now(&self, i: usize) -> Option<Result<WorkCompletion>> {
+        let (qp, index, gen, kind) = {
+            let posted = self.posted.borrow();
+            let e = &posted[i];
+            if e.done.get() {
+                return None;
+            }
+            (e.qp, e.index, e.gen, e.kind)
+        };
+        let c = qp.poll_for(index, gen)?;
+        self.posted.borrow()[i].done.set(true);
+        // Last: the waker's `Drop` is code we do not control (docs/safety.md).
+        qp.forget_waiter(index);
+        Some(qp.completion_result(index, gen, kind, c))
+    }
+
+    /// Records `c`, the completion of entry `i`, whose slot is free.
+    #[inline]
+    fn finished(&self, i: usize, c: crate::slots::RawCompletion) {
+        let (qp, index) = {
+            let posted = self.posted.borrow();
+            let e = &posted[i];
+            e.taken.set(Some(c));
+            e.done.set(true);
+            (e.qp, e.index)
+        };
+        // Last: the waker's `Drop` is code we do not control (docs/safety.md).
+        qp.forget_waiter(index);
+    }
+
     /// Polls until entry `i` has completed (then records its completion and returns `true`)
     /// or `deadline` passes (`false`; `None`: no deadline).
     fn complete(&self, i: usize, deadline: Option<Instant>) -> Result<bool> {
@@ -449,16 +490,17 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             }
             (e.qp, e.index, e.gen)
         };
+        // The owned handle's fast path first: one poll of the queue that finds this
+        // request's completion (or its slot that has it) frees the slot at once. A poll that
+        // fails leaves it to the loop below, which says so.
+        if let Some(c) = qp.poll_for(index, gen) {
+            self.finished(i, c);
+            return Ok(true);
+        }
         let mut spinner = crate::spin::Spinner::new(qp.spin_policy());
         loop {
             if let Some(c) = qp.take_completion(index, gen) {
-                {
-                    let posted = self.posted.borrow();
-                    posted[i].taken.set(Some(c));
-                    posted[i].done.set(true);
-                }
-                // Last: the waker's `Drop` is code we do not control (docs/safety.md).
-                qp.forget_waiter(index);
+                self.finished(i, c);
                 return Ok(true);
             }
             qp.poll()?;
@@ -479,6 +521,11 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
     /// [`Error::Verbs`] when the
     /// queue cannot be polled.
     pub fn spin(self) -> Result<WorkCompletion> {
+        if let Some(done) = self.scope.complete_now(self.entry) {
+            // Done: the handle's `Drop` would only see that.
+            std::mem::forget(self);
+            return done;
+        }
         self.scope.complete(self.entry, None)?;
         self.result()
     }
