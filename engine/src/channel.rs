@@ -193,6 +193,28 @@ impl Channel {
         }
     }
 
+    /// The socket's fd, for a poll: readable when a frame's bytes (or the end) arrive.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        match &self.link {
+            Link::Plain(st) | Link::Sealed(st, _) => st.as_fd(),
+            Link::TlsClient(t) => t.sock.stream.as_fd(),
+            Link::TlsServer(t) => t.sock.stream.as_fd(),
+        }
+    }
+
+    /// Whether bytes of a frame already arrived and wait inside the channel (TLS decrypts
+    /// whole records, which may hold more than the frame just read), where a poll of
+    /// [`Channel::fd`] does not see them.
+    pub fn buffered(&mut self) -> bool {
+        let state = match &mut self.link {
+            Link::Plain(_) | Link::Sealed(..) => return false,
+            Link::TlsClient(t) => t.conn.process_new_packets(),
+            Link::TlsServer(t) => t.conn.process_new_packets(),
+        };
+        state.is_ok_and(|s| s.plaintext_bytes_to_read() > 0)
+    }
+
     /// Receives one frame of at most `limit` bytes (payload), waiting as `waits` says.
     ///
     /// # Errors

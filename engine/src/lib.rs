@@ -113,6 +113,7 @@ mod segment;
 mod server;
 #[cfg(test)]
 mod server_tests;
+mod serving;
 mod settings;
 mod shared;
 mod signed;

@@ -11,8 +11,9 @@ use std::time::Duration;
 /// ([`Agent::control_stats`](crate::Agent::control_stats)).
 ///
 /// The defaults serve a cluster of a hundred agents with two workers each with room to
-/// spare; an agent then holds at most about `2 × handshakes + connections` threads (each a
-/// 256 KiB stack: handshake threads told to end count until they exit),
+/// spare; an agent then holds at most about `2 × handshakes + serving_threads` threads for
+/// its listener, whatever the number of peers (each a 256 KiB stack: handshake threads told
+/// to end count until they exit),
 /// `notifications` × 4 KiB of queued notifications, and one request frame per connection.
 /// A duration too long to be a deadline (`Duration::MAX`) means no bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +48,11 @@ pub struct Limits {
     /// The largest request frame the listener reads (default 64 KiB; a notification of
     /// [`MAX_NOTIFICATION`](crate::MAX_NOTIFICATION) bytes takes 4 KiB).
     pub request_bytes: u32,
+    /// Threads that serve the authenticated connections, all peers' together (default 4):
+    /// each polls its share and answers one request at a time, so the threads an agent
+    /// holds do not grow with its peers. More help only an agent whose peers make many
+    /// queue pairs at once (each takes a few verbs calls).
+    pub serving_threads: u32,
 }
 
 impl Default for Limits {
@@ -63,6 +69,7 @@ impl Default for Limits {
             notifications_per_sender: 1024,
             notifications: 8192,
             request_bytes: 64 << 10,
+            serving_threads: 4,
         }
     }
 }
@@ -83,6 +90,7 @@ impl Limits {
             ("notifications_per_sender", self.notifications_per_sender),
             ("notifications", self.notifications),
             ("request_bytes", self.request_bytes),
+            ("serving_threads", self.serving_threads),
         ];
         let zero_time = [
             ("handshake_timeout", self.handshake_timeout),

@@ -3,24 +3,26 @@
 //! and takes its notifications, within the agent's [`Limits`].
 //!
 //! One thread accepts and reads each new connection's hello (polling them, so that
-//! connections that send nothing, or half a frame, cost no thread); then one thread per
-//! connection runs the rest of its handshake, serves it and holds the queue pairs made over
-//! it, which are destroyed when the connection ends (the peer closed it or died). Both are
-//! bounded: at most [`Limits::handshakes`] connections wait for their hello and as many
-//! threads are in their handshake (past either, the oldest is dropped; while dropped ones
-//! exit, up to twice as many), and [`Limits::connections`] are authenticated.
+//! connections that send nothing, or half a frame, cost no thread); then a thread of its own
+//! runs the rest of the connection's handshake (a TLS or sealed handshake blocks), and hands
+//! the authenticated connection to the serving threads ([`crate::serving`]): a fixed number
+//! of them, [`Limits::serving_threads`], serve every peer and hold the queue pairs made over
+//! each connection until it ends (the peer closed it or died). All are bounded: at most
+//! [`Limits::handshakes`] connections wait for their hello and as many threads are in their
+//! handshake (past either, the oldest is dropped; while dropped ones exit, up to twice as
+//! many), and [`Limits::connections`] are authenticated, served by
+//! [`Limits::serving_threads`] threads whatever their number.
 
 use crate::auth::MAX_HANDSHAKE_FRAME;
-use crate::batch::{Notification, MAX_NOTIFICATION};
-use crate::channel::{Channel, TooLarge, Waits};
+use crate::channel::{Channel, Waits};
 use crate::conns::{gauges, Conn, Conns};
 use crate::error::{Error, Limit, Result};
 use crate::limits::{Counters, Limits};
 use crate::metadata::lock;
+use crate::serving::{Entry, Lanes, Pool, Served};
 use crate::shared::Shared;
-use crate::wire::{Reply, Request};
+use crate::wire::Reply;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use rdma_dmabuf::{Endpoint, QueuePair};
 use std::io::{ErrorKind as Io, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -29,7 +31,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// A connection's thread's stack: it decodes small requests and makes queue pairs.
+/// A handshake thread's stack: it runs a handshake (TLS's included).
 const STACK: usize = 256 << 10;
 
 /// The running listener; dropping it stops it and ends every connection.
@@ -38,6 +40,8 @@ pub(crate) struct Server {
     stop: Arc<AtomicBool>,
     conns: Conns,
     accept: Option<JoinHandle<()>>,
+    /// The serving threads; stopped after the accepting one.
+    pool: Option<Pool>,
 }
 
 impl Server {
@@ -47,16 +51,18 @@ impl Server {
             .map_err(|e| Error::io("read the address of", "the listener", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Conns = Arc::default();
-        let (s, c) = (stop.clone(), conns.clone());
+        let pool = Pool::start(&shared)?;
+        let (s, c, lanes) = (stop.clone(), conns.clone(), pool.lanes());
         let accept = std::thread::Builder::new()
             .name(format!("{}-listen", shared.name))
-            .spawn(move || accept_loop(&shared, &listener, &s, &c))
+            .spawn(move || accept_loop(&shared, &listener, &s, &c, &lanes))
             .map_err(|e| Error::io("start the listener thread for", addr, e))?;
         Ok(Server {
             addr,
             stop,
             conns,
             accept: Some(accept),
+            pool: Some(pool),
         })
     }
 
@@ -91,6 +97,8 @@ impl Drop for Server {
         for c in lock(&self.conns).conns.values() {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
+        // Joins the serving threads, which close what they hold.
+        drop(self.pool.take());
     }
 }
 
@@ -131,7 +139,13 @@ impl Pending {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, conns: &Conns) {
+fn accept_loop(
+    shared: &Arc<Shared>,
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    conns: &Conns,
+    lanes: &Arc<Lanes>,
+) {
     let limits = shared.settings.limits;
     let counters = &shared.counters;
     let mut pending: Vec<Pending> = Vec::new();
@@ -188,7 +202,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, 
             };
             let late = pending[i].since.elapsed() >= limits.handshake_timeout;
             match state {
-                Some(true) => start_serving(shared, conns, pending.swap_remove(i)),
+                Some(true) => start_serving(shared, conns, lanes, pending.swap_remove(i)),
                 Some(false) if !late => {}
                 _ => {
                     pending.swap_remove(i);
@@ -234,15 +248,6 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener, stop: &AtomicBool, 
     }
 }
 
-/// A connection's place in the table, removed when its thread ends.
-struct Entry<'a>(&'a Conns, u64);
-
-impl Drop for Entry<'_> {
-    fn drop(&mut self) {
-        lock(self.0).conns.remove(&self.1);
-    }
-}
-
 /// Records how many connections wait for their hello (for [`Server::gauges`]).
 fn shared_pending(conns: &Conns, n: usize) {
     lock(conns).pending = n;
@@ -252,7 +257,7 @@ fn shared_pending(conns: &Conns, n: usize) {
 /// its handshake and then serves it. At most [`Limits::handshakes`] such threads are still
 /// in their handshake: past it, the oldest is ended; and while ended ones have not exited,
 /// at most twice as many threads are (past that, the new connection is dropped).
-fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
+fn start_serving(shared: &Arc<Shared>, conns: &Conns, lanes: &Arc<Lanes>, p: Pending) {
     let limits = shared.settings.limits;
     if p.stream.set_nonblocking(false).is_err() {
         return;
@@ -297,17 +302,19 @@ fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
     };
     let hello = p.buf[4..].to_vec();
     let since = p.since;
-    let (shared, conns) = (shared.clone(), conns.clone());
+    let (shared, conns, lanes) = (shared.clone(), conns.clone(), lanes.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("{}-peer", shared.name))
         .stack_size(STACK)
         .spawn({
             let conns = conns.clone();
             move || {
-                // Out of the table however the thread ends, a panic's unwinding included:
-                // a stale entry would count against the limits for good.
-                let _entry = Entry(&conns, id);
-                serve(&shared, p.stream, hello, since, id, &conns);
+                // Out of the table however the connection ends, a panic's unwinding
+                // included: a stale entry would count against the limits for good.
+                let entry = Entry(conns.clone(), id);
+                if let Some(ch) = authenticate(&shared, p.stream, hello, since, id, &conns) {
+                    lanes.hand(Served::new(ch, entry));
+                }
             }
         });
     if spawned.is_err() {
@@ -315,16 +322,16 @@ fn start_serving(shared: &Arc<Shared>, conns: &Conns, p: Pending) {
     }
 }
 
-/// Authenticates one connection, then serves it until it ends; the queue pairs made over
-/// it live as long.
-fn serve(
+/// Authenticates one connection and admits it within the limits: its channel, to be
+/// served by a lane; `None` if it failed or was refused (the refusal answered).
+fn authenticate(
     shared: &Shared,
     stream: TcpStream,
     hello: Vec<u8>,
     since: Instant,
     id: u64,
     conns: &Conns,
-) {
+) -> Option<Channel> {
     let limits = shared.settings.limits;
     let counters = &shared.counters;
     let _ = stream.set_nodelay(true);
@@ -346,7 +353,7 @@ fn serve(
                 R::BadProof => &counters.bad_proofs,
                 R::Failed => &counters.failed_handshakes,
             });
-            return;
+            return None;
         }
     };
     Counters::bump(&counters.authenticated);
@@ -361,43 +368,9 @@ fn serve(
         if ch.recv(limits.request_bytes as usize, waits).is_ok() {
             let _ = ch.send(&Reply::Limited { limit, detail }.encode());
         }
-        return;
+        return None;
     }
-    let mut qps: Vec<QueuePair> = Vec::new();
-    loop {
-        let waits = Waits {
-            idle: qps.is_empty().then_some(limits.idle_timeout),
-            frame: shared.settings.io_timeout,
-            until: None,
-        };
-        let frame = match ch.recv(limits.request_bytes as usize, waits) {
-            Ok(f) => f,
-            Err(e) if matches!(e.kind(), Io::TimedOut | Io::WouldBlock) => {
-                Counters::bump(&counters.idle_closed);
-                return;
-            }
-            Err(e) if TooLarge::is(&e) => {
-                counters.refused(Limit::RequestBytes);
-                let detail = format!("{e}: the connection is closed");
-                let _ = ch.send(
-                    &Reply::Limited {
-                        limit: Limit::RequestBytes,
-                        detail,
-                    }
-                    .encode(),
-                );
-                return;
-            }
-            Err(_) => return,
-        };
-        let reply = match Request::decode(&frame) {
-            Ok(req) => answer(shared, &ch, req, &mut qps, conns, id),
-            Err(e) => Reply::Refused(e.to_string()),
-        };
-        if ch.send(&reply.encode()).is_err() {
-            return;
-        }
-    }
+    Some(ch)
 }
 
 /// Admits an authenticated connection within the limits, or says which one refuses it.
@@ -433,119 +406,6 @@ fn admit(conns: &Conns, id: u64, peer: &str, limits: &Limits) -> Option<(Limit, 
     None
 }
 
-fn answer(
-    shared: &Shared,
-    ch: &Channel,
-    req: Request,
-    qps: &mut Vec<QueuePair>,
-    conns: &Conns,
-    id: u64,
-) -> Reply {
-    match req {
-        Request::Describe => Reply::Descriptor(shared.descriptor().to_bytes()),
-        Request::Check => Reply::Incarnation(shared.incarnation),
-        Request::Connect { device, endpoint } => {
-            if let Some((limit, detail)) = reserve_qp(shared, conns, id, &ch.peer, qps.len()) {
-                shared.counters.refused(limit);
-                return Reply::Limited { limit, detail };
-            }
-            let reply = match accept_qp(shared, device, &endpoint) {
-                Ok((qp, mine)) => {
-                    qps.push(qp);
-                    Reply::Connected(mine)
-                }
-                Err(e) => Reply::Refused(e.to_string()),
-            };
-            // The reservation becomes the count (one more, or none if refused).
-            set_qps(conns, id, qps.len());
-            reply
-        }
-        Request::Notify { message } if message.len() <= MAX_NOTIFICATION => {
-            let n = Notification {
-                from: ch.peer.clone(),
-                message,
-            };
-            match shared.inbox.deliver(n) {
-                Ok(()) => Reply::Noted,
-                Err(limit) => {
-                    shared.counters.refused(limit);
-                    let l = &shared.settings.limits;
-                    let detail = match limit {
-                        Limit::NotificationsPerSender => format!(
-                            "{} notifications of {:?} queued and not taken",
-                            l.notifications_per_sender, ch.peer
-                        ),
-                        _ => format!("{} notifications queued and not taken", l.notifications),
-                    };
-                    Reply::Limited { limit, detail }
-                }
-            }
-        }
-        Request::Notify { message } => {
-            Reply::Refused(Error::NotificationTooLong(message.len()).to_string())
-        }
-        Request::Release { qpns } => {
-            let before = qps.len();
-            qps.retain(|q| !qpns.contains(&q.endpoint().qpn));
-            set_qps(conns, id, qps.len());
-            Reply::Released((before - qps.len()) as u32)
-        }
-    }
-}
-
-/// Reserves one more queue pair for connection `id` (holding `here`) if it fits the
-/// connection's, its peer's and the agent's bounds, all under one lock (so concurrent
-/// requests on a peer's connections cannot pass a bound together); else which bound.
-fn reserve_qp(
-    shared: &Shared,
-    conns: &Conns,
-    id: u64,
-    peer: &str,
-    here: usize,
-) -> Option<(Limit, String)> {
-    let l = &shared.settings.limits;
-    if here >= l.queue_pairs_per_connection as usize {
-        return Some((
-            Limit::QueuePairsPerConnection,
-            format!(
-                "{here} queue pairs on this connection (at most {})",
-                l.queue_pairs_per_connection
-            ),
-        ));
-    }
-    let mut t = lock(conns);
-    let of_peer = t.peer_qps(peer);
-    if of_peer >= l.queue_pairs_per_peer {
-        return Some((
-            Limit::QueuePairsPerPeer,
-            format!(
-                "{of_peer} queue pairs of {peer:?} (at most {})",
-                l.queue_pairs_per_peer
-            ),
-        ));
-    }
-    let all: u32 = t.conns.values().map(|c| c.qps).sum();
-    if all >= l.queue_pairs {
-        return Some((
-            Limit::QueuePairs,
-            format!(
-                "{all} queue pairs held for peers (at most {})",
-                l.queue_pairs
-            ),
-        ));
-    }
-    if let Some(c) = t.conns.get_mut(&id) {
-        c.qps += 1;
-    }
-    None
-}
-
-fn set_qps(conns: &Conns, id: u64, n: usize) {
-    if let Some(c) = lock(conns).conns.get_mut(&id) {
-        c.qps = n as u32;
-    }
-}
-
 /// Turns on TCP keep-alive with short probes, so that a connection whose peer died
 /// (holding queue pairs, it has no idle timeout) ends within about two minutes.
 fn keep_alive(s: &TcpStream) {
@@ -554,16 +414,4 @@ fn keep_alive(s: &TcpStream) {
     let _ = setsockopt(s, sockopt::TcpKeepIdle, &60);
     let _ = setsockopt(s, sockopt::TcpKeepInterval, &10);
     let _ = setsockopt(s, sockopt::TcpKeepCount, &6);
-}
-
-/// This agent's queue pair on `device`, connected to the peer's `endpoint`.
-fn accept_qp(shared: &Shared, device: u16, endpoint: &Endpoint) -> Result<(QueuePair, Endpoint)> {
-    let d = usize::from(device);
-    if d >= shared.devices.len() {
-        return Err(Error::Protocol(format!("no device {device}")));
-    }
-    let fail = |e: rdma_dmabuf::Error| Error::rdma("accept a queue pair", &e);
-    let prepared = shared.qp_builder(d).build().map_err(fail)?;
-    let mine = prepared.endpoint();
-    Ok((prepared.connect(endpoint).map_err(fail)?, mine))
 }

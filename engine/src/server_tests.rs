@@ -19,18 +19,28 @@ use std::time::{Duration, Instant};
 
 /// A listener of agent "srv" with `creds` and `limits`, and no device.
 fn listener(creds: Credentials, auth: Auth, limits: Limits) -> (Server, Arc<Shared>) {
+    listener_named("srv", creds, auth, limits)
+}
+
+/// As [`listener`], of agent `name` (its threads' names start with it).
+fn listener_named(
+    name: &str,
+    creds: Credentials,
+    auth: Auth,
+    limits: Limits,
+) -> (Server, Arc<Shared>) {
     let settings = Settings {
         auth,
         limits,
         ..Settings::default()
     };
     let dialer = Dialer {
-        me: "srv".into(),
+        me: name.into(),
         creds: Arc::new(creds),
         timeout: Duration::from_secs(5),
     };
     let shared = Arc::new(Shared {
-        name: "srv".into(),
+        name: name.into(),
         incarnation: 1,
         devices: Vec::new(),
         weights: Vec::new(),
@@ -181,4 +191,74 @@ fn waits_too_long_to_be_deadlines_mean_none() {
     );
     assert_eq!(r.unwrap(), Reply::Incarnation(1));
     assert_eq!(shared.counters.snapshot(0, 0).authenticated, 1);
+}
+
+/// The threads of this process whose name starts with `prefix`.
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
+}
+
+#[test]
+fn many_peers_are_served_by_a_fixed_number_of_threads() {
+    let key = ClusterKey::from_bytes(&[4; 32]).unwrap();
+    let limits = Limits {
+        serving_threads: 2,
+        ..Limits::default()
+    };
+    let creds = Credentials::Key(key.clone());
+    // Its own name: the threads counted are this listener's alone.
+    let (server, shared) = listener_named(
+        "many",
+        Credentials::Key(key.clone()),
+        Auth::ClusterKey(key),
+        limits,
+    );
+    let waits = Waits {
+        idle: Some(Duration::from_secs(5)),
+        frame: Duration::from_secs(5),
+        until: None,
+    };
+    let t = Duration::from_secs(5);
+    let mut peers = Vec::new();
+    for i in 0..40 {
+        let s = TcpStream::connect(server.addr()).unwrap();
+        let name = format!("peer{i}");
+        let mut ch = crate::auth::connect(s, server.addr(), &name, &creds, Some("many"), waits)
+            .expect("authenticated");
+        let r = crate::wire::call(&mut ch, server.addr(), t, &Request::Check);
+        assert_eq!(r.unwrap(), Reply::Incarnation(1), "{name}");
+        peers.push(ch);
+    }
+    // Every connection is still served, in any order, by the same two threads.
+    for (i, ch) in peers.iter_mut().enumerate().rev() {
+        let r = crate::wire::call(ch, server.addr(), t, &Request::Check);
+        assert_eq!(r.unwrap(), Reply::Incarnation(1), "peer{i}, again");
+    }
+    // The handshake threads have handed their connections over and exited.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while threads_named("many-peer") > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(threads_named("many-peer"), 0, "handshake threads left");
+    assert_eq!(threads_named("many-serve"), 2, "serving threads");
+    assert_eq!(server.gauges().0, 40, "connections open");
+    assert_eq!(shared.counters.snapshot(0, 0).authenticated, 40);
+    // Closed by the peers: out of the table, the threads unchanged.
+    drop(peers);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.gauges().0 > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(server.gauges().0, 0, "connections left open");
+    assert_eq!(threads_named("many-serve"), 2);
+    drop(server);
+    assert_eq!(
+        threads_named("many-serve"),
+        0,
+        "serving threads after the listener's end"
+    );
 }
