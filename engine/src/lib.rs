@@ -107,6 +107,7 @@ mod metrics;
 mod names;
 mod notifier;
 mod peer;
+mod peer_pool;
 mod plan;
 mod progress;
 mod segment;

@@ -39,13 +39,19 @@ pub struct Settings {
     /// and a connection round trip, so two give most of the gain; more rarely help on one
     /// link, and soft-RoCE runs each in the kernel's tasklet context anyway.
     pub queue_pairs: u32,
-    /// Worker threads: how many batches an agent runs at once (each worker owns its own
-    /// connections). Default 2, so that a batch stuck on a dead peer for up to
+    /// Worker threads: how many batches an agent runs at once (they share the connections
+    /// to peers: see [`Settings::release_idle_after`]). Default 2, so that a batch stuck on a dead peer for up to
     /// [`Settings::peer_failure_bound`] does not hold up batches to healthy peers; a worker
     /// busy-polls while it has a batch, so more workers than cores cost more than they give.
     /// Batches are not ordered with more than one: a later batch may land before an earlier
     /// one (each notification still follows its own batch's entries); 1 runs them in order.
     pub workers: u32,
+    /// How long a connection to a peer (its control channel and the queue pairs made over
+    /// it) may go unused before it is closed, the peer's side of its queue pairs with it; a
+    /// later batch to that peer makes new ones. Default 300 s; `Duration::MAX`: never. The
+    /// workers share these connections: a batch takes one per peer for its time, so an agent
+    /// holds per peer as many as batches to it ran at once.
+    pub release_idle_after: Duration,
     /// Bounds of each device's registration cache, which keeps the registrations of CUDA
     /// segments ([`Agent::register_cuda`](crate::Agent::register_cuda)) after they are
     /// unregistered, so that registering the same range again reuses them. Registered bytes
@@ -114,6 +120,7 @@ impl Default for Settings {
             io_timeout: Duration::from_secs(10),
             queue_pairs: 2,
             workers: 2,
+            release_idle_after: Duration::from_secs(300),
             cache_limits: CacheLimits::default(),
             keep_cuda_registrations: false,
             rail_probe_after: Duration::from_secs(2),

@@ -17,9 +17,9 @@ use crate::sources::Sources;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// An accepted batch: checked, its local segments counted as used.
 pub(crate) struct Job {
@@ -32,18 +32,33 @@ pub(crate) struct Job {
     pub notification: Option<Vec<u8>>,
 }
 
-/// Runs jobs until the agent drops the sender (the queued ones first).
+/// Runs jobs until the agent drops the sender (the queued ones first). Between jobs, and
+/// at least every second while none comes, closes the connections to peers left unused for
+/// [`Settings::release_idle_after`](crate::Settings::release_idle_after).
 pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
+    // A job's connections, taken from the shared idle ones (or made) for its peers and put
+    // back when it ends; kept here only for the map's allocation.
     let mut conns: HashMap<String, PeerConn> = HashMap::new();
     let mut health = Health::new(shared.settings.rail_probe_after);
+    let release_after = shared.settings.release_idle_after;
+    let tick = release_after.min(Duration::from_secs(1));
     loop {
         // The lock is held only while waiting for the next job, never while running one
         // (a guard in a `while let` condition would live through the loop's body).
-        let next = crate::metadata::lock(jobs).recv();
-        let Ok(job) = next else { break };
-        let span = tracing::info_span!("batch", agent = %shared.name, id = job.id);
-        let _in = span.enter();
-        execute(shared, &mut conns, &mut health, &job);
+        let next = crate::metadata::lock(jobs).recv_timeout(tick);
+        match next {
+            Ok(job) => {
+                let span = tracing::info_span!("batch", agent = %shared.name, id = job.id);
+                let _in = span.enter();
+                execute(shared, &mut conns, &mut health, &job);
+                for (agent, conn) in conns.drain() {
+                    shared.idle_peers.give(agent, conn);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        shared.idle_peers.release_idle(release_after);
     }
     // The rails this worker left out are its own: they go with it.
     let left_out = i64::try_from(health.rails_left_out()).unwrap_or(i64::MAX);
@@ -296,7 +311,7 @@ fn prepare(
         },
     };
     let alive = |mut c: PeerConn| c.check().is_ok_and(|i| i == c.incarnation).then_some(c);
-    let mut conn = match conns.remove(agent).and_then(alive) {
+    let mut conn = match shared.idle_peers.take(agent).and_then(alive) {
         Some(c) => c,
         None => match PeerConn::open(shared, agent, control) {
             Ok(c) => c,

@@ -157,6 +157,7 @@ impl Agent {
             inbox,
             counters: Counters::default(),
             metrics: Arc::new(Recorder::new(settings.metrics)),
+            idle_peers: Default::default(),
             settings,
         });
         let server = Server::start(shared.clone(), listener)?;

@@ -9,6 +9,7 @@ mod engine_cuda;
 mod engine_devices;
 mod engine_etcd;
 mod engine_http_metadata;
+mod engine_idle_peers;
 mod engine_loopback;
 mod engine_metadata_failures;
 mod engine_metrics;
