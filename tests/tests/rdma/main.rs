@@ -42,5 +42,4 @@ mod rdma_unwind_completion;
 mod rdma_unwind_handles;
 mod rdma_unwind_own_poll;
 mod rdma_verbs;
-mod review_break;
 mod rxe_large_region;
