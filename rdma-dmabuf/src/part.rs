@@ -38,6 +38,13 @@ pub trait OwnedPart: Send + 'static + sealed::Sealed {
     /// Callable inside the crate only: a shard must not hand out its whole region.
     #[doc(hidden)]
     fn lent(&self, _: sealed::Token) -> (&MemoryRegion<Self::Backing>, Range<u64>);
+
+    /// Whether other requests may hold the same part at once (a [`Source`](crate::Source)
+    /// lease), so that the NIC must not write it. The owned entry refuses such a part for a
+    /// receive or a read whatever the caller's bounds say ([`ExclusivePart`] keeps it from
+    /// compiling first).
+    #[doc(hidden)]
+    const SHARED: bool = false;
 }
 
 /// An [`OwnedPart`] lent to one request at a time, so that the NIC may write it: every owned

@@ -132,6 +132,7 @@ impl<B: Backing> fmt::Debug for Source<B> {
 impl<B: Backing> sealed::Sealed for Source<B> {}
 impl<B: Backing> OwnedPart for Source<B> {
     type Backing = B;
+    const SHARED: bool = true;
     fn lent(&self, _: sealed::Token) -> (&MemoryRegion<B>, Range<u64>) {
         (&self.region, self.range())
     }

@@ -30,13 +30,17 @@ use rdma_sys as ffi;
 use std::ops::Range;
 
 /// What an owned post lends the NIC for the time of its request, checked into the entries
-/// of its work request. Implemented (in this module only) for one part ([`Local`]) and an
-/// array of owned parts: every entry `checked` returns lies in a region that `self` holds,
-/// so moving `self` into the request's ticket keeps that memory registered and out of the
-/// CPU's reach until the completion.
+/// of its work request. Implemented here for one part ([`Local`]) and an array of owned
+/// parts, and nowhere else (the trait is the `qp` module's): every entry `checked` returns
+/// lies in a region that `self` holds, so moving `self` into the request's ticket keeps
+/// that memory registered until the completion, and out of the CPU's reach unless it is
+/// [`Lend::SHARED`] (leases many requests read at once, which nothing writes meanwhile).
 pub(super) trait Lend: Send + 'static {
     /// The checked entries: one per part.
     type Sges: AsRef<[Sge]>;
+    /// Whether other requests may hold the same memory at once: then the NIC must not
+    /// write it, and [`QueuePair::post_owned`] refuses it for a receive or a read.
+    const SHARED: bool;
     /// Every part checked against `qp` for a request of `kind` to `remote`.
     fn checked(
         &self,
@@ -48,6 +52,7 @@ pub(super) trait Lend: Send + 'static {
 
 impl<B: Backing> Lend for Local<B> {
     type Sges = [Sge; 1];
+    const SHARED: bool = false;
     #[inline(always)]
     fn checked(
         &self,
@@ -62,6 +67,7 @@ impl<B: Backing> Lend for Local<B> {
 
 impl<P: OwnedPart, const N: usize> Lend for [P; N] {
     type Sges = [Sge; N];
+    const SHARED: bool = P::SHARED;
     #[inline(always)]
     fn checked(
         &self,
@@ -96,6 +102,15 @@ impl Shape {
     }
 }
 
+/// The refusal of memory lent to many requests at once as the target of a receive or read.
+#[cold]
+fn shared_refused(kind: WorkKind) -> Error {
+    Error::invalid(
+        post_op(kind),
+        format!("{kind} into a shared source (many requests read it: the NIC must not write it)"),
+    )
+}
+
 impl QueuePair {
     /// Posts a request of `shape` on what `lent` lends. Posted, `lent` moves into the
     /// request's ticket, which `handle` makes the caller's handle of (the handle keeps it
@@ -110,6 +125,11 @@ impl QueuePair {
         handle: impl FnOnce(Ticket<'q, L>) -> H,
         back: impl FnOnce(Error, L) -> E,
     ) -> std::result::Result<H, E> {
+        if L::SHARED && shape.kind.writes_local() {
+            // Folded away for every other kind of part: the public posts' `ExclusivePart`
+            // bound keeps this from compiling; here it holds whoever calls.
+            return Err(back(shared_refused(shape.kind), lent));
+        }
         let posted = lent
             .checked(self, shape.kind, shape.remote)
             .and_then(|sges| {
@@ -121,8 +141,8 @@ impl QueuePair {
                 // into the request's slot, which lives until the QP is destroyed), so every
                 // region stays registered and out of the CPU's reach until the completion is
                 // polled. Owned parts of one region (shards) are disjoint, and a part lent to
-                // many requests at once (a `Source`) is never posted where the NIC writes
-                // (the `ExclusivePart` bound of the receives and reads of parts).
+                // many requests at once (`Lend::SHARED`, a `Source`) was refused above for a
+                // request the NIC writes into.
                 unsafe { self.post_raw(req) }
             });
         match posted {
@@ -171,8 +191,9 @@ impl QueuePair {
         imm: Option<u32>,
     ) -> Result<(u32, u32)> {
         let sges = [self.checked_sge(kind, region, range, remote)?];
-        // SAFETY: `check` put the part inside `region`, a region of this QP's PD; the caller
-        // keeps it registered and out of the CPU's reach until the completion (our contract).
+        // SAFETY: `checked_sge` put the part inside `region`, a region of this QP's PD; the
+        // caller keeps it registered and out of the CPU's reach until the completion (our
+        // contract).
         unsafe { self.post_raw(Request::new(kind, &sges, remote, imm)) }
     }
 

@@ -447,7 +447,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// The result of entry `i` if one poll of its queue (or its slot) has its completion:
     /// the common case of a spin, built at once from the completion, which is then not
     /// kept in the entry (the caller's handle ends). `None` if it is not there yet, or was
-    /// recorded already (a wait that timed out, then a spin): the general path says.
+    /// recorded already (an await that found it, then the task's waker panicked as the slot
+    /// let go of it): the general path says.
     #[inline]
     fn complete_now(&self, i: usize) -> Option<Result<WorkCompletion>> {
         let (qp, index, gen, kind) = {
@@ -463,6 +464,25 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // Last: the waker's `Drop` is code we do not control (docs/safety.md).
         qp.forget_waiter(index);
         Some(qp.completion_result(index, gen, kind, c))
+    }
+
+    /// Whether entry `i` has completed: its completion recorded already, or one poll of its
+    /// queue (which looks at its slot too) finds it and records it. Every wait of an awaited
+    /// request polls through this, so that one whose reactor cannot park it (no completion
+    /// channel, `WaitStep::Spin`) still sees its completion: a look at the slot alone would
+    /// spin forever with the completion in the queue.
+    fn poll_done(&self, i: usize) -> Option<()> {
+        let (qp, index, gen) = {
+            let posted = self.posted.borrow();
+            let e = &posted[i];
+            if e.done.get() {
+                return Some(());
+            }
+            (e.qp, e.index, e.gen)
+        };
+        let c = qp.poll_for(index, gen)?;
+        self.finished(i, c);
+        Some(())
     }
 
     /// Records `c`, the completion of entry `i`, whose slot is free.
@@ -565,7 +585,7 @@ impl<'scope, 'env> ScopedPending<'scope, 'env> {
             (e.qp, e.index)
         };
         let (scope, i) = (self.scope, self.entry);
-        crate::qp::wake::poll_request(qp, index, cx, || scope.take_if_done(i), wait)
+        crate::qp::wake::poll_request(qp, index, cx, || scope.poll_done(i), wait)
             .map(|()| self.take_result())
     }
 

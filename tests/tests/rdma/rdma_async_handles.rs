@@ -2,11 +2,14 @@
 //! queue awaited by several tasks (each completion naming its queue pair, a dropped future's
 //! receive still posted and later filled), inline writes, and scoped requests to several
 //! peers awaited together inside their scope (a runtime driven in the scope's closure), one of
-//! them dropped early and drained by the scope. Runs in the testbed VM.
+//! them dropped early and drained by the scope; a scoped request awaited where nothing can park
+//! its task. Runs in the testbed VM.
 
 use integration_tests::counts::rdma_resources;
+use integration_tests::injection::{recv_region, send, LEN};
 use integration_tests::testbed::Testbed;
 use integration_tests::verbs::{connect_pair, host_region, hub_and_peers, pattern, pd};
+use rdma_dmabuf::reactor::WaitStep;
 use rdma_dmabuf::{
     scope_with_deadline, Access, MultiChannelBuilder, QueuePairBuilder, SharedReceiveQueue,
 };
@@ -285,4 +288,60 @@ fn drop_orders_with_parked_tasks_are_valgrind_clean() {
         ],
         1,
     );
+}
+
+/// A reactor that cannot park a task: every wait reschedules it (`WaitStep::Spin`).
+fn cannot_park(_: &rdma_dmabuf::QueuePair, _: &mut std::task::Context<'_>) -> WaitStep {
+    WaitStep::Spin
+}
+
+/// A scoped request awaited where nothing can park its task, on queue pairs without a
+/// completion channel and with one: each poll looks in the completion queue itself, so the
+/// future resolves once its message has landed (busy, never hung). Before, a scoped poll
+/// looked only at its slot, which only a poll of the queue fills, and spun forever with the
+/// completion in the queue; an awaited tokio receive on a queue pair without a channel hung
+/// the same way.
+#[test]
+#[ignore = "needs the testbed VM"]
+fn a_scoped_request_awaited_without_a_way_to_park_still_resolves() {
+    let _shared = COUNTING.read().unwrap_or_else(|e| e.into_inner());
+    let tb = Testbed::get();
+    let pd = pd(&tb);
+    let noop = || std::task::Context::from_waker(std::task::Waker::noop());
+    for channel in [false, true] {
+        let (a, b) = connect_pair(
+            QueuePairBuilder::new(&pd).completion_channel(channel),
+            QueuePairBuilder::new(&pd).completion_channel(channel),
+        );
+        let mut inbox = recv_region(&pd);
+        let polls = rdma_dmabuf::scope(|s| {
+            let mut h = s.recv(&b, &mut inbox).expect("scoped receive");
+            assert!(h.poll_with(&mut noop(), cannot_park).is_pending());
+            send(&pd, &a, 40);
+            (1..=1000).find(|_| match h.poll_with(&mut noop(), cannot_park) {
+                std::task::Poll::Ready(r) => {
+                    assert_eq!(r.expect("received").byte_len as usize, LEN);
+                    true
+                }
+                std::task::Poll::Pending => false,
+            })
+        });
+        assert!(
+            polls.is_some(),
+            "channel {channel}: never resolved in 1000 polls"
+        );
+        assert_eq!(&inbox.bytes().unwrap()[..LEN], &pattern(LEN, 40)[..]);
+    }
+    // tokio, without a channel: the runtime cannot park it either.
+    let (a, b) = connect_pair(QueuePairBuilder::new(&pd), QueuePairBuilder::new(&pd));
+    let mut inbox = recv_region(&pd);
+    let rt = runtime();
+    let r = rdma_dmabuf::scope(|s| {
+        let h = s.recv(&b, &mut inbox).expect("scoped receive");
+        send(&pd, &a, 41);
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), h).await })
+    });
+    let wc = r.expect("resolved before the timeout").expect("received");
+    assert_eq!(wc.byte_len as usize, LEN);
+    assert_eq!(&inbox.bytes().unwrap()[..LEN], &pattern(LEN, 41)[..]);
 }
