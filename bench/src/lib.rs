@@ -9,7 +9,8 @@
 //! * `--rails`: the engine over 1, 2 and 4 rails between two nodes (`rails`);
 //! * `--peers`: the engine against Mooncake's (`peers`, its options and cells in
 //!   `peers_plan`) or, with `--client nixl`, NIXL's (`nixl_peers`);
-//! * `--sched-trace`: the one-node ping-pongs traced (`sched`; `trace` reads the traces).
+//! * `--sched-trace`: the one-node ping-pongs traced (`sched`; `trace` reads the traces);
+//! * `--scale`: the engine's costs against its entries and segments (`scale`).
 //!
 //! The default run's parts, leaves first:
 //!
@@ -44,6 +45,7 @@ mod plan;
 mod plot;
 mod rails;
 mod results;
+mod scale;
 mod sched;
 mod script;
 mod series;
@@ -98,9 +100,16 @@ pub const USAGE: &str =
       --host-load N       N busy threads on the host meanwhile (provokes the stalls)
       --stock             Debian's own rxe and rdma-core (host regions need no patch)
       --report DIR        print a previous run's report again
+  bench --scale [opts]  the transfer engine's costs per unit against its scale, one node: a
+                        batch's submission, whole time and peak memory against its entries;
+                        a registration's time and memory and a peer's descriptor look-up
+                        against an agent's segments (goal: flat, within 1.5x);
+                        target/bench/scale.json and scale-*.png
+      --entries 10,1000,100000   the batch sizes
+      --segments 10,1000,10000   the segment counts
 ";
 
-/// `cargo xtask bench ARGS`: `--rails`, `--peers` or `--sched-trace` first picks that mode
+/// `cargo xtask bench ARGS`: `--rails`, `--peers`, `--sched-trace` or `--scale` first picks that mode
 /// (the rest are its options); otherwise the default run (module `suite`). Builds what the mode
 /// runs (release), boots the testbed, prints the report and writes its files under
 /// `target/bench/`.
@@ -114,6 +123,7 @@ pub fn main(paths: &Paths, args: &[String]) -> Result<ExitCode> {
         Some(("--rails", rest)) => rails::main(paths, rest),
         Some(("--peers", rest)) => peers::main(paths, rest),
         Some(("--sched-trace", rest)) => sched::main(paths, rest),
+        Some(("--scale", rest)) => scale::main(paths, rest),
         _ => suite::main(paths, args),
     }
 }

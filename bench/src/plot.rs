@@ -58,14 +58,36 @@ fn font() -> Result<(), String> {
 /// # Errors
 /// No font, no point to draw, or a file cannot be written.
 pub fn draw(chart: &Chart, base: &Path) -> Result<Vec<PathBuf>, String> {
+    let sizes = Axis {
+        desc: "message size, bytes",
+        label: size_label,
+    };
+    draw_against(chart, base, &sizes)
+}
+
+/// The x axis of a chart: its description and how a value is labelled.
+pub struct Axis {
+    /// Its description.
+    pub desc: &'static str,
+    /// A value's label.
+    pub label: fn(f64) -> String,
+}
+
+/// As [`draw`], against the x axis `x` (a count, rather than message sizes).
+pub fn draw_against(chart: &Chart, base: &Path, x: &Axis) -> Result<Vec<PathBuf>, String> {
     font()?;
     let png = base.with_extension("png");
     let svg = base.with_extension("svg");
-    render(BitMapBackend::new(&png, SIZE).into_drawing_area(), chart)
+    render(BitMapBackend::new(&png, SIZE).into_drawing_area(), chart, x)
         .map_err(|e| format!("{}: {e}", png.display()))?;
-    render(SVGBackend::new(&svg, SIZE).into_drawing_area(), chart)
+    render(SVGBackend::new(&svg, SIZE).into_drawing_area(), chart, x)
         .map_err(|e| format!("{}: {e}", svg.display()))?;
     Ok(vec![png, svg])
+}
+
+/// `10`, `1000`, `100000`: a count as it is (rounded).
+pub fn count_label(x: f64) -> String {
+    format!("{}", x.round() as u64)
 }
 
 /// `2`, `64`, `4K`, `1M`: the power of two nearest `x`.
@@ -115,7 +137,11 @@ fn y_ticks(lo: f64, hi: f64) -> Vec<f64> {
         .collect()
 }
 
-fn render<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(), String>
+fn render<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    c: &Chart,
+    x: &Axis,
+) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
@@ -139,9 +165,9 @@ where
         )
         .map_err(e)?;
     ch.configure_mesh()
-        .x_desc("message size, bytes")
+        .x_desc(x.desc)
         .y_desc(&c.y_label)
-        .x_label_formatter(&|x| size_label(*x))
+        .x_label_formatter(&|v| (x.label)(*v))
         .y_label_formatter(&|y| crate::units::num(*y))
         .label_style(("sans-serif", 13))
         .draw()

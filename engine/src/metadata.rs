@@ -57,6 +57,15 @@ pub trait MetadataService: Send + Sync {
     fn follows_peers(&self) -> bool {
         false
     }
+
+    /// Whether [`MetadataService::publish`] stores the descriptor it is given. `false`: the
+    /// agent serves its own, live, and calls `publish` with an empty descriptor, so that a
+    /// registration does not copy every segment's descriptor only for it to be dropped (with
+    /// thousands of segments, that copy was most of a registration's time). `true` (the
+    /// default): the whole descriptor each time.
+    fn stores_descriptors(&self) -> bool {
+        true
+    }
 }
 
 /// The embedded backend: peers are named with their control address
@@ -173,6 +182,10 @@ impl MetadataService for EmbeddedMetadata {
     fn publish(&self, _: &AgentDescriptor, _: SocketAddr) -> Result<()> {
         // The agent's listener serves its live descriptor: nothing to store.
         Ok(())
+    }
+
+    fn stores_descriptors(&self) -> bool {
+        false
     }
 
     fn withdraw(&self, _: &str) -> Result<()> {

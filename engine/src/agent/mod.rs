@@ -410,7 +410,17 @@ impl Agent {
     }
 
     fn publish(&self) -> Result<()> {
-        let descriptor = self.shared.descriptor();
+        let descriptor = if self.shared.metadata.stores_descriptors() {
+            self.shared.descriptor()
+        } else {
+            // Served live by the listener: copying every segment's descriptor per
+            // registration would make registering N segments cost N^2.
+            AgentDescriptor {
+                agent: self.shared.name.clone(),
+                incarnation: self.shared.incarnation,
+                segments: Vec::new(),
+            }
+        };
         let r = self.shared.metadata.publish(&descriptor, self.address());
         self.shared.metrics.published(r.is_err());
         match &r {
