@@ -52,7 +52,6 @@ fn listener_named(
         inbox: Inbox::new(1, 1),
         counters: Counters::default(),
         metrics: Arc::new(crate::metrics::Recorder::new(true)),
-        idle_peers: Default::default(),
     });
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     (Server::start(shared.clone(), l).unwrap(), shared)

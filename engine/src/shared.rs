@@ -7,7 +7,6 @@ use crate::inbox::Inbox;
 use crate::limits::Counters;
 use crate::metadata::{lock, Dialer, MetadataService, PeerRecord};
 use crate::metrics::Recorder;
-use crate::peer_pool::PeerPool;
 use crate::segment::Segments;
 use crate::settings::Settings;
 use rdma_dmabuf::QueuePairBuilder;
@@ -34,8 +33,6 @@ pub(crate) struct Shared {
     pub counters: Counters,
     /// The engine's own counters ([`crate::Agent::metrics`]).
     pub metrics: Arc<Recorder>,
-    /// The connections to peers no batch uses now, shared by the workers.
-    pub idle_peers: PeerPool,
 }
 
 impl Shared {

@@ -9,6 +9,7 @@ use crate::exec::{self, Pass};
 use crate::failover;
 use crate::health::{Health, Lane};
 use crate::peer::PeerConn;
+use crate::peer_pool::PeerPool;
 use crate::plan::{Chunk, PeerTarget, Plan};
 use crate::progress::Progress;
 use crate::segment::{Lending, Region};
@@ -35,7 +36,7 @@ pub(crate) struct Job {
 /// Runs jobs until the agent drops the sender (the queued ones first). Between jobs, and
 /// at least every second while none comes, closes the connections to peers left unused for
 /// [`Settings::release_idle_after`](crate::Settings::release_idle_after).
-pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
+pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>, idle: &PeerPool) {
     // A job's connections, taken from the shared idle ones (or made) for its peers and put
     // back when it ends; kept here only for the map's allocation.
     let mut conns: HashMap<String, PeerConn> = HashMap::new();
@@ -50,15 +51,20 @@ pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
             Ok(job) => {
                 let span = tracing::info_span!("batch", agent = %shared.name, id = job.id);
                 let _in = span.enter();
+                for t in &job.plan.peers {
+                    if let Some(conn) = idle.take(&t.agent) {
+                        conns.insert(t.agent.clone(), conn);
+                    }
+                }
                 execute(shared, &mut conns, &mut health, &job);
                 for (agent, conn) in conns.drain() {
-                    shared.idle_peers.give(agent, conn);
+                    idle.give(agent, conn);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        shared.idle_peers.release_idle(release_after);
+        idle.release_idle(release_after);
     }
     // The rails this worker left out are its own: they go with it.
     let left_out = i64::try_from(health.rails_left_out()).unwrap_or(i64::MAX);
@@ -311,7 +317,7 @@ fn prepare(
         },
     };
     let alive = |mut c: PeerConn| c.check().is_ok_and(|i| i == c.incarnation).then_some(c);
-    let mut conn = match shared.idle_peers.take(agent).and_then(alive) {
+    let mut conn = match conns.remove(agent).and_then(alive) {
         Some(c) => c,
         None => match PeerConn::open(shared, agent, control) {
             Ok(c) => c,

@@ -16,6 +16,7 @@ use crate::metadata::{Dialer, EmbeddedMetadata, MetadataService};
 use crate::metrics::endpoint::Endpoint;
 use crate::metrics::{prometheus, Recorder};
 use crate::notifier::Notifier;
+use crate::peer_pool::PeerPool;
 use crate::plan::plan;
 use crate::progress::{Progress, Transfer};
 use crate::segment::{self, describe, Memory, Region, Segments};
@@ -157,7 +158,6 @@ impl Agent {
             inbox,
             counters: Counters::default(),
             metrics: Arc::new(Recorder::new(settings.metrics)),
-            idle_peers: Default::default(),
             settings,
         });
         let server = Server::start(shared.clone(), listener)?;
@@ -195,11 +195,13 @@ impl Agent {
             endpoint,
             batches: AtomicU64::new(0),
         };
+        // The connections to peers no batch uses now, shared by the workers.
+        let idle = Arc::new(PeerPool::default());
         for k in 0..agent.shared.settings.workers {
-            let (s, rx) = (agent.shared.clone(), rx.clone());
+            let (s, rx, idle) = (agent.shared.clone(), rx.clone(), idle.clone());
             let w = std::thread::Builder::new()
                 .name(format!("{name}-worker{k}"))
-                .spawn(move || worker::run(&s, &rx))
+                .spawn(move || worker::run(&s, &rx, &idle))
                 .map_err(|e| Error::io("start a worker thread of", name, e))?;
             agent.workers.push(w);
         }

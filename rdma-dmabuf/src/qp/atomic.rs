@@ -1,8 +1,8 @@
 //! Remote atomics: fetch-and-add and compare-and-swap on 8 bytes of a peer's region, the old
 //! value landing in an 8-byte part of a local region.
 
-use super::entry::Shape;
 use super::pending::{Pending, WorkError};
+use super::post::Shape;
 use super::QueuePair;
 use crate::device::AtomicCap;
 use crate::error::{Error, Op};

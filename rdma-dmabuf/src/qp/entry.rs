@@ -17,7 +17,7 @@
 //! closures it is given: inlined, it costs what a post written out by hand does, where
 //! returning the lent value up through a `Result` cost a write a hundred instructions more.
 
-use super::post::{post_op, Request, Sge};
+use super::post::{post_op, Request, Sge, Shape};
 use super::ticket::Ticket;
 use super::QueuePair;
 use crate::error::{Error, Result};
@@ -25,7 +25,7 @@ use crate::mr::{Backing, MemoryRegion};
 use crate::part::{sealed::TOKEN, Local, OwnedPart, Part};
 use crate::remote::RemoteRegion;
 use crate::slots::wr_id;
-use crate::wr::{AtomicOp, WorkKind};
+use crate::wr::WorkKind;
 use rdma_sys as ffi;
 use std::ops::Range;
 
@@ -76,29 +76,6 @@ impl<P: OwnedPart, const N: usize> Lend for [P; N] {
         remote: Option<RemoteRegion>,
     ) -> Result<[Sge; N]> {
         qp.check_parts::<P::Backing, N>(kind, self.iter().map(|p| p.lent(TOKEN)), remote)
-    }
-}
-
-/// The shape of a request besides what it lends: its verb, remote region, immediate data
-/// and atomic operation.
-#[derive(Clone, Copy)]
-pub(super) struct Shape {
-    pub kind: WorkKind,
-    pub remote: Option<RemoteRegion>,
-    pub imm: Option<u32>,
-    pub atomic: Option<AtomicOp>,
-}
-
-impl Shape {
-    /// A request of `kind` to `remote` (with `imm`), not an atomic.
-    #[inline(always)]
-    pub fn new(kind: WorkKind, remote: Option<RemoteRegion>, imm: Option<u32>) -> Shape {
-        Shape {
-            kind,
-            remote,
-            imm,
-            atomic: None,
-        }
     }
 }
 

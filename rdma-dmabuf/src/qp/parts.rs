@@ -2,8 +2,7 @@
 //! into (receives, reads) up to the queue pair's `max_sge` parts, in order. Every part moves
 //! into the request and all come back together with the completion.
 
-use super::entry::Shape;
-use super::post::{post_op, Sge};
+use super::post::{post_op, Sge, Shape};
 use super::ticket::{blocking_wait, busy_wait, timed_wait, Handle, Ticket};
 use super::QueuePair;
 use crate::error::{Error, Result};

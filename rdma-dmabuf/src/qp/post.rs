@@ -1,6 +1,5 @@
 //! Posting: the owned posts, the checks every request passes, and the verbs calls.
 
-use super::entry::Shape;
 use super::pending::{Pending, WorkError};
 use super::QueuePair;
 use crate::error::{Error, Op, Result};
@@ -332,6 +331,29 @@ impl Sge {
             length: len,
             lkey: region.lkey(),
         })
+    }
+}
+
+/// The shape of a request besides what it lends: its verb, remote region, immediate data
+/// and atomic operation.
+#[derive(Clone, Copy)]
+pub(super) struct Shape {
+    pub kind: WorkKind,
+    pub remote: Option<RemoteRegion>,
+    pub imm: Option<u32>,
+    pub atomic: Option<AtomicOp>,
+}
+
+impl Shape {
+    /// A request of `kind` to `remote` (with `imm`), not an atomic.
+    #[inline(always)]
+    pub fn new(kind: WorkKind, remote: Option<RemoteRegion>, imm: Option<u32>) -> Shape {
+        Shape {
+            kind,
+            remote,
+            imm,
+            atomic: None,
+        }
     }
 }
 
