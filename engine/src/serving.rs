@@ -184,11 +184,15 @@ fn run(shared: &Shared, lanes: &Lanes, i: usize, woken: &UnixStream) {
     while !lanes.stop.load(Ordering::SeqCst) {
         held.append(&mut lock(&lane.inbox));
         let now = Instant::now();
-        let before = held.len();
-        held.retain(|s| s.idle_deadline(&limits).is_none_or(|d| d > now));
-        let idle = before - held.len();
-        for _ in 0..idle {
-            Counters::bump(&shared.counters.idle_closed);
+        let mut k = 0;
+        while k < held.len() {
+            if held[k].idle_deadline(&limits).is_some_and(|d| d <= now) {
+                // Counted before it is closed: its peer may look as soon as it sees the end.
+                Counters::bump(&shared.counters.idle_closed);
+                held.swap_remove(k);
+            } else {
+                k += 1;
+            }
         }
         // No timeout but the nearest idle deadline: a lane whose connections all hold
         // queue pairs sleeps until a request or a wake-up.
