@@ -42,7 +42,8 @@ pub(crate) fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>, idle: &PeerPool)
     let mut conns: HashMap<String, PeerConn> = HashMap::new();
     let mut health = Health::new(shared.settings.rail_probe_after);
     let release_after = shared.settings.release_idle_after;
-    let tick = release_after.min(Duration::from_secs(1));
+    // At least 10 ms: a release time of zero must not make the waiting worker spin.
+    let tick = release_after.clamp(Duration::from_millis(10), Duration::from_secs(1));
     loop {
         // The lock is held only while waiting for the next job, never while running one
         // (a guard in a `while let` condition would live through the loop's body).
