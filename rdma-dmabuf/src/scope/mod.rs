@@ -360,14 +360,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// let go of it): the general path says.
     #[inline]
     fn complete_now(&self, i: usize) -> Option<Result<WorkCompletion>> {
-        let (qp, index, gen, kind) = {
-            let posted = self.posted.borrow();
-            let e = &posted[i];
-            if e.done.get() {
-                return None;
-            }
-            (e.qp, e.index, e.gen, e.kind)
-        };
+        let (qp, index, gen, kind) = self.unfinished(i)?;
         let c = qp.poll_for(index, gen)?;
         self.posted.borrow()[i].done.set(true);
         // Last: the waker's `Drop` is code we do not control (docs/safety.md).
@@ -381,17 +374,21 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// channel, `WaitStep::Spin`) still sees its completion: a look at the slot alone would
     /// spin forever with the completion in the queue.
     fn poll_done(&self, i: usize) -> Option<()> {
-        let (qp, index, gen) = {
-            let posted = self.posted.borrow();
-            let e = &posted[i];
-            if e.done.get() {
-                return Some(());
-            }
-            (e.qp, e.index, e.gen)
+        let Some((qp, index, gen, _)) = self.unfinished(i) else {
+            return Some(());
         };
         let c = qp.poll_for(index, gen)?;
         self.finished(i, c);
         Some(())
+    }
+
+    /// Entry `i`'s queue pair, slot, generation and kind while its completion has not been
+    /// taken; `None` once it has.
+    #[inline]
+    fn unfinished(&self, i: usize) -> Option<(&'scope QueuePair, u32, u32, WorkKind)> {
+        let posted = self.posted.borrow();
+        let e = &posted[i];
+        (!e.done.get()).then_some((e.qp, e.index, e.gen, e.kind))
     }
 
     /// Records `c`, the completion of entry `i`, whose slot is free.
@@ -411,21 +408,15 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// Polls until entry `i` has completed (then records its completion and returns `true`)
     /// or `deadline` passes (`false`; `None`: no deadline).
     fn complete(&self, i: usize, deadline: Option<Instant>) -> Result<bool> {
-        let (qp, index, gen) = {
-            let posted = self.posted.borrow();
-            let e = &posted[i];
-            if e.done.get() {
-                return Ok(true);
-            }
-            (e.qp, e.index, e.gen)
-        };
         // The owned handle's fast path first: one poll of the queue that finds this
         // request's completion (or its slot that has it) frees the slot at once. A poll that
         // fails leaves it to the loop below, which says so.
-        if let Some(c) = qp.poll_for(index, gen) {
-            self.finished(i, c);
+        if self.poll_done(i).is_some() {
             return Ok(true);
         }
+        let Some((qp, index, gen, _)) = self.unfinished(i) else {
+            return Ok(true);
+        };
         let mut spinner = crate::spin::Spinner::new(qp.spin_policy());
         loop {
             if let Some(c) = qp.take_completion(index, gen) {
